@@ -1,0 +1,332 @@
+#!/usr/bin/env bash
+# A private, loopback-only mail host for aamp-bridge: Cyrus IMAP (its JMAP server) + Postfix,
+# both from Debian's packages, each running as its own instance under $MAILHOST_DIR.
+#
+#   scripts/mailhost.sh install             apt-get the packages (idempotent, needs root)
+#   scripts/mailhost.sh start [USER ...]    write config, start both daemons, create users
+#   scripts/mailhost.sh adduser USER [PASS] create a mailbox (USER is a local part or an address)
+#   scripts/mailhost.sh check               exit 0 when JMAP and SMTP submission answer
+#   scripts/mailhost.sh env                 print the MAILHOST_* settings as shell exports
+#   scripts/mailhost.sh stop                stop both daemons, keep the mail
+#   scripts/mailhost.sh clean               stop and delete $MAILHOST_DIR
+#
+# Nothing leaves the machine: Postfix delivers only to $MAILHOST_DOMAIN (over LMTP to Cyrus) and
+# bounces everything else. Every user's password defaults to $MAILHOST_PASSWORD.
+set -euo pipefail
+
+DIR=${MAILHOST_DIR:-/tmp/aamp-mailhost}
+DOMAIN=${MAILHOST_DOMAIN:-example.test}
+PASSWORD=${MAILHOST_PASSWORD:-secret}
+JMAP_PORT=${MAILHOST_JMAP_PORT:-18080}    # JMAP over HTTP (session at /.well-known/jmap)
+IMAP_PORT=${MAILHOST_IMAP_PORT:-11143}    # IMAP, used to create a user's folders and for debugging
+SUBMIT_PORT=${MAILHOST_SUBMIT_PORT:-15587} # SMTP submission: AUTH required, plain text (loopback)
+MX_PORT=${MAILHOST_MX_PORT:-12525}         # SMTP inbound: no AUTH, local domain only
+CYRUS=/usr/lib/cyrus/bin
+
+say() { echo "mailhost: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+cmd_install() {
+  if dpkg -s cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null 2>&1; then
+    say "packages already installed"; return 0
+  fi
+  [ "$(id -u)" = 0 ] || die "install needs root (apt-get); run it as root or with sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  # No system-wide mail setup: postfix gets "No configuration", and a policy-rc.d keeps the
+  # packages' init scripts from starting the system instances while apt runs.
+  echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+  local guard=/usr/sbin/policy-rc.d ours=0
+  if [ ! -e "$guard" ]; then printf '#!/bin/sh\nexit 101\n' >"$guard"; chmod 755 "$guard"; ours=1; fi
+  apt-get update -qq
+  # cyrus-caldav carries httpd, which is Cyrus' JMAP server; postfix also stops apt from
+  # choosing exim4 for cyrus-common's default-mta dependency.
+  apt-get install -y -q --no-install-recommends \
+    cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null
+  if [ "$ours" = 1 ]; then rm -f "$guard"; fi
+  say "installed cyrus $(dpkg-query -W -f='${Version}' cyrus-imapd), postfix $(dpkg-query -W -f='${Version}' postfix)"
+}
+
+write_cyrus_config() {
+  cat >"$DIR/imapd.conf" <<CONF
+configdirectory: $DIR/cyrus/conf
+partition-default: $DIR/cyrus/spool
+defaultpartition: default
+proc_path: $DIR/cyrus/run/proc
+mboxname_lockpath: $DIR/cyrus/run/lock
+lmtpsocket: $DIR/cyrus/run/socket/lmtp
+idlesocket: $DIR/cyrus/run/socket/idle
+notifysocket: $DIR/cyrus/run/socket/notify
+sievedir: $DIR/cyrus/sieve
+servername: localhost
+# Users are full addresses, so the JMAP accountId and Identity email are the address.
+virtdomains: userid
+unixhierarchysep: no
+altnamespace: yes
+lmtp_downcase_rcpt: yes
+allowplaintext: yes
+sasl_pwcheck_method: auxprop
+sasl_auxprop_plugin: sasldb
+sasl_sasldb_path: $DIR/sasldb2
+sasl_mech_list: PLAIN LOGIN
+sasl_auto_transition: no
+# A user's first IMAP login creates INBOX and the special-use folders (JMAP mailbox roles).
+autocreate_quota: 0
+autocreate_post: no
+autocreate_inbox_folders: Drafts | Sent | Trash | Junk | Archive
+autocreate_subscribe_folders: Drafts | Sent | Trash | Junk | Archive
+xlist-drafts: Drafts
+xlist-sent: Sent
+xlist-trash: Trash
+xlist-junk: Junk
+xlist-archive: Archive
+httpmodules: jmap
+conversations: yes
+conversations_counted_flags: \\Draft \\Flagged \$IsMailingList \$IsNotification \$HasAttachment
+jmap_preview_annot: /shared/vendor/messagingengine.com/preview
+jmap_pushpoll: 1s
+websocket_timeout: 30m
+httpallowcompress: no
+httpallowcors: *
+httptimeout: 5m
+# JMAP submission capability and EmailSubmission go to Postfix over SMTP, not /usr/sbin/sendmail.
+smtp_backend: host
+smtp_host: 127.0.0.1:$MX_PORT
+# Email/query text and header filters are answered by Xapian; without it they fail.
+search_engine: xapian
+search_index_headers: yes
+defaultsearchtier: t1
+t1searchpartition-default: $DIR/cyrus/search
+sync_log: yes
+sync_log_channels: squatter
+umask: 077
+CONF
+  # Cyrus' master does not hand its -C to the services: each command names the config itself.
+  cat >"$DIR/cyrus.conf" <<CONF
+START {
+  recover  cmd="$CYRUS/ctl_cyrusdb -C $DIR/imapd.conf -r"
+}
+SERVICES {
+  imap     cmd="$CYRUS/imapd -C $DIR/imapd.conf" listen="127.0.0.1:$IMAP_PORT" prefork=0 maxchild=50
+  http     cmd="$CYRUS/httpd -C $DIR/imapd.conf" listen="127.0.0.1:$JMAP_PORT" prefork=0 maxchild=50
+  lmtpunix cmd="$CYRUS/lmtpd -C $DIR/imapd.conf" listen="$DIR/cyrus/run/socket/lmtp" prefork=0 maxchild=20
+}
+DAEMON {
+  idled    cmd="$CYRUS/idled -C $DIR/imapd.conf"
+  squatter cmd="$CYRUS/squatter -C $DIR/imapd.conf -R"
+}
+EVENTS {
+  checkpoint cmd="$CYRUS/ctl_cyrusdb -C $DIR/imapd.conf -c" period=30
+}
+CONF
+}
+
+write_postfix_config() {
+  local etc=$DIR/postfix/etc
+  cat >"$etc/main.cf" <<CONF
+compatibility_level = 3.6
+queue_directory = $DIR/postfix/queue
+data_directory = $DIR/postfix/data
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = localhost
+mydomain = $DOMAIN
+myorigin = $DOMAIN
+mydestination = $DOMAIN, localhost
+mynetworks = 127.0.0.0/8
+inet_interfaces = loopback-only
+inet_protocols = ipv4
+local_recipient_maps =
+local_transport = lmtp:unix:$DIR/cyrus/run/socket/lmtp
+alias_maps =
+alias_database =
+relayhost =
+default_transport = error:this test mail host delivers only to $DOMAIN
+biff = no
+maillog_file = $DIR/log/postfix.log
+maillog_file_prefixes = $DIR/log
+smtpd_tls_security_level = none
+smtp_tls_security_level = none
+smtpd_sasl_type = cyrus
+smtpd_sasl_path = smtpd
+smtpd_sasl_security_options = noanonymous
+smtpd_relay_restrictions = permit_mynetworks permit_sasl_authenticated reject_unauth_destination
+message_size_limit = 52428800
+CONF
+  cat >"$etc/master.cf" <<CONF
+127.0.0.1:$MX_PORT inet n - n - - smtpd
+  -o smtpd_sasl_auth_enable=no
+127.0.0.1:$SUBMIT_PORT inet n - n - - smtpd
+  -o syslog_name=postfix/submission
+  -o smtpd_sasl_auth_enable=yes
+  -o smtpd_client_restrictions=permit_sasl_authenticated,reject
+  -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
+pickup    unix  n - n 60 1 pickup
+cleanup   unix  n - n -  0 cleanup
+qmgr      unix  n - n 300 1 qmgr
+rewrite   unix  - - n -  - trivial-rewrite
+bounce    unix  - - n -  0 bounce
+defer     unix  - - n -  0 bounce
+trace     unix  - - n -  0 bounce
+verify    unix  - - n -  1 verify
+flush     unix  n - n 1000? 0 flush
+proxymap  unix  - - n -  - proxymap
+smtp      unix  - - n -  - smtp
+relay     unix  - - n -  - smtp
+showq     unix  n - n -  - showq
+error     unix  - - n -  - error
+retry     unix  - - n -  - error
+discard   unix  - - n -  - discard
+local     unix  - n n -  - local
+lmtp      unix  - - n -  - lmtp
+anvil     unix  - - n -  1 anvil
+scache    unix  - - n -  1 scache
+postlog   unix-dgram n - n - 1 postlogd
+CONF
+  # Debian's smtpd reads its SASL settings from <config_directory>/sasl/smtpd.conf.
+  mkdir -p "$etc/sasl"
+  cat >"$etc/sasl/smtpd.conf" <<CONF
+pwcheck_method: auxprop
+auxprop_plugin: sasldb
+sasldb_path: $DIR/sasldb2
+mech_list: PLAIN LOGIN
+CONF
+}
+
+prepare_dirs() {
+  mkdir -p "$DIR"/cyrus/{conf/socket,conf/db,spool,search,sieve,run/socket,run/proc,run/lock} \
+           "$DIR"/postfix/{etc,queue,data} "$DIR"/log
+  write_cyrus_config
+  write_postfix_config
+  chown -R cyrus:mail "$DIR/cyrus"
+  chown postfix "$DIR/postfix/data"
+  chmod 755 "$DIR" "$DIR/cyrus" "$DIR/cyrus/run" "$DIR/cyrus/run/socket"
+}
+
+# Cyrus logs only through syslog. Where nothing listens on /dev/log (containers, CI) a small
+# sink writes what it gets to $DIR/log/syslog.log, so Cyrus' errors can be read.
+start_syslog_sink() {
+  if python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM); s.connect("/dev/log")' 2>/dev/null; then
+    return 0
+  fi
+  nohup python3 -c '
+import os, socket, sys
+log = open(sys.argv[1], "ab", buffering=0)
+if os.path.exists("/dev/log"): os.unlink("/dev/log")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("/dev/log"); os.chmod("/dev/log", 0o666)
+while True: log.write(s.recv(65536).rstrip(b"\0\n") + b"\n")
+' "$DIR/log/syslog.log" >/dev/null 2>&1 &
+  echo $! >"$DIR/syslog.pid"
+  for _ in $(seq 1 50); do [ -S /dev/log ] && return 0; sleep 0.05; done
+}
+
+wait_for_port() {
+  for _ in $(seq 1 150); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  die "port $1 did not open; see $DIR/log/"
+}
+
+running() { [ -f "$DIR/cyrus.pid" ] && kill -0 "$(cat "$DIR/cyrus.pid")" 2>/dev/null; }
+
+cmd_adduser() {
+  local user=$1 pass=${2:-$PASSWORD}
+  [[ $user == *@* ]] || user="$user@$DOMAIN"
+  [[ $user =~ ^[a-z0-9._-]+@[a-z0-9.-]+$ ]] || die "bad user name '$user': use lower-case letters, digits, . _ -"
+  echo -n "$pass" | saslpasswd2 -p -c -f "$DIR/sasldb2" -u "${user#*@}" "${user%@*}"
+  chmod 644 "$DIR/sasldb2"   # read by Cyrus (user cyrus) and Postfix; test credentials only
+  # The first IMAP login creates INBOX, Drafts, Sent, Trash, Junk and Archive.
+  python3 - "$IMAP_PORT" "$user" "$pass" <<'PY'
+import imaplib, sys
+port, user, pw = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+m = imaplib.IMAP4("127.0.0.1", port)
+m.login(user, pw)
+_, boxes = m.list()
+m.logout()
+if len(boxes) < 6:
+    sys.exit(f"mailhost: folders for {user} were not created: {boxes}")
+PY
+  # An empty search index now, so text and header queries work before the first mail.
+  runuser -u cyrus -- "$CYRUS/squatter" -C "$DIR/imapd.conf" -u "$user" 2>>"$DIR/log/squatter.log"
+  say "user $user ready"
+}
+
+cmd_check() {
+  local user=${1:-} pass=${2:-$PASSWORD}
+  (exec 3<>"/dev/tcp/127.0.0.1/$JMAP_PORT") 2>/dev/null || die "JMAP port $JMAP_PORT is closed"
+  (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_PORT") 2>/dev/null || die "SMTP submission port $SUBMIT_PORT is closed"
+  if [ -n "$user" ]; then
+    curl -fsS -L -u "$user:$pass" "http://127.0.0.1:$JMAP_PORT/.well-known/jmap" >/dev/null \
+      || die "JMAP session for $user failed"
+  fi
+  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap, SMTP 127.0.0.1:$SUBMIT_PORT"
+}
+
+cmd_start() {
+  [ "$(id -u)" = 0 ] || die "start needs root (Cyrus' master binds as root, then drops to user cyrus)"
+  command -v "$CYRUS/master" >/dev/null || die "Cyrus is not installed: run '$0 install' first"
+  mkdir -p "$DIR"
+  # Tests start the host concurrently: one of them starts it, the others wait for it.
+  exec 9>"$DIR.lock"
+  flock 9
+  if running; then
+    say "already running"
+  else
+    prepare_dirs
+    start_syslog_sink
+    "$CYRUS/master" -C "$DIR/imapd.conf" -M "$DIR/cyrus.conf" -p "$DIR/cyrus.pid" -d -L "$DIR/log/cyrus-master.log"
+    postfix -c "$DIR/postfix/etc" start 2>>"$DIR/log/postfix-start.log" \
+      || die "postfix did not start; see $DIR/log/postfix.log and postfix-start.log"
+    for p in "$IMAP_PORT" "$JMAP_PORT" "$SUBMIT_PORT" "$MX_PORT"; do wait_for_port "$p"; done
+    # master writes its pid file a moment after it forks
+    for _ in $(seq 1 50); do [ -s "$DIR/cyrus.pid" ] && break; sleep 0.1; done
+  fi
+  local u
+  for u in "$@"; do cmd_adduser "$u"; done
+  flock -u 9
+  cmd_check
+}
+
+cmd_stop() {
+  if [ -d "$DIR/postfix/etc" ]; then postfix -c "$DIR/postfix/etc" stop 2>/dev/null || true; fi
+  if [ -f "$DIR/cyrus.pid" ]; then
+    local pid; pid=$(cat "$DIR/cyrus.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    fi
+    rm -f "$DIR/cyrus.pid"
+  fi
+  if [ -f "$DIR/syslog.pid" ]; then
+    kill "$(cat "$DIR/syslog.pid")" 2>/dev/null || true
+    rm -f "$DIR/syslog.pid" /dev/log
+  fi
+  say "stopped"
+}
+
+cmd_env() {
+  cat <<ENV
+export MAILHOST_DOMAIN=$DOMAIN
+export MAILHOST_PASSWORD=$PASSWORD
+export MAILHOST_JMAP_URL=http://127.0.0.1:$JMAP_PORT/.well-known/jmap
+export MAILHOST_SMTP_HOST=127.0.0.1
+export MAILHOST_SMTP_PORT=$SUBMIT_PORT
+ENV
+}
+
+case "${1:-}" in
+  install) cmd_install ;;
+  start) shift; cmd_start "$@" ;;
+  adduser)
+    shift; [ $# -ge 1 ] || die "usage: $0 adduser USER [PASSWORD]"
+    running || die "the mail host is not running: start it with '$0 start'"
+    exec 9>"$DIR.lock"; flock 9   # saslpasswd2 must not run twice at once on one sasldb
+    cmd_adduser "$@" ;;
+  check) shift; cmd_check "$@" ;;
+  env) cmd_env ;;
+  stop) cmd_stop ;;
+  clean) cmd_stop; rm -rf "$DIR" "$DIR.lock" ;;
+  *) echo "usage: $0 install | start [USER ...] | adduser USER [PASSWORD] | check [USER] | env | stop | clean" >&2; exit 2 ;;
+esac

@@ -1,0 +1,727 @@
+//! The typed AAMP message: what each intent carries, how it is read from a mail's headers and
+//! text body, and how it is written back into them. Pure code, no I/O.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::{json, Map, Value};
+
+use super::codec;
+
+/// The protocol version this crate writes, and the one assumed when a message omits it.
+pub const VERSION: &str = "1.1";
+
+/// The ten AAMP intents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intent {
+    TaskDispatch,
+    TaskCancel,
+    TaskAck,
+    TaskHelpNeeded,
+    TaskResult,
+    TaskStreamOpened,
+    PairRequest,
+    PairRespond,
+    CardQuery,
+    CardResponse,
+}
+
+impl Intent {
+    pub const ALL: [Intent; 10] = [
+        Intent::TaskDispatch,
+        Intent::TaskCancel,
+        Intent::TaskAck,
+        Intent::TaskHelpNeeded,
+        Intent::TaskResult,
+        Intent::TaskStreamOpened,
+        Intent::PairRequest,
+        Intent::PairRespond,
+        Intent::CardQuery,
+        Intent::CardResponse,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intent::TaskDispatch => "task.dispatch",
+            Intent::TaskCancel => "task.cancel",
+            Intent::TaskAck => "task.ack",
+            Intent::TaskHelpNeeded => "task.help_needed",
+            Intent::TaskResult => "task.result",
+            Intent::TaskStreamOpened => "task.stream.opened",
+            Intent::PairRequest => "pair.request",
+            Intent::PairRespond => "pair.respond",
+            Intent::CardQuery => "card.query",
+            Intent::CardResponse => "card.response",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Intent> {
+        Intent::ALL.into_iter().find(|i| i.as_str() == text)
+    }
+}
+
+impl fmt::Display for Intent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Priority {
+    Urgent,
+    High,
+    #[default]
+    Normal,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Urgent => "urgent",
+            Priority::High => "high",
+            Priority::Normal => "normal",
+        }
+    }
+
+    /// Anything but `urgent` or `high` reads as `normal`, as in every SDK.
+    pub fn parse(text: &str) -> Priority {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "urgent" => Priority::Urgent,
+            "high" => Priority::High,
+            _ => Priority::Normal,
+        }
+    }
+}
+
+/// The terminal status of a task or a pairing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Completed,
+    Rejected,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Completed => "completed",
+            Status::Rejected => "rejected",
+        }
+    }
+}
+
+/// Header names, in the spelling AAMP writes them. Reading is case-insensitive.
+pub mod header {
+    pub const VERSION: &str = "X-AAMP-Version";
+    pub const INTENT: &str = "X-AAMP-Intent";
+    pub const TASK_ID: &str = "X-AAMP-TaskId";
+    pub const PRIORITY: &str = "X-AAMP-Priority";
+    pub const EXPIRES_AT: &str = "X-AAMP-Expires-At";
+    pub const SESSION_KEY: &str = "X-AAMP-Session-Key";
+    pub const DISPATCH_CONTEXT: &str = "X-AAMP-Dispatch-Context";
+    pub const PARENT_TASK_ID: &str = "X-AAMP-ParentTaskId";
+    pub const STATUS: &str = "X-AAMP-Status";
+    pub const ERROR_MSG: &str = "X-AAMP-ErrorMsg";
+    pub const STRUCTURED_RESULT: &str = "X-AAMP-StructuredResult";
+    pub const SUGGESTED_OPTIONS: &str = "X-AAMP-SuggestedOptions";
+    pub const STREAM_ID: &str = "X-AAMP-Stream-Id";
+    pub const PAIR_CODE: &str = "X-AAMP-Pair-Code";
+    pub const DISPATCH_CONTEXT_RULES: &str = "X-AAMP-Dispatch-Context-Rules";
+    pub const CARD_SUMMARY: &str = "X-AAMP-Card-Summary";
+    /// Legacy headers: still read (and preferred) when present, never written.
+    pub const LEGACY_OUTPUT: &str = "X-AAMP-Output";
+    pub const LEGACY_QUESTION: &str = "X-AAMP-Question";
+    pub const LEGACY_BLOCKED_REASON: &str = "X-AAMP-BlockedReason";
+}
+
+/// A mail as the parser sees it: addresses, ids, subject, text body and raw header fields.
+/// Both the JMAP reader and the RFC 5322 reader produce one; so does the conformance corpus.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MailView {
+    pub from: String,
+    pub to: Vec<String>,
+    /// With angle brackets: `<id@host>`.
+    pub message_id: String,
+    pub subject: String,
+    pub body_text: String,
+    /// Raw header fields in message order; values may be folded or encoded-words.
+    pub headers: Vec<(String, String)>,
+}
+
+impl MailView {
+    /// The last field of that name (case-insensitive), unfolded and with encoded-words
+    /// decoded; `None` when absent.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| codec::decode_words(&codec::unfold(v)))
+    }
+
+    /// Like [`MailView::header`], but an empty value counts as absent.
+    fn non_empty(&self, name: &str) -> Option<String> {
+        self.header(name).filter(|v| !v.is_empty())
+    }
+}
+
+/// Everything every AAMP message has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub version: String,
+    pub task_id: String,
+    pub from: String,
+    pub to: Vec<String>,
+    /// With angle brackets. Empty on a message not yet sent (the renderer assigns one).
+    pub message_id: String,
+    pub subject: String,
+    pub in_reply_to: Option<String>,
+    pub references: Vec<String>,
+    /// The text body exactly as received; `None` on a message built here (its body is
+    /// rendered from [`Body`] by [`AampMessage::body_text`]).
+    pub received_body: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dispatch {
+    pub title: String,
+    pub priority: Priority,
+    pub expires_at: Option<String>,
+    pub session_key: Option<String>,
+    pub dispatch_context: BTreeMap<String, String>,
+    pub parent_task_id: Option<String>,
+    pub body_text: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskResult {
+    pub status: Status,
+    pub output: String,
+    pub error: Option<String>,
+    pub structured_result: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HelpNeeded {
+    pub question: String,
+    pub blocked_reason: String,
+    pub suggested_options: Vec<String>,
+}
+
+/// What an intent carries beyond the envelope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    Dispatch(Dispatch),
+    Cancel { reason: String },
+    Ack,
+    HelpNeeded(HelpNeeded),
+    Result(TaskResult),
+    StreamOpened { stream_id: String },
+    PairRequest { pair_code: String, rules: Option<Value> },
+    PairRespond { status: Status, reason: Option<String> },
+    CardQuery { text: String },
+    CardResponse { summary: String, text: String },
+}
+
+impl Body {
+    pub fn intent(&self) -> Intent {
+        match self {
+            Body::Dispatch(_) => Intent::TaskDispatch,
+            Body::Cancel { .. } => Intent::TaskCancel,
+            Body::Ack => Intent::TaskAck,
+            Body::HelpNeeded(_) => Intent::TaskHelpNeeded,
+            Body::Result(_) => Intent::TaskResult,
+            Body::StreamOpened { .. } => Intent::TaskStreamOpened,
+            Body::PairRequest { .. } => Intent::PairRequest,
+            Body::PairRespond { .. } => Intent::PairRespond,
+            Body::CardQuery { .. } => Intent::CardQuery,
+            Body::CardResponse { .. } => Intent::CardResponse,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AampMessage {
+    pub envelope: Envelope,
+    pub body: Body,
+}
+
+/// Why a mail is not an AAMP message. Never an error: ordinary mail is simply not ours.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotAamp {
+    #[error("no X-AAMP-Intent header")]
+    NoIntent,
+    #[error("unknown intent {0:?}")]
+    UnknownIntent(String),
+    #[error("no X-AAMP-TaskId header")]
+    NoTaskId,
+    #[error("{intent} without its required {header} header")]
+    MissingHeader { intent: Intent, header: &'static str },
+}
+
+impl AampMessage {
+    pub fn intent(&self) -> Intent {
+        self.body.intent()
+    }
+
+    pub fn task_id(&self) -> &str {
+        &self.envelope.task_id
+    }
+
+    /// Reads a mail as AAMP. Header names are matched case-insensitively and the last field of
+    /// a name wins; encoded-words are decoded; legacy headers are understood.
+    pub fn parse(mail: &MailView) -> Result<AampMessage, NotAamp> {
+        let intent_text = mail.non_empty(header::INTENT).ok_or(NotAamp::NoIntent)?;
+        let intent = Intent::parse(intent_text.trim())
+            .ok_or_else(|| NotAamp::UnknownIntent(intent_text.clone()))?;
+        let task_id = mail.non_empty(header::TASK_ID).ok_or(NotAamp::NoTaskId)?;
+        let required = |name: &'static str| {
+            mail.non_empty(name).ok_or(NotAamp::MissingHeader {
+                intent,
+                header: name,
+            })
+        };
+        let body = match intent {
+            Intent::TaskDispatch => Body::Dispatch(Dispatch {
+                title: dispatch_title(&mail.subject),
+                priority: mail
+                    .header(header::PRIORITY)
+                    .map(|p| Priority::parse(&p))
+                    .unwrap_or_default(),
+                expires_at: mail.non_empty(header::EXPIRES_AT),
+                session_key: mail.non_empty(header::SESSION_KEY),
+                dispatch_context: mail
+                    .header(header::DISPATCH_CONTEXT)
+                    .map(|c| codec::parse_dispatch_context(&c))
+                    .unwrap_or_default(),
+                parent_task_id: mail.non_empty(header::PARENT_TASK_ID),
+                body_text: mail.body_text.clone(),
+            }),
+            Intent::TaskCancel => Body::Cancel {
+                reason: mail.body_text.trim().to_string(),
+            },
+            Intent::TaskAck => Body::Ack,
+            Intent::TaskHelpNeeded => {
+                let body = &mail.body_text;
+                let question = mail
+                    .non_empty(header::LEGACY_QUESTION)
+                    .or_else(|| section(body, "Question:", &["Blocked reason:", "Suggested options:"]))
+                    .unwrap_or_else(|| body.trim().to_string());
+                let blocked_reason = mail
+                    .non_empty(header::LEGACY_BLOCKED_REASON)
+                    .or_else(|| section(body, "Blocked reason:", &["Suggested options:"]))
+                    .unwrap_or_default();
+                let suggested_options = match mail.non_empty(header::SUGGESTED_OPTIONS) {
+                    Some(h) => codec::parse_options(&h),
+                    None => section(body, "Suggested options:", &[])
+                        .map(|s| s.lines().filter_map(strip_list_marker).collect())
+                        .unwrap_or_default(),
+                };
+                Body::HelpNeeded(HelpNeeded {
+                    question,
+                    blocked_reason,
+                    suggested_options,
+                })
+            }
+            Intent::TaskResult => {
+                let status = match mail.header(header::STATUS) {
+                    Some(s) if s.trim().eq_ignore_ascii_case("rejected") => Status::Rejected,
+                    _ => Status::Completed,
+                };
+                let body = &mail.body_text;
+                let error = mail
+                    .non_empty(header::ERROR_MSG)
+                    .or_else(|| first_line_after(body, "Error:"));
+                let output = mail
+                    .non_empty(header::LEGACY_OUTPUT)
+                    .or_else(|| section(body, "Output:", &["Error:"]))
+                    .unwrap_or_else(|| {
+                        if marker_line(body, "Error:").is_some() {
+                            String::new()
+                        } else {
+                            body.trim().to_string()
+                        }
+                    });
+                Body::Result(TaskResult {
+                    status,
+                    output,
+                    error,
+                    structured_result: mail
+                        .non_empty(header::STRUCTURED_RESULT)
+                        .and_then(|s| codec::decode_json(&s)),
+                })
+            }
+            Intent::TaskStreamOpened => Body::StreamOpened {
+                stream_id: required(header::STREAM_ID)?,
+            },
+            Intent::PairRequest => Body::PairRequest {
+                pair_code: required(header::PAIR_CODE)?,
+                rules: mail
+                    .non_empty(header::DISPATCH_CONTEXT_RULES)
+                    .and_then(|r| codec::decode_json(&r)),
+            },
+            Intent::PairRespond => Body::PairRespond {
+                status: match mail.header(header::STATUS) {
+                    Some(s) if s.trim().eq_ignore_ascii_case("completed") => Status::Completed,
+                    _ => Status::Rejected,
+                },
+                reason: mail.non_empty(header::ERROR_MSG),
+            },
+            Intent::CardQuery => Body::CardQuery {
+                text: mail.body_text.clone(),
+            },
+            Intent::CardResponse => Body::CardResponse {
+                summary: mail.non_empty(header::CARD_SUMMARY).unwrap_or_else(|| {
+                    strip_prefix_ci(mail.subject.trim(), "[AAMP Card]")
+                        .trim()
+                        .to_string()
+                }),
+                text: mail.body_text.clone(),
+            },
+        };
+        Ok(AampMessage {
+            envelope: Envelope {
+                version: mail
+                    .non_empty(header::VERSION)
+                    .unwrap_or_else(|| VERSION.to_string()),
+                task_id,
+                from: address(&mail.from),
+                to: mail.to.iter().map(|a| address(a)).collect(),
+                message_id: normalize_message_id(&mail.message_id),
+                subject: mail.subject.clone(),
+                in_reply_to: mail.non_empty("In-Reply-To").and_then(|v| message_ids(&v).pop()),
+                references: mail
+                    .header("References")
+                    .map(|v| message_ids(&v))
+                    .unwrap_or_default(),
+                received_body: Some(mail.body_text.clone()),
+            },
+            body,
+        })
+    }
+
+    /// The subject AAMP's SDKs write for this message.
+    pub fn subject(&self) -> String {
+        let id = &self.envelope.task_id;
+        match &self.body {
+            Body::Dispatch(d) => format!("[AAMP Task] {}", d.title),
+            Body::Cancel { .. } => format!("[AAMP Cancel] Task {id}"),
+            Body::Ack => format!("[AAMP ACK] Task {id}"),
+            Body::HelpNeeded(_) => format!("[AAMP Help] Task {id} needs assistance"),
+            Body::Result(r) => format!("[AAMP Result] Task {id} - {}", r.status.as_str()),
+            Body::StreamOpened { .. } => format!("[AAMP Stream] Task {id}"),
+            Body::PairRequest { .. } => "[AAMP Pair] Connection request".to_string(),
+            Body::PairRespond { status, .. } => format!("[AAMP Pair] {}", status.as_str()),
+            Body::CardQuery { .. } => format!("[AAMP Card Query] {id}"),
+            Body::CardResponse { summary, .. } => format!("[AAMP Card] {summary}"),
+        }
+    }
+
+    /// The `X-AAMP-*` fields to write, in order, with values not yet encoded. Optional
+    /// values that are empty are left out.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            (header::VERSION, VERSION.to_string()),
+            (header::INTENT, self.intent().as_str().to_string()),
+            (header::TASK_ID, self.envelope.task_id.clone()),
+        ];
+        fn opt(out: &mut Vec<(&'static str, String)>, name: &'static str, value: Option<&str>) {
+            if let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) {
+                out.push((name, v.to_string()));
+            }
+        }
+        match &self.body {
+            Body::Dispatch(d) => {
+                out.push((header::PRIORITY, d.priority.as_str().to_string()));
+                opt(&mut out, header::EXPIRES_AT, d.expires_at.as_deref());
+                opt(&mut out, header::SESSION_KEY, d.session_key.as_deref());
+                let context = codec::encode_dispatch_context(&d.dispatch_context);
+                opt(&mut out, header::DISPATCH_CONTEXT, context.as_deref());
+                opt(&mut out, header::PARENT_TASK_ID, d.parent_task_id.as_deref());
+            }
+            Body::Result(r) => {
+                out.push((header::STATUS, r.status.as_str().to_string()));
+                if r.status == Status::Rejected {
+                    let msg = r.error.as_deref().unwrap_or("rejected");
+                    out.push((header::ERROR_MSG, msg.to_string()));
+                }
+                let structured = r.structured_result.as_ref().map(codec::encode_json);
+                opt(&mut out, header::STRUCTURED_RESULT, structured.as_deref());
+            }
+            Body::HelpNeeded(h) => {
+                // The SDKs always write this header, empty when there are no options.
+                let options = codec::encode_options(&h.suggested_options);
+                out.push((header::SUGGESTED_OPTIONS, options));
+            }
+            Body::StreamOpened { stream_id } => {
+                out.push((header::STREAM_ID, stream_id.clone()));
+            }
+            Body::PairRequest { pair_code, rules } => {
+                out.push((header::PAIR_CODE, pair_code.clone()));
+                let rules = rules.clone().unwrap_or_else(|| json!({}));
+                out.push((header::DISPATCH_CONTEXT_RULES, codec::encode_json(&rules)));
+            }
+            Body::PairRespond { status, reason } => {
+                out.push((header::STATUS, status.as_str().to_string()));
+                opt(&mut out, header::ERROR_MSG, reason.as_deref());
+            }
+            Body::CardResponse { summary, .. } => {
+                opt(&mut out, header::CARD_SUMMARY, Some(summary));
+            }
+            Body::Cancel { .. } | Body::Ack | Body::CardQuery { .. } => {}
+        }
+        out
+    }
+
+    /// The text body, in the SDKs' templates (`Output:`, `Error:`, `Question:`, ...).
+    pub fn body_text(&self) -> String {
+        let id = &self.envelope.task_id;
+        match &self.body {
+            Body::Dispatch(d) => d.body_text.clone(),
+            Body::Cancel { reason } => reason.clone(),
+            Body::Ack => String::new(),
+            Body::HelpNeeded(h) => {
+                let mut text = format!(
+                    "AAMP Task Help Needed\n\nTask ID: {id}\n\nQuestion: {}\nBlocked reason: {}\n",
+                    h.question.trim(),
+                    h.blocked_reason.trim()
+                );
+                if !h.suggested_options.is_empty() {
+                    text.push_str("Suggested options:\n");
+                    for (i, option) in h.suggested_options.iter().enumerate() {
+                        text.push_str(&format!("  {}. {}\n", i + 1, option.trim()));
+                    }
+                }
+                text
+            }
+            Body::Result(r) => {
+                // Error comes before Output: the readers take Output up to the end of the
+                // body (or a later "Error:" line), and Error from its first line.
+                let mut text = format!(
+                    "AAMP Task Result\n\nTask ID: {id}\nStatus: {}\n\n",
+                    r.status.as_str()
+                );
+                if r.status == Status::Rejected {
+                    let error = r.error.as_deref().unwrap_or("rejected");
+                    text.push_str(&format!("Error: {}\n\n", codec::clean_header_text(error)));
+                }
+                if r.status == Status::Completed || !r.output.is_empty() {
+                    text.push_str(&format!("Output:\n{}\n", r.output));
+                }
+                text
+            }
+            Body::StreamOpened { stream_id } => {
+                format!("AAMP task stream is ready.\n\nTask ID: {id}\nStream ID: {stream_id}\n")
+            }
+            // The pair code is not repeated in the body: it is a secret.
+            Body::PairRequest { .. } => "AAMP Pair Request\n".to_string(),
+            Body::PairRespond { status, reason } => {
+                let mut text = format!("AAMP Pair Response\n\nStatus: {}\n", status.as_str());
+                if let Some(reason) = reason {
+                    text.push_str(&format!("Reason: {reason}\n"));
+                }
+                text
+            }
+            Body::CardQuery { text } => text.clone(),
+            Body::CardResponse { text, .. } => text.clone(),
+        }
+    }
+
+    /// The message as lower-camel-case JSON, in the shape of the upstream conformance corpus
+    /// (fields that do not apply are left out). Used by `--json` output and the corpus tests.
+    pub fn to_json(&self) -> Value {
+        let env = &self.envelope;
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_string(), v);
+        };
+        put("protocolVersion", json!(env.version));
+        put("intent", json!(self.intent().as_str()));
+        put("taskId", json!(env.task_id));
+        put("from", json!(env.from));
+        put("to", json!(env.to.join(", ")));
+        put("messageId", json!(env.message_id));
+        put("subject", json!(env.subject));
+        if let Some(v) = &env.in_reply_to {
+            put("inReplyTo", json!(v));
+        }
+        let body_text = env.received_body.clone().unwrap_or_else(|| self.body_text());
+        put("bodyText", json!(body_text));
+        match &self.body {
+            Body::Dispatch(d) => {
+                put("title", json!(d.title));
+                put("priority", json!(d.priority.as_str()));
+                if let Some(v) = &d.expires_at {
+                    put("expiresAt", json!(v));
+                }
+                if let Some(v) = &d.session_key {
+                    put("sessionKey", json!(v));
+                }
+                if !d.dispatch_context.is_empty() {
+                    put("dispatchContext", json!(d.dispatch_context));
+                }
+                if let Some(v) = &d.parent_task_id {
+                    put("parentTaskId", json!(v));
+                }
+            }
+            Body::Cancel { .. } => {}
+            Body::Ack => {}
+            Body::HelpNeeded(h) => {
+                put("question", json!(h.question));
+                put("blockedReason", json!(h.blocked_reason));
+                put("suggestedOptions", json!(h.suggested_options));
+            }
+            Body::Result(r) => {
+                put("status", json!(r.status.as_str()));
+                put("output", json!(r.output));
+                if let Some(e) = &r.error {
+                    put("errorMsg", json!(e));
+                }
+                if let Some(s) = &r.structured_result {
+                    put("structuredResult", s.clone());
+                }
+            }
+            Body::StreamOpened { stream_id } => put("streamId", json!(stream_id)),
+            Body::PairRequest { pair_code, rules } => {
+                put("pairCode", json!(pair_code));
+                if let Some(r) = rules {
+                    put("dispatchContextRules", r.clone());
+                }
+            }
+            Body::PairRespond { status, reason } => {
+                put("status", json!(status.as_str()));
+                put("success", json!(*status == Status::Completed));
+                if let Some(r) = reason {
+                    put("reason", json!(r));
+                }
+            }
+            Body::CardQuery { .. } => {}
+            Body::CardResponse { summary, .. } => put("summary", json!(summary)),
+        }
+        Value::Object(m)
+    }
+
+    /// A reply on the same task: to the sender of `to_this`, threaded under it.
+    pub fn reply(to_this: &Envelope, from: &str, body: Body) -> AampMessage {
+        let mut references: Vec<String> = to_this.references.clone();
+        // Keep the chain short; the dispatch's own id always goes last.
+        if references.len() > 9 {
+            references.drain(..references.len() - 9);
+        }
+        if !to_this.message_id.is_empty() {
+            references.push(to_this.message_id.clone());
+        }
+        let mut msg = AampMessage {
+            envelope: Envelope {
+                version: VERSION.to_string(),
+                task_id: to_this.task_id.clone(),
+                from: from.to_string(),
+                to: vec![to_this.from.clone()],
+                message_id: String::new(),
+                subject: String::new(),
+                in_reply_to: (!to_this.message_id.is_empty()).then(|| to_this.message_id.clone()),
+                references,
+                received_body: None,
+            },
+            body,
+        };
+        msg.envelope.subject = msg.subject();
+        msg
+    }
+}
+
+/// The dispatch title: the subject without its `[AAMP Task]` tag.
+fn dispatch_title(subject: &str) -> String {
+    let title = strip_prefix_ci(subject.trim(), "[AAMP Task]").trim();
+    if title.is_empty() {
+        "Untitled Task".to_string()
+    } else {
+        title.to_string()
+    }
+}
+
+fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> &'a str {
+    match text.get(..prefix.len()) {
+        Some(head) if head.eq_ignore_ascii_case(prefix) => &text[prefix.len()..],
+        _ => text,
+    }
+}
+
+/// The bare address from `Name <a@b>`, `<a@b>` or `a@b`.
+pub fn address(text: &str) -> String {
+    let text = text.trim();
+    match (text.rfind('<'), text.rfind('>')) {
+        (Some(open), Some(close)) if open < close => text[open + 1..close].trim().to_string(),
+        _ => text.to_string(),
+    }
+}
+
+/// A Message-ID with exactly one pair of angle brackets (empty stays empty).
+pub fn normalize_message_id(id: &str) -> String {
+    let id = id.trim().trim_start_matches('<').trim_end_matches('>').trim();
+    if id.is_empty() {
+        String::new()
+    } else {
+        format!("<{id}>")
+    }
+}
+
+/// Every `<...>` id in an In-Reply-To or References value.
+fn message_ids(text: &str) -> Vec<String> {
+    let ids: Vec<String> = text
+        .split('<')
+        .skip(1)
+        .filter_map(|part| part.split_once('>').map(|(id, _)| id.trim()))
+        .filter(|id| !id.is_empty())
+        .map(|id| format!("<{id}>"))
+        .collect();
+    if ids.is_empty() && !text.trim().is_empty() {
+        text.split_whitespace().map(normalize_message_id).collect()
+    } else {
+        ids
+    }
+}
+
+/// The line index and the rest of the first line whose trimmed start is `marker`.
+fn marker_line<'a>(body: &'a str, marker: &str) -> Option<(usize, &'a str)> {
+    body.lines().enumerate().find_map(|(i, line)| {
+        let rest = strip_prefix_ci(line.trim_start(), marker);
+        (rest.len() != line.trim_start().len()).then_some((i, rest))
+    })
+}
+
+/// The text after `marker` (rest of its line and the lines below), up to the first line that
+/// starts with one of `stops`; trimmed. `None` when the marker is absent.
+fn section(body: &str, marker: &str, stops: &[&str]) -> Option<String> {
+    let (index, first) = marker_line(body, marker)?;
+    let mut lines = vec![first];
+    for line in body.lines().skip(index + 1) {
+        let start = line.trim_start();
+        let starts_with = |s: &&str| start.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s));
+        if stops.iter().any(starts_with) {
+            break;
+        }
+        lines.push(line);
+    }
+    Some(lines.join("\n").trim().to_string())
+}
+
+fn first_line_after(body: &str, marker: &str) -> Option<String> {
+    marker_line(body, marker)
+        .map(|(_, rest)| rest.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// `  1. X`, `- X`, `* X` or `X` → `X`; blank lines → `None`.
+fn strip_list_marker(line: &str) -> Option<String> {
+    let line = line.trim();
+    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
+    let rest = if digits > 0 && matches!(line.as_bytes().get(digits), Some(b'.') | Some(b')')) {
+        &line[digits + 1..]
+    } else if let Some(rest) = line.strip_prefix("- ").or_else(|| line.strip_prefix("* ")) {
+        rest
+    } else {
+        line
+    };
+    let rest = rest.trim();
+    (!rest.is_empty()).then(|| rest.to_string())
+}

@@ -1,0 +1,249 @@
+//! AAMP messages as RFC 5322 bytes: rendering an outgoing mail, and reading a raw mail into a
+//! [`MailView`]. Pure code, no I/O.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+
+use super::codec::{clean_header_text, encode_word};
+use super::message::{normalize_message_id, AampMessage, MailView};
+
+/// Longest line we write before folding, and the hard limit of RFC 5322 (without CRLF).
+const SOFT_LIMIT: usize = 78;
+const HARD_LIMIT: usize = 998;
+
+/// A mail ready to submit: the envelope addresses and the bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedMail {
+    pub from: String,
+    pub to: Vec<String>,
+    /// With angle brackets.
+    pub message_id: String,
+    pub bytes: Vec<u8>,
+}
+
+/// Renders `msg` as a text/plain mail. A message without a Message-ID gets a fresh one on the
+/// sender's domain.
+pub fn render(msg: &AampMessage, date: SystemTime) -> RenderedMail {
+    let env = &msg.envelope;
+    let message_id = if env.message_id.is_empty() {
+        let domain = env.from.rsplit_once('@').map_or("localhost", |(_, d)| d);
+        format!("<{}@{}>", uuid::Uuid::new_v4(), clean_header_text(domain))
+    } else {
+        normalize_message_id(&env.message_id)
+    };
+    let subject = if env.subject.is_empty() {
+        msg.subject()
+    } else {
+        env.subject.clone()
+    };
+    let mut out = String::new();
+    write_header(&mut out, "Message-ID", &message_id);
+    write_header(&mut out, "Date", &rfc5322_date(date));
+    write_header(&mut out, "From", &env.from);
+    write_header(&mut out, "To", &env.to.join(", "));
+    write_text_header(&mut out, "Subject", &subject);
+    if let Some(id) = &env.in_reply_to {
+        write_header(&mut out, "In-Reply-To", id);
+    }
+    if !env.references.is_empty() {
+        write_header(&mut out, "References", &env.references.join(" "));
+    }
+    write_header(&mut out, "MIME-Version", "1.0");
+    for (name, value) in msg.headers() {
+        write_text_header(&mut out, name, &value);
+    }
+    let body = normalize_newlines(&msg.body_text());
+    let seven_bit = body.is_ascii() && body.split("\r\n").all(|l| l.len() <= HARD_LIMIT);
+    write_header(&mut out, "Content-Type", "text/plain; charset=utf-8");
+    if seven_bit {
+        write_header(&mut out, "Content-Transfer-Encoding", "7bit");
+        out.push_str("\r\n");
+        out.push_str(&body);
+    } else {
+        write_header(&mut out, "Content-Transfer-Encoding", "base64");
+        out.push_str("\r\n");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(body.as_bytes());
+        for chunk in encoded.as_bytes().chunks(76) {
+            out.push_str(std::str::from_utf8(chunk).expect("base64 is ASCII"));
+            out.push_str("\r\n");
+        }
+    }
+    if !out.ends_with("\r\n") {
+        out.push_str("\r\n");
+    }
+    RenderedMail {
+        from: env.from.clone(),
+        to: env.to.clone(),
+        message_id,
+        bytes: out.into_bytes(),
+    }
+}
+
+/// A structured or ASCII field: control characters removed, folded at spaces.
+fn write_header(out: &mut String, name: &str, value: &str) {
+    fold_into(out, name, &clean_header_text(value));
+}
+
+/// A free-text field: plain when ASCII, RFC 2047 encoded-words otherwise. ASCII values
+/// (TaskIds, base64url payloads) are never written as encoded-words: a reader that does not
+/// decode them would lose the value.
+fn write_text_header(out: &mut String, name: &str, value: &str) {
+    let value = clean_header_text(value);
+    if value.is_ascii() {
+        fold_into(out, name, &value);
+    } else {
+        fold_into(out, name, &encode_word(&value));
+    }
+}
+
+/// Writes `Name: value` folded at spaces so lines stay near 78 characters. A run without
+/// spaces is only broken when it would pass the hard limit of 998 (base64 readers skip the
+/// folding white space).
+fn fold_into(out: &mut String, name: &str, value: &str) {
+    let mut line = format!("{name}:");
+    let mut first = true;
+    for word in value.split(' ').filter(|w| !w.is_empty()) {
+        if !first && line.len() + 1 + word.len() > SOFT_LIMIT {
+            out.push_str(&line);
+            out.push_str("\r\n");
+            line.clear();
+        }
+        line.push(' ');
+        let mut word = word;
+        while line.len() + word.len() > HARD_LIMIT - 8 {
+            let mut take = HARD_LIMIT - 8 - line.len();
+            while !word.is_char_boundary(take) {
+                take -= 1;
+            }
+            line.push_str(&word[..take]);
+            out.push_str(&line);
+            out.push_str("\r\n");
+            line = " ".to_string();
+            word = &word[take..];
+        }
+        line.push_str(word);
+        first = false;
+    }
+    out.push_str(&line);
+    out.push_str("\r\n");
+}
+
+fn normalize_newlines(text: &str) -> String {
+    text.replace("\r\n", "\n")
+        .replace('\r', "\n")
+        .replace('\n', "\r\n")
+}
+
+/// `Sun, 29 Nov 2026 10:02:18 +0000`.
+pub fn rfc5322_date(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} +0000",
+        WEEKDAYS[days.rem_euclid(7) as usize],
+        day,
+        MONTHS[(month - 1) as usize],
+        year,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Reads a raw RFC 5322 mail. `None` only when the bytes hold no header at all.
+pub fn parse_raw(bytes: &[u8]) -> Option<MailView> {
+    let message = mail_parser::MessageParser::default().parse(bytes)?;
+    let addresses = |list: Option<&mail_parser::Address>| -> Vec<String> {
+        list.map(|a| {
+            a.iter()
+                .filter_map(|addr| addr.address().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+    };
+    let headers: Vec<(String, String)> = message
+        .headers_raw()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+    if headers.is_empty() {
+        return None;
+    }
+    Some(MailView {
+        from: addresses(message.from()).into_iter().next().unwrap_or_default(),
+        to: addresses(message.to()),
+        message_id: message
+            .message_id()
+            .map(normalize_message_id)
+            .unwrap_or_default(),
+        subject: message.subject().unwrap_or_default().to_string(),
+        // The line break that ends the last line belongs to the message format, not the text.
+        body_text: message
+            .body_text(0)
+            .map(|b| {
+                let b = b.replace("\r\n", "\n");
+                b.strip_suffix('\n').map(str::to_string).unwrap_or(b)
+            })
+            .unwrap_or_default(),
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_rfc5322() {
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_946_538);
+        assert_eq!(rfc5322_date(t), "Sun, 29 Nov 2026 10:02:18 +0000");
+        assert_eq!(rfc5322_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 +0000");
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn long_tokens_fold_only_past_the_hard_limit() {
+        let mut out = String::new();
+        let token = "A".repeat(500);
+        fold_into(&mut out, "X-AAMP-StructuredResult", &token);
+        assert_eq!(out.matches("\r\n").count(), 1, "a 500-char token stays on one line");
+        let mut out = String::new();
+        let token = "B".repeat(3000);
+        fold_into(&mut out, "X-AAMP-StructuredResult", &token);
+        assert!(out.split("\r\n").all(|l| l.len() <= HARD_LIMIT));
+        let joined: String = out.split("\r\n").map(str::trim).collect();
+        assert_eq!(joined, format!("X-AAMP-StructuredResult: {token}"));
+    }
+
+    #[test]
+    fn text_headers_fold_at_spaces() {
+        let mut out = String::new();
+        let text = "word ".repeat(40);
+        fold_into(&mut out, "Subject", text.trim());
+        assert!(out.split("\r\n").all(|l| l.len() <= SOFT_LIMIT));
+        assert!(out.lines().count() > 1);
+    }
+}
