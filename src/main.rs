@@ -1,1 +1,20 @@
-fn main() {}
+use clap::Parser as _;
+
+fn main() -> std::process::ExitCode {
+    let cli = aamp_bridge::cli::Cli::parse();
+    aamp_bridge::telemetry::init(&cli);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("aamp-bridge: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(aamp_bridge::cli::run(cli)) {
+        Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("aamp-bridge: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The command line: parses arguments and calls into the library. No logic of its own.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{default_config_path, LoadedConfig};
+use crate::daemon::{self, RunOptions};
+use crate::mailbox::{Mailbox, Sender};
+use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, Priority, Status};
+
+#[derive(Debug, Parser)]
+#[command(name = "aamp-bridge", version, about = "Hands tasks that arrive by mail (AAMP) to the coding agents on this machine, and mails back their results.")]
+pub struct Cli {
+    /// The config file [default: $XDG_CONFIG_HOME/aamp-bridge/config.toml]
+    #[arg(long, global = true, env = "AAMP_BRIDGE_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the bridge: watch every agent's mailbox and run the tasks that arrive.
+    Start {
+        /// Print runtime events as JSON lines on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Run only this agent (repeatable).
+        #[arg(long = "agent", value_name = "NAME")]
+        agents: Vec<String>,
+    },
+    /// Send a task to an agent from one of the config's mailboxes, and wait for its result.
+    Dispatch(DispatchArgs),
+    /// Read a mail file (.eml) and show it as AAMP.
+    Inspect {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DispatchArgs {
+    /// The mailbox (a key of [mailboxes] in the config) to send from.
+    #[arg(long)]
+    pub from: String,
+    /// The agent's address.
+    #[arg(long)]
+    pub to: String,
+    #[arg(long, default_value = "Task from aamp-bridge")]
+    pub title: String,
+    #[arg(long)]
+    pub session_key: Option<String>,
+    /// Stop waiting for the result after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Send and exit without waiting for the result.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The task text; `-` reads it from stdin.
+    pub text: String,
+}
+
+/// The process exit code for a finished command.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let config_path = cli.config.clone().unwrap_or_else(default_config_path);
+    match cli.command {
+        Command::Start { json, agents } => {
+            let config = LoadedConfig::load(&config_path)?;
+            daemon::run(config, RunOptions { json, agents }, CancellationToken::new()).await?;
+            Ok(0)
+        }
+        Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
+        Command::Inspect { file, json } => inspect(&file, json),
+    }
+}
+
+fn inspect(file: &PathBuf, json: bool) -> anyhow::Result<i32> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let view = protocol::parse_raw(&bytes).with_context(|| format!("{} is not a mail (no header found)", file.display()))?;
+    match AampMessage::parse(&view) {
+        Ok(msg) if json => println!("{}", serde_json::to_string_pretty(&msg.to_json())?),
+        Ok(msg) => {
+            println!("{} {} from {}", msg.intent(), msg.task_id(), msg.envelope.from);
+            for (k, v) in msg.to_json().as_object().into_iter().flatten() {
+                println!("  {k}: {v}");
+            }
+        }
+        Err(reason) => {
+            println!("not AAMP: {reason}");
+            return Ok(1);
+        }
+    }
+    Ok(0)
+}
+
+async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i32> {
+    let account = config.account(&args.from)?;
+    let text = if args.text == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading the task text from stdin")?;
+        s
+    } else {
+        args.text.clone()
+    };
+    let sender = Sender::new(&account)?;
+    let mut mailbox = Mailbox::new(account.clone())?;
+    mailbox.connect().await.with_context(|| format!("connecting to the mailbox {}", account.email))?;
+    // Take the cursor before sending, so the answer cannot slip past it.
+    let mut state = mailbox.current_state().await?;
+    let task_id = uuid::Uuid::new_v4().to_string();
+    let mut msg = AampMessage {
+        envelope: Envelope {
+            version: protocol::VERSION.into(),
+            task_id: task_id.clone(),
+            from: account.email.clone(),
+            to: vec![args.to.clone()],
+            message_id: String::new(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        },
+        body: Body::Dispatch(Dispatch {
+            title: args.title.clone(),
+            priority: Priority::Normal,
+            session_key: args.session_key.clone(),
+            body_text: text,
+            ..Dispatch::default()
+        }),
+    };
+    msg.envelope.subject = msg.subject();
+    let message_id = sender.send(&msg).await.context("sending the dispatch")?;
+    eprintln!("sent task {task_id} to {} ({message_id})", args.to);
+    if args.no_wait {
+        if args.json {
+            println!("{}", serde_json::json!({"taskId": task_id, "messageId": message_id}));
+        }
+        return Ok(0);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
+    loop {
+        let (inbound, next) = mailbox.fetch_since(&state, 50).await?;
+        state = next;
+        for m in inbound.into_iter().map(|i| i.message).filter(|m| m.task_id() == task_id) {
+            match &m.body {
+                Body::Ack => eprintln!("acknowledged by {}", m.envelope.from),
+                Body::HelpNeeded(h) => eprintln!("the agent needs help: {}", h.question),
+                Body::Result(r) => {
+                    if args.json {
+                        println!("{}", serde_json::to_string_pretty(&m.to_json())?);
+                    } else if r.status == Status::Completed {
+                        println!("{}", r.output);
+                    } else {
+                        eprintln!("rejected: {}", r.error.as_deref().unwrap_or("no reason given"));
+                    }
+                    return Ok(if r.status == Status::Completed { 0 } else { 1 });
+                }
+                _ => {}
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no result for task {task_id} within {}s (it may still come; the agent's mailbox is {})", args.timeout, args.to);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,471 @@
+//! The one TOML config file: named mailboxes and the agents that use them. Loading validates
+//! everything up front; each error names the file, the key and what to do about it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// A config problem, said as `file: key: problem` followed by the fix.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub key: String,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.problem)?;
+        if !self.fix.is_empty() {
+            write!(f, "\n  fix: {}", self.fix)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where cursors and task workspaces live. Default: `$XDG_STATE_HOME/aamp-bridge`.
+    pub state_dir: Option<PathBuf>,
+    /// Extra folder of profile files, searched before the user's and the built-in ones.
+    pub profiles_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub mailboxes: BTreeMap<String, MailboxConfig>,
+    #[serde(default)]
+    pub agents: Vec<AgentConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// Upgrade with STARTTLS, and refuse to send if the server does not offer it.
+    #[default]
+    Starttls,
+    /// Implicit TLS from the first byte (usually port 465).
+    Tls,
+    /// No TLS at all. Allowed only to a loopback host.
+    Plain,
+}
+
+impl SmtpSecurity {
+    pub fn default_port(self) -> u16 {
+        match self {
+            SmtpSecurity::Starttls | SmtpSecurity::Plain => 587,
+            SmtpSecurity::Tls => 465,
+        }
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MailboxConfig {
+    /// The mailbox's address; mail to it is the agent's work.
+    pub email: String,
+    /// The JMAP session URL (`https://host/.well-known/jmap`) or the server's base URL.
+    pub jmap_url: String,
+    /// Login name for JMAP and SMTP; default: `email`.
+    pub login: Option<String>,
+    /// The password inline (the config file must then be private), or ...
+    pub password: Option<String>,
+    /// ... a file holding it (mode 0600), which is preferred.
+    pub password_file: Option<PathBuf>,
+    pub smtp_host: String,
+    pub smtp_port: Option<u16>,
+    #[serde(default)]
+    pub smtp_security: SmtpSecurity,
+    /// Accept invalid TLS certificates from this mailbox's hosts. Off unless set.
+    #[serde(default)]
+    pub insecure_tls: bool,
+    /// Seconds between `Email/changes` polls.
+    #[serde(default = "default_poll_secs")]
+    pub poll_interval_secs: u64,
+}
+
+impl fmt::Debug for MailboxConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MailboxConfig")
+            .field("email", &self.email)
+            .field("jmap_url", &self.jmap_url)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("smtp_host", &self.smtp_host)
+            .field("smtp_port", &self.smtp_port)
+            .field("smtp_security", &self.smtp_security)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_poll_secs() -> u64 {
+    5
+}
+
+fn default_concurrency() -> usize {
+    1
+}
+
+fn default_queue() -> usize {
+    100
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Lower-case letters, digits, `-` and `_`.
+    pub name: String,
+    /// A key of `[mailboxes]`; default: the agent's name.
+    pub mailbox: Option<String>,
+    /// A profile name (from the profile folders) or a path to a profile file.
+    pub profile: String,
+    /// Senders allowed to dispatch tasks: addresses, `*@domain` or `@domain`.
+    #[serde(default)]
+    pub allow_from: Vec<String>,
+    /// Tasks this agent runs at once; the rest wait in order.
+    #[serde(default = "default_concurrency")]
+    pub max_concurrent_tasks: usize,
+    /// Tasks running or waiting at most; further dispatches are answered "busy".
+    #[serde(default = "default_queue")]
+    pub max_queued_tasks: usize,
+}
+
+/// A mailbox with its password resolved.
+#[derive(Clone)]
+pub struct Account {
+    pub name: String,
+    pub email: String,
+    pub jmap_url: url::Url,
+    pub login: String,
+    pub password: String,
+    pub smtp_host: String,
+    pub smtp_port: u16,
+    pub smtp_security: SmtpSecurity,
+    pub insecure_tls: bool,
+    pub poll_interval: std::time::Duration,
+}
+
+impl fmt::Debug for Account {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Account")
+            .field("name", &self.name)
+            .field("email", &self.email)
+            .field("jmap_url", &self.jmap_url.as_str())
+            .field("smtp", &format!("{}:{}", self.smtp_host, self.smtp_port))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A config that passed validation, with relative paths resolved against its folder.
+#[derive(Clone, Debug)]
+pub struct LoadedConfig {
+    pub path: PathBuf,
+    pub config: Config,
+    pub state_dir: PathBuf,
+}
+
+impl LoadedConfig {
+    fn error(&self, key: impl Into<String>, problem: impl Into<String>, fix: impl Into<String>) -> ConfigError {
+        ConfigError { path: self.path.clone(), key: key.into(), problem: problem.into(), fix: fix.into() }
+    }
+
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+        let err = |key: &str, problem: String, fix: &str| ConfigError {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            problem,
+            fix: fix.to_string(),
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err(
+                "",
+                format!("cannot read the config file: {e}"),
+                "create it with `aamp-bridge init`, or pass another file with --config",
+            )
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|e| {
+            let key = e.span().map(|s| line_of(&text, s.start)).unwrap_or_default();
+            err(&key, e.message().to_string(), "correct the TOML at that line; see the README's config reference")
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let state_dir = match &config.state_dir {
+            Some(dir) => base.join(dir),
+            None => default_state_dir(),
+        };
+        let loaded = LoadedConfig { path: path.to_path_buf(), config, state_dir };
+        loaded.validate(&text)?;
+        Ok(loaded)
+    }
+
+    fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        let mut names = BTreeSet::new();
+        for (i, agent) in self.config.agents.iter().enumerate() {
+            let key = format!("agents[{i}]");
+            if !valid_name(&agent.name) {
+                return Err(self.error(
+                    format!("{key}.name"),
+                    format!("{:?} is not a valid agent name", agent.name),
+                    "use lower-case letters, digits, '-' and '_'",
+                ));
+            }
+            if !names.insert(agent.name.clone()) {
+                return Err(self.error(format!("{key}.name"), format!("agent {:?} appears twice", agent.name), "give each agent its own name"));
+            }
+            let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+            if !self.config.mailboxes.contains_key(&mailbox) {
+                return Err(self.error(
+                    format!("{key}.mailbox"),
+                    format!("no mailbox named {mailbox:?}"),
+                    format!("add a [mailboxes.{mailbox}] table, or set mailbox = \"<name>\" to one of: {}", self.mailbox_names()),
+                ));
+            }
+            if agent.max_queued_tasks < agent.max_concurrent_tasks {
+                return Err(self.error(format!("{key}.max_queued_tasks"), "is smaller than max_concurrent_tasks", "set it to at least max_concurrent_tasks"));
+            }
+            if agent.max_concurrent_tasks == 0 {
+                return Err(self.error(format!("{key}.max_concurrent_tasks"), "must be at least 1", "set it to 1 or more"));
+            }
+            for (j, pattern) in agent.allow_from.iter().enumerate() {
+                if !pattern.contains('@') {
+                    return Err(self.error(
+                        format!("{key}.allow_from[{j}]"),
+                        format!("{pattern:?} is not an address or a domain pattern"),
+                        "write an address (a@b.com), '*@b.com' or '@b.com'",
+                    ));
+                }
+            }
+        }
+        for name in self.config.mailboxes.keys() {
+            self.account(name)?;
+        }
+        let inline_secret = self.config.mailboxes.values().any(|m| m.password.is_some());
+        if inline_secret && !is_private(&self.path) {
+            let _ = text;
+            return Err(self.error(
+                "mailboxes.*.password",
+                "the file holds a password but other users can read it",
+                format!("run `chmod 600 {}`, or move the password to a password_file", self.path.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn mailbox_names(&self) -> String {
+        let names: Vec<&str> = self.config.mailboxes.keys().map(String::as_str).collect();
+        if names.is_empty() {
+            "(none defined)".to_string()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// The named mailbox with its password read and its settings checked.
+    pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
+        let key = format!("mailboxes.{name}");
+        let m = self.config.mailboxes.get(name).ok_or_else(|| {
+            self.error(&key, "no such mailbox", format!("use one of: {}", self.mailbox_names()))
+        })?;
+        if !m.email.contains('@') || m.email.trim() != m.email {
+            return Err(self.error(format!("{key}.email"), format!("{:?} is not an email address", m.email), "write the mailbox's full address"));
+        }
+        let jmap_url = url::Url::parse(&m.jmap_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| self.error(format!("{key}.jmap_url"), format!("{:?} is not an http(s) URL", m.jmap_url), "write e.g. https://mail.example.com/.well-known/jmap"))?;
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        let password = match (&m.password, &m.password_file) {
+            (Some(_), Some(_)) => return Err(self.error(&key, "both password and password_file are set", "keep one of them (password_file is safer)")),
+            (None, None) => return Err(self.error(&key, "no password", "set password_file = \"<file holding the password>\" (mode 0600)")),
+            (Some(p), None) => p.clone(),
+            (None, Some(file)) => {
+                let file = base.join(file);
+                let text = std::fs::read_to_string(&file).map_err(|e| {
+                    self.error(format!("{key}.password_file"), format!("cannot read {}: {e}", file.display()), "point it at a readable file that holds only the password")
+                })?;
+                if !is_private(&file) {
+                    return Err(self.error(format!("{key}.password_file"), format!("{} can be read by other users", file.display()), format!("run `chmod 600 {}`", file.display())));
+                }
+                text.trim_end_matches(['\r', '\n']).to_string()
+            }
+        };
+        if m.smtp_security == SmtpSecurity::Plain && !is_loopback(&m.smtp_host) {
+            return Err(self.error(
+                format!("{key}.smtp_security"),
+                format!("plain-text SMTP to {} would send the password unencrypted", m.smtp_host),
+                "use \"starttls\" or \"tls\"; \"plain\" is only allowed to a loopback host (127.0.0.1, ::1, localhost)",
+            ));
+        }
+        if m.poll_interval_secs == 0 {
+            return Err(self.error(format!("{key}.poll_interval_secs"), "must be at least 1", "set it to 1 or more seconds"));
+        }
+        Ok(Account {
+            name: name.to_string(),
+            email: m.email.clone(),
+            jmap_url,
+            login: m.login.clone().unwrap_or_else(|| m.email.clone()),
+            password,
+            smtp_host: m.smtp_host.clone(),
+            smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
+            smtp_security: m.smtp_security,
+            insecure_tls: m.insecure_tls,
+            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+        })
+    }
+
+    /// The agents to run: all of them, or those named.
+    pub fn agents(&self, only: &[String]) -> Result<Vec<AgentConfig>, ConfigError> {
+        for name in only {
+            if !self.config.agents.iter().any(|a| &a.name == name) {
+                let known: Vec<&str> = self.config.agents.iter().map(|a| a.name.as_str()).collect();
+                return Err(self.error("agents", format!("no agent named {name:?}"), format!("use one of: {}", known.join(", "))));
+            }
+        }
+        let agents: Vec<AgentConfig> = self
+            .config
+            .agents
+            .iter()
+            .filter(|a| only.is_empty() || only.contains(&a.name))
+            .cloned()
+            .collect();
+        if agents.is_empty() {
+            return Err(self.error("agents", "no agents are configured", "add an [[agents]] table (see the README), or run `aamp-bridge init`"));
+        }
+        Ok(agents)
+    }
+
+    /// The folders searched for profiles, most specific first.
+    pub fn profile_dirs(&self) -> Vec<PathBuf> {
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        let mut dirs = Vec::new();
+        if let Some(dir) = &self.config.profiles_dir {
+            dirs.push(base.join(dir));
+        }
+        dirs.push(default_config_dir().join("profiles"));
+        dirs
+    }
+}
+
+/// `$XDG_CONFIG_HOME/aamp-bridge` (default `~/.config/aamp-bridge`).
+pub fn default_config_dir() -> PathBuf {
+    xdg_dir("XDG_CONFIG_HOME", ".config").join("aamp-bridge")
+}
+
+/// `$XDG_STATE_HOME/aamp-bridge` (default `~/.local/state/aamp-bridge`).
+pub fn default_state_dir() -> PathBuf {
+    xdg_dir("XDG_STATE_HOME", ".local/state").join("aamp-bridge")
+}
+
+/// The config file used when `--config` is not given.
+pub fn default_config_path() -> PathBuf {
+    default_config_dir().join("config.toml")
+}
+
+fn xdg_dir(var: &str, fallback: &str) -> PathBuf {
+    match std::env::var_os(var).filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")).join(fallback),
+    }
+}
+
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// True when neither group nor others may read the file.
+fn is_private(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 == 0)
+}
+
+/// "line N" for a byte offset, which is as close to a key as a TOML parse error gets.
+fn line_of(text: &str, offset: usize) -> String {
+    let line = text[..offset.min(text.len())].matches('\n').count() + 1;
+    format!("line {line}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    const GOOD: &str = r#"
+[mailboxes.coder]
+email = "coder@example.test"
+jmap_url = "http://127.0.0.1:18080/.well-known/jmap"
+password_file = "coder.pass"
+smtp_host = "127.0.0.1"
+smtp_port = 15587
+smtp_security = "plain"
+
+[[agents]]
+name = "coder"
+profile = "echo"
+allow_from = ["*@example.test"]
+"#;
+
+    #[test]
+    fn a_good_config_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "coder.pass", "secret\n", 0o600);
+        let path = write(dir.path(), "config.toml", GOOD, 0o644);
+        let loaded = LoadedConfig::load(&path).unwrap();
+        let account = loaded.account("coder").unwrap();
+        assert_eq!(account.password, "secret");
+        assert_eq!(account.login, "coder@example.test");
+        assert_eq!(account.smtp_port, 15587);
+        assert_eq!(loaded.agents(&[]).unwrap().len(), 1);
+        assert!(!format!("{account:?}").contains("secret"), "Debug must not show the password");
+    }
+
+    fn load_err(config: &str, pass_mode: u32, config_mode: u32) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "coder.pass", "secret\n", pass_mode);
+        let path = write(dir.path(), "config.toml", config, config_mode);
+        LoadedConfig::load(&path).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_fix() {
+        let e = load_err(&GOOD.replace("127.0.0.1\"\nsmtp_port", "mail.example.com\"\nsmtp_port"), 0o600, 0o644);
+        assert!(e.contains("mailboxes.coder.smtp_security") && e.contains("loopback"), "{e}");
+        let e = load_err(GOOD, 0o644, 0o644);
+        assert!(e.contains("password_file") && e.contains("chmod 600"), "{e}");
+        let e = load_err(&GOOD.replace("password_file = \"coder.pass\"", "password = \"x\""), 0o600, 0o644);
+        assert!(e.contains("chmod 600") && e.contains("config.toml"), "{e}");
+        let e = load_err(&GOOD.replace("name = \"coder\"", "name = \"Coder!\""), 0o600, 0o644);
+        assert!(e.contains("agents[0].name"), "{e}");
+        let e = load_err(&GOOD.replace("profile = \"echo\"", "profile = \"echo\"\nmailbox = \"nope\""), 0o600, 0o644);
+        assert!(e.contains("agents[0].mailbox") && e.contains("coder"), "{e}");
+        let e = load_err(&GOOD.replace("smtp_port = 15587", "smtp_prot = 15587"), 0o600, 0o644);
+        assert!(e.contains("line 8") && e.contains("smtp_prot"), "{e}");
+        let e = load_err(&GOOD.replace("allow_from = [\"*@example.test\"]", "allow_from = [\"everyone\"]"), 0o600, 0o644);
+        assert!(e.contains("allow_from[0]"), "{e}");
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        assert!(is_loopback("127.0.0.1") && is_loopback("localhost") && is_loopback("[::1]") && is_loopback("127.8.9.1"));
+        assert!(!is_loopback("10.0.0.1") && !is_loopback("mail.example.com"));
+    }
+}

@@ -1,0 +1,203 @@
+//! Wires the layers for `aamp-bridge start`: per agent, a mailbox intake loop feeds a
+//! dispatcher, whose tasks run agents and answer through the agent's sender. One root
+//! cancellation token and one task tracker own everything that runs.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::config::LoadedConfig;
+use crate::dispatch::{AgentSpec, Dispatcher, Outbox, SenderPolicy};
+use crate::error::{Classify, ErrorClass};
+use crate::events::Events;
+use crate::mailbox::{jitter, Cursor, Mailbox, MailboxError, Sender};
+use crate::protocol::AampMessage;
+use crate::runner::Profile;
+
+/// How far back to look when the server has lost our change cursor.
+const BACKSCAN: usize = 100;
+/// How long running tasks get to answer after a stop is requested.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    pub json: bool,
+    /// Only these agents (all when empty).
+    pub agents: Vec<String>,
+}
+
+impl Outbox for Sender {
+    async fn send(&self, msg: &AampMessage) -> Result<String, MailboxError> {
+        Sender::send(self, msg).await
+    }
+}
+
+/// Runs until SIGINT or SIGTERM, or until `stop` is cancelled.
+pub async fn run(config: LoadedConfig, opts: RunOptions, stop: CancellationToken) -> anyhow::Result<()> {
+    let events = Events::new(opts.json);
+    let tracker = TaskTracker::new();
+    let agents = config.agents(&opts.agents)?;
+    let mut names = Vec::new();
+    for agent in agents {
+        let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        let account = config.account(&mailbox_name)?;
+        let profile = Profile::find(&agent.profile, &config.profile_dirs())
+            .with_context(|| format!("{}: agent {:?}: profile {:?}", config.path.display(), agent.name, agent.profile))?;
+        let agent_dir = config.state_dir.join("agents").join(&agent.name);
+        let spec = AgentSpec {
+            name: agent.name.clone(),
+            email: account.email.clone(),
+            policy: SenderPolicy::new(&agent.allow_from),
+            max_concurrent: agent.max_concurrent_tasks,
+            max_queued: agent.max_queued_tasks,
+            profile,
+            workspace_root: agent_dir.join("tasks"),
+        };
+        if spec.policy.is_empty() {
+            tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
+        }
+        let sender = Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
+        let mailbox = Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
+        let dispatcher = Dispatcher::new(spec, sender, events, tracker.clone(), stop.clone());
+        let cursor = Cursor::new(agent_dir.join("jmap-email-state"));
+        let span = tracing::info_span!("agent", agent = %agent.name);
+        tracker.spawn(intake(agent.name.clone(), mailbox, cursor, dispatcher, events, stop.clone()).instrument(span));
+        names.push(agent.name);
+    }
+    events.emit("bridge.running", json!({"agents": names, "pid": std::process::id()}));
+
+    let signals = stop.clone();
+    tracker.spawn(async move {
+        tokio::select! {
+            _ = wait_for_signal() => signals.cancel(),
+            _ = signals.cancelled() => {}
+        }
+    });
+    stop.cancelled().await;
+    events.emit("bridge.stopping", json!({}));
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+        tracing::warn!("some tasks did not finish within {}s of the stop", SHUTDOWN_GRACE.as_secs());
+    }
+    events.emit("bridge.stopped", json!({}));
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; stop with Ctrl-C");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received; stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; stopping"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum IntakeError {
+    #[error(transparent)]
+    Mailbox(#[from] MailboxError),
+    #[error("cannot read or write the cursor file: {0}")]
+    Cursor(#[from] std::io::Error),
+}
+
+impl Classify for IntakeError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            IntakeError::Mailbox(e) => e.class(),
+            IntakeError::Cursor(_) => ErrorClass::Permanent,
+        }
+    }
+}
+
+/// Polls one mailbox and hands its AAMP mail to the dispatcher, until `stop`.
+async fn intake<O: Outbox>(name: String, mut mailbox: Mailbox, cursor: Cursor, dispatcher: Dispatcher<O>, events: Events, stop: CancellationToken) {
+    let mut state: Option<String> = None;
+    let mut ready = false;
+    let mut failures: u32 = 0;
+    let mut auth_reported = false;
+    loop {
+        let poll = tokio::select! {
+            result = poll_once(&mut mailbox, &cursor, &mut state, &dispatcher) => result,
+            _ = stop.cancelled() => return,
+        };
+        let wait = match poll {
+            Ok(()) => {
+                if !ready {
+                    ready = true;
+                    events.emit("agent.ready", json!({"agent": name, "email": mailbox.email()}));
+                }
+                if failures > 0 {
+                    tracing::info!("mailbox reachable again");
+                }
+                failures = 0;
+                auth_reported = false;
+                mailbox.account.poll_interval
+            }
+            Err(e) => {
+                failures += 1;
+                mailbox.disconnect();
+                match e.class() {
+                    ErrorClass::Auth => {
+                        if !auth_reported {
+                            tracing::error!(error = %e, "the mail server refused the credentials of {}; fix the password in the config; retrying every 5 minutes", mailbox.email());
+                            auth_reported = true;
+                        }
+                        Duration::from_secs(300)
+                    }
+                    ErrorClass::Permanent => {
+                        tracing::error!(error = %e, "mailbox error; retrying in 60s");
+                        Duration::from_secs(60)
+                    }
+                    _ => {
+                        let delay = Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60));
+                        tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
+                        jitter(delay)
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn poll_once<O: Outbox>(mailbox: &mut Mailbox, cursor: &Cursor, state: &mut Option<String>, dispatcher: &Dispatcher<O>) -> Result<(), IntakeError> {
+    if !mailbox.is_connected() {
+        mailbox.connect().await?;
+        tracing::info!(email = mailbox.email(), "connected to the mailbox");
+    }
+    let since = match state.clone() {
+        Some(s) => s,
+        None => match cursor.load()? {
+            Some(s) => s,
+            None => {
+                // First start: work begins with mail that arrives from now on.
+                let s = mailbox.current_state().await?;
+                cursor.save(&s)?;
+                s
+            }
+        },
+    };
+    let (inbound, new_state) = mailbox.fetch_since(&since, BACKSCAN).await?;
+    for message in inbound {
+        dispatcher.handle(message);
+    }
+    if new_state != since {
+        cursor.save(&new_state)?;
+    }
+    *state = Some(new_state);
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! What happens to an AAMP message addressed to an agent: sender policy, de-duplication and
+//! expiry decide whether a dispatch runs (pure, in [`admit`]); then the task lifecycle acks it,
+//! waits for a slot, runs it through `runner`, and answers with a result through an
+//! [`Outbox`]. Cancels stop the matching task. Nothing here knows SMTP or JMAP.
+
+pub mod expiry;
+pub mod policy;
+pub mod prompt;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::events::Events;
+use crate::mailbox::{Inbound, MailboxError};
+use crate::protocol::{AampMessage, Body, Dispatch, Envelope, Status, TaskResult};
+use crate::runner::{self, Profile, RunError, TaskInput};
+pub use policy::SenderPolicy;
+
+/// Where answers go. The mailbox implements it; tests may use a fake.
+pub trait Outbox: Send + Sync + 'static {
+    /// Sends `msg`; returns the Message-ID it went out with.
+    fn send(&self, msg: &AampMessage) -> impl Future<Output = Result<String, MailboxError>> + Send;
+}
+
+/// An agent as dispatch sees it.
+#[derive(Debug)]
+pub struct AgentSpec {
+    pub name: String,
+    pub email: String,
+    pub policy: SenderPolicy,
+    pub max_concurrent: usize,
+    /// Tasks running or waiting at most; more are rejected as busy.
+    pub max_queued: usize,
+    pub profile: Profile,
+    /// Task workspaces are made below this folder.
+    pub workspace_root: PathBuf,
+}
+
+/// Whether a dispatch should run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Run,
+    /// Seen before (same Message-ID, or same sender and TaskId): do nothing.
+    Duplicate,
+    /// Answer with a rejected result saying this, and do not run.
+    Reject(String),
+}
+
+/// Ids already handled, bounded: the oldest are forgotten first.
+#[derive(Debug)]
+pub struct Seen {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+    cap: usize,
+}
+
+impl Seen {
+    pub fn new(cap: usize) -> Seen {
+        Seen { order: VecDeque::new(), set: HashSet::new(), cap }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.set.contains(key)
+    }
+
+    pub fn insert(&mut self, key: String) {
+        if self.set.insert(key.clone()) {
+            self.order.push_back(key);
+            while self.order.len() > self.cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+fn task_key(from: &str, task_id: &str) -> String {
+    format!("{}\n{}", from.to_ascii_lowercase(), task_id)
+}
+
+/// The admission decision for a dispatch, made before anything is acknowledged.
+/// `active` is the number of tasks running or waiting for a slot.
+pub fn admit(spec: &AgentSpec, env: &Envelope, dispatch: &Dispatch, seen: &Seen, active: usize, now: SystemTime) -> Admission {
+    if seen.contains(&env.message_id) || seen.contains(&task_key(&env.from, &env.task_id)) {
+        return Admission::Duplicate;
+    }
+    if !spec.policy.allows(&env.from) {
+        return Admission::Reject(format!(
+            "sender {} is not allowed to dispatch tasks to agent {}; the agent's owner can add it to allow_from",
+            env.from, spec.name
+        ));
+    }
+    if active >= spec.max_queued {
+        return Admission::Reject(format!("agent {} is busy with {active} tasks; dispatch again later", spec.name));
+    }
+    if let Some(expires) = &dispatch.expires_at {
+        match expiry::parse(expires) {
+            Some(at) if at <= now => return Admission::Reject(format!("the task expired at {expires} before it could start")),
+            Some(_) => {}
+            None => tracing::warn!(expires, "unreadable X-AAMP-Expires-At; ignoring it"),
+        }
+    }
+    Admission::Run
+}
+
+struct Running {
+    cancel: CancellationToken,
+}
+
+struct Inner<O> {
+    spec: AgentSpec,
+    outbox: O,
+    events: Events,
+    seen: Mutex<Seen>,
+    running: Mutex<HashMap<String, Running>>,
+    permits: Arc<Semaphore>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// One agent's task lifecycle. Cheap to clone.
+pub struct Dispatcher<O> {
+    inner: Arc<Inner<O>>,
+}
+
+impl<O> Clone for Dispatcher<O> {
+    fn clone(&self) -> Self {
+        Dispatcher { inner: self.inner.clone() }
+    }
+}
+
+impl<O: Outbox> Dispatcher<O> {
+    /// Tasks are spawned on `tracker` and stopped when `shutdown` is cancelled.
+    pub fn new(spec: AgentSpec, outbox: O, events: Events, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+        let permits = Arc::new(Semaphore::new(spec.max_concurrent));
+        Dispatcher {
+            inner: Arc::new(Inner {
+                spec,
+                outbox,
+                events,
+                seen: Mutex::new(Seen::new(10_000)),
+                running: Mutex::new(HashMap::new()),
+                permits,
+                tracker,
+                shutdown,
+            }),
+        }
+    }
+
+    /// Takes one inbound message. Returns at once; the work runs on the tracker.
+    pub fn handle(&self, inbound: Inbound) {
+        let Inbound { message, truncated, email_id } = inbound;
+        let span = tracing::info_span!("task", task_id = %message.envelope.task_id,
+            message_id = %message.envelope.message_id, email_id = %email_id);
+        let _enter = span.enter();
+        match message.body {
+            Body::Dispatch(dispatch) => self.on_dispatch(message.envelope, dispatch, truncated, span.clone()),
+            Body::Cancel { .. } => self.on_cancel(&message.envelope),
+            other => tracing::debug!(intent = %other.intent(), "not for an executor; ignored"),
+        }
+    }
+
+    fn on_dispatch(&self, env: Envelope, dispatch: Dispatch, truncated: bool, span: tracing::Span) {
+        let inner = &self.inner;
+        let decision = {
+            let active = inner.running.lock().expect("running lock").len();
+            let mut seen = inner.seen.lock().expect("seen lock");
+            let decision = admit(&inner.spec, &env, &dispatch, &seen, active, SystemTime::now());
+            if decision != Admission::Duplicate {
+                seen.insert(env.message_id.clone());
+                seen.insert(task_key(&env.from, &env.task_id));
+            }
+            decision
+        };
+        let fields = json!({"agent": inner.spec.name, "taskId": env.task_id, "from": env.from, "title": dispatch.title});
+        match decision {
+            Admission::Duplicate => tracing::info!("duplicate dispatch; already handled"),
+            Admission::Reject(reason) => {
+                inner.events.emit("task.rejected", json!({"agent": inner.spec.name, "taskId": env.task_id, "from": env.from, "reason": reason}));
+                let this = self.clone();
+                inner.tracker.spawn(
+                    async move {
+                        this.answer(&env, Status::Rejected, String::new(), Some(reason)).await;
+                    }
+                    .instrument(span),
+                );
+            }
+            Admission::Run => {
+                inner.events.emit("task.received", fields);
+                let cancel = inner.shutdown.child_token();
+                inner.running.lock().expect("running lock").insert(task_key(&env.from, &env.task_id), Running { cancel: cancel.clone() });
+                let this = self.clone();
+                inner.tracker.spawn(this.lifecycle(env, dispatch, truncated, cancel).instrument(span));
+            }
+        }
+    }
+
+    fn on_cancel(&self, env: &Envelope) {
+        // Only the sender of the dispatch can cancel it: the key includes the sender.
+        let running = self.inner.running.lock().expect("running lock");
+        match running.get(&task_key(&env.from, &env.task_id)) {
+            Some(task) => {
+                tracing::info!(from = %env.from, "cancel received; stopping the task");
+                task.cancel.cancel();
+            }
+            None => tracing::info!(from = %env.from, "cancel for no running task of this sender; ignored"),
+        }
+    }
+
+    async fn lifecycle(self, env: Envelope, dispatch: Dispatch, truncated: bool, cancel: CancellationToken) {
+        let inner = &self.inner;
+        let started = Instant::now();
+        match inner.outbox.send(&AampMessage::reply(&env, &inner.spec.email, Body::Ack)).await {
+            Ok(id) => inner.events.emit("task.acked", json!({"agent": inner.spec.name, "taskId": env.task_id, "messageId": id})),
+            Err(e) => tracing::warn!(error = %e, "could not send task.ack; running the task anyway"),
+        }
+        let permit = tokio::select! {
+            permit = inner.permits.clone().acquire_owned() => permit.ok(),
+            _ = cancel.cancelled() => None,
+        };
+        let outcome = match permit {
+            Some(_permit) => self.run(&env, &dispatch, truncated, &cancel).await,
+            None => Err(RunError::Cancelled),
+        };
+        inner.running.lock().expect("running lock").remove(&task_key(&env.from, &env.task_id));
+        let (status, output, error) = match outcome {
+            Ok(out) => {
+                let mut text = out.output;
+                if out.truncated {
+                    text.push_str(&format!("\n[output cut at {} bytes]", inner.spec.profile.output.max_bytes));
+                }
+                (Status::Completed, text, None)
+            }
+            Err(RunError::Cancelled) if inner.shutdown.is_cancelled() => (
+                Status::Rejected,
+                String::new(),
+                Some("interrupted: aamp-bridge was stopped while the task ran; dispatch it again".to_string()),
+            ),
+            Err(RunError::Cancelled) => (Status::Rejected, String::new(), Some("cancelled by the dispatcher".to_string())),
+            Err(e) => (Status::Rejected, String::new(), Some(e.to_string())),
+        };
+        self.answer(&env, status, output, error.clone()).await;
+        inner.events.emit(
+            "task.completed",
+            json!({"agent": inner.spec.name, "taskId": env.task_id, "status": status.as_str(),
+                   "error": error, "durationMs": started.elapsed().as_millis() as u64}),
+        );
+    }
+
+    async fn run(&self, env: &Envelope, dispatch: &Dispatch, truncated: bool, cancel: &CancellationToken) -> Result<runner::RunOutput, RunError> {
+        let spec = &self.inner.spec;
+        let workspace = spec.workspace_root.join(workspace_name(&env.from, &env.task_id));
+        make_private_dir(&workspace)?;
+        let task = TaskInput {
+            agent: spec.name.clone(),
+            task_id: env.task_id.clone(),
+            prompt: prompt::build(&spec.name, env, dispatch, truncated),
+            session_key: dispatch.session_key.clone(),
+            workspace: workspace.clone(),
+        };
+        self.inner.events.emit("task.started", json!({"agent": spec.name, "taskId": env.task_id}));
+        let outcome = runner::run_cli(&spec.profile, &task, cancel).await;
+        if let Err(e) = std::fs::remove_dir_all(&workspace) {
+            tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
+        }
+        outcome
+    }
+
+    /// Sends the task's result. A failure is logged with the task id: the journal will make
+    /// it retry across restarts.
+    async fn answer(&self, env: &Envelope, status: Status, output: String, error: Option<String>) {
+        let inner = &self.inner;
+        let result = TaskResult { status, output, error, structured_result: None };
+        match inner.outbox.send(&AampMessage::reply(env, &inner.spec.email, Body::Result(result))).await {
+            Ok(id) => tracing::info!(status = status.as_str(), result_message_id = %id, "result sent"),
+            Err(e) => tracing::error!(error = %e, "could not send task.result"),
+        }
+    }
+}
+
+/// A folder name for a task: readable, safe, and distinct for distinct (sender, task) pairs.
+fn workspace_name(from: &str, task_id: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (from.to_ascii_lowercase(), task_id).hash(&mut hasher);
+    let safe: String = task_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(48).collect();
+    format!("{safe}-{:016x}", hasher.finish())
+}
+
+fn make_private_dir(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Priority;
+
+    fn spec() -> AgentSpec {
+        AgentSpec {
+            name: "coder".into(),
+            email: "coder@x.test".into(),
+            policy: SenderPolicy::new(&["*@x.test".into()]),
+            max_concurrent: 1,
+            max_queued: 2,
+            profile: Profile::find("echo", &[]).unwrap(),
+            workspace_root: PathBuf::from("/nonexistent"),
+        }
+    }
+
+    fn env(from: &str, task: &str, mid: &str) -> Envelope {
+        Envelope {
+            version: "1.1".into(),
+            task_id: task.into(),
+            from: from.into(),
+            to: vec!["coder@x.test".into()],
+            message_id: mid.into(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        }
+    }
+
+    fn dispatch(expires: Option<&str>) -> Dispatch {
+        Dispatch { title: "t".into(), priority: Priority::Normal, expires_at: expires.map(str::to_string), ..Dispatch::default() }
+    }
+
+    #[test]
+    fn admission_checks_policy_duplicates_and_expiry() {
+        let spec = spec();
+        let mut seen = Seen::new(10);
+        let now = SystemTime::now();
+        assert_eq!(admit(&spec, &env("a@x.test", "1", "<m1>"), &dispatch(None), &seen, 0, now), Admission::Run);
+        let rejected = admit(&spec, &env("a@evil.test", "1", "<m2>"), &dispatch(None), &seen, 0, now);
+        assert!(matches!(rejected, Admission::Reject(r) if r.contains("a@evil.test") && r.contains("allow_from")));
+        seen.insert("<m1>".into());
+        seen.insert(task_key("a@x.test", "1"));
+        assert_eq!(admit(&spec, &env("a@x.test", "1", "<m1>"), &dispatch(None), &seen, 0, now), Admission::Duplicate);
+        assert_eq!(admit(&spec, &env("A@X.test", "1", "<m9>"), &dispatch(None), &seen, 0, now), Admission::Duplicate);
+        assert_eq!(admit(&spec, &env("b@x.test", "1", "<m3>"), &dispatch(None), &seen, 0, now), Admission::Run, "same TaskId from another sender is another task");
+        let expired = admit(&spec, &env("a@x.test", "2", "<m4>"), &dispatch(Some("2020-01-01T00:00:00Z")), &seen, 0, now);
+        assert!(matches!(expired, Admission::Reject(r) if r.contains("expired")));
+        assert_eq!(admit(&spec, &env("a@x.test", "3", "<m5>"), &dispatch(Some("2999-01-01T00:00:00Z")), &seen, 0, now), Admission::Run);
+        let busy = admit(&spec, &env("a@x.test", "4", "<m6>"), &dispatch(None), &seen, 2, now);
+        assert!(matches!(busy, Admission::Reject(r) if r.contains("busy")));
+    }
+
+    #[test]
+    fn seen_is_bounded() {
+        let mut seen = Seen::new(2);
+        for k in ["a", "b", "c"] {
+            seen.insert(k.into());
+        }
+        assert!(!seen.contains("a") && seen.contains("b") && seen.contains("c"));
+    }
+
+    #[test]
+    fn workspace_names_are_safe_and_distinct() {
+        let a = workspace_name("x@y", "../../etc/passwd");
+        assert!(!a.contains('/') && !a.contains(".."));
+        assert_ne!(workspace_name("x@y", "t"), workspace_name("z@y", "t"));
+    }
+}

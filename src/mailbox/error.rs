@@ -1,0 +1,40 @@
+use crate::error::{Classify, ErrorClass};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MailboxError {
+    #[error("cannot reach {url}: {source}")]
+    Network { url: String, source: reqwest::Error },
+    #[error("{url} answered HTTP {status}{}", if .body.is_empty() { String::new() } else { format!(": {}", .body) })]
+    Http { url: String, status: u16, body: String },
+    #[error("the server's answer to {what} was not understood: {detail}")]
+    Protocol { what: String, detail: String },
+    #[error("JMAP {method} failed: {kind}{}", .description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Method { method: String, kind: String, description: Option<String> },
+    #[error("the server can no longer list changes since our last state")]
+    CannotCalculateChanges,
+    #[error("SMTP to {server}: {detail}")]
+    Smtp { server: String, detail: String, class: ErrorClass },
+    #[error("{0}")]
+    Address(String),
+}
+
+impl Classify for MailboxError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            MailboxError::Network { .. } => ErrorClass::Transient,
+            MailboxError::Http { status, .. } => match status {
+                401 | 403 => ErrorClass::Auth,
+                408 | 425 | 429 | 500..=599 => ErrorClass::Transient,
+                _ => ErrorClass::Permanent,
+            },
+            MailboxError::Method { kind, .. } => match kind.as_str() {
+                "serverUnavailable" | "serverFail" | "rateLimit" => ErrorClass::Transient,
+                "forbidden" | "accountNotFound" => ErrorClass::Auth,
+                _ => ErrorClass::Permanent,
+            },
+            MailboxError::CannotCalculateChanges => ErrorClass::Transient,
+            MailboxError::Protocol { .. } | MailboxError::Address(_) => ErrorClass::Permanent,
+            MailboxError::Smtp { class, .. } => *class,
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Child processes in their own process group, stopped as a group: SIGTERM, a grace period,
+//! then SIGKILL. Every agent process goes through here.
+
+use std::io;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// A spawned child that leads its own process group.
+pub struct GroupChild {
+    pub child: Child,
+    pgid: Pid,
+}
+
+impl GroupChild {
+    /// Spawns `cmd` as the leader of a new process group. The group is also killed if this
+    /// value is dropped without being waited for (`kill_on_drop` covers the leader; `Drop`
+    /// covers the rest of the group).
+    pub fn spawn(cmd: &mut Command) -> io::Result<GroupChild> {
+        cmd.process_group(0).kill_on_drop(true);
+        let child = cmd.spawn()?;
+        let pid = child.id().ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+        Ok(GroupChild { child, pgid: Pid::from_raw(pid as i32) })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pgid.as_raw()
+    }
+
+    /// Sends `signal` to the whole group. `false` when the group no longer exists.
+    pub fn signal(&self, signal: Signal) -> bool {
+        !matches!(killpg(self.pgid, signal), Err(Errno::ESRCH))
+    }
+
+    fn group_alive(&self) -> bool {
+        !matches!(killpg(self.pgid, None), Err(Errno::ESRCH))
+    }
+
+    /// Stops the group: SIGTERM, up to `grace` for the leader to exit, then SIGKILL. Returns
+    /// the leader's exit status.
+    pub async fn terminate(&mut self, grace: Duration) -> io::Result<ExitStatus> {
+        self.signal(Signal::SIGTERM);
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => {
+                self.reap_group(grace).await;
+                status
+            }
+            Err(_) => {
+                self.signal(Signal::SIGKILL);
+                self.child.wait().await
+            }
+        }
+    }
+
+    /// After the leader has exited: anything left in its group (a grandchild that kept our
+    /// pipes open, a daemon it started) gets SIGTERM, then SIGKILL after `grace`.
+    pub async fn reap_group(&self, grace: Duration) {
+        if !self.group_alive() {
+            return;
+        }
+        self.signal(Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        // There is no event for "a process that is not our child exited", so look again
+        // every few milliseconds until the group is gone or the grace is over.
+        while self.group_alive() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.signal(Signal::SIGKILL);
+    }
+}
+
+impl Drop for GroupChild {
+    fn drop(&mut self) {
+        // Best effort: a group that is already gone answers ESRCH, which is fine.
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+    }
+}

@@ -1,0 +1,216 @@
+//! CLI profiles: how to start an agent as a child process. Profiles are TOML files: the
+//! built-ins under `profiles/` are compiled in, and a file of the same name in a profile
+//! folder overrides them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::template::{self, Template};
+
+/// The profiles shipped with the binary: (name, TOML).
+const BUILT_IN: &[(&str, &str)] = &[("echo", include_str!("../../profiles/echo.toml"))];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("no profile named {name:?} (looked in {searched} and the built-ins: {built_in})")]
+    NotFound { name: String, searched: String, built_in: String },
+    #[error("cannot read profile {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("profile {origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    name: Option<String>,
+    #[serde(default)]
+    description: String,
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    stdin: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    #[serde(default = "default_timeout")]
+    timeout_secs: u64,
+    #[serde(default = "default_success")]
+    success_exit_codes: Vec<i32>,
+    #[serde(default)]
+    output: OutputOptions,
+}
+
+fn default_timeout() -> u64 {
+    30 * 60
+}
+
+fn default_success() -> Vec<i32> {
+    vec![0]
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputOptions {
+    pub strip_ansi: bool,
+    pub trim: bool,
+    /// Append stderr to the output of a successful run.
+    pub include_stderr: bool,
+    /// Output kept from stdout; the rest is read and dropped, and the result says so.
+    pub max_bytes: usize,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        OutputOptions { strip_ansi: true, trim: true, include_stderr: false, max_bytes: 1 << 20 }
+    }
+}
+
+/// A validated profile, its templates parsed.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    pub command: Template,
+    pub args: Vec<Template>,
+    pub stdin: Option<Template>,
+    pub env: Vec<(String, Template)>,
+    pub cwd: Option<Template>,
+    pub timeout: Duration,
+    pub success_exit_codes: Vec<i32>,
+    pub output: OutputOptions,
+    /// Where it came from, for messages: a path or "built-in".
+    pub origin: String,
+}
+
+impl Profile {
+    pub fn parse(text: &str, fallback_name: &str, origin: &str) -> Result<Profile, ProfileError> {
+        let invalid = |message: String| ProfileError::Invalid { origin: origin.to_string(), message };
+        let file: ProfileFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let parse = |field: &str, t: &str| Template::parse(t).map_err(|e| invalid(format!("{field}: {e}")));
+        if file.command.trim().is_empty() {
+            return Err(invalid("command is empty".into()));
+        }
+        if file.timeout_secs == 0 {
+            return Err(invalid("timeout_secs must be at least 1".into()));
+        }
+        Ok(Profile {
+            name: file.name.unwrap_or_else(|| fallback_name.to_string()),
+            description: file.description,
+            command: parse("command", &file.command)?,
+            args: file.args.iter().enumerate().map(|(i, a)| parse(&format!("args[{i}]"), a)).collect::<Result<_, _>>()?,
+            stdin: file.stdin.as_deref().map(|s| parse("stdin", s)).transpose()?,
+            env: file.env.iter().map(|(k, v)| Ok((k.clone(), parse(&format!("env.{k}"), v)?))).collect::<Result<_, ProfileError>>()?,
+            cwd: file.cwd.as_deref().map(|c| parse("cwd", c)).transpose()?,
+            timeout: Duration::from_secs(file.timeout_secs),
+            success_exit_codes: file.success_exit_codes,
+            output: file.output,
+            origin: origin.to_string(),
+        })
+    }
+
+    /// Finds a profile by name (in `dirs`, then built in) or by path (when it has a `/`).
+    pub fn find(name_or_path: &str, dirs: &[PathBuf]) -> Result<Profile, ProfileError> {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            return Self::from_file(Path::new(name_or_path), name_or_path);
+        }
+        for dir in dirs {
+            let path = dir.join(format!("{name_or_path}.toml"));
+            if path.exists() {
+                return Self::from_file(&path, name_or_path);
+            }
+        }
+        match BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {
+            Some((name, text)) => Self::parse(text, name, "built-in"),
+            None => Err(ProfileError::NotFound {
+                name: name_or_path.to_string(),
+                searched: dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                built_in: BUILT_IN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    fn from_file(path: &Path, name: &str) -> Result<Profile, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or(name);
+        Self::parse(&text, stem, &path.display().to_string())
+    }
+}
+
+/// Renders `args`: an argument whose template renders empty is dropped, and so is the flag
+/// just before it (`--resume {{session_key}}` disappears when there is no session key), as is
+/// `--flag={{x}}` when `x` is empty. Plain arguments are always kept.
+pub fn render_args(args: &[Template], vars: &template::Vars) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(args.len());
+    let mut prev_was_plain_flag = false;
+    for arg in args {
+        let rendered = arg.render(vars);
+        if arg.has_placeholders() {
+            let literal = arg.literal_text();
+            // Every placeholder rendered empty and nothing is left, or only "--flag=".
+            let empty = rendered.is_empty() || (rendered == literal && literal.ends_with('='));
+            if empty {
+                if rendered.is_empty() && prev_was_plain_flag {
+                    out.pop();
+                }
+                prev_was_plain_flag = false;
+                continue;
+            }
+        }
+        prev_was_plain_flag = !arg.has_placeholders() && rendered.starts_with('-');
+        out.push(rendered);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(session: &str) -> template::Vars {
+        let mut v = template::Vars::default();
+        v.set("prompt", "do it");
+        v.set("session_key", session);
+        v
+    }
+
+    fn args(list: &[&str]) -> Vec<Template> {
+        list.iter().map(|a| Template::parse(a).unwrap()).collect()
+    }
+
+    #[test]
+    fn empty_options_are_dropped_with_their_flag() {
+        let a = args(&["-p", "--resume", "{{session_key}}", "--session={{session_key}}", "--verbose", "{{prompt}}"]);
+        assert_eq!(render_args(&a, &vars("")), vec!["-p", "--verbose", "do it"]);
+        assert_eq!(
+            render_args(&a, &vars("s1")),
+            vec!["-p", "--resume", "s1", "--session=s1", "--verbose", "do it"]
+        );
+    }
+
+    #[test]
+    fn built_ins_parse_and_user_files_override() {
+        let echo = Profile::find("echo", &[]).unwrap();
+        assert_eq!(echo.origin, "built-in");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("echo.toml"), "command = \"printf\"\nargs = [\"x\"]\n").unwrap();
+        let mine = Profile::find("echo", &[dir.path().to_path_buf()]).unwrap();
+        assert_eq!(mine.name, "echo");
+        assert!(mine.origin.ends_with("echo.toml"));
+        let err = Profile::find("nope", &[dir.path().to_path_buf()]).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("echo"), "{err}");
+    }
+
+    #[test]
+    fn bad_profiles_say_what_is_wrong() {
+        let e = Profile::parse("command = \"x\"\nargs = [\"{{nope}}\"]", "t", "t.toml").unwrap_err().to_string();
+        assert!(e.contains("args[0]") && e.contains("nope"), "{e}");
+        let e = Profile::parse("command = \"\"", "t", "t.toml").unwrap_err().to_string();
+        assert!(e.contains("command is empty"), "{e}");
+        let e = Profile::parse("command = \"x\"\nshell = true", "t", "t.toml").unwrap_err().to_string();
+        assert!(e.contains("shell"), "{e}");
+    }
+}
