@@ -14,7 +14,11 @@ use crate::mailbox::{Mailbox, Sender};
 use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, Priority, Status};
 
 #[derive(Debug, Parser)]
-#[command(name = "aamp-bridge", version, about = "Hands tasks that arrive by mail (AAMP) to the coding agents on this machine, and mails back their results.")]
+#[command(
+    name = "aamp-bridge",
+    version,
+    about = "Hands tasks that arrive by mail (AAMP) to the coding agents on this machine, and mails back their results."
+)]
 pub struct Cli {
     /// The config file [default: $XDG_CONFIG_HOME/aamp-bridge/config.toml]
     #[arg(long, global = true, env = "AAMP_BRIDGE_CONFIG")]
@@ -75,7 +79,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Start { json, agents } => {
             let config = LoadedConfig::load(&config_path)?;
-            daemon::run(config, RunOptions { json, agents }, CancellationToken::new()).await?;
+            daemon::run(
+                config,
+                RunOptions { json, agents },
+                CancellationToken::new(),
+            )
+            .await?;
             Ok(0)
         }
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
@@ -85,11 +94,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 
 fn inspect(file: &PathBuf, json: bool) -> anyhow::Result<i32> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let view = protocol::parse_raw(&bytes).with_context(|| format!("{} is not a mail (no header found)", file.display()))?;
+    let view = protocol::parse_raw(&bytes)
+        .with_context(|| format!("{} is not a mail (no header found)", file.display()))?;
     match AampMessage::parse(&view) {
         Ok(msg) if json => println!("{}", serde_json::to_string_pretty(&msg.to_json())?),
         Ok(msg) => {
-            println!("{} {} from {}", msg.intent(), msg.task_id(), msg.envelope.from);
+            println!(
+                "{} {} from {}",
+                msg.intent(),
+                msg.task_id(),
+                msg.envelope.from
+            );
             for (k, v) in msg.to_json().as_object().into_iter().flatten() {
                 println!("  {k}: {v}");
             }
@@ -106,14 +121,19 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
     let account = config.account(&args.from)?;
     let text = if args.text == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading the task text from stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the task text from stdin")?;
         s
     } else {
         args.text.clone()
     };
     let sender = Sender::new(&account)?;
     let mut mailbox = Mailbox::new(account.clone())?;
-    mailbox.connect().await.with_context(|| format!("connecting to the mailbox {}", account.email))?;
+    mailbox
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the mailbox {}", account.email))?;
     // Take the cursor before sending, so the answer cannot slip past it.
     let mut state = mailbox.current_state().await?;
     let task_id = uuid::Uuid::new_v4().to_string();
@@ -142,7 +162,10 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
     eprintln!("sent task {task_id} to {} ({message_id})", args.to);
     if args.no_wait {
         if args.json {
-            println!("{}", serde_json::json!({"taskId": task_id, "messageId": message_id}));
+            println!(
+                "{}",
+                serde_json::json!({"taskId": task_id, "messageId": message_id})
+            );
         }
         return Ok(0);
     }
@@ -150,7 +173,11 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
     loop {
         let (inbound, next) = mailbox.fetch_since(&state, 50).await?;
         state = next;
-        for m in inbound.into_iter().map(|i| i.message).filter(|m| m.task_id() == task_id) {
+        for m in inbound
+            .into_iter()
+            .map(|i| i.message)
+            .filter(|m| m.task_id() == task_id)
+        {
             match &m.body {
                 Body::Ack => eprintln!("acknowledged by {}", m.envelope.from),
                 Body::HelpNeeded(h) => eprintln!("the agent needs help: {}", h.question),
@@ -160,7 +187,10 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
                     } else if r.status == Status::Completed {
                         println!("{}", r.output);
                     } else {
-                        eprintln!("rejected: {}", r.error.as_deref().unwrap_or("no reason given"));
+                        eprintln!(
+                            "rejected: {}",
+                            r.error.as_deref().unwrap_or("no reason given")
+                        );
                     }
                     return Ok(if r.status == Status::Completed { 0 } else { 1 });
                 }

@@ -171,8 +171,18 @@ pub struct LoadedConfig {
 }
 
 impl LoadedConfig {
-    fn error(&self, key: impl Into<String>, problem: impl Into<String>, fix: impl Into<String>) -> ConfigError {
-        ConfigError { path: self.path.clone(), key: key.into(), problem: problem.into(), fix: fix.into() }
+    fn error(
+        &self,
+        key: impl Into<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            path: self.path.clone(),
+            key: key.into(),
+            problem: problem.into(),
+            fix: fix.into(),
+        }
     }
 
     /// Reads and validates a config file.
@@ -191,15 +201,26 @@ impl LoadedConfig {
             )
         })?;
         let config: Config = toml::from_str(&text).map_err(|e| {
-            let key = e.span().map(|s| line_of(&text, s.start)).unwrap_or_default();
-            err(&key, e.message().to_string(), "correct the TOML at that line; see the README's config reference")
+            let key = e
+                .span()
+                .map(|s| line_of(&text, s.start))
+                .unwrap_or_default();
+            err(
+                &key,
+                e.message().to_string(),
+                "correct the TOML at that line; see the README's config reference",
+            )
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let state_dir = match &config.state_dir {
             Some(dir) => base.join(dir),
             None => default_state_dir(),
         };
-        let loaded = LoadedConfig { path: path.to_path_buf(), config, state_dir };
+        let loaded = LoadedConfig {
+            path: path.to_path_buf(),
+            config,
+            state_dir,
+        };
         loaded.validate(&text)?;
         Ok(loaded)
     }
@@ -216,7 +237,11 @@ impl LoadedConfig {
                 ));
             }
             if !names.insert(agent.name.clone()) {
-                return Err(self.error(format!("{key}.name"), format!("agent {:?} appears twice", agent.name), "give each agent its own name"));
+                return Err(self.error(
+                    format!("{key}.name"),
+                    format!("agent {:?} appears twice", agent.name),
+                    "give each agent its own name",
+                ));
             }
             let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
             if !self.config.mailboxes.contains_key(&mailbox) {
@@ -227,10 +252,18 @@ impl LoadedConfig {
                 ));
             }
             if agent.max_queued_tasks < agent.max_concurrent_tasks {
-                return Err(self.error(format!("{key}.max_queued_tasks"), "is smaller than max_concurrent_tasks", "set it to at least max_concurrent_tasks"));
+                return Err(self.error(
+                    format!("{key}.max_queued_tasks"),
+                    "is smaller than max_concurrent_tasks",
+                    "set it to at least max_concurrent_tasks",
+                ));
             }
             if agent.max_concurrent_tasks == 0 {
-                return Err(self.error(format!("{key}.max_concurrent_tasks"), "must be at least 1", "set it to 1 or more"));
+                return Err(self.error(
+                    format!("{key}.max_concurrent_tasks"),
+                    "must be at least 1",
+                    "set it to 1 or more",
+                ));
             }
             for (j, pattern) in agent.allow_from.iter().enumerate() {
                 if !pattern.contains('@') {
@@ -251,7 +284,10 @@ impl LoadedConfig {
             return Err(self.error(
                 "mailboxes.*.password",
                 "the file holds a password but other users can read it",
-                format!("run `chmod 600 {}`, or move the password to a password_file", self.path.display()),
+                format!(
+                    "run `chmod 600 {}`, or move the password to a password_file",
+                    self.path.display()
+                ),
             ));
         }
         Ok(())
@@ -270,27 +306,61 @@ impl LoadedConfig {
     pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
         let key = format!("mailboxes.{name}");
         let m = self.config.mailboxes.get(name).ok_or_else(|| {
-            self.error(&key, "no such mailbox", format!("use one of: {}", self.mailbox_names()))
+            self.error(
+                &key,
+                "no such mailbox",
+                format!("use one of: {}", self.mailbox_names()),
+            )
         })?;
         if !m.email.contains('@') || m.email.trim() != m.email {
-            return Err(self.error(format!("{key}.email"), format!("{:?} is not an email address", m.email), "write the mailbox's full address"));
+            return Err(self.error(
+                format!("{key}.email"),
+                format!("{:?} is not an email address", m.email),
+                "write the mailbox's full address",
+            ));
         }
         let jmap_url = url::Url::parse(&m.jmap_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
-            .ok_or_else(|| self.error(format!("{key}.jmap_url"), format!("{:?} is not an http(s) URL", m.jmap_url), "write e.g. https://mail.example.com/.well-known/jmap"))?;
+            .ok_or_else(|| {
+                self.error(
+                    format!("{key}.jmap_url"),
+                    format!("{:?} is not an http(s) URL", m.jmap_url),
+                    "write e.g. https://mail.example.com/.well-known/jmap",
+                )
+            })?;
         let base = self.path.parent().unwrap_or(Path::new("."));
         let password = match (&m.password, &m.password_file) {
-            (Some(_), Some(_)) => return Err(self.error(&key, "both password and password_file are set", "keep one of them (password_file is safer)")),
-            (None, None) => return Err(self.error(&key, "no password", "set password_file = \"<file holding the password>\" (mode 0600)")),
+            (Some(_), Some(_)) => {
+                return Err(self.error(
+                    &key,
+                    "both password and password_file are set",
+                    "keep one of them (password_file is safer)",
+                ))
+            }
+            (None, None) => {
+                return Err(self.error(
+                    &key,
+                    "no password",
+                    "set password_file = \"<file holding the password>\" (mode 0600)",
+                ))
+            }
             (Some(p), None) => p.clone(),
             (None, Some(file)) => {
                 let file = base.join(file);
                 let text = std::fs::read_to_string(&file).map_err(|e| {
-                    self.error(format!("{key}.password_file"), format!("cannot read {}: {e}", file.display()), "point it at a readable file that holds only the password")
+                    self.error(
+                        format!("{key}.password_file"),
+                        format!("cannot read {}: {e}", file.display()),
+                        "point it at a readable file that holds only the password",
+                    )
                 })?;
                 if !is_private(&file) {
-                    return Err(self.error(format!("{key}.password_file"), format!("{} can be read by other users", file.display()), format!("run `chmod 600 {}`", file.display())));
+                    return Err(self.error(
+                        format!("{key}.password_file"),
+                        format!("{} can be read by other users", file.display()),
+                        format!("run `chmod 600 {}`", file.display()),
+                    ));
                 }
                 text.trim_end_matches(['\r', '\n']).to_string()
             }
@@ -303,7 +373,11 @@ impl LoadedConfig {
             ));
         }
         if m.poll_interval_secs == 0 {
-            return Err(self.error(format!("{key}.poll_interval_secs"), "must be at least 1", "set it to 1 or more seconds"));
+            return Err(self.error(
+                format!("{key}.poll_interval_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds",
+            ));
         }
         Ok(Account {
             name: name.to_string(),
@@ -324,7 +398,11 @@ impl LoadedConfig {
         for name in only {
             if !self.config.agents.iter().any(|a| &a.name == name) {
                 let known: Vec<&str> = self.config.agents.iter().map(|a| a.name.as_str()).collect();
-                return Err(self.error("agents", format!("no agent named {name:?}"), format!("use one of: {}", known.join(", "))));
+                return Err(self.error(
+                    "agents",
+                    format!("no agent named {name:?}"),
+                    format!("use one of: {}", known.join(", ")),
+                ));
             }
         }
         let agents: Vec<AgentConfig> = self
@@ -335,9 +413,24 @@ impl LoadedConfig {
             .cloned()
             .collect();
         if agents.is_empty() {
-            return Err(self.error("agents", "no agents are configured", "add an [[agents]] table (see the README), or run `aamp-bridge init`"));
+            return Err(self.error(
+                "agents",
+                "no agents are configured",
+                "add an [[agents]] table (see the README), or run `aamp-bridge init`",
+            ));
         }
         Ok(agents)
+    }
+
+    /// An agent's `profile` value as `runner::Profile::find` takes it: a path (anything with
+    /// a `/` or ending in `.toml`) is made relative to the config file's folder.
+    pub fn profile_ref(&self, profile: &str) -> String {
+        if profile.contains('/') || profile.ends_with(".toml") {
+            let base = self.path.parent().unwrap_or(Path::new("."));
+            base.join(profile).display().to_string()
+        } else {
+            profile.to_string()
+        }
     }
 
     /// The folders searched for profiles, most specific first.
@@ -370,19 +463,25 @@ pub fn default_config_path() -> PathBuf {
 fn xdg_dir(var: &str, fallback: &str) -> PathBuf {
     match std::env::var_os(var).filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")).join(fallback),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/"))
+            .join(fallback),
     }
 }
 
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 fn is_loopback(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// True when neither group nor others may read the file.
@@ -435,7 +534,10 @@ allow_from = ["*@example.test"]
         assert_eq!(account.login, "coder@example.test");
         assert_eq!(account.smtp_port, 15587);
         assert_eq!(loaded.agents(&[]).unwrap().len(), 1);
-        assert!(!format!("{account:?}").contains("secret"), "Debug must not show the password");
+        assert!(
+            !format!("{account:?}").contains("secret"),
+            "Debug must not show the password"
+        );
     }
 
     fn load_err(config: &str, pass_mode: u32, config_mode: u32) -> String {
@@ -447,25 +549,69 @@ allow_from = ["*@example.test"]
 
     #[test]
     fn errors_name_the_key_and_the_fix() {
-        let e = load_err(&GOOD.replace("127.0.0.1\"\nsmtp_port", "mail.example.com\"\nsmtp_port"), 0o600, 0o644);
-        assert!(e.contains("mailboxes.coder.smtp_security") && e.contains("loopback"), "{e}");
+        let e = load_err(
+            &GOOD.replace("127.0.0.1\"\nsmtp_port", "mail.example.com\"\nsmtp_port"),
+            0o600,
+            0o644,
+        );
+        assert!(
+            e.contains("mailboxes.coder.smtp_security") && e.contains("loopback"),
+            "{e}"
+        );
         let e = load_err(GOOD, 0o644, 0o644);
-        assert!(e.contains("password_file") && e.contains("chmod 600"), "{e}");
-        let e = load_err(&GOOD.replace("password_file = \"coder.pass\"", "password = \"x\""), 0o600, 0o644);
+        assert!(
+            e.contains("password_file") && e.contains("chmod 600"),
+            "{e}"
+        );
+        let e = load_err(
+            &GOOD.replace("password_file = \"coder.pass\"", "password = \"x\""),
+            0o600,
+            0o644,
+        );
         assert!(e.contains("chmod 600") && e.contains("config.toml"), "{e}");
-        let e = load_err(&GOOD.replace("name = \"coder\"", "name = \"Coder!\""), 0o600, 0o644);
+        let e = load_err(
+            &GOOD.replace("name = \"coder\"", "name = \"Coder!\""),
+            0o600,
+            0o644,
+        );
         assert!(e.contains("agents[0].name"), "{e}");
-        let e = load_err(&GOOD.replace("profile = \"echo\"", "profile = \"echo\"\nmailbox = \"nope\""), 0o600, 0o644);
-        assert!(e.contains("agents[0].mailbox") && e.contains("coder"), "{e}");
-        let e = load_err(&GOOD.replace("smtp_port = 15587", "smtp_prot = 15587"), 0o600, 0o644);
-        assert!(e.contains("line 8") && e.contains("smtp_prot"), "{e}");
-        let e = load_err(&GOOD.replace("allow_from = [\"*@example.test\"]", "allow_from = [\"everyone\"]"), 0o600, 0o644);
+        let e = load_err(
+            &GOOD.replace(
+                "profile = \"echo\"",
+                "profile = \"echo\"\nmailbox = \"nope\"",
+            ),
+            0o600,
+            0o644,
+        );
+        assert!(
+            e.contains("agents[0].mailbox") && e.contains("coder"),
+            "{e}"
+        );
+        let e = load_err(
+            &GOOD.replace("smtp_port = 15587", "smtp_prot = 15587"),
+            0o600,
+            0o644,
+        );
+        assert!(e.contains("line 7") && e.contains("smtp_prot"), "{e}");
+        let e = load_err(
+            &GOOD.replace(
+                "allow_from = [\"*@example.test\"]",
+                "allow_from = [\"everyone\"]",
+            ),
+            0o600,
+            0o644,
+        );
         assert!(e.contains("allow_from[0]"), "{e}");
     }
 
     #[test]
     fn loopback_hosts() {
-        assert!(is_loopback("127.0.0.1") && is_loopback("localhost") && is_loopback("[::1]") && is_loopback("127.8.9.1"));
+        assert!(
+            is_loopback("127.0.0.1")
+                && is_loopback("localhost")
+                && is_loopback("[::1]")
+                && is_loopback("127.8.9.1")
+        );
         assert!(!is_loopback("10.0.0.1") && !is_loopback("mail.example.com"));
     }
 }

@@ -37,7 +37,11 @@ impl Outbox for Sender {
 }
 
 /// Runs until SIGINT or SIGTERM, or until `stop` is cancelled.
-pub async fn run(config: LoadedConfig, opts: RunOptions, stop: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: LoadedConfig,
+    opts: RunOptions,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let events = Events::new(opts.json);
     let tracker = TaskTracker::new();
     let agents = config.agents(&opts.agents)?;
@@ -45,8 +49,15 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, stop: CancellationToken
     for agent in agents {
         let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
         let account = config.account(&mailbox_name)?;
-        let profile = Profile::find(&agent.profile, &config.profile_dirs())
-            .with_context(|| format!("{}: agent {:?}: profile {:?}", config.path.display(), agent.name, agent.profile))?;
+        let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
+            .with_context(|| {
+                format!(
+                    "{}: agent {:?}: profile {:?}",
+                    config.path.display(),
+                    agent.name,
+                    agent.profile
+                )
+            })?;
         let agent_dir = config.state_dir.join("agents").join(&agent.name);
         let spec = AgentSpec {
             name: agent.name.clone(),
@@ -60,15 +71,30 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, stop: CancellationToken
         if spec.policy.is_empty() {
             tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
         }
-        let sender = Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
-        let mailbox = Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
+        let sender =
+            Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
+        let mailbox =
+            Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
         let dispatcher = Dispatcher::new(spec, sender, events, tracker.clone(), stop.clone());
         let cursor = Cursor::new(agent_dir.join("jmap-email-state"));
         let span = tracing::info_span!("agent", agent = %agent.name);
-        tracker.spawn(intake(agent.name.clone(), mailbox, cursor, dispatcher, events, stop.clone()).instrument(span));
+        tracker.spawn(
+            intake(
+                agent.name.clone(),
+                mailbox,
+                cursor,
+                dispatcher,
+                events,
+                stop.clone(),
+            )
+            .instrument(span),
+        );
         names.push(agent.name);
     }
-    events.emit("bridge.running", json!({"agents": names, "pid": std::process::id()}));
+    events.emit(
+        "bridge.running",
+        json!({"agents": names, "pid": std::process::id()}),
+    );
 
     let signals = stop.clone();
     tracker.spawn(async move {
@@ -80,8 +106,14 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, stop: CancellationToken
     stop.cancelled().await;
     events.emit("bridge.stopping", json!({}));
     tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
-        tracing::warn!("some tasks did not finish within {}s of the stop", SHUTDOWN_GRACE.as_secs());
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "some tasks did not finish within {}s of the stop",
+            SHUTDOWN_GRACE.as_secs()
+        );
     }
     events.emit("bridge.stopped", json!({}));
     Ok(())
@@ -121,7 +153,14 @@ impl Classify for IntakeError {
 }
 
 /// Polls one mailbox and hands its AAMP mail to the dispatcher, until `stop`.
-async fn intake<O: Outbox>(name: String, mut mailbox: Mailbox, cursor: Cursor, dispatcher: Dispatcher<O>, events: Events, stop: CancellationToken) {
+async fn intake<O: Outbox>(
+    name: String,
+    mut mailbox: Mailbox,
+    cursor: Cursor,
+    dispatcher: Dispatcher<O>,
+    events: Events,
+    stop: CancellationToken,
+) {
     let mut state: Option<String> = None;
     let mut ready = false;
     let mut failures: u32 = 0;
@@ -135,7 +174,10 @@ async fn intake<O: Outbox>(name: String, mut mailbox: Mailbox, cursor: Cursor, d
             Ok(()) => {
                 if !ready {
                     ready = true;
-                    events.emit("agent.ready", json!({"agent": name, "email": mailbox.email()}));
+                    events.emit(
+                        "agent.ready",
+                        json!({"agent": name, "email": mailbox.email()}),
+                    );
                 }
                 if failures > 0 {
                     tracing::info!("mailbox reachable again");
@@ -160,7 +202,8 @@ async fn intake<O: Outbox>(name: String, mut mailbox: Mailbox, cursor: Cursor, d
                         Duration::from_secs(60)
                     }
                     _ => {
-                        let delay = Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60));
+                        let delay = Duration::from_secs(1u64 << failures.min(6))
+                            .min(Duration::from_secs(60));
                         tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
                         jitter(delay)
                     }
@@ -174,7 +217,12 @@ async fn intake<O: Outbox>(name: String, mut mailbox: Mailbox, cursor: Cursor, d
     }
 }
 
-async fn poll_once<O: Outbox>(mailbox: &mut Mailbox, cursor: &Cursor, state: &mut Option<String>, dispatcher: &Dispatcher<O>) -> Result<(), IntakeError> {
+async fn poll_once<O: Outbox>(
+    mailbox: &mut Mailbox,
+    cursor: &Cursor,
+    state: &mut Option<String>,
+    dispatcher: &Dispatcher<O>,
+) -> Result<(), IntakeError> {
     if !mailbox.is_connected() {
         mailbox.connect().await?;
         tracing::info!(email = mailbox.email(), "connected to the mailbox");

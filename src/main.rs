@@ -3,7 +3,10 @@ use clap::Parser as _;
 fn main() -> std::process::ExitCode {
     let cli = aamp_bridge::cli::Cli::parse();
     aamp_bridge::telemetry::init(&cli);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("aamp-bridge: cannot start the async runtime: {e}");

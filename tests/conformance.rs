@@ -53,7 +53,12 @@ fn run_corpus(path: &Path) -> (usize, Vec<String>) {
             .expect("expected is an object")
             .iter()
             .filter(|(k, v)| got.get(k.as_str()) != Some(v))
-            .map(|(k, v)| format!("{k}: expected {v}, got {}", got.get(k.as_str()).unwrap_or(&Value::Null)))
+            .map(|(k, v)| {
+                format!(
+                    "{k}: expected {v}, got {}",
+                    got.get(k.as_str()).unwrap_or(&Value::Null)
+                )
+            })
             .collect();
         if mismatches.is_empty() {
             passed += 1;
@@ -68,19 +73,31 @@ fn run_corpus(path: &Path) -> (usize, Vec<String>) {
 fn own_parser_cases_pass() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parser-cases.json");
     let (passed, failures) = run_corpus(&path);
-    assert!(failures.is_empty(), "{} passed, failures:\n{}", passed, failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} passed, failures:\n{}",
+        passed,
+        failures.join("\n")
+    );
     assert!(passed >= 17);
 }
 
 #[test]
 fn upstream_corpus_passes_when_present() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/aamp/parser.json");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/aamp/parser.json");
     if !path.exists() {
-        eprintln!("upstream corpus not present at {}; own cases cover the same ground", path.display());
+        eprintln!(
+            "upstream corpus not present at {}; own cases cover the same ground",
+            path.display()
+        );
         return;
     }
     let (passed, failures) = run_corpus(&path);
-    eprintln!("upstream AAMP parser corpus: {passed} of {} cases pass", passed + failures.len());
+    eprintln!(
+        "upstream AAMP parser corpus: {passed} of {} cases pass",
+        passed + failures.len()
+    );
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
     assert_eq!(passed, 6, "the upstream corpus has six cases");
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use aamp_bridge::protocol::{
-    parse_raw, render, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, Priority,
-    Status, TaskResult,
+    parse_raw, render, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, Priority, Status,
+    TaskResult,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -31,7 +31,10 @@ fn trip(msg: &AampMessage) -> AampMessage {
     for line in text.split("\r\n") {
         assert!(line.len() <= 998, "line over 998 characters: {line:.60}...");
     }
-    assert!(!text.replace("\r\n", "").contains('\n'), "bare LF in rendered mail");
+    assert!(
+        !text.replace("\r\n", "").contains('\n'),
+        "bare LF in rendered mail"
+    );
     let view = parse_raw(&mail.bytes).expect("rendered mail parses");
     let parsed = AampMessage::parse(&view).unwrap_or_else(|e| panic!("not AAMP: {e}\n{text}"));
     assert_eq!(parsed.envelope.message_id, mail.message_id);
@@ -39,7 +42,10 @@ fn trip(msg: &AampMessage) -> AampMessage {
 }
 
 fn assert_trips(body: Body, task_id: &str) {
-    let mut msg = AampMessage { envelope: envelope(task_id), body };
+    let mut msg = AampMessage {
+        envelope: envelope(task_id),
+        body,
+    };
     msg.envelope.subject = msg.subject();
     let back = trip(&msg);
     assert_eq!(back.intent(), msg.intent());
@@ -65,7 +71,9 @@ fn every_intent() -> Vec<Body> {
             parent_task_id: Some("t-parent".into()),
             body_text: "Line one.\nLine two.".into(),
         }),
-        Body::Cancel { reason: "No longer needed.".into() },
+        Body::Cancel {
+            reason: "No longer needed.".into(),
+        },
         Body::Ack,
         Body::HelpNeeded(HelpNeeded {
             question: "Which DB?".into(),
@@ -76,7 +84,9 @@ fn every_intent() -> Vec<Body> {
             status: Status::Completed,
             output: "All done.\nTwo lines.".into(),
             error: None,
-            structured_result: Some(json!([{"fieldKey": "summary", "fieldTypeKey": "text", "value": "ok"}])),
+            structured_result: Some(
+                json!([{"fieldKey": "summary", "fieldTypeKey": "text", "value": "ok"}]),
+            ),
         }),
         Body::Result(TaskResult {
             status: Status::Rejected,
@@ -84,12 +94,28 @@ fn every_intent() -> Vec<Body> {
             error: Some("agent exited with status 3".into()),
             structured_result: None,
         }),
-        Body::StreamOpened { stream_id: "str_42".into() },
-        Body::PairRequest { pair_code: "Zk3_q9-AbC".into(), rules: Some(json!({"repo": ["acme/web"]})) },
-        Body::PairRespond { status: Status::Rejected, reason: Some("invalid or expired pair code".into()) },
-        Body::PairRespond { status: Status::Completed, reason: None },
-        Body::CardQuery { text: "What can you do?".into() },
-        Body::CardResponse { summary: "Reviews Rust code".into(), text: "# Card\n\nI review Rust.".into() },
+        Body::StreamOpened {
+            stream_id: "str_42".into(),
+        },
+        Body::PairRequest {
+            pair_code: "Zk3_q9-AbC".into(),
+            rules: Some(json!({"repo": ["acme/web"]})),
+        },
+        Body::PairRespond {
+            status: Status::Rejected,
+            reason: Some("invalid or expired pair code".into()),
+        },
+        Body::PairRespond {
+            status: Status::Completed,
+            reason: None,
+        },
+        Body::CardQuery {
+            text: "What can you do?".into(),
+        },
+        Body::CardResponse {
+            summary: "Reviews Rust code".into(),
+            text: "# Card\n\nI review Rust.".into(),
+        },
     ]
 }
 
@@ -97,7 +123,11 @@ fn every_intent() -> Vec<Body> {
 fn every_intent_survives_rfc5322() {
     let bodies = every_intent();
     let intents: std::collections::HashSet<Intent> = bodies.iter().map(Body::intent).collect();
-    assert_eq!(intents.len(), Intent::ALL.len(), "the list covers all ten intents");
+    assert_eq!(
+        intents.len(),
+        Intent::ALL.len(),
+        "the list covers all ten intents"
+    );
     for body in bodies {
         assert_trips(body, "task-42");
     }
@@ -107,7 +137,7 @@ fn every_intent_survives_rfc5322() {
 fn ascii_headers_are_never_encoded_words() {
     let structured = json!({"blob": "x".repeat(2000)});
     let msg = AampMessage {
-        envelope: envelope(&"t".repeat(120)),
+        envelope: envelope(&"t".repeat(500)),
         body: Body::Result(TaskResult {
             status: Status::Completed,
             output: "ok".into(),
@@ -119,7 +149,7 @@ fn ascii_headers_are_never_encoded_words() {
     let text = String::from_utf8(mail.bytes).unwrap();
     let headers = &text[..text.find("\r\n\r\n").unwrap()];
     assert!(!headers.contains("=?"), "no encoded-word in:\n{headers}");
-    assert!(headers.contains(&format!("X-AAMP-TaskId: {}", "t".repeat(120))));
+    assert!(headers.contains(&format!("X-AAMP-TaskId: {}", "t".repeat(500))));
     let back = AampMessage::parse(&parse_raw(text.as_bytes()).unwrap()).unwrap();
     match back.body {
         Body::Result(r) => assert_eq!(r.structured_result, Some(structured)),
@@ -142,7 +172,12 @@ fn hostile_values_cannot_add_headers() {
     let text = String::from_utf8(mail.bytes).unwrap();
     let headers = &text[..text.find("\r\n\r\n").unwrap()];
     assert!(!headers.lines().any(|l| l.starts_with("Bcc:")), "{headers}");
-    let starts = |prefix: &str| headers.split("\r\n").filter(|l| l.starts_with(prefix)).count();
+    let starts = |prefix: &str| {
+        headers
+            .split("\r\n")
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    };
     assert_eq!(starts("X-AAMP-Status:"), 1, "{headers}");
     assert_eq!(starts("X-AAMP-ErrorMsg:"), 1, "{headers}");
     let back = AampMessage::parse(&parse_raw(text.as_bytes()).unwrap()).unwrap();
@@ -154,7 +189,13 @@ fn hostile_values_cannot_add_headers() {
 
 #[test]
 fn garbage_is_never_a_panic() {
-    for input in [&b""[..], b"\r\n\r\n", b"X-AAMP-Intent: task.dispatch\r\n", b"\xff\xfe\x00garbage", b"Subject: =?utf-8?B?####?=\r\n\r\nx"] {
+    for input in [
+        &b""[..],
+        b"\r\n\r\n",
+        b"X-AAMP-Intent: task.dispatch\r\n",
+        b"\xff\xfe\x00garbage",
+        b"Subject: =?utf-8?B?####?=\r\n\r\nx",
+    ] {
         if let Some(view) = parse_raw(input) {
             let _ = AampMessage::parse(&view);
         }
@@ -250,4 +291,49 @@ proptest! {
         prop_assert_eq!(h.question, question.trim());
         prop_assert_eq!(h.suggested_options, options);
     }
+}
+
+#[test]
+fn overlong_task_ids_are_not_aamp() {
+    let raw = format!(
+        "From: a@x.test\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: {}\r\n\r\n",
+        "x".repeat(513)
+    );
+    let err = AampMessage::parse(&parse_raw(raw.as_bytes()).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("513"), "{err}");
+}
+
+#[test]
+fn control_characters_in_a_task_id_do_not_survive_reading() {
+    let raw = b"From: a@x.test\r\nTo: b@x.test\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: \x01\x02\r\n\r\n";
+    let view = parse_raw(raw).unwrap();
+    assert!(
+        AampMessage::parse(&view).is_err(),
+        "a TaskId of control characters is no TaskId"
+    );
+    let raw = b"From: a@x.test\r\nTo: b@x.test\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: a\x01b\r\n\r\n";
+    let msg = AampMessage::parse(&parse_raw(raw).unwrap()).unwrap();
+    assert_eq!(trip(&msg).task_id(), msg.task_id());
+}
+
+/// Inputs the fuzzer once broke: each must read, render and read back to the same task.
+#[test]
+fn fuzz_regressions_round_trip() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz-regressions");
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        let Some(view) = parse_raw(&bytes) else {
+            continue;
+        };
+        let Ok(msg) = AampMessage::parse(&view) else {
+            continue;
+        };
+        let back = trip(&msg);
+        assert_eq!(back.task_id(), msg.task_id());
+        assert_eq!(back.intent(), msg.intent());
+        count += 1;
+    }
+    assert!(count >= 1);
 }

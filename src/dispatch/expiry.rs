@@ -6,7 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub fn parse(text: &str) -> Option<SystemTime> {
     let t = text.trim();
     let b = t.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
@@ -34,7 +40,8 @@ pub fn parse(text: &str) -> Option<SystemTime> {
             if rest.len() != 6 || rest.as_bytes()[3] != b':' {
                 return None;
             }
-            sign * (rest.get(1..3)?.parse::<i64>().ok()? * 3600 + rest.get(4..6)?.parse::<i64>().ok()? * 60)
+            sign * (rest.get(1..3)?.parse::<i64>().ok()? * 3600
+                + rest.get(4..6)?.parse::<i64>().ok()? * 60)
         }
     };
     let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + min * 60 + sec - offset;
@@ -63,10 +70,31 @@ mod tests {
     #[test]
     fn parses_rfc3339() {
         let t = parse("2026-11-29T10:02:18.123Z").unwrap();
-        assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 1_795_946_538);
-        assert_eq!(parse("2026-11-29T11:02:18+01:00"), parse("2026-11-29T10:02:18Z"));
-        assert_eq!(parse("2000-02-29T00:00:00Z").unwrap().duration_since(UNIX_EPOCH).unwrap().as_secs(), 951_782_400);
-        for bad in ["", "tomorrow", "2026-13-01T00:00:00Z", "2026-11-29T10:02:18", "2026-11-29T10:02:18.Z", "2026-11-29T10:02:18+0100", "２０２６-11-29T10:02:18Z"] {
+        assert_eq!(
+            t.duration_since(UNIX_EPOCH).unwrap().as_secs(),
+            1_795_946_538
+        );
+        assert_eq!(
+            parse("2026-11-29T11:02:18+01:00"),
+            parse("2026-11-29T10:02:18Z")
+        );
+        assert_eq!(
+            parse("2000-02-29T00:00:00Z")
+                .unwrap()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs(),
+            951_782_400
+        );
+        for bad in [
+            "",
+            "tomorrow",
+            "2026-13-01T00:00:00Z",
+            "2026-11-29T10:02:18",
+            "2026-11-29T10:02:18.Z",
+            "2026-11-29T10:02:18+0100",
+            "２０２６-11-29T10:02:18Z",
+        ] {
             assert!(parse(bad).is_none(), "{bad}");
         }
     }

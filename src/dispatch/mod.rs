@@ -65,7 +65,11 @@ pub struct Seen {
 
 impl Seen {
     pub fn new(cap: usize) -> Seen {
-        Seen { order: VecDeque::new(), set: HashSet::new(), cap }
+        Seen {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+            cap,
+        }
     }
 
     pub fn contains(&self, key: &str) -> bool {
@@ -90,7 +94,14 @@ fn task_key(from: &str, task_id: &str) -> String {
 
 /// The admission decision for a dispatch, made before anything is acknowledged.
 /// `active` is the number of tasks running or waiting for a slot.
-pub fn admit(spec: &AgentSpec, env: &Envelope, dispatch: &Dispatch, seen: &Seen, active: usize, now: SystemTime) -> Admission {
+pub fn admit(
+    spec: &AgentSpec,
+    env: &Envelope,
+    dispatch: &Dispatch,
+    seen: &Seen,
+    active: usize,
+    now: SystemTime,
+) -> Admission {
     if seen.contains(&env.message_id) || seen.contains(&task_key(&env.from, &env.task_id)) {
         return Admission::Duplicate;
     }
@@ -101,11 +112,18 @@ pub fn admit(spec: &AgentSpec, env: &Envelope, dispatch: &Dispatch, seen: &Seen,
         ));
     }
     if active >= spec.max_queued {
-        return Admission::Reject(format!("agent {} is busy with {active} tasks; dispatch again later", spec.name));
+        return Admission::Reject(format!(
+            "agent {} is busy with {active} tasks; dispatch again later",
+            spec.name
+        ));
     }
     if let Some(expires) = &dispatch.expires_at {
         match expiry::parse(expires) {
-            Some(at) if at <= now => return Admission::Reject(format!("the task expired at {expires} before it could start")),
+            Some(at) if at <= now => {
+                return Admission::Reject(format!(
+                    "the task expired at {expires} before it could start"
+                ))
+            }
             Some(_) => {}
             None => tracing::warn!(expires, "unreadable X-AAMP-Expires-At; ignoring it"),
         }
@@ -135,13 +153,21 @@ pub struct Dispatcher<O> {
 
 impl<O> Clone for Dispatcher<O> {
     fn clone(&self) -> Self {
-        Dispatcher { inner: self.inner.clone() }
+        Dispatcher {
+            inner: self.inner.clone(),
+        }
     }
 }
 
 impl<O: Outbox> Dispatcher<O> {
     /// Tasks are spawned on `tracker` and stopped when `shutdown` is cancelled.
-    pub fn new(spec: AgentSpec, outbox: O, events: Events, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        spec: AgentSpec,
+        outbox: O,
+        events: Events,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
         let permits = Arc::new(Semaphore::new(spec.max_concurrent));
         Dispatcher {
             inner: Arc::new(Inner {
@@ -159,12 +185,18 @@ impl<O: Outbox> Dispatcher<O> {
 
     /// Takes one inbound message. Returns at once; the work runs on the tracker.
     pub fn handle(&self, inbound: Inbound) {
-        let Inbound { message, truncated, email_id } = inbound;
+        let Inbound {
+            message,
+            truncated,
+            email_id,
+        } = inbound;
         let span = tracing::info_span!("task", task_id = %message.envelope.task_id,
             message_id = %message.envelope.message_id, email_id = %email_id);
         let _enter = span.enter();
         match message.body {
-            Body::Dispatch(dispatch) => self.on_dispatch(message.envelope, dispatch, truncated, span.clone()),
+            Body::Dispatch(dispatch) => {
+                self.on_dispatch(message.envelope, dispatch, truncated, span.clone())
+            }
             Body::Cancel { .. } => self.on_cancel(&message.envelope),
             other => tracing::debug!(intent = %other.intent(), "not for an executor; ignored"),
         }
@@ -175,7 +207,14 @@ impl<O: Outbox> Dispatcher<O> {
         let decision = {
             let active = inner.running.lock().expect("running lock").len();
             let mut seen = inner.seen.lock().expect("seen lock");
-            let decision = admit(&inner.spec, &env, &dispatch, &seen, active, SystemTime::now());
+            let decision = admit(
+                &inner.spec,
+                &env,
+                &dispatch,
+                &seen,
+                active,
+                SystemTime::now(),
+            );
             if decision != Admission::Duplicate {
                 seen.insert(env.message_id.clone());
                 seen.insert(task_key(&env.from, &env.task_id));
@@ -190,7 +229,8 @@ impl<O: Outbox> Dispatcher<O> {
                 let this = self.clone();
                 inner.tracker.spawn(
                     async move {
-                        this.answer(&env, Status::Rejected, String::new(), Some(reason)).await;
+                        this.answer(&env, Status::Rejected, String::new(), Some(reason))
+                            .await;
                     }
                     .instrument(span),
                 );
@@ -198,9 +238,17 @@ impl<O: Outbox> Dispatcher<O> {
             Admission::Run => {
                 inner.events.emit("task.received", fields);
                 let cancel = inner.shutdown.child_token();
-                inner.running.lock().expect("running lock").insert(task_key(&env.from, &env.task_id), Running { cancel: cancel.clone() });
+                inner.running.lock().expect("running lock").insert(
+                    task_key(&env.from, &env.task_id),
+                    Running {
+                        cancel: cancel.clone(),
+                    },
+                );
                 let this = self.clone();
-                inner.tracker.spawn(this.lifecycle(env, dispatch, truncated, cancel).instrument(span));
+                inner.tracker.spawn(
+                    this.lifecycle(env, dispatch, truncated, cancel)
+                        .instrument(span),
+                );
             }
         }
     }
@@ -213,16 +261,33 @@ impl<O: Outbox> Dispatcher<O> {
                 tracing::info!(from = %env.from, "cancel received; stopping the task");
                 task.cancel.cancel();
             }
-            None => tracing::info!(from = %env.from, "cancel for no running task of this sender; ignored"),
+            None => {
+                tracing::info!(from = %env.from, "cancel for no running task of this sender; ignored")
+            }
         }
     }
 
-    async fn lifecycle(self, env: Envelope, dispatch: Dispatch, truncated: bool, cancel: CancellationToken) {
+    async fn lifecycle(
+        self,
+        env: Envelope,
+        dispatch: Dispatch,
+        truncated: bool,
+        cancel: CancellationToken,
+    ) {
         let inner = &self.inner;
         let started = Instant::now();
-        match inner.outbox.send(&AampMessage::reply(&env, &inner.spec.email, Body::Ack)).await {
-            Ok(id) => inner.events.emit("task.acked", json!({"agent": inner.spec.name, "taskId": env.task_id, "messageId": id})),
-            Err(e) => tracing::warn!(error = %e, "could not send task.ack; running the task anyway"),
+        match inner
+            .outbox
+            .send(&AampMessage::reply(&env, &inner.spec.email, Body::Ack))
+            .await
+        {
+            Ok(id) => inner.events.emit(
+                "task.acked",
+                json!({"agent": inner.spec.name, "taskId": env.task_id, "messageId": id}),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not send task.ack; running the task anyway")
+            }
         }
         let permit = tokio::select! {
             permit = inner.permits.clone().acquire_owned() => permit.ok(),
@@ -232,21 +297,35 @@ impl<O: Outbox> Dispatcher<O> {
             Some(_permit) => self.run(&env, &dispatch, truncated, &cancel).await,
             None => Err(RunError::Cancelled),
         };
-        inner.running.lock().expect("running lock").remove(&task_key(&env.from, &env.task_id));
+        inner
+            .running
+            .lock()
+            .expect("running lock")
+            .remove(&task_key(&env.from, &env.task_id));
         let (status, output, error) = match outcome {
             Ok(out) => {
                 let mut text = out.output;
                 if out.truncated {
-                    text.push_str(&format!("\n[output cut at {} bytes]", inner.spec.profile.output.max_bytes));
+                    text.push_str(&format!(
+                        "\n[output cut at {} bytes]",
+                        inner.spec.profile.output.max_bytes
+                    ));
                 }
                 (Status::Completed, text, None)
             }
             Err(RunError::Cancelled) if inner.shutdown.is_cancelled() => (
                 Status::Rejected,
                 String::new(),
-                Some("interrupted: aamp-bridge was stopped while the task ran; dispatch it again".to_string()),
+                Some(
+                    "interrupted: aamp-bridge was stopped while the task ran; dispatch it again"
+                        .to_string(),
+                ),
             ),
-            Err(RunError::Cancelled) => (Status::Rejected, String::new(), Some("cancelled by the dispatcher".to_string())),
+            Err(RunError::Cancelled) => (
+                Status::Rejected,
+                String::new(),
+                Some("cancelled by the dispatcher".to_string()),
+            ),
             Err(e) => (Status::Rejected, String::new(), Some(e.to_string())),
         };
         self.answer(&env, status, output, error.clone()).await;
@@ -257,9 +336,17 @@ impl<O: Outbox> Dispatcher<O> {
         );
     }
 
-    async fn run(&self, env: &Envelope, dispatch: &Dispatch, truncated: bool, cancel: &CancellationToken) -> Result<runner::RunOutput, RunError> {
+    async fn run(
+        &self,
+        env: &Envelope,
+        dispatch: &Dispatch,
+        truncated: bool,
+        cancel: &CancellationToken,
+    ) -> Result<runner::RunOutput, RunError> {
         let spec = &self.inner.spec;
-        let workspace = spec.workspace_root.join(workspace_name(&env.from, &env.task_id));
+        let workspace = spec
+            .workspace_root
+            .join(workspace_name(&env.from, &env.task_id));
         make_private_dir(&workspace)?;
         let task = TaskInput {
             agent: spec.name.clone(),
@@ -268,7 +355,10 @@ impl<O: Outbox> Dispatcher<O> {
             session_key: dispatch.session_key.clone(),
             workspace: workspace.clone(),
         };
-        self.inner.events.emit("task.started", json!({"agent": spec.name, "taskId": env.task_id}));
+        self.inner.events.emit(
+            "task.started",
+            json!({"agent": spec.name, "taskId": env.task_id}),
+        );
         let outcome = runner::run_cli(&spec.profile, &task, cancel).await;
         if let Err(e) = std::fs::remove_dir_all(&workspace) {
             tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
@@ -280,9 +370,24 @@ impl<O: Outbox> Dispatcher<O> {
     /// it retry across restarts.
     async fn answer(&self, env: &Envelope, status: Status, output: String, error: Option<String>) {
         let inner = &self.inner;
-        let result = TaskResult { status, output, error, structured_result: None };
-        match inner.outbox.send(&AampMessage::reply(env, &inner.spec.email, Body::Result(result))).await {
-            Ok(id) => tracing::info!(status = status.as_str(), result_message_id = %id, "result sent"),
+        let result = TaskResult {
+            status,
+            output,
+            error,
+            structured_result: None,
+        };
+        match inner
+            .outbox
+            .send(&AampMessage::reply(
+                env,
+                &inner.spec.email,
+                Body::Result(result),
+            ))
+            .await
+        {
+            Ok(id) => {
+                tracing::info!(status = status.as_str(), result_message_id = %id, "result sent")
+            }
             Err(e) => tracing::error!(error = %e, "could not send task.result"),
         }
     }
@@ -293,13 +398,26 @@ fn workspace_name(from: &str, task_id: &str) -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (from.to_ascii_lowercase(), task_id).hash(&mut hasher);
-    let safe: String = task_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(48).collect();
+    let safe: String = task_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
     format!("{safe}-{:016x}", hasher.finish())
 }
 
 fn make_private_dir(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
 }
 
 #[cfg(test)]
@@ -334,7 +452,12 @@ mod tests {
     }
 
     fn dispatch(expires: Option<&str>) -> Dispatch {
-        Dispatch { title: "t".into(), priority: Priority::Normal, expires_at: expires.map(str::to_string), ..Dispatch::default() }
+        Dispatch {
+            title: "t".into(),
+            priority: Priority::Normal,
+            expires_at: expires.map(str::to_string),
+            ..Dispatch::default()
+        }
     }
 
     #[test]
@@ -342,18 +465,92 @@ mod tests {
         let spec = spec();
         let mut seen = Seen::new(10);
         let now = SystemTime::now();
-        assert_eq!(admit(&spec, &env("a@x.test", "1", "<m1>"), &dispatch(None), &seen, 0, now), Admission::Run);
-        let rejected = admit(&spec, &env("a@evil.test", "1", "<m2>"), &dispatch(None), &seen, 0, now);
-        assert!(matches!(rejected, Admission::Reject(r) if r.contains("a@evil.test") && r.contains("allow_from")));
+        assert_eq!(
+            admit(
+                &spec,
+                &env("a@x.test", "1", "<m1>"),
+                &dispatch(None),
+                &seen,
+                0,
+                now
+            ),
+            Admission::Run
+        );
+        let rejected = admit(
+            &spec,
+            &env("a@evil.test", "1", "<m2>"),
+            &dispatch(None),
+            &seen,
+            0,
+            now,
+        );
+        assert!(
+            matches!(rejected, Admission::Reject(r) if r.contains("a@evil.test") && r.contains("allow_from"))
+        );
         seen.insert("<m1>".into());
         seen.insert(task_key("a@x.test", "1"));
-        assert_eq!(admit(&spec, &env("a@x.test", "1", "<m1>"), &dispatch(None), &seen, 0, now), Admission::Duplicate);
-        assert_eq!(admit(&spec, &env("A@X.test", "1", "<m9>"), &dispatch(None), &seen, 0, now), Admission::Duplicate);
-        assert_eq!(admit(&spec, &env("b@x.test", "1", "<m3>"), &dispatch(None), &seen, 0, now), Admission::Run, "same TaskId from another sender is another task");
-        let expired = admit(&spec, &env("a@x.test", "2", "<m4>"), &dispatch(Some("2020-01-01T00:00:00Z")), &seen, 0, now);
+        assert_eq!(
+            admit(
+                &spec,
+                &env("a@x.test", "1", "<m1>"),
+                &dispatch(None),
+                &seen,
+                0,
+                now
+            ),
+            Admission::Duplicate
+        );
+        assert_eq!(
+            admit(
+                &spec,
+                &env("A@X.test", "1", "<m9>"),
+                &dispatch(None),
+                &seen,
+                0,
+                now
+            ),
+            Admission::Duplicate
+        );
+        assert_eq!(
+            admit(
+                &spec,
+                &env("b@x.test", "1", "<m3>"),
+                &dispatch(None),
+                &seen,
+                0,
+                now
+            ),
+            Admission::Run,
+            "same TaskId from another sender is another task"
+        );
+        let expired = admit(
+            &spec,
+            &env("a@x.test", "2", "<m4>"),
+            &dispatch(Some("2020-01-01T00:00:00Z")),
+            &seen,
+            0,
+            now,
+        );
         assert!(matches!(expired, Admission::Reject(r) if r.contains("expired")));
-        assert_eq!(admit(&spec, &env("a@x.test", "3", "<m5>"), &dispatch(Some("2999-01-01T00:00:00Z")), &seen, 0, now), Admission::Run);
-        let busy = admit(&spec, &env("a@x.test", "4", "<m6>"), &dispatch(None), &seen, 2, now);
+        assert_eq!(
+            admit(
+                &spec,
+                &env("a@x.test", "3", "<m5>"),
+                &dispatch(Some("2999-01-01T00:00:00Z")),
+                &seen,
+                0,
+                now
+            ),
+            Admission::Run
+        );
+        let busy = admit(
+            &spec,
+            &env("a@x.test", "4", "<m6>"),
+            &dispatch(None),
+            &seen,
+            2,
+            now,
+        );
         assert!(matches!(busy, Admission::Reject(r) if r.contains("busy")));
     }
 

@@ -9,7 +9,12 @@ pub struct SenderPolicy {
 
 impl SenderPolicy {
     pub fn new(patterns: &[String]) -> SenderPolicy {
-        SenderPolicy { patterns: patterns.iter().map(|p| p.trim().to_ascii_lowercase()).collect() }
+        SenderPolicy {
+            patterns: patterns
+                .iter()
+                .map(|p| p.trim().to_ascii_lowercase())
+                .collect(),
+        }
     }
 
     pub fn allows(&self, sender: &str) -> bool {
@@ -37,7 +42,11 @@ mod tests {
 
     #[test]
     fn patterns() {
-        let p = SenderPolicy::new(&["Boss@Corp.test".into(), "*@team.test".into(), "@ops.test".into()]);
+        let p = SenderPolicy::new(&[
+            "Boss@Corp.test".into(),
+            "*@team.test".into(),
+            "@ops.test".into(),
+        ]);
         assert!(p.allows("boss@corp.test"));
         assert!(p.allows("BOSS@CORP.TEST"));
         assert!(!p.allows("other@corp.test"));

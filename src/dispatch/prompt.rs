@@ -8,7 +8,10 @@ pub fn build(agent: &str, envelope: &Envelope, dispatch: &Dispatch, truncated: b
     p.push_str(&format!(
         "You are the agent \"{agent}\", working through aamp-bridge. A task arrived by email.\n\n"
     ));
-    p.push_str(&format!("Sender: {} (allowed by this agent's sender policy)\n", envelope.from));
+    p.push_str(&format!(
+        "Sender: {} (allowed by this agent's sender policy)\n",
+        envelope.from
+    ));
     p.push_str(&format!("Task ID: {}\n", envelope.task_id));
     p.push_str(&format!("Title: {}\n", dispatch.title));
     p.push_str(&format!("Priority: {}\n", dispatch.priority.as_str()));

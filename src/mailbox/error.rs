@@ -5,15 +5,27 @@ pub enum MailboxError {
     #[error("cannot reach {url}: {source}")]
     Network { url: String, source: reqwest::Error },
     #[error("{url} answered HTTP {status}{}", if .body.is_empty() { String::new() } else { format!(": {}", .body) })]
-    Http { url: String, status: u16, body: String },
+    Http {
+        url: String,
+        status: u16,
+        body: String,
+    },
     #[error("the server's answer to {what} was not understood: {detail}")]
     Protocol { what: String, detail: String },
     #[error("JMAP {method} failed: {kind}{}", .description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
-    Method { method: String, kind: String, description: Option<String> },
+    Method {
+        method: String,
+        kind: String,
+        description: Option<String>,
+    },
     #[error("the server can no longer list changes since our last state")]
     CannotCalculateChanges,
     #[error("SMTP to {server}: {detail}")]
-    Smtp { server: String, detail: String, class: ErrorClass },
+    Smtp {
+        server: String,
+        detail: String,
+        class: ErrorClass,
+    },
     #[error("{0}")]
     Address(String),
 }

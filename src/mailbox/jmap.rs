@@ -59,12 +59,21 @@ impl JmapClient {
             .timeout(Duration::from_secs(60))
             .user_agent(concat!("aamp-bridge/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| MailboxError::Protocol { what: "HTTP client setup".into(), detail: e.to_string() })?;
+            .map_err(|e| MailboxError::Protocol {
+                what: "HTTP client setup".into(),
+                detail: e.to_string(),
+            })?;
         let mut session_url = account.jmap_url.clone();
         if session_url.path() == "/" || session_url.path().is_empty() {
             session_url.set_path("/.well-known/jmap");
         }
-        Ok(JmapClient { http, login: account.login.clone(), password: account.password.clone(), session_url, session: None })
+        Ok(JmapClient {
+            http,
+            login: account.login.clone(),
+            password: account.password.clone(),
+            session_url,
+            session: None,
+        })
     }
 
     /// Fetches the session resource (following redirects) and resolves its URLs.
@@ -76,18 +85,33 @@ impl JmapClient {
             .basic_auth(&self.login, Some(&self.password))
             .send()
             .await
-            .map_err(|source| MailboxError::Network { url: url.clone(), source })?;
+            .map_err(|source| MailboxError::Network {
+                url: url.clone(),
+                source,
+            })?;
         let final_url = response.url().clone();
         let body = read_json(response, &url).await?;
-        let api_url = body["apiUrl"].as_str().ok_or_else(|| protocol("JMAP session", "no apiUrl"))?;
-        let api_url = final_url.join(api_url).map_err(|e| protocol("JMAP session apiUrl", &e.to_string()))?;
+        let api_url = body["apiUrl"]
+            .as_str()
+            .ok_or_else(|| protocol("JMAP session", "no apiUrl"))?;
+        let api_url = final_url
+            .join(api_url)
+            .map_err(|e| protocol("JMAP session apiUrl", &e.to_string()))?;
         let account_id = body["primaryAccounts"]["urn:ietf:params:jmap:mail"]
             .as_str()
             .map(str::to_string)
-            .or_else(|| body["accounts"].as_object().and_then(|a| a.keys().next().cloned()))
+            .or_else(|| {
+                body["accounts"]
+                    .as_object()
+                    .and_then(|a| a.keys().next().cloned())
+            })
             .ok_or_else(|| protocol("JMAP session", "no mail account"))?;
         let download_url = body["downloadUrl"].as_str().unwrap_or_default().to_string();
-        self.session = Some(Session { api_url, account_id, download_url });
+        self.session = Some(Session {
+            api_url,
+            account_id,
+            download_url,
+        });
         Ok(self.session.as_ref().expect("just set"))
     }
 
@@ -96,7 +120,9 @@ impl JmapClient {
     }
 
     fn require_session(&self) -> Result<&Session, MailboxError> {
-        self.session.as_ref().ok_or_else(|| protocol("JMAP", "no session yet"))
+        self.session
+            .as_ref()
+            .ok_or_else(|| protocol("JMAP", "no session yet"))
     }
 
     /// Calls one method and returns its arguments; a method-level error becomes a typed error.
@@ -112,7 +138,10 @@ impl JmapClient {
             .json(&request)
             .send()
             .await
-            .map_err(|source| MailboxError::Network { url: url.clone(), source })?;
+            .map_err(|source| MailboxError::Network {
+                url: url.clone(),
+                source,
+            })?;
         let mut body = read_json(response, &url).await?;
         let mut reply = body["methodResponses"]
             .get_mut(0)
@@ -136,7 +165,12 @@ impl JmapClient {
 
     /// The id of the mailbox with role `inbox`.
     pub async fn inbox_id(&self) -> Result<String, MailboxError> {
-        let reply = self.call("Mailbox/get", json!({ "ids": null, "properties": ["id", "role", "name"] })).await?;
+        let reply = self
+            .call(
+                "Mailbox/get",
+                json!({ "ids": null, "properties": ["id", "role", "name"] }),
+            )
+            .await?;
         reply["list"]
             .as_array()
             .and_then(|list| list.iter().find(|m| m["role"].as_str() == Some("inbox")))
@@ -147,24 +181,48 @@ impl JmapClient {
 
     /// The current Email state string: the cursor to follow changes from.
     pub async fn email_state(&self) -> Result<String, MailboxError> {
-        let reply = self.call("Email/get", json!({ "ids": [], "properties": ["id"] })).await?;
-        reply["state"].as_str().map(str::to_string).ok_or_else(|| protocol("Email/get", "no state"))
+        let reply = self
+            .call("Email/get", json!({ "ids": [], "properties": ["id"] }))
+            .await?;
+        reply["state"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| protocol("Email/get", "no state"))
     }
 
     pub async fn changes(&self, since: &str) -> Result<Changes, MailboxError> {
-        let reply = self.call("Email/changes", json!({ "sinceState": since, "maxChanges": 256 })).await?;
+        let reply = self
+            .call(
+                "Email/changes",
+                json!({ "sinceState": since, "maxChanges": 256 }),
+            )
+            .await?;
         let ids = |key: &str| -> Vec<String> {
-            reply[key].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()).unwrap_or_default()
+            reply[key]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
         };
         Ok(Changes {
             created: ids("created"),
-            new_state: reply["newState"].as_str().ok_or_else(|| protocol("Email/changes", "no newState"))?.to_string(),
+            new_state: reply["newState"]
+                .as_str()
+                .ok_or_else(|| protocol("Email/changes", "no newState"))?
+                .to_string(),
             has_more: reply["hasMoreChanges"].as_bool().unwrap_or(false),
         })
     }
 
     /// The newest `limit` mails in a mailbox, newest first.
-    pub async fn query_mailbox(&self, mailbox_id: &str, limit: usize) -> Result<Vec<String>, MailboxError> {
+    pub async fn query_mailbox(
+        &self,
+        mailbox_id: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, MailboxError> {
         let reply = self
             .call(
                 "Email/query",
@@ -175,7 +233,14 @@ impl JmapClient {
                 }),
             )
             .await?;
-        Ok(reply["ids"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()).unwrap_or_default())
+        Ok(reply["ids"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Fetches mails by id, in batches. Mails that vanished in between are skipped.
@@ -209,33 +274,51 @@ async fn read_json(response: reqwest::Response, url: &str) -> Result<Value, Mail
         return Err(MailboxError::Http {
             url: url.to_string(),
             status: status.as_u16(),
-            body: body.chars().take(200).collect::<String>().trim().to_string(),
+            body: body
+                .chars()
+                .take(200)
+                .collect::<String>()
+                .trim()
+                .to_string(),
         });
     }
-    response
-        .json()
-        .await
-        .map_err(|e| MailboxError::Protocol { what: url.to_string(), detail: e.to_string() })
+    response.json().await.map_err(|e| MailboxError::Protocol {
+        what: url.to_string(),
+        detail: e.to_string(),
+    })
 }
 
 fn protocol(what: &str, detail: &str) -> MailboxError {
-    MailboxError::Protocol { what: what.to_string(), detail: detail.to_string() }
+    MailboxError::Protocol {
+        what: what.to_string(),
+        detail: detail.to_string(),
+    }
 }
 
 fn addresses(value: &Value) -> Vec<String> {
     value
         .as_array()
-        .map(|a| a.iter().filter_map(|x| x["email"].as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x["email"].as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Turns an `Email/get` entry into what the AAMP parser reads.
 pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
-    let id = email["id"].as_str().ok_or_else(|| protocol("Email/get", "a mail without id"))?.to_string();
+    let id = email["id"]
+        .as_str()
+        .ok_or_else(|| protocol("Email/get", "a mail without id"))?
+        .to_string();
     let mut truncated = false;
     let mut body = Vec::new();
     for part in email["textBody"].as_array().into_iter().flatten() {
-        if let Some(value) = part["partId"].as_str().and_then(|p| email["bodyValues"].get(p)) {
+        if let Some(value) = part["partId"]
+            .as_str()
+            .and_then(|p| email["bodyValues"].get(p))
+        {
             truncated |= value["isTruncated"].as_bool().unwrap_or(false);
             body.push(value["value"].as_str().unwrap_or_default().to_string());
         }
@@ -243,20 +326,34 @@ pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
     let mut to = addresses(&email["to"]);
     to.extend(addresses(&email["cc"]));
     Ok(Email {
-        mailbox_ids: email["mailboxIds"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default(),
+        mailbox_ids: email["mailboxIds"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default(),
         received_at: email["receivedAt"].as_str().unwrap_or_default().to_string(),
         truncated,
         view: MailView {
-            from: addresses(&email["from"]).into_iter().next().unwrap_or_default(),
+            from: addresses(&email["from"])
+                .into_iter()
+                .next()
+                .unwrap_or_default(),
             to,
-            message_id: email["messageId"][0].as_str().map(normalize_message_id).unwrap_or_default(),
+            message_id: email["messageId"][0]
+                .as_str()
+                .map(normalize_message_id)
+                .unwrap_or_default(),
             subject: email["subject"].as_str().unwrap_or_default().to_string(),
             body_text: body.join("\n").replace("\r\n", "\n"),
             headers: email["headers"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|h| Some((h["name"].as_str()?.to_string(), h["value"].as_str()?.to_string())))
+                .filter_map(|h| {
+                    Some((
+                        h["name"].as_str()?.to_string(),
+                        h["value"].as_str()?.to_string(),
+                    ))
+                })
                 .collect(),
         },
         id,

@@ -35,7 +35,11 @@ pub struct Mailbox {
 
 impl Mailbox {
     pub fn new(account: Account) -> Result<Mailbox, MailboxError> {
-        Ok(Mailbox { jmap: JmapClient::new(&account)?, account, inbox_id: None })
+        Ok(Mailbox {
+            jmap: JmapClient::new(&account)?,
+            account,
+            inbox_id: None,
+        })
     }
 
     pub fn email(&self) -> &str {
@@ -67,7 +71,11 @@ impl Mailbox {
     /// New AAMP mail since `state`, and the state to continue from. Follows
     /// `hasMoreChanges` to the end. When the server can no longer compute changes from
     /// `state`, falls back to the newest `backscan` Inbox mails (the caller de-duplicates).
-    pub async fn fetch_since(&self, state: &str, backscan: usize) -> Result<(Vec<Inbound>, String), MailboxError> {
+    pub async fn fetch_since(
+        &self,
+        state: &str,
+        backscan: usize,
+    ) -> Result<(Vec<Inbound>, String), MailboxError> {
         let mut created = Vec::new();
         let mut since = state.to_string();
         loop {
@@ -92,13 +100,19 @@ impl Mailbox {
             }
         }
         let emails = self.jmap.get_emails(&created).await?;
-        Ok((emails.into_iter().filter_map(|e| self.accept(e)).collect(), since))
+        Ok((
+            emails.into_iter().filter_map(|e| self.accept(e)).collect(),
+            since,
+        ))
     }
 
     /// Keeps Inbox mail addressed to this mailbox and not sent by it, and parses it as AAMP.
     fn accept(&self, email: Email) -> Option<Inbound> {
         let me = &self.account.email;
-        let in_inbox = self.inbox_id.as_ref().is_some_and(|inbox| email.mailbox_ids.contains(inbox));
+        let in_inbox = self
+            .inbox_id
+            .as_ref()
+            .is_some_and(|inbox| email.mailbox_ids.contains(inbox));
         let to_me = email.view.to.iter().any(|a| a.eq_ignore_ascii_case(me));
         let from_me = email.view.from.eq_ignore_ascii_case(me);
         if !in_inbox || !to_me || from_me {
@@ -106,14 +120,17 @@ impl Mailbox {
             return None;
         }
         match AampMessage::parse(&email.view) {
-            Ok(message) => Some(Inbound { email_id: email.id, message, truncated: email.truncated }),
+            Ok(message) => Some(Inbound {
+                email_id: email.id,
+                message,
+                truncated: email.truncated,
+            }),
             Err(reason) => {
                 tracing::debug!(email_id = %email.id, %reason, "not an AAMP mail");
                 None
             }
         }
     }
-
 }
 
 /// Sending from one account over SMTP.
@@ -123,7 +140,9 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(account: &Account) -> Result<Sender, MailboxError> {
-        Ok(Sender { smtp: SmtpSender::new(account)? })
+        Ok(Sender {
+            smtp: SmtpSender::new(account)?,
+        })
     }
 
     /// Renders and submits `msg`, retrying transient failures a few times with backoff.
@@ -149,7 +168,10 @@ impl Sender {
 
 /// `delay` plus up to 25% more, so many retries do not line up.
 pub fn jitter(delay: Duration) -> Duration {
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
 }
 

@@ -27,38 +27,64 @@ impl SmtpSender {
                 .dangerous_accept_invalid_certs(account.insecure_tls)
                 .dangerous_accept_invalid_hostnames(account.insecure_tls)
                 .build_rustls()
-                .map_err(|e| MailboxError::Smtp { server: server.clone(), detail: format!("TLS setup: {e}"), class: ErrorClass::Permanent })
+                .map_err(|e| MailboxError::Smtp {
+                    server: server.clone(),
+                    detail: format!("TLS setup: {e}"),
+                    class: ErrorClass::Permanent,
+                })
         };
         let tls = match account.smtp_security {
             SmtpSecurity::Starttls => Tls::Required(tls()?),
             SmtpSecurity::Tls => Tls::Wrapper(tls()?),
             SmtpSecurity::Plain => Tls::None,
         };
-        let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(account.smtp_host.clone())
-            .port(account.smtp_port)
-            .tls(tls)
-            .credentials(Credentials::new(account.login.clone(), account.password.clone()))
-            .timeout(Some(Duration::from_secs(60)))
-            .build();
+        let transport =
+            AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(account.smtp_host.clone())
+                .port(account.smtp_port)
+                .tls(tls)
+                .credentials(Credentials::new(
+                    account.login.clone(),
+                    account.password.clone(),
+                ))
+                .timeout(Some(Duration::from_secs(60)))
+                .build();
         Ok(SmtpSender { transport, server })
     }
 
     /// Submits one rendered mail.
     pub async fn send(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
-        let parse = |a: &str| a.parse::<Address>().map_err(|e| MailboxError::Address(format!("{a:?} is not a usable address: {e}")));
-        let to = mail.to.iter().map(|a| parse(a)).collect::<Result<Vec<_>, _>>()?;
-        let envelope = Envelope::new(Some(parse(&mail.from)?), to).map_err(|e| MailboxError::Address(e.to_string()))?;
-        self.transport.send_raw(&envelope, &mail.bytes).await.map(|_| ()).map_err(|e| {
-            let class = classify(&e);
-            MailboxError::Smtp { server: self.server.clone(), detail: e.to_string(), class }
-        })
+        let parse = |a: &str| {
+            a.parse::<Address>()
+                .map_err(|e| MailboxError::Address(format!("{a:?} is not a usable address: {e}")))
+        };
+        let to = mail
+            .to
+            .iter()
+            .map(|a| parse(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envelope = Envelope::new(Some(parse(&mail.from)?), to)
+            .map_err(|e| MailboxError::Address(e.to_string()))?;
+        self.transport
+            .send_raw(&envelope, &mail.bytes)
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                let class = classify(&e);
+                MailboxError::Smtp {
+                    server: self.server.clone(),
+                    detail: e.to_string(),
+                    class,
+                }
+            })
     }
 }
 
 fn classify(e: &lettre::transport::smtp::Error) -> ErrorClass {
     let code = e.status().map(|c| c.to_string());
     match code.as_deref() {
-        Some("535") | Some("530") | Some("534") | Some("454") if e.is_permanent() || code.as_deref() == Some("454") => {
+        Some("535") | Some("530") | Some("534") | Some("454")
+            if e.is_permanent() || code.as_deref() == Some("454") =>
+        {
             // 454 is "temporary authentication failure"; 53x are refused credentials.
             if code.as_deref() == Some("454") {
                 ErrorClass::Transient

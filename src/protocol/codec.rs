@@ -329,14 +329,20 @@ mod tests {
         ];
         let header = encode_options(&options);
         assert!(header.is_ascii());
-        assert_eq!(parse_options(&header), vec!["PostgreSQL", "yes/no", "数据库"]);
+        assert_eq!(
+            parse_options(&header),
+            vec!["PostgreSQL", "yes/no", "数据库"]
+        );
         assert!(parse_options("").is_empty());
     }
 
     #[test]
     fn encoded_words_decode_in_both_encodings_and_charsets() {
         assert_eq!(decode_words("=?utf-8?B?w6lsw6k=?="), "élé");
-        assert_eq!(decode_words("=?ISO-8859-1?Q?caf=E9_au_lait?="), "café au lait");
+        assert_eq!(
+            decode_words("=?ISO-8859-1?Q?caf=E9_au_lait?="),
+            "café au lait"
+        );
         assert_eq!(decode_words("=?utf-8?q?a?= =?utf-8?q?b?= c"), "ab c");
         assert_eq!(decode_words("plain =?broken"), "plain =?broken");
         assert_eq!(decode_words("x =?utf-8?x?abc?= y"), "x =?utf-8?x?abc?= y");
@@ -348,10 +354,7 @@ mod tests {
 
     #[test]
     fn header_text_cannot_inject_lines() {
-        assert_eq!(
-            clean_header_text("oops\r\nBcc: x@y\0"),
-            "oops  Bcc: x@y "
-        );
+        assert_eq!(clean_header_text("oops\r\nBcc: x@y\0"), "oops  Bcc: x@y ");
         assert_eq!(unfold("abc\r\n def\n\tghi "), "abc def\tghi");
     }
 }

@@ -11,6 +11,10 @@ use super::codec;
 /// The protocol version this crate writes, and the one assumed when a message omits it.
 pub const VERSION: &str = "1.1";
 
+/// The longest TaskId accepted. TaskIds are UUIDs in practice; a longer one could not be
+/// written back on one header line unchanged, so a reply could not name it.
+pub const MAX_TASK_ID: usize = 512;
+
 /// The ten AAMP intents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Intent {
@@ -148,14 +152,19 @@ pub struct MailView {
 }
 
 impl MailView {
-    /// The last field of that name (case-insensitive), unfolded and with encoded-words
-    /// decoded; `None` when absent.
+    /// The last field of that name (case-insensitive), unfolded, with encoded-words decoded
+    /// and control characters turned to spaces, trimmed; `None` when absent. A value read here
+    /// is one we can write back unchanged.
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers
             .iter()
             .rev()
             .find(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-            .map(|(_, v)| codec::decode_words(&codec::unfold(v)))
+            .map(|(_, v)| {
+                codec::clean_header_text(&codec::decode_words(&codec::unfold(v)))
+                    .trim()
+                    .to_string()
+            })
     }
 
     /// Like [`MailView::header`], but an empty value counts as absent.
@@ -211,15 +220,30 @@ pub struct HelpNeeded {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
     Dispatch(Dispatch),
-    Cancel { reason: String },
+    Cancel {
+        reason: String,
+    },
     Ack,
     HelpNeeded(HelpNeeded),
     Result(TaskResult),
-    StreamOpened { stream_id: String },
-    PairRequest { pair_code: String, rules: Option<Value> },
-    PairRespond { status: Status, reason: Option<String> },
-    CardQuery { text: String },
-    CardResponse { summary: String, text: String },
+    StreamOpened {
+        stream_id: String,
+    },
+    PairRequest {
+        pair_code: String,
+        rules: Option<Value>,
+    },
+    PairRespond {
+        status: Status,
+        reason: Option<String>,
+    },
+    CardQuery {
+        text: String,
+    },
+    CardResponse {
+        summary: String,
+        text: String,
+    },
 }
 
 impl Body {
@@ -254,8 +278,13 @@ pub enum NotAamp {
     UnknownIntent(String),
     #[error("no X-AAMP-TaskId header")]
     NoTaskId,
+    #[error("an X-AAMP-TaskId of {0} characters (at most {MAX_TASK_ID} are accepted)")]
+    TaskIdTooLong(usize),
     #[error("{intent} without its required {header} header")]
-    MissingHeader { intent: Intent, header: &'static str },
+    MissingHeader {
+        intent: Intent,
+        header: &'static str,
+    },
 }
 
 impl AampMessage {
@@ -274,6 +303,9 @@ impl AampMessage {
         let intent = Intent::parse(intent_text.trim())
             .ok_or_else(|| NotAamp::UnknownIntent(intent_text.clone()))?;
         let task_id = mail.non_empty(header::TASK_ID).ok_or(NotAamp::NoTaskId)?;
+        if task_id.len() > MAX_TASK_ID {
+            return Err(NotAamp::TaskIdTooLong(task_id.len()));
+        }
         let required = |name: &'static str| {
             mail.non_empty(name).ok_or(NotAamp::MissingHeader {
                 intent,
@@ -304,7 +336,13 @@ impl AampMessage {
                 let body = &mail.body_text;
                 let question = mail
                     .non_empty(header::LEGACY_QUESTION)
-                    .or_else(|| section(body, "Question:", &["Blocked reason:", "Suggested options:"]))
+                    .or_else(|| {
+                        section(
+                            body,
+                            "Question:",
+                            &["Blocked reason:", "Suggested options:"],
+                        )
+                    })
                     .unwrap_or_else(|| body.trim().to_string());
                 let blocked_reason = mail
                     .non_empty(header::LEGACY_BLOCKED_REASON)
@@ -388,7 +426,9 @@ impl AampMessage {
                 to: mail.to.iter().map(|a| address(a)).collect(),
                 message_id: normalize_message_id(&mail.message_id),
                 subject: mail.subject.clone(),
-                in_reply_to: mail.non_empty("In-Reply-To").and_then(|v| message_ids(&v).pop()),
+                in_reply_to: mail
+                    .non_empty("In-Reply-To")
+                    .and_then(|v| message_ids(&v).pop()),
                 references: mail
                     .header("References")
                     .map(|v| message_ids(&v))
@@ -436,7 +476,11 @@ impl AampMessage {
                 opt(&mut out, header::SESSION_KEY, d.session_key.as_deref());
                 let context = codec::encode_dispatch_context(&d.dispatch_context);
                 opt(&mut out, header::DISPATCH_CONTEXT, context.as_deref());
-                opt(&mut out, header::PARENT_TASK_ID, d.parent_task_id.as_deref());
+                opt(
+                    &mut out,
+                    header::PARENT_TASK_ID,
+                    d.parent_task_id.as_deref(),
+                );
             }
             Body::Result(r) => {
                 out.push((header::STATUS, r.status.as_str().to_string()));
@@ -544,7 +588,10 @@ impl AampMessage {
         if let Some(v) = &env.in_reply_to {
             put("inReplyTo", json!(v));
         }
-        let body_text = env.received_body.clone().unwrap_or_else(|| self.body_text());
+        let body_text = env
+            .received_body
+            .clone()
+            .unwrap_or_else(|| self.body_text());
         put("bodyText", json!(body_text));
         match &self.body {
             Body::Dispatch(d) => {
@@ -657,7 +704,11 @@ pub fn address(text: &str) -> String {
 
 /// A Message-ID with exactly one pair of angle brackets (empty stays empty).
 pub fn normalize_message_id(id: &str) -> String {
-    let id = id.trim().trim_start_matches('<').trim_end_matches('>').trim();
+    let id = id
+        .trim()
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .trim();
     if id.is_empty() {
         String::new()
     } else {
@@ -696,7 +747,11 @@ fn section(body: &str, marker: &str, stops: &[&str]) -> Option<String> {
     let mut lines = vec![first];
     for line in body.lines().skip(index + 1) {
         let start = line.trim_start();
-        let starts_with = |s: &&str| start.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s));
+        let starts_with = |s: &&str| {
+            start
+                .get(..s.len())
+                .is_some_and(|h| h.eq_ignore_ascii_case(s))
+        };
         if stops.iter().any(starts_with) {
             break;
         }

@@ -97,14 +97,15 @@ fn write_text_header(out: &mut String, name: &str, value: &str) {
     }
 }
 
-/// Writes `Name: value` folded at spaces so lines stay near 78 characters. A run without
-/// spaces is only broken when it would pass the hard limit of 998 (base64 readers skip the
-/// folding white space).
+/// Writes `Name: value` folded at spaces so lines stay near 78 characters. Folding only
+/// inserts CRLF before an existing space, so unfolding gives back the value exactly, runs of
+/// spaces included. A run without spaces is only broken when it would pass the hard limit of
+/// 998 (base64 readers skip the folding white space; TaskIds are kept far shorter).
 fn fold_into(out: &mut String, name: &str, value: &str) {
     let mut line = format!("{name}:");
-    let mut first = true;
-    for word in value.split(' ').filter(|w| !w.is_empty()) {
-        if !first && line.len() + 1 + word.len() > SOFT_LIMIT {
+    let mut line_has_word = false;
+    for word in value.trim().split(' ') {
+        if line_has_word && !word.is_empty() && line.len() + 1 + word.len() > SOFT_LIMIT {
             out.push_str(&line);
             out.push_str("\r\n");
             line.clear();
@@ -123,7 +124,7 @@ fn fold_into(out: &mut String, name: &str, value: &str) {
             word = &word[take..];
         }
         line.push_str(word);
-        first = false;
+        line_has_word |= !word.is_empty();
     }
     out.push_str(&line);
     out.push_str("\r\n");
@@ -193,7 +194,10 @@ pub fn parse_raw(bytes: &[u8]) -> Option<MailView> {
         return None;
     }
     Some(MailView {
-        from: addresses(message.from()).into_iter().next().unwrap_or_default(),
+        from: addresses(message.from())
+            .into_iter()
+            .next()
+            .unwrap_or_default(),
         to: addresses(message.to()),
         message_id: message
             .message_id()
@@ -229,13 +233,27 @@ mod tests {
         let mut out = String::new();
         let token = "A".repeat(500);
         fold_into(&mut out, "X-AAMP-StructuredResult", &token);
-        assert_eq!(out.matches("\r\n").count(), 1, "a 500-char token stays on one line");
+        assert_eq!(
+            out.matches("\r\n").count(),
+            1,
+            "a 500-char token stays on one line"
+        );
         let mut out = String::new();
         let token = "B".repeat(3000);
         fold_into(&mut out, "X-AAMP-StructuredResult", &token);
         assert!(out.split("\r\n").all(|l| l.len() <= HARD_LIMIT));
         let joined: String = out.split("\r\n").map(str::trim).collect();
         assert_eq!(joined, format!("X-AAMP-StructuredResult: {token}"));
+    }
+
+    #[test]
+    fn folding_keeps_runs_of_spaces() {
+        let value = format!("{}  two  spaces {}", "a".repeat(70), "b".repeat(70));
+        let mut out = String::new();
+        fold_into(&mut out, "X-AAMP-TaskId", &value);
+        assert!(out.lines().count() > 1, "{out}");
+        let unfolded = out.trim_end().replace("\r\n", "");
+        assert_eq!(unfolded, format!("X-AAMP-TaskId: {value}"));
     }
 
     #[test]

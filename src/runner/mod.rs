@@ -47,7 +47,10 @@ pub struct RunOutput {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("could not start {command:?}: {source}")]
-    Spawn { command: String, source: std::io::Error },
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
     #[error("the agent did not finish within {}s and was stopped", .0.as_secs())]
     TimedOut(Duration),
     #[error("the agent {status}{}", stderr_suffix(.stderr))]
@@ -59,7 +62,12 @@ pub enum RunError {
 }
 
 fn stderr_suffix(stderr: &str) -> String {
-    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
     if last.is_empty() {
         String::new()
     } else {
@@ -83,7 +91,10 @@ fn vars_for(task: &TaskInput) -> Vars {
     vars.set("prompt", task.prompt.clone());
     vars.set("agent", task.agent.clone());
     vars.set("task_id", task.task_id.clone());
-    vars.set("safe_session_key", template::safe_session_key(&key, &task.agent));
+    vars.set(
+        "safe_session_key",
+        template::safe_session_key(&key, &task.agent),
+    );
     vars.set("session_key", key);
     vars.set("workspace", task.workspace.display().to_string());
     vars
@@ -92,7 +103,11 @@ fn vars_for(task: &TaskInput) -> Vars {
 /// Runs one task with a CLI profile. The prompt reaches the agent only through the profile's
 /// templates, as whole arguments or stdin; there is no shell.
 #[tracing::instrument(skip_all, fields(profile = %profile.name, pid))]
-pub async fn run_cli(profile: &Profile, task: &TaskInput, cancel: &CancellationToken) -> Result<RunOutput, RunError> {
+pub async fn run_cli(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+) -> Result<RunOutput, RunError> {
     let started = Instant::now();
     let vars = vars_for(task);
     let program = profile.command.render(&vars);
@@ -104,7 +119,11 @@ pub async fn run_cli(profile: &Profile, task: &TaskInput, cancel: &CancellationT
         })
         .env("AAMP_AGENT", &task.agent)
         .env("AAMP_TASK_ID", &task.task_id)
-        .stdin(if profile.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if profile.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(key) = &task.session_key {
@@ -113,7 +132,10 @@ pub async fn run_cli(profile: &Profile, task: &TaskInput, cancel: &CancellationT
     for (name, value) in &profile.env {
         cmd.env(name, value.render(&vars));
     }
-    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn { command: program.clone(), source })?;
+    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
+        command: program.clone(),
+        source,
+    })?;
     tracing::Span::current().record("pid", child.pid());
     tracing::debug!("agent started");
 
@@ -149,7 +171,12 @@ pub async fn run_cli(profile: &Profile, task: &TaskInput, cancel: &CancellationT
             }
         }
     };
-    let ((), out, err, status) = tokio::join!(feed, read_capped(stdout, max), read_tail(stderr, STDERR_TAIL), waiting);
+    let ((), out, err, status) = tokio::join!(
+        feed,
+        read_capped(stdout, max),
+        read_tail(stderr, STDERR_TAIL),
+        waiting
+    );
     let status = status?;
     let (stdout_bytes, truncated) = out?;
     let stderr_text = clean(&String::from_utf8_lossy(&err?), true, true);
@@ -162,21 +189,35 @@ pub async fn run_cli(profile: &Profile, task: &TaskInput, cancel: &CancellationT
                 format!("was killed by signal {}", status.signal().unwrap_or(0))
             }
         };
-        return Err(RunError::Failed { status, stderr: stderr_text });
+        return Err(RunError::Failed {
+            status,
+            stderr: stderr_text,
+        });
     }
     let opts = &profile.output;
-    let mut output = clean(&String::from_utf8_lossy(&stdout_bytes), opts.strip_ansi, opts.trim);
+    let mut output = clean(
+        &String::from_utf8_lossy(&stdout_bytes),
+        opts.strip_ansi,
+        opts.trim,
+    );
     if opts.include_stderr && !stderr_text.is_empty() {
         if !output.is_empty() {
             output.push('\n');
         }
         output.push_str(&stderr_text);
     }
-    Ok(RunOutput { output, truncated, duration: started.elapsed() })
+    Ok(RunOutput {
+        output,
+        truncated,
+        duration: started.elapsed(),
+    })
 }
 
 /// Reads everything, keeping the first `max` bytes.
-async fn read_capped(mut pipe: impl AsyncRead + Unpin, max: usize) -> std::io::Result<(Vec<u8>, bool)> {
+async fn read_capped(
+    mut pipe: impl AsyncRead + Unpin,
+    max: usize,
+) -> std::io::Result<(Vec<u8>, bool)> {
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buf = vec![0u8; 16 * 1024];
@@ -262,8 +303,18 @@ mod tests {
 
     #[test]
     fn ansi_is_stripped() {
-        assert_eq!(clean("\u{1b}[1;31mred\u{1b}[0m\r\n\u{1b}]0;title\u{7}ok\u{8} ", true, true), "red\nok");
-        assert_eq!(clean("  keep \u{1b}[0m ", false, false), "  keep \u{1b}[0m ");
+        assert_eq!(
+            clean(
+                "\u{1b}[1;31mred\u{1b}[0m\r\n\u{1b}]0;title\u{7}ok\u{8} ",
+                true,
+                true
+            ),
+            "red\nok"
+        );
+        assert_eq!(
+            clean("  keep \u{1b}[0m ", false, false),
+            "  keep \u{1b}[0m "
+        );
     }
 
     #[test]

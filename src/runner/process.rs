@@ -23,8 +23,13 @@ impl GroupChild {
     pub fn spawn(cmd: &mut Command) -> io::Result<GroupChild> {
         cmd.process_group(0).kill_on_drop(true);
         let child = cmd.spawn()?;
-        let pid = child.id().ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
-        Ok(GroupChild { child, pgid: Pid::from_raw(pid as i32) })
+        let pid = child
+            .id()
+            .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
+        Ok(GroupChild {
+            child,
+            pgid: Pid::from_raw(pid as i32),
+        })
     }
 
     pub fn pid(&self) -> i32 {

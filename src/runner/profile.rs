@@ -16,9 +16,16 @@ const BUILT_IN: &[(&str, &str)] = &[("echo", include_str!("../../profiles/echo.t
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     #[error("no profile named {name:?} (looked in {searched} and the built-ins: {built_in})")]
-    NotFound { name: String, searched: String, built_in: String },
+    NotFound {
+        name: String,
+        searched: String,
+        built_in: String,
+    },
     #[error("cannot read profile {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("profile {origin}: {message}")]
     Invalid { origin: String, message: String },
 }
@@ -65,7 +72,12 @@ pub struct OutputOptions {
 
 impl Default for OutputOptions {
     fn default() -> Self {
-        OutputOptions { strip_ansi: true, trim: true, include_stderr: false, max_bytes: 1 << 20 }
+        OutputOptions {
+            strip_ansi: true,
+            trim: true,
+            include_stderr: false,
+            max_bytes: 1 << 20,
+        }
     }
 }
 
@@ -88,9 +100,13 @@ pub struct Profile {
 
 impl Profile {
     pub fn parse(text: &str, fallback_name: &str, origin: &str) -> Result<Profile, ProfileError> {
-        let invalid = |message: String| ProfileError::Invalid { origin: origin.to_string(), message };
+        let invalid = |message: String| ProfileError::Invalid {
+            origin: origin.to_string(),
+            message,
+        };
         let file: ProfileFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
-        let parse = |field: &str, t: &str| Template::parse(t).map_err(|e| invalid(format!("{field}: {e}")));
+        let parse =
+            |field: &str, t: &str| Template::parse(t).map_err(|e| invalid(format!("{field}: {e}")));
         if file.command.trim().is_empty() {
             return Err(invalid("command is empty".into()));
         }
@@ -101,9 +117,22 @@ impl Profile {
             name: file.name.unwrap_or_else(|| fallback_name.to_string()),
             description: file.description,
             command: parse("command", &file.command)?,
-            args: file.args.iter().enumerate().map(|(i, a)| parse(&format!("args[{i}]"), a)).collect::<Result<_, _>>()?,
-            stdin: file.stdin.as_deref().map(|s| parse("stdin", s)).transpose()?,
-            env: file.env.iter().map(|(k, v)| Ok((k.clone(), parse(&format!("env.{k}"), v)?))).collect::<Result<_, ProfileError>>()?,
+            args: file
+                .args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| parse(&format!("args[{i}]"), a))
+                .collect::<Result<_, _>>()?,
+            stdin: file
+                .stdin
+                .as_deref()
+                .map(|s| parse("stdin", s))
+                .transpose()?,
+            env: file
+                .env
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), parse(&format!("env.{k}"), v)?)))
+                .collect::<Result<_, ProfileError>>()?,
             cwd: file.cwd.as_deref().map(|c| parse("cwd", c)).transpose()?,
             timeout: Duration::from_secs(file.timeout_secs),
             success_exit_codes: file.success_exit_codes,
@@ -127,14 +156,25 @@ impl Profile {
             Some((name, text)) => Self::parse(text, name, "built-in"),
             None => Err(ProfileError::NotFound {
                 name: name_or_path.to_string(),
-                searched: dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
-                built_in: BUILT_IN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+                searched: dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                built_in: BUILT_IN
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }),
         }
     }
 
     fn from_file(path: &Path, name: &str) -> Result<Profile, ProfileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or(name);
         Self::parse(&text, stem, &path.display().to_string())
     }
@@ -183,7 +223,14 @@ mod tests {
 
     #[test]
     fn empty_options_are_dropped_with_their_flag() {
-        let a = args(&["-p", "--resume", "{{session_key}}", "--session={{session_key}}", "--verbose", "{{prompt}}"]);
+        let a = args(&[
+            "-p",
+            "--resume",
+            "{{session_key}}",
+            "--session={{session_key}}",
+            "--verbose",
+            "{{prompt}}",
+        ]);
         assert_eq!(render_args(&a, &vars("")), vec!["-p", "--verbose", "do it"]);
         assert_eq!(
             render_args(&a, &vars("s1")),
@@ -196,21 +243,33 @@ mod tests {
         let echo = Profile::find("echo", &[]).unwrap();
         assert_eq!(echo.origin, "built-in");
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("echo.toml"), "command = \"printf\"\nargs = [\"x\"]\n").unwrap();
+        std::fs::write(
+            dir.path().join("echo.toml"),
+            "command = \"printf\"\nargs = [\"x\"]\n",
+        )
+        .unwrap();
         let mine = Profile::find("echo", &[dir.path().to_path_buf()]).unwrap();
         assert_eq!(mine.name, "echo");
         assert!(mine.origin.ends_with("echo.toml"));
-        let err = Profile::find("nope", &[dir.path().to_path_buf()]).unwrap_err().to_string();
+        let err = Profile::find("nope", &[dir.path().to_path_buf()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("nope") && err.contains("echo"), "{err}");
     }
 
     #[test]
     fn bad_profiles_say_what_is_wrong() {
-        let e = Profile::parse("command = \"x\"\nargs = [\"{{nope}}\"]", "t", "t.toml").unwrap_err().to_string();
+        let e = Profile::parse("command = \"x\"\nargs = [\"{{nope}}\"]", "t", "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("args[0]") && e.contains("nope"), "{e}");
-        let e = Profile::parse("command = \"\"", "t", "t.toml").unwrap_err().to_string();
+        let e = Profile::parse("command = \"\"", "t", "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("command is empty"), "{e}");
-        let e = Profile::parse("command = \"x\"\nshell = true", "t", "t.toml").unwrap_err().to_string();
+        let e = Profile::parse("command = \"x\"\nshell = true", "t", "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("shell"), "{e}");
     }
 }

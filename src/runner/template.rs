@@ -4,7 +4,14 @@
 use std::collections::BTreeMap;
 
 /// The placeholder names a profile may use (besides `env.NAME`).
-pub const NAMES: &[&str] = &["prompt", "agent", "task_id", "session_key", "safe_session_key", "workspace"];
+pub const NAMES: &[&str] = &[
+    "prompt",
+    "agent",
+    "task_id",
+    "session_key",
+    "safe_session_key",
+    "workspace",
+];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Piece {
@@ -39,7 +46,9 @@ impl Template {
                 pieces.push(Piece::Text(rest[..start].to_string()));
             }
             let after = &rest[start + 2..];
-            let end = after.find("}}").ok_or_else(|| format!("unclosed '{{{{' in {text:?}"))?;
+            let end = after
+                .find("}}")
+                .ok_or_else(|| format!("unclosed '{{{{' in {text:?}"))?;
             let name = after[..end].trim();
             if let Some(var) = name.strip_prefix("env.") {
                 if var.is_empty() {
@@ -49,7 +58,10 @@ impl Template {
             } else if NAMES.contains(&name) {
                 pieces.push(Piece::Var(name.to_string()));
             } else {
-                return Err(format!("unknown placeholder {{{{{name}}}}}; known: {}, env.NAME", NAMES.join(", ")));
+                return Err(format!(
+                    "unknown placeholder {{{{{name}}}}}; known: {}, env.NAME",
+                    NAMES.join(", ")
+                ));
             }
             rest = &after[end + 2..];
         }
@@ -76,7 +88,16 @@ impl Template {
 
     /// The template's own text without its placeholders.
     pub fn literal_text(&self) -> String {
-        self.0.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.as_str()) } else { None }).collect()
+        self.0
+            .iter()
+            .filter_map(|p| {
+                if let Piece::Text(t) = p {
+                    Some(t.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 }
 
@@ -84,7 +105,13 @@ impl Template {
 pub fn safe_session_key(key: &str, agent: &str) -> String {
     let safe: String = key
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(64)
         .collect();
     if safe.trim_matches('-').is_empty() {

@@ -1,0 +1,284 @@
+//! End to end over the real loopback mail host: a dispatcher mailbox sends tasks over SMTP to
+//! an agent's mailbox, a real `aamp-bridge start` process picks them up over JMAP, runs the
+//! agent, and the dispatcher reads the answers back over JMAP.
+
+mod support;
+
+use aamp_bridge::protocol::{Body, Intent, Status};
+use support::{header, mailhost, Bridge, ConfigDir, Peer};
+
+fn agent_config(
+    host: &support::MailHost,
+    agent: &aamp_bridge::config::Account,
+    profile: &str,
+    allow: &str,
+) -> String {
+    format!(
+        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"{profile}\"\nallow_from = [\"{allow}\"]\n",
+        host.mailbox_toml("agent", agent)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_is_acked_run_and_answered() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let body = "Please summarise the release notes.\nSecond line: ünïcödé ✓";
+    let mut dispatch = peer.dispatch_to(&agent.email, "Summarise the notes", body);
+    if let Body::Dispatch(d) = &mut dispatch.body {
+        d.session_key = Some("thread-1".into());
+    }
+    let dispatch = peer.send(dispatch).await;
+    let task_id = dispatch.task_id().to_string();
+
+    let ack = peer.wait_for(&task_id, Intent::TaskAck).await;
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    assert_eq!(
+        peer.intents_for(&task_id),
+        vec![Intent::TaskAck, Intent::TaskResult],
+        "exactly one ack, then one result"
+    );
+
+    for reply in [&ack.message, &result.message] {
+        assert_eq!(reply.envelope.from, agent.email);
+        assert_eq!(
+            reply.envelope.in_reply_to.as_deref(),
+            Some(dispatch.envelope.message_id.as_str())
+        );
+        assert!(
+            reply
+                .envelope
+                .references
+                .contains(&dispatch.envelope.message_id),
+            "{:?}",
+            reply.envelope.references
+        );
+    }
+    assert_eq!(
+        ack.message.envelope.subject,
+        format!("[AAMP ACK] Task {task_id}")
+    );
+    assert_eq!(
+        result.message.envelope.subject,
+        format!("[AAMP Result] Task {task_id} - completed")
+    );
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    assert!(
+        r.output.contains(body),
+        "the echo agent returns its prompt, which holds the body: {}",
+        r.output
+    );
+    assert!(r.output.contains("Session: thread-1"), "{}", r.output);
+    assert!(r.error.is_none());
+
+    let raw = peer.raw_headers(&result.email_id).await;
+    assert_eq!(header(&raw, "X-AAMP-Version"), Some("1.1"));
+    assert_eq!(header(&raw, "X-AAMP-Intent"), Some("task.result"));
+    assert_eq!(header(&raw, "X-AAMP-TaskId"), Some(task_id.as_str()));
+    assert_eq!(header(&raw, "X-AAMP-Status"), Some("completed"));
+    assert_eq!(header(&raw, "X-AAMP-ErrorMsg"), None);
+
+    let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    assert_eq!(done["status"], "completed");
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_agent_is_answered_rejected_with_its_reason() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "failing.toml", &format!("*@{}", host.domain)),
+    );
+    dir.write(
+        "failing.toml",
+        "command = \"sh\"\nargs = [\"-c\", \"echo partial; echo 'model quota exhausted' >&2; exit 3\"]\nstdin = \"{{prompt}}\"\n",
+    );
+    let _bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Doomed", "This will fail."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    assert_eq!(
+        peer.intents_for(&task_id),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected);
+    let error = r.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("exited with status 3") && error.contains("model quota exhausted"),
+        "{error}"
+    );
+    assert_eq!(
+        result.message.envelope.subject,
+        format!("[AAMP Result] Task {task_id} - rejected")
+    );
+
+    let raw = peer.raw_headers(&result.email_id).await;
+    assert_eq!(header(&raw, "X-AAMP-Status"), Some("rejected"));
+    assert_eq!(header(&raw, "X-AAMP-ErrorMsg"), Some(error));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_sender_is_rejected_before_any_ack_or_run() {
+    let host = mailhost();
+    let (agent, stranger) = (host.user("agent"), host.user("stranger"));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "marker.toml", "boss@nowhere.test"),
+    );
+    let marker = dir.dir.path().join("agent-ran");
+    dir.write(
+        "marker.toml",
+        &format!("command = \"touch\"\nargs = [\"{}\"]\n", marker.display()),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(stranger.clone()).await;
+
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Let me in", "Run this."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected);
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&stranger.email),
+        "{:?}",
+        r.error
+    );
+    assert_eq!(
+        peer.intents_for(&task_id),
+        vec![Intent::TaskResult],
+        "no ack for a refused sender"
+    );
+    bridge.wait_event("task.rejected", |e| e["taskId"] == task_id.as_str());
+    assert!(
+        !bridge.seen.iter().any(|e| e["event"] == "task.started"),
+        "the agent never started"
+    );
+    assert!(!marker.exists(), "the agent never ran");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dispatch_command_prints_the_agents_answer() {
+    let host = mailhost();
+    let (agent, me) = (host.user("agent"), host.user("me"));
+    let config = format!(
+        "{}{}",
+        agent_config(host, &agent, "echo", &me.email),
+        host.mailbox_toml("me", &me)
+    );
+    let dir = ConfigDir::new(host, &config);
+    let _bridge = Bridge::start(&dir, 1);
+    let out = tokio::process::Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "dispatch",
+            "--from",
+            "me",
+            "--to",
+            &agent.email,
+            "--title",
+            "Hello",
+            "--timeout",
+            "60",
+            "ping from the CLI",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("ping from the CLI"), "{stdout}");
+    assert!(stderr.contains("acknowledged by"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_resumes_from_the_saved_cursor_without_running_anything_twice() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
+    let mut peer = Peer::new(boss).await;
+
+    let bridge = Bridge::start(&dir, 1);
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "one"))
+        .await;
+    peer.wait_for(first.task_id(), Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+
+    // Sent while the bridge is down: picked up after the restart, from the saved cursor.
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "Second", "two"))
+        .await;
+    let mut bridge = Bridge::start(&dir, 1);
+    peer.wait_for(second.task_id(), Intent::TaskResult).await;
+    bridge.wait_event("task.completed", |e| e["taskId"] == second.task_id());
+    assert!(
+        !bridge.seen.iter().any(|e| e["taskId"] == first.task_id()),
+        "the first task was not handled again: {:#?}",
+        bridge.seen
+    );
+    assert_eq!(
+        peer.intents_for(first.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_from_the_dispatcher_stops_the_running_agent() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &agent_config(host, &agent, "slow.toml", &boss.email));
+    dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Slow", "take your time"))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    bridge.wait_event("task.started", |e| e["taskId"] == task_id.as_str());
+    let mut cancel = aamp_bridge::protocol::AampMessage::reply(
+        &dispatch.envelope,
+        &peer.account.email,
+        Body::Cancel {
+            reason: "never mind".into(),
+        },
+    );
+    cancel.envelope.to = vec![agent.email.clone()];
+    peer.send(cancel).await;
+
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected);
+    assert!(
+        r.error.as_deref().unwrap_or_default().contains("cancelled"),
+        "{:?}",
+        r.error
+    );
+}

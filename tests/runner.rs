@@ -1,0 +1,193 @@
+//! The CLI runner over real processes: stdin and stdout, caps, exit codes, timeouts and
+//! cancellation, and that no process of a task's group outlives it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aamp_bridge::runner::{run_cli, Profile, RunError, TaskInput};
+use tokio_util::sync::CancellationToken;
+
+fn profile(toml: &str) -> Profile {
+    Profile::parse(toml, "test", "test.toml").expect("test profile parses")
+}
+
+fn task(dir: &Path, prompt: &str) -> TaskInput {
+    TaskInput {
+        agent: "tester".into(),
+        task_id: "task-1".into(),
+        prompt: prompt.into(),
+        session_key: None,
+        workspace: dir.to_path_buf(),
+    }
+}
+
+/// Processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(marker) {
+                found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+/// A sleep duration unique to this test run, so /proc can be searched for it.
+fn unique_sleep() -> String {
+    format!(
+        "{}.{}",
+        300 + std::process::id() % 500,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    )
+}
+
+#[tokio::test]
+async fn a_large_prompt_goes_in_by_stdin_and_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"cat\"\nstdin = \"{{prompt}}\"\n[output]\nmax_bytes = 4194304");
+    let prompt = "line of text\n".repeat(200_000); // 2.6 MB, far past any pipe buffer
+    let out = run_cli(&p, &task(dir.path(), &prompt), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.output.len(), prompt.trim().len());
+    assert!(!out.truncated);
+}
+
+#[tokio::test]
+async fn output_past_the_cap_is_cut_and_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"cat\"\nstdin = \"{{prompt}}\"\n[output]\nmax_bytes = 10");
+    let out = run_cli(
+        &p,
+        &task(dir.path(), "0123456789abcdef"),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.output, "0123456789");
+    assert!(out.truncated);
+}
+
+#[tokio::test]
+async fn the_prompt_is_one_argument_and_never_shell_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"printf\"\nargs = [\"%s|\", \"{{prompt}}\", \"{{task_id}}\"]");
+    let hostile = "$(touch pwned) `touch pwned2`; touch pwned3";
+    let out = run_cli(&p, &task(dir.path(), hostile), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.output, format!("{hostile}|task-1|"));
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing was executed"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_agent_reports_its_status_and_last_stderr_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"sh\"\nargs = [\"-c\", \"echo working; echo detail >&2; echo 'quota exhausted' >&2; exit 3\"]");
+    let err = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, RunError::Failed { .. }), "{err:?}");
+    assert!(
+        text.contains("exited with status 3") && text.contains("quota exhausted"),
+        "{text}"
+    );
+    let p = profile(
+        "command = \"sh\"\nargs = [\"-c\", \"echo fine; exit 3\"]\nsuccess_exit_codes = [0, 3]",
+    );
+    assert_eq!(
+        run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+            .await
+            .unwrap()
+            .output,
+        "fine"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_command_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"no-such-agent-binary\"");
+    let err = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::Spawn { .. }));
+    assert!(err.to_string().contains("no-such-agent-binary"), "{err}");
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_whole_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = unique_sleep();
+    // The shell ignores SIGTERM and its background child would outlive it: both must die.
+    let p = profile(&format!(
+        "command = \"sh\"\nargs = [\"-c\", \"trap '' TERM; sleep {marker} & sleep {marker}; wait\"]\ntimeout_secs = 1"
+    ));
+    let err = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::TimedOut(_)), "{err:?}");
+    assert!(err.to_string().contains("1s"), "{err}");
+    assert_eq!(
+        processes_with(&marker),
+        Vec::<String>::new(),
+        "processes left behind"
+    );
+}
+
+#[tokio::test]
+async fn cancel_stops_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = unique_sleep();
+    let p = profile(&format!("command = \"sleep\"\nargs = [\"{marker}\"]"));
+    let cancel = CancellationToken::new();
+    let input = task(dir.path(), "");
+    let run = run_cli(&p, &input, &cancel);
+    let stop = async {
+        // Cancel once the agent is really running.
+        while processes_with(&marker).is_empty() {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+    };
+    let (result, ()) = tokio::join!(run, stop);
+    assert!(matches!(result, Err(RunError::Cancelled)), "{result:?}");
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn processes_left_after_the_agent_exits_are_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = unique_sleep();
+    // The leader answers and exits, leaving a child that still holds stdout open.
+    let p = profile(&format!(
+        "command = \"sh\"\nargs = [\"-c\", \"sleep {marker} & echo answered\"]"
+    ));
+    let out = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.output, "answered");
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_workspace_is_the_working_directory_and_ansi_is_stripped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile("command = \"sh\"\nargs = [\"-c\", \"printf '\\\\033[1;32m%s\\\\033[0m' \\\"$PWD:$AAMP_TASK_ID\\\"\"]");
+    let out = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap();
+    let cwd = dir.path().canonicalize().unwrap();
+    assert_eq!(out.output, format!("{}:task-1", cwd.display()));
+}

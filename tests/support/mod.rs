@@ -1,0 +1,379 @@
+//! Test support over the real mail host (scripts/mailhost.sh): starting it when it is not
+//! running, fresh mailboxes per test, a running bridge process, and a dispatcher peer.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use aamp_bridge::config::{Account, SmtpSecurity};
+use aamp_bridge::mailbox::{Inbound, Mailbox, Sender};
+use aamp_bridge::protocol::{self, AampMessage, Body, Dispatch, Envelope, Intent};
+use serde_json::Value;
+
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub struct MailHost {
+    pub domain: String,
+    pub password: String,
+    pub jmap_url: String,
+    pub smtp_port: u16,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script(args: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .arg(repo().join("scripts/mailhost.sh"))
+        .args(args)
+        .output()
+        .expect("bash runs scripts/mailhost.sh")
+}
+
+/// The mail host, started on first use when it is not running already.
+pub fn mailhost() -> &'static MailHost {
+    static HOST: OnceLock<MailHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        if !script(&["check"]).status.success() {
+            let out = script(&["start"]);
+            assert!(
+                out.status.success(),
+                "the mail host did not start (run `bash scripts/mailhost.sh install` as root first):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let port = |var: &str, default: u16| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        MailHost {
+            domain: std::env::var("MAILHOST_DOMAIN").unwrap_or_else(|_| "example.test".into()),
+            password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
+            jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
+            smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
+        }
+    })
+}
+
+impl MailHost {
+    /// A new mailbox whose name starts with `prefix`, unique to this test run.
+    pub fn user(&self, prefix: &str) -> Account {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = script(&["adduser", &name]);
+        assert!(
+            out.status.success(),
+            "adduser {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let email = format!("{name}@{}", self.domain);
+        Account {
+            name: name.clone(),
+            email: email.clone(),
+            jmap_url: url::Url::parse(&self.jmap_url).unwrap(),
+            login: email,
+            password: self.password.clone(),
+            smtp_host: "127.0.0.1".into(),
+            smtp_port: self.smtp_port,
+            smtp_security: SmtpSecurity::Plain,
+            insecure_tls: false,
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// A `[mailboxes.<key>]` table for `account`, reading the password from `password_file`.
+    pub fn mailbox_toml(&self, key: &str, account: &Account) -> String {
+        format!(
+            "[mailboxes.{key}]\nemail = \"{}\"\njmap_url = \"{}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_security = \"plain\"\npoll_interval_secs = 1\n\n",
+            account.email, self.jmap_url, self.smtp_port
+        )
+    }
+}
+
+/// A folder holding a config, its password file and any profiles.
+pub struct ConfigDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    pub fn new(host: &MailHost, config: &str) -> ConfigDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("password"), &host.password).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("password"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!("state_dir = \"state\"\n{config}"),
+        )
+        .unwrap();
+        ConfigDir { dir }
+    }
+
+    pub fn write(&self, name: &str, text: &str) {
+        std::fs::write(self.dir.path().join(name), text).unwrap();
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+}
+
+/// `aamp-bridge start --json` as a child process, with its events readable.
+pub struct Bridge {
+    child: Child,
+    events: mpsc::Receiver<Value>,
+    pub seen: Vec<Value>,
+    stderr_path: PathBuf,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_aamp-bridge")
+}
+
+impl Bridge {
+    /// Starts the bridge and waits until every agent is ready.
+    pub fn start(config: &ConfigDir, agents: usize) -> Bridge {
+        let stderr_path = config.dir.path().join(format!(
+            "bridge-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = Command::new(bin())
+            .args([
+                "--config",
+                config.config().to_str().unwrap(),
+                "start",
+                "--json",
+            ])
+            .env("AAMP_BRIDGE_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("the bridge starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let event = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+                if tx.send(event).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut bridge = Bridge {
+            child,
+            events,
+            seen: Vec::new(),
+            stderr_path,
+        };
+        for _ in 0..agents {
+            bridge.wait_event("agent.ready", |_| true);
+        }
+        bridge
+    }
+
+    /// Waits for an event named `name` that satisfies `pred`.
+    pub fn wait_event(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(e) = self.seen.iter().find(|e| e["event"] == name && pred(e)) {
+            return e.clone();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(e) => {
+                    self.seen.push(e.clone());
+                    if e["event"] == name && pred(&e) {
+                        return e;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {name} event within {WAIT:?}; events: {:#?}\nbridge log:\n{}",
+                    self.seen,
+                    self.log()
+                ),
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGTERM, and waits for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
+
+/// A dispatcher: sends tasks from its own mailbox and reads what comes back.
+pub struct Peer {
+    pub account: Account,
+    sender: Sender,
+    mailbox: Mailbox,
+    state: String,
+    pub inbox: Vec<Inbound>,
+}
+
+impl Peer {
+    pub async fn new(account: Account) -> Peer {
+        let sender = Sender::new(&account).unwrap();
+        let mut mailbox = Mailbox::new(account.clone()).unwrap();
+        mailbox.connect().await.expect("peer connects over JMAP");
+        let state = mailbox.current_state().await.unwrap();
+        Peer {
+            account,
+            sender,
+            mailbox,
+            state,
+            inbox: Vec::new(),
+        }
+    }
+
+    pub fn dispatch_to(&self, to: &str, title: &str, body: &str) -> AampMessage {
+        let mut msg = AampMessage {
+            envelope: Envelope {
+                version: protocol::VERSION.into(),
+                task_id: uuid::Uuid::new_v4().to_string(),
+                from: self.account.email.clone(),
+                to: vec![to.to_string()],
+                message_id: String::new(),
+                subject: String::new(),
+                in_reply_to: None,
+                references: vec![],
+                received_body: None,
+            },
+            body: Body::Dispatch(Dispatch {
+                title: title.into(),
+                body_text: body.into(),
+                ..Dispatch::default()
+            }),
+        };
+        msg.envelope.subject = msg.subject();
+        msg
+    }
+
+    /// Sends `msg`; returns it with its Message-ID filled in.
+    pub async fn send(&self, mut msg: AampMessage) -> AampMessage {
+        msg.envelope.message_id = self.sender.send(&msg).await.expect("peer sends over SMTP");
+        msg
+    }
+
+    /// Waits until a message of `intent` for `task_id` has arrived and returns it.
+    pub async fn wait_for(&mut self, task_id: &str, intent: Intent) -> Inbound {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(found) = self
+                .inbox
+                .iter()
+                .find(|i| i.message.task_id() == task_id && i.message.intent() == intent)
+            {
+                return found.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {intent} for {task_id} within {WAIT:?}; got: {:#?}",
+                self.inbox
+                    .iter()
+                    .map(|i| (i.message.intent(), i.message.task_id().to_string()))
+                    .collect::<Vec<_>>()
+            );
+            let (new, state) = self
+                .mailbox
+                .fetch_since(&self.state, 50)
+                .await
+                .expect("peer polls");
+            self.state = state;
+            if new.is_empty() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            self.inbox.extend(new);
+        }
+    }
+
+    /// Everything received so far for `task_id`, as intents in arrival order.
+    pub fn intents_for(&self, task_id: &str) -> Vec<Intent> {
+        self.inbox
+            .iter()
+            .filter(|i| i.message.task_id() == task_id)
+            .map(|i| i.message.intent())
+            .collect()
+    }
+
+    /// The raw header fields of a received mail, read over JMAP.
+    pub async fn raw_headers(&self, email_id: &str) -> Vec<(String, String)> {
+        let mut client = aamp_bridge::mailbox::jmap::JmapClient::new(&self.account).unwrap();
+        client.connect().await.unwrap();
+        let reply = client
+            .call(
+                "Email/get",
+                serde_json::json!({"ids": [email_id], "properties": ["headers"]}),
+            )
+            .await
+            .unwrap();
+        reply["list"][0]["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["name"].as_str().unwrap().to_string(),
+                    h["value"].as_str().unwrap().trim().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .rev()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
