@@ -67,6 +67,7 @@ pub async fn run(
             max_queued: agent.max_queued_tasks,
             profile,
             workspace_root: agent_dir.join("tasks"),
+            sessions: crate::dispatch::sessions::SessionStore::new(agent_dir.join("sessions.json")),
         };
         if spec.policy.is_empty() {
             tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");

@@ -282,3 +282,93 @@ async fn a_cancel_from_the_dispatcher_stops_the_running_agent() {
         r.error
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claude_format_cli_streams_answers_and_continues_its_session() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "claude-like.toml", &boss.email),
+    );
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let record = dir.dir.path().join("runs.jsonl");
+    // The built-in claude profile's arguments, with the scripted CLI standing in for claude.
+    dir.write(
+        "claude-like.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, {:?}, \"--record\", {:?}, \"-p\", \"--output-format\", \"stream-json\", \"--verbose\", \"--resume\", \"{{{{resume_id}}}}\"]\nstdin = \"{{{{prompt}}}}\"\nstream = \"claude\"\n",
+            repo.join("tests/agents/scripted_cli.py").display(),
+            repo.join("tests/fixtures/streams/claude-partial.jsonl").display(),
+            record.display()
+        ),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let mut tasks = Vec::new();
+    for title in ["First turn", "Second turn"] {
+        let mut dispatch = peer.dispatch_to(&agent.email, title, "What is in the folder?");
+        if let Body::Dispatch(d) = &mut dispatch.body {
+            d.session_key = Some("folder-chat".into());
+        }
+        let dispatch = peer.send(dispatch).await;
+        let result = peer.wait_for(dispatch.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+        assert_eq!(
+            r.output, "There are two entries: README.md and src.",
+            "the final answer, once"
+        );
+        tasks.push(dispatch.task_id().to_string());
+    }
+
+    let runs: Vec<serde_json::Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    let argv = |i: usize| -> Vec<String> {
+        runs[i]["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        !argv(0).contains(&"--resume".to_string()),
+        "a new session has no --resume: {:?}",
+        argv(0)
+    );
+    assert!(
+        argv(1).ends_with(&[
+            "--resume".to_string(),
+            "3f0c2a52-claude-session".to_string()
+        ]),
+        "{:?}",
+        argv(1)
+    );
+    assert!(
+        runs[0]["stdin"]
+            .as_str()
+            .unwrap()
+            .contains("What is in the folder?"),
+        "the prompt goes in on stdin"
+    );
+
+    bridge.wait_event("task.completed", |e| e["taskId"] == tasks[1].as_str());
+    let kinds: std::collections::BTreeSet<String> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.stream" && e["taskId"] == tasks[0].as_str())
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        vec!["text.delta", "todo", "tool_call"]
+    );
+}

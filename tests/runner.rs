@@ -4,8 +4,20 @@
 use std::path::Path;
 use std::time::Duration;
 
-use aamp_bridge::runner::{run_cli, Profile, RunError, TaskInput};
+use aamp_bridge::runner::{Profile, RunError, RunOutput, TaskInput};
 use tokio_util::sync::CancellationToken;
+
+/// Runs a profile, dropping its stream events.
+async fn run_cli(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+) -> Result<RunOutput, RunError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let drain = async move { while rx.recv().await.is_some() {} };
+    let run = async move { aamp_bridge::runner::run_cli(profile, task, cancel, &tx).await };
+    tokio::join!(run, drain).0
+}
 
 fn profile(toml: &str) -> Profile {
     Profile::parse(toml, "test", "test.toml").expect("test profile parses")
@@ -17,6 +29,7 @@ fn task(dir: &Path, prompt: &str) -> TaskInput {
         task_id: "task-1".into(),
         prompt: prompt.into(),
         session_key: None,
+        resume_id: None,
         workspace: dir.to_path_buf(),
     }
 }

@@ -6,6 +6,7 @@
 pub mod expiry;
 pub mod policy;
 pub mod prompt;
+pub mod sessions;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -43,6 +44,8 @@ pub struct AgentSpec {
     pub profile: Profile,
     /// Task workspaces are made below this folder.
     pub workspace_root: PathBuf,
+    /// Session-Key → the agent's own session id, kept across restarts.
+    pub sessions: sessions::SessionStore,
 }
 
 /// Whether a dispatch should run.
@@ -142,9 +145,14 @@ struct Inner<O> {
     seen: Mutex<Seen>,
     running: Mutex<HashMap<String, Running>>,
     permits: Arc<Semaphore>,
+    /// One task at a time per Session-Key: an agent session takes one prompt at a time.
+    session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 }
+
+/// Stream events buffered between an agent and their consumer.
+const STREAM_BUFFER: usize = 256;
 
 /// One agent's task lifecycle. Cheap to clone.
 pub struct Dispatcher<O> {
@@ -177,6 +185,7 @@ impl<O: Outbox> Dispatcher<O> {
                 seen: Mutex::new(Seen::new(10_000)),
                 running: Mutex::new(HashMap::new()),
                 permits,
+                session_locks: Mutex::new(HashMap::new()),
                 tracker,
                 shutdown,
             }),
@@ -289,12 +298,25 @@ impl<O: Outbox> Dispatcher<O> {
                 tracing::warn!(error = %e, "could not send task.ack; running the task anyway")
             }
         }
-        let permit = tokio::select! {
-            permit = inner.permits.clone().acquire_owned() => permit.ok(),
+        let session_lock = dispatch.session_key.as_ref().map(|key| {
+            let mut locks = inner.session_locks.lock().expect("session locks");
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            locks.entry(key.clone()).or_default().clone()
+        });
+        let slot = async {
+            let session = match &session_lock {
+                Some(lock) => Some(lock.clone().lock_owned().await),
+                None => None,
+            };
+            let permit = inner.permits.clone().acquire_owned().await.ok()?;
+            Some((session, permit))
+        };
+        let slot = tokio::select! {
+            slot = slot => slot,
             _ = cancel.cancelled() => None,
         };
-        let outcome = match permit {
-            Some(_permit) => self.run(&env, &dispatch, truncated, &cancel).await,
+        let outcome = match slot {
+            Some(_held) => self.run(&env, &dispatch, truncated, &cancel).await,
             None => Err(RunError::Cancelled),
         };
         inner
@@ -348,18 +370,40 @@ impl<O: Outbox> Dispatcher<O> {
             .workspace_root
             .join(workspace_name(&env.from, &env.task_id));
         make_private_dir(&workspace)?;
+        let key = dispatch.session_key.as_deref();
         let task = TaskInput {
             agent: spec.name.clone(),
             task_id: env.task_id.clone(),
             prompt: prompt::build(&spec.name, env, dispatch, truncated),
             session_key: dispatch.session_key.clone(),
+            resume_id: key.and_then(|k| spec.sessions.get(k)),
             workspace: workspace.clone(),
         };
         self.inner.events.emit(
             "task.started",
             json!({"agent": spec.name, "taskId": env.task_id}),
         );
-        let outcome = runner::run_cli(&spec.profile, &task, cancel).await;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        let events = self.inner.events;
+        let observe = async move {
+            while let Some(event) = rx.recv().await {
+                let (kind, payload) = event.to_aamp();
+                events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+            }
+        };
+        let run = async move {
+            let outcome = runner::run_cli(&spec.profile, &task, cancel, &tx).await;
+            drop(tx);
+            outcome
+        };
+        let (outcome, ()) = tokio::join!(run, observe);
+        if let (Some(key), Ok(out)) = (key, &outcome) {
+            if let Some(id) = &out.session_id {
+                if let Err(e) = spec.sessions.set(key, id) {
+                    tracing::warn!(error = %e, "could not save the agent's session id");
+                }
+            }
+        }
         if let Err(e) = std::fs::remove_dir_all(&workspace) {
             tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
         }
@@ -434,6 +478,7 @@ mod tests {
             max_queued: 2,
             profile: Profile::find("echo", &[]).unwrap(),
             workspace_root: PathBuf::from("/nonexistent"),
+            sessions: sessions::SessionStore::new(PathBuf::from("/nonexistent/sessions.json")),
         }
     }
 

@@ -1,9 +1,12 @@
 //! Runs agents: the only code that knows how an agent is started and how its output looks.
-//! Today: CLI profiles run as child processes (`profile`, `template`, `process`). Each run
-//! gets a task's prompt and workspace and gives back the agent's output or a typed error.
+//! Today: CLI profiles run as child processes (`profile`, `template`, `process`), with their
+//! stdout read as plain text or as one of the known JSON streams (`stream`). Each run gets a
+//! task's prompt and workspace, sends stream events as they happen, and gives back the
+//! agent's answer or a typed error.
 
 pub mod process;
 pub mod profile;
+pub mod stream;
 pub mod template;
 
 use std::path::PathBuf;
@@ -12,11 +15,14 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Classify, ErrorClass};
 use process::GroupChild;
 pub use profile::Profile;
+use stream::StreamParser;
+pub use stream::{StreamEvent, StreamFormat};
 use template::Vars;
 
 /// How long a stopped agent gets between SIGTERM and SIGKILL, and how long processes it
@@ -32,6 +38,8 @@ pub struct TaskInput {
     pub task_id: String,
     pub prompt: String,
     pub session_key: Option<String>,
+    /// The agent's own session id to continue (a CLI session captured from an earlier run).
+    pub resume_id: Option<String>,
     /// The task's own folder: the agent's working directory unless the profile sets one.
     pub workspace: PathBuf,
 }
@@ -39,9 +47,11 @@ pub struct TaskInput {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunOutput {
     pub output: String,
-    /// True when stdout was longer than the profile's `output.max_bytes`.
+    /// True when the output was longer than the profile's `output.max_bytes`.
     pub truncated: bool,
     pub duration: Duration,
+    /// The agent's own session id, when its stream named one (to resume it later).
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +65,8 @@ pub enum RunError {
     TimedOut(Duration),
     #[error("the agent {status}{}", stderr_suffix(.stderr))]
     Failed { status: String, stderr: String },
+    #[error("the agent reported an error: {0}")]
+    Reported(String),
     #[error("the task was cancelled")]
     Cancelled,
     #[error("talking to the agent failed: {0}")]
@@ -78,7 +90,9 @@ fn stderr_suffix(stderr: &str) -> String {
 impl Classify for RunError {
     fn class(&self) -> ErrorClass {
         match self {
-            RunError::Spawn { .. } | RunError::Failed { .. } => ErrorClass::Permanent,
+            RunError::Spawn { .. } | RunError::Failed { .. } | RunError::Reported(_) => {
+                ErrorClass::Permanent
+            }
             RunError::TimedOut(_) | RunError::Io(_) => ErrorClass::Transient,
             RunError::Cancelled => ErrorClass::Cancelled,
         }
@@ -96,23 +110,44 @@ fn vars_for(task: &TaskInput) -> Vars {
         template::safe_session_key(&key, &task.agent),
     );
     vars.set("session_key", key);
+    vars.set("resume_id", task.resume_id.clone().unwrap_or_default());
     vars.set("workspace", task.workspace.display().to_string());
     vars
 }
 
+/// What stdout gave: plain text, or a parsed stream.
+enum Stdout {
+    Text(Vec<u8>, bool),
+    Stream(Box<StreamParser>),
+}
+
+/// How the wait for the process ended.
+enum Ended {
+    Exited(std::process::ExitStatus),
+    /// The stream's final event came and the process did not exit within the linger time;
+    /// it was stopped, and the run counts by its stream.
+    Lingered,
+}
+
 /// Runs one task with a CLI profile. The prompt reaches the agent only through the profile's
-/// templates, as whole arguments or stdin; there is no shell.
+/// templates, as whole arguments or stdin; there is no shell. Stream events (for stream
+/// formats) go to `events` as they are read.
 #[tracing::instrument(skip_all, fields(profile = %profile.name, pid))]
 pub async fn run_cli(
     profile: &Profile,
     task: &TaskInput,
     cancel: &CancellationToken,
+    events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
     let started = Instant::now();
     let vars = vars_for(task);
     let program = profile.command.render(&vars);
+    let args = match (&profile.args_when_resuming, &task.resume_id) {
+        (Some(resuming), Some(id)) if !id.is_empty() => resuming,
+        _ => &profile.args,
+    };
     let mut cmd = Command::new(&program);
-    cmd.args(profile::render_args(&profile.args, &vars))
+    cmd.args(profile::render_args(args, &vars))
         .current_dir(match &profile.cwd {
             Some(cwd) => PathBuf::from(cwd.render(&vars)),
             None => task.workspace.clone(),
@@ -153,17 +188,37 @@ pub async fn run_cli(
             let _ = pipe.shutdown().await;
         }
     };
-    let max = profile.output.max_bytes;
+    let finished = Notify::new();
+    let read_stdout = async {
+        if profile.stream == StreamFormat::None {
+            let (bytes, truncated) = read_capped(stdout, profile.output.max_bytes).await?;
+            Ok::<_, std::io::Error>(Stdout::Text(bytes, truncated))
+        } else {
+            let parser =
+                read_stream(stdout, StreamParser::new(profile.stream), events, &finished).await?;
+            Ok(Stdout::Stream(Box::new(parser)))
+        }
+    };
     let waiting = async {
+        let lingered = async {
+            finished.notified().await;
+            tokio::time::sleep(profile.linger).await;
+        };
         let outcome = tokio::select! {
-            status = child.child.wait() => Ok(status?),
+            status = child.child.wait() => Ok(Ended::Exited(status?)),
+            _ = lingered => Ok(Ended::Lingered),
             _ = tokio::time::sleep(profile.timeout) => Err(RunError::TimedOut(profile.timeout)),
             _ = cancel.cancelled() => Err(RunError::Cancelled),
         };
         match outcome {
-            Ok(status) => {
+            Ok(Ended::Exited(status)) => {
                 child.reap_group(GRACE).await;
-                Ok(status)
+                Ok(Ended::Exited(status))
+            }
+            Ok(Ended::Lingered) => {
+                tracing::info!("the agent finished its answer but did not exit; stopping it");
+                child.terminate(GRACE).await?;
+                Ok(Ended::Lingered)
             }
             Err(e) => {
                 child.terminate(GRACE).await?;
@@ -171,35 +226,62 @@ pub async fn run_cli(
             }
         }
     };
-    let ((), out, err, status) = tokio::join!(
-        feed,
-        read_capped(stdout, max),
-        read_tail(stderr, STDERR_TAIL),
-        waiting
-    );
-    let status = status?;
-    let (stdout_bytes, truncated) = out?;
+    let ((), out, err, ended) =
+        tokio::join!(feed, read_stdout, read_tail(stderr, STDERR_TAIL), waiting);
+    let ended = ended?;
+    let stdout = out?;
     let stderr_text = clean(&String::from_utf8_lossy(&err?), true, true);
-    let code = status.code();
-    if !code.is_some_and(|c| profile.success_exit_codes.contains(&c)) {
-        let status = match code {
-            Some(c) => format!("exited with status {c}"),
-            None => {
-                use std::os::unix::process::ExitStatusExt;
-                format!("was killed by signal {}", status.signal().unwrap_or(0))
-            }
-        };
-        return Err(RunError::Failed {
-            status,
-            stderr: stderr_text,
-        });
-    }
+    let exit_failure = match &ended {
+        Ended::Exited(status)
+            if !status
+                .code()
+                .is_some_and(|c| profile.success_exit_codes.contains(&c)) =>
+        {
+            Some(match status.code() {
+                Some(c) => format!("exited with status {c}"),
+                None => {
+                    use std::os::unix::process::ExitStatusExt;
+                    format!("was killed by signal {}", status.signal().unwrap_or(0))
+                }
+            })
+        }
+        _ => None,
+    };
     let opts = &profile.output;
-    let mut output = clean(
-        &String::from_utf8_lossy(&stdout_bytes),
-        opts.strip_ansi,
-        opts.trim,
-    );
+    let (mut output, truncated, session_id) = match stdout {
+        Stdout::Text(bytes, truncated) => {
+            if let Some(status) = exit_failure {
+                return Err(RunError::Failed {
+                    status,
+                    stderr: stderr_text,
+                });
+            }
+            (
+                clean(&String::from_utf8_lossy(&bytes), opts.strip_ansi, opts.trim),
+                truncated,
+                None,
+            )
+        }
+        Stdout::Stream(parser) => {
+            // The stream's own error says most; then the exit status with stderr.
+            if let Some(error) = parser.end.error {
+                return Err(RunError::Reported(error));
+            }
+            if let Some(status) = exit_failure {
+                return Err(RunError::Failed {
+                    status,
+                    stderr: stderr_text,
+                });
+            }
+            let text = clean(
+                parser.end.final_text.as_deref().unwrap_or_default(),
+                opts.strip_ansi,
+                opts.trim,
+            );
+            let (text, truncated) = cap(text, opts.max_bytes);
+            (text, truncated, parser.session_id)
+        }
+    };
     if opts.include_stderr && !stderr_text.is_empty() {
         if !output.is_empty() {
             output.push('\n');
@@ -210,7 +292,88 @@ pub async fn run_cli(
         output,
         truncated,
         duration: started.elapsed(),
+        session_id,
     })
+}
+
+/// Keeps at most `max` bytes of `text`, cut on a character boundary.
+fn cap(mut text: String, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    (text, true)
+}
+
+/// Longest stream line accepted; a longer one is skipped whole.
+const MAX_LINE: usize = 8 << 20;
+
+/// Reads a line-framed stream into `parser`, sending its events as they come, and signals
+/// `finished` once the stream's final event has been read.
+async fn read_stream(
+    mut pipe: impl AsyncRead + Unpin,
+    mut parser: StreamParser,
+    events: &mpsc::Sender<StreamEvent>,
+    finished: &Notify,
+) -> std::io::Result<StreamParser> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut line: Vec<u8> = Vec::new();
+    let mut skipping = false;
+    let mut signalled = false;
+    let take_line =
+        |line: &[u8], parser: &mut StreamParser| parser.line(&String::from_utf8_lossy(line));
+    loop {
+        let n = pipe.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
+            let complete = chunk.last() == Some(&b'\n');
+            let data = if complete {
+                &chunk[..chunk.len() - 1]
+            } else {
+                chunk
+            };
+            if !skipping {
+                if line.len() + data.len() > MAX_LINE {
+                    tracing::warn!(
+                        limit = MAX_LINE,
+                        "a stream line from the agent is too long; skipping it"
+                    );
+                    skipping = true;
+                    line.clear();
+                } else {
+                    line.extend_from_slice(data);
+                }
+            }
+            if complete {
+                if !skipping {
+                    for event in take_line(&line, &mut parser) {
+                        let _ = events.send(event).await;
+                    }
+                    if parser.end.finished && !signalled {
+                        signalled = true;
+                        finished.notify_one();
+                    }
+                }
+                line.clear();
+                skipping = false;
+            }
+        }
+    }
+    if !line.is_empty() && !skipping {
+        for event in take_line(&line, &mut parser) {
+            let _ = events.send(event).await;
+        }
+    }
+    for event in parser.finish() {
+        let _ = events.send(event).await;
+    }
+    Ok(parser)
 }
 
 /// Reads everything, keeping the first `max` bytes.

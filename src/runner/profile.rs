@@ -8,10 +8,21 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::stream::StreamFormat;
 use super::template::{self, Template};
 
 /// The profiles shipped with the binary: (name, TOML).
-const BUILT_IN: &[(&str, &str)] = &[("echo", include_str!("../../profiles/echo.toml"))];
+const BUILT_IN: &[(&str, &str)] = &[
+    ("echo", include_str!("../../profiles/echo.toml")),
+    ("claude", include_str!("../../profiles/claude.toml")),
+    ("codex", include_str!("../../profiles/codex.toml")),
+    ("gemini", include_str!("../../profiles/gemini.toml")),
+];
+
+/// The names of the built-in profiles.
+pub fn built_in_names() -> impl Iterator<Item = &'static str> {
+    BUILT_IN.iter().map(|(n, _)| *n)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -49,6 +60,19 @@ struct ProfileFile {
     success_exit_codes: Vec<i32>,
     #[serde(default)]
     output: OutputOptions,
+    /// How stdout is framed: `none` (plain text), `ndjson`, `sse`, `claude`, `codex`, `gemini`.
+    #[serde(default)]
+    stream: StreamFormat,
+    /// Used instead of `args` when the task continues a CLI session (`{{resume_id}}` is set).
+    args_when_resuming: Option<Vec<String>>,
+    /// After the stream's final event, how long the process may take to exit before it is
+    /// stopped.
+    #[serde(default = "default_linger")]
+    linger_secs: u64,
+}
+
+fn default_linger() -> u64 {
+    5
 }
 
 fn default_timeout() -> u64 {
@@ -94,6 +118,9 @@ pub struct Profile {
     pub timeout: Duration,
     pub success_exit_codes: Vec<i32>,
     pub output: OutputOptions,
+    pub stream: StreamFormat,
+    pub args_when_resuming: Option<Vec<Template>>,
+    pub linger: Duration,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
 }
@@ -137,6 +164,18 @@ impl Profile {
             timeout: Duration::from_secs(file.timeout_secs),
             success_exit_codes: file.success_exit_codes,
             output: file.output,
+            stream: file.stream,
+            args_when_resuming: file
+                .args_when_resuming
+                .as_ref()
+                .map(|args| {
+                    args.iter()
+                        .enumerate()
+                        .map(|(i, a)| parse(&format!("args_when_resuming[{i}]"), a))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?,
+            linger: Duration::from_secs(file.linger_secs),
             origin: origin.to_string(),
         })
     }
@@ -236,6 +275,14 @@ mod tests {
             render_args(&a, &vars("s1")),
             vec!["-p", "--resume", "s1", "--session=s1", "--verbose", "do it"]
         );
+    }
+
+    #[test]
+    fn every_built_in_parses() {
+        for name in built_in_names() {
+            let p = Profile::find(name, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(p.name, name);
+        }
     }
 
     #[test]

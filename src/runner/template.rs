@@ -10,6 +10,7 @@ pub const NAMES: &[&str] = &[
     "task_id",
     "session_key",
     "safe_session_key",
+    "resume_id",
     "workspace",
 ];
 
