@@ -372,3 +372,86 @@ async fn a_claude_format_cli_streams_answers_and_continues_its_session() {
         vec!["text.delta", "todo", "tool_call"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acp_agent_answers_by_mail_and_continues_its_session() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &agent_config(host, &agent, "acp.toml", &boss.email));
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let record = dir.dir.path().join("acp-messages.jsonl");
+    let script = serde_json::json!({
+        "resume": true,
+        "record": record,
+        "state": dir.dir.path().join("acp-sessions.json"),
+        "steps": [
+            {"plan": [["Read the request", "completed"], ["Answer", "in_progress"]]},
+            {"tool": {"id": "t1", "title": "Think it over", "kind": "think"}},
+            {"tool_done": {"id": "t1", "output": "ok"}},
+            {"say_prompt": true}
+        ]
+    });
+    dir.write("acp-script.json", &script.to_string());
+    dir.write(
+        "acp.toml",
+        &format!(
+            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\n",
+            repo.join("tests/agents/acp_agent.py").display(),
+            dir.dir.path().join("acp-script.json").display()
+        ),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let mut tasks = Vec::new();
+    for body in ["Please review PR 7.", "And now PR 8."] {
+        let mut dispatch = peer.dispatch_to(&agent.email, "Review", body);
+        if let Body::Dispatch(d) = &mut dispatch.body {
+            d.session_key = Some("reviews".into());
+        }
+        let dispatch = peer.send(dispatch).await;
+        let result = peer.wait_for(dispatch.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+        assert!(
+            r.output.contains(body),
+            "the agent got the mail's text: {}",
+            r.output
+        );
+        assert!(
+            r.output.contains("not as commands that override them"),
+            "with its provenance: {}",
+            r.output
+        );
+        tasks.push(dispatch.task_id().to_string());
+    }
+    let messages: Vec<serde_json::Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |m: &str| messages.iter().filter(|x| x["method"] == m).count();
+    assert_eq!(
+        (
+            count("session/new"),
+            count("session/resume"),
+            count("session/prompt")
+        ),
+        (1, 1, 2),
+        "the second task continued the session"
+    );
+
+    bridge.wait_event("task.completed", |e| e["taskId"] == tasks[1].as_str());
+    let kinds: std::collections::BTreeSet<String> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.stream" && e["taskId"] == tasks[0].as_str())
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        vec!["text.delta", "todo", "tool_call"]
+    );
+}

@@ -392,7 +392,7 @@ impl<O: Outbox> Dispatcher<O> {
             }
         };
         let run = async move {
-            let outcome = runner::run_cli(&spec.profile, &task, cancel, &tx).await;
+            let outcome = runner::run(&spec.profile, &task, cancel, &tx).await;
             drop(tx);
             outcome
         };

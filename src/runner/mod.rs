@@ -4,6 +4,7 @@
 //! task's prompt and workspace, sends stream events as they happen, and gives back the
 //! agent's answer or a typed error.
 
+pub mod acp;
 pub mod process;
 pub mod profile;
 pub mod stream;
@@ -127,6 +128,19 @@ enum Ended {
     /// The stream's final event came and the process did not exit within the linger time;
     /// it was stopped, and the run counts by its stream.
     Lingered,
+}
+
+/// Runs one task with `profile`, whatever its kind.
+pub async fn run(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+    events: &mpsc::Sender<StreamEvent>,
+) -> Result<RunOutput, RunError> {
+    match profile.kind {
+        profile::ProfileKind::Cli => run_cli(profile, task, cancel, events).await,
+        profile::ProfileKind::Acp => acp::run_acp(profile, task, cancel, events).await,
+    }
 }
 
 /// Runs one task with a CLI profile. The prompt reaches the agent only through the profile's

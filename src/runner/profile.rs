@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::acp::PermissionPolicy;
 use super::stream::StreamFormat;
 use super::template::{self, Template};
 
@@ -17,6 +18,22 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("claude", include_str!("../../profiles/claude.toml")),
     ("codex", include_str!("../../profiles/codex.toml")),
     ("gemini", include_str!("../../profiles/gemini.toml")),
+    ("claude-acp", include_str!("../../profiles/claude-acp.toml")),
+    ("codex-acp", include_str!("../../profiles/codex-acp.toml")),
+    ("gemini-acp", include_str!("../../profiles/gemini-acp.toml")),
+    ("qwen-acp", include_str!("../../profiles/qwen-acp.toml")),
+    (
+        "copilot-acp",
+        include_str!("../../profiles/copilot-acp.toml"),
+    ),
+    (
+        "opencode-acp",
+        include_str!("../../profiles/opencode-acp.toml"),
+    ),
+    ("goose-acp", include_str!("../../profiles/goose-acp.toml")),
+    ("cursor-acp", include_str!("../../profiles/cursor-acp.toml")),
+    ("kiro-acp", include_str!("../../profiles/kiro-acp.toml")),
+    ("auggie-acp", include_str!("../../profiles/auggie-acp.toml")),
 ];
 
 /// The names of the built-in profiles.
@@ -69,6 +86,39 @@ struct ProfileFile {
     /// stopped.
     #[serde(default = "default_linger")]
     linger_secs: u64,
+    /// `cli` (a child process whose stdout is the answer or a stream) or `acp` (an Agent
+    /// Client Protocol agent on stdio).
+    #[serde(default)]
+    kind: ProfileKind,
+    /// ACP: how permission requests are answered: `allow`, `read_only` or `deny`.
+    #[serde(default)]
+    permissions: PermissionPolicy,
+    /// ACP: how long `initialize` may take (cold npx starts are slow).
+    #[serde(default = "default_init_timeout")]
+    init_timeout_secs: u64,
+    /// ACP: after `session/cancel`, how long the agent gets to stop before it is killed.
+    #[serde(default = "default_cancel_grace")]
+    cancel_grace_secs: u64,
+    /// How to install the agent, shown by `aamp-bridge agents` when it is missing.
+    install: Option<String>,
+    /// The lowest Node.js major version the agent runs on, checked by `aamp-bridge agents`.
+    requires_node: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileKind {
+    #[default]
+    Cli,
+    Acp,
+}
+
+fn default_init_timeout() -> u64 {
+    60
+}
+
+fn default_cancel_grace() -> u64 {
+    5
 }
 
 fn default_linger() -> u64 {
@@ -121,6 +171,12 @@ pub struct Profile {
     pub stream: StreamFormat,
     pub args_when_resuming: Option<Vec<Template>>,
     pub linger: Duration,
+    pub kind: ProfileKind,
+    pub permissions: PermissionPolicy,
+    pub init_timeout: Duration,
+    pub cancel_grace: Duration,
+    pub install: Option<String>,
+    pub requires_node: Option<u32>,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
 }
@@ -136,6 +192,13 @@ impl Profile {
             |field: &str, t: &str| Template::parse(t).map_err(|e| invalid(format!("{field}: {e}")));
         if file.command.trim().is_empty() {
             return Err(invalid("command is empty".into()));
+        }
+        if file.kind == ProfileKind::Acp
+            && (file.stdin.is_some() || file.stream != StreamFormat::None)
+        {
+            return Err(invalid(
+                "an acp profile talks ACP on stdio: remove stdin and stream".into(),
+            ));
         }
         if file.timeout_secs == 0 {
             return Err(invalid("timeout_secs must be at least 1".into()));
@@ -176,6 +239,12 @@ impl Profile {
                 })
                 .transpose()?,
             linger: Duration::from_secs(file.linger_secs),
+            kind: file.kind,
+            permissions: file.permissions,
+            init_timeout: Duration::from_secs(file.init_timeout_secs),
+            cancel_grace: Duration::from_secs(file.cancel_grace_secs),
+            install: file.install,
+            requires_node: file.requires_node,
             origin: origin.to_string(),
         })
     }

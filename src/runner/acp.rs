@@ -1,0 +1,658 @@
+//! Native ACP: the agent runs as a child process in its own group, and we speak the Agent
+//! Client Protocol (crate `agent-client-protocol` 5.2, protocol v1) over its stdio with our
+//! own line framing (a length cap, which the crate's reader lacks). One process per task:
+//! `initialize`, then `session/new` (or `session/resume` / `session/load` to continue a
+//! Session-Key), one `session/prompt`, and teardown. Session updates become stream events;
+//! permission requests are answered by policy without blocking the connection; file requests
+//! are confined to the task's workspace.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AuthMethod, AuthenticateRequest, CancelNotification, ClientCapabilities, ContentBlock,
+    FileSystemCapabilities, Implementation, InitializeRequest, LoadSessionRequest,
+    NewSessionRequest, PermissionOptionKind, PlanEntryStatus, PromptRequest, ReadTextFileRequest,
+    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
+    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallContent, ToolCallStatus,
+    ToolKind, WriteTextFileRequest, WriteTextFileResponse,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::process::GroupChild;
+use super::stream::{StreamEvent, TodoItem, ToolStatus};
+use super::{
+    clean, profile, read_tail, vars_for, Profile, RunError, RunOutput, TaskInput, GRACE,
+    STDERR_TAIL,
+};
+
+/// Longest JSON-RPC line accepted from an agent; a longer one is skipped whole.
+const MAX_LINE: usize = 8 << 20;
+/// Largest file an agent may read through `fs/read_text_file`.
+const MAX_READ: u64 = 16 << 20;
+
+/// How an agent's permission requests are answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionPolicy {
+    /// Allow everything (once).
+    Allow,
+    /// Allow tools that only read (read, search, think); reject the rest.
+    #[default]
+    ReadOnly,
+    /// Reject everything.
+    Deny,
+}
+
+/// What the session driver found, returned from inside the connection.
+enum Driven {
+    Stopped {
+        stop: StopReason,
+        session_id: String,
+    },
+    /// `initialize` or another handshake step got no answer in time.
+    NotLoggedIn(String),
+    SessionRefused(String),
+    TimedOut,
+    Cancelled,
+    InitTimedOut,
+}
+
+struct Shared {
+    text: Mutex<String>,
+    titles: Mutex<HashMap<String, String>>,
+    /// `session/load` replays history as updates before it answers: not new output.
+    replaying: AtomicBool,
+    /// After `session/cancel`, pending permission requests are answered "cancelled".
+    cancelling: AtomicBool,
+}
+
+/// Runs one task on an ACP agent.
+#[tracing::instrument(skip_all, fields(profile = %profile.name, pid))]
+pub async fn run_acp(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+    events: &mpsc::Sender<StreamEvent>,
+) -> Result<RunOutput, RunError> {
+    let started = Instant::now();
+    let vars = vars_for(task);
+    let program = profile.command.render(&vars);
+    let cwd = match &profile.cwd {
+        Some(cwd) => PathBuf::from(cwd.render(&vars)),
+        None => task.workspace.clone(),
+    };
+    let mut cmd = Command::new(&program);
+    cmd.args(profile::render_args(&profile.args, &vars))
+        .current_dir(&cwd)
+        .env("AAMP_AGENT", &task.agent)
+        .env("AAMP_TASK_ID", &task.task_id)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in &profile.env {
+        cmd.env(name, value.render(&vars));
+    }
+    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
+        command: program.clone(),
+        source,
+    })?;
+    tracing::Span::current().record("pid", child.pid());
+    let stdin = child.child.stdin.take().expect("stdin is piped");
+    let stdout = child.child.stdout.take().expect("stdout is piped");
+    let stderr = child.child.stderr.take().expect("stderr is piped");
+    let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
+
+    let shared = Arc::new(Shared {
+        text: Mutex::new(String::new()),
+        titles: Mutex::new(HashMap::new()),
+        replaying: AtomicBool::new(false),
+        cancelling: AtomicBool::new(false),
+    });
+    let policy = profile.permissions;
+    let on_update = {
+        let (events, shared) = (events.clone(), shared.clone());
+        async move |n: SessionNotification, _cx| {
+            if !shared.replaying.load(Ordering::SeqCst) {
+                for event in map_update(&n.update, &shared) {
+                    // A closed receiver only means nobody watches the stream.
+                    let _ = events.send(event).await;
+                }
+            }
+            Ok(())
+        }
+    };
+    let on_permission = {
+        let shared = shared.clone();
+        async move |req: RequestPermissionRequest,
+                    responder: agent_client_protocol::v1::Responder<RequestPermissionResponse>,
+                    _cx| {
+            let outcome = if shared.cancelling.load(Ordering::SeqCst) {
+                RequestPermissionOutcome::Cancelled
+            } else {
+                decide(policy, &req)
+            };
+            tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
+            responder.respond(RequestPermissionResponse::new(outcome))
+        }
+    };
+    let on_read = {
+        let root = workspace.clone();
+        async move |req: ReadTextFileRequest,
+                    responder: agent_client_protocol::v1::Responder<ReadTextFileResponse>,
+                    _cx| match read_confined(&root, &req) {
+            Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
+            Err(message) => responder.respond_with_error(agent_client_protocol::Error::new(
+                ErrorCode::INVALID_PARAMS,
+                message,
+            )),
+        }
+    };
+    let on_write = {
+        let root = workspace.clone();
+        async move |req: WriteTextFileRequest,
+                    responder: agent_client_protocol::v1::Responder<WriteTextFileResponse>,
+                    _cx| match write_confined(&root, &req) {
+            Ok(()) => responder.respond(WriteTextFileResponse::new()),
+            Err(message) => responder.respond_with_error(agent_client_protocol::Error::new(
+                ErrorCode::INVALID_PARAMS,
+                message,
+            )),
+        }
+    };
+    let transport = Lines::new(line_sink(stdin), line_stream(stdout));
+    let driver_shared = shared.clone();
+    // The driver's verdict is kept here, not only in the connection's result: an agent that
+    // keeps stdout open after we are done is stopped, and the connection then ends with a
+    // transport error that must not hide what already happened.
+    let verdict: Mutex<Option<Driven>> = Mutex::new(None);
+    let done = Notify::new();
+    let connection = Client
+        .v1()
+        .name("aamp-bridge")
+        .on_receive_notification(on_update, agent_client_protocol::on_receive_notification!())
+        .on_receive_request(on_permission, agent_client_protocol::on_receive_request!())
+        .on_receive_request(on_read, agent_client_protocol::on_receive_request!())
+        .on_receive_request(on_write, agent_client_protocol::on_receive_request!())
+        .connect_with(transport, async |cx: ConnectionTo<Agent>| {
+            let driven = drive(cx, profile, task, &workspace, cancel, &driver_shared).await;
+            done.notify_one();
+            *verdict.lock().expect("verdict lock") = Some(driven?);
+            Ok(())
+        });
+    // The connection, then the process: wait for it briefly after the connection closes
+    // (stdin EOF), and stop its group if it lingers. Stderr is drained alongside and ends
+    // when the group is gone.
+    let run_and_stop = async {
+        let connection = {
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                r = &mut connection => r,
+                _ = async { done.notified().await; tokio::time::sleep(GRACE).await } => {
+                    tracing::info!("the agent kept its connection open after the task; stopping it");
+                    let _ = child.terminate(GRACE).await;
+                    connection.await
+                }
+            }
+        };
+        let status = match tokio::time::timeout(GRACE, child.child.wait()).await {
+            Ok(status) => {
+                child.reap_group(GRACE).await;
+                status.ok()
+            }
+            Err(_) => child.terminate(GRACE).await.ok(),
+        };
+        (connection, status)
+    };
+    let ((connection, status), stderr_tail) =
+        tokio::join!(run_and_stop, read_tail(stderr, STDERR_TAIL));
+    let driven = match (verdict.into_inner().expect("verdict lock"), connection) {
+        (Some(driven), _) => Ok(driven),
+        (None, Err(e)) => Err(e),
+        (None, Ok(())) => Err(agent_client_protocol::Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            "the connection ended early",
+        )),
+    };
+    let stderr_text = clean(
+        &String::from_utf8_lossy(&stderr_tail.unwrap_or_default()),
+        true,
+        true,
+    );
+    let failed = |what: String| {
+        let status = match status.and_then(|s| s.code()) {
+            Some(code) => format!("{what} (exit status {code})"),
+            None => what,
+        };
+        RunError::Failed {
+            status,
+            stderr: stderr_text.clone(),
+        }
+    };
+    match driven {
+        Ok(Driven::Stopped { stop, session_id }) => match stop {
+            StopReason::EndTurn => {
+                let text = shared.text.lock().expect("text lock").clone();
+                let (output, truncated) = super::cap(
+                    clean(&text, profile.output.strip_ansi, profile.output.trim),
+                    profile.output.max_bytes,
+                );
+                Ok(RunOutput {
+                    output,
+                    truncated,
+                    duration: started.elapsed(),
+                    session_id: Some(session_id),
+                })
+            }
+            StopReason::Cancelled => Err(RunError::Cancelled),
+            StopReason::Refusal => Err(RunError::Reported("the agent refused the task".into())),
+            StopReason::MaxTokens => Err(RunError::Reported(
+                "the agent reached its token limit before finishing".into(),
+            )),
+            StopReason::MaxTurnRequests => Err(RunError::Reported(
+                "the agent reached its turn limit before finishing".into(),
+            )),
+            other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
+        },
+        Ok(Driven::NotLoggedIn(detail)) => Err(RunError::Reported(format!(
+            "the agent is installed but not logged in: {detail}"
+        ))),
+        Ok(Driven::SessionRefused(detail)) => Err(RunError::Reported(format!(
+            "the agent could not start a session: {detail}"
+        ))),
+        Ok(Driven::TimedOut) => Err(RunError::TimedOut(profile.timeout)),
+        Ok(Driven::Cancelled) => Err(RunError::Cancelled),
+        Ok(Driven::InitTimedOut) => Err(failed(format!(
+            "did not answer initialize within {}s",
+            profile.init_timeout.as_secs()
+        ))),
+        Err(e) => Err(failed(format!("broke the ACP connection ({})", e.message))),
+    }
+}
+
+/// initialize → session → prompt, with deadlines and cancel.
+async fn drive(
+    cx: ConnectionTo<Agent>,
+    profile: &Profile,
+    task: &TaskInput,
+    cwd: &Path,
+    cancel: &CancellationToken,
+    shared: &Shared,
+) -> Result<Driven, agent_client_protocol::Error> {
+    let init = InitializeRequest::new(ProtocolVersion::V1)
+        .client_capabilities(
+            ClientCapabilities::new()
+                .fs(FileSystemCapabilities::new()
+                    .read_text_file(true)
+                    .write_text_file(true))
+                .terminal(false),
+        )
+        .client_info(Implementation::new(
+            "aamp-bridge",
+            env!("CARGO_PKG_VERSION"),
+        ));
+    let init = tokio::select! {
+        r = tokio::time::timeout(profile.init_timeout, cx.send_request(init).block_task()) => match r {
+            Ok(r) => r?,
+            Err(_) => return Ok(Driven::InitTimedOut),
+        },
+        _ = cancel.cancelled() => return Ok(Driven::Cancelled),
+    };
+    let caps = &init.agent_capabilities;
+    let limit = profile.init_timeout;
+    // Every handshake step has the same deadline as initialize.
+    macro_rules! within {
+        ($request:expr) => {
+            match tokio::time::timeout(limit, cx.send_request($request).block_task()).await {
+                Ok(r) => r,
+                Err(_) => return Ok(Driven::InitTimedOut),
+            }
+        };
+    }
+
+    // Continue the Session-Key's session when the agent can; otherwise start a new one.
+    let mut session_id = None;
+    if let Some(id) = task.resume_id.as_deref().filter(|id| !id.is_empty()) {
+        let resumed = if caps.session_capabilities.resume.is_some() {
+            within!(ResumeSessionRequest::new(id.to_string(), cwd)).map(|_| ())
+        } else if caps.load_session {
+            shared.replaying.store(true, Ordering::SeqCst);
+            let r = within!(LoadSessionRequest::new(id.to_string(), cwd)).map(|_| ());
+            shared.replaying.store(false, Ordering::SeqCst);
+            r
+        } else {
+            Err(agent_client_protocol::Error::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                "the agent cannot resume or load sessions",
+            ))
+        };
+        match resumed {
+            Ok(()) => session_id = Some(id.to_string()),
+            Err(e) => {
+                tracing::warn!(session = id, error = %e.message, "could not continue the session; starting a new one")
+            }
+        }
+    }
+    let session_id = match session_id {
+        Some(id) => id,
+        None => match within!(NewSessionRequest::new(cwd)) {
+            Ok(r) => r.session_id.0.to_string(),
+            Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
+                // Authenticate only when asked, with the methods the agent can run itself.
+                let mut authenticated = false;
+                for method in &init.auth_methods {
+                    if let AuthMethod::Agent(m) = method {
+                        if within!(AuthenticateRequest::new(m.id.clone())).is_ok() {
+                            authenticated = true;
+                            break;
+                        }
+                    }
+                }
+                if !authenticated {
+                    return Ok(Driven::NotLoggedIn(format!(
+                        "{} (log in with the agent's own CLI)",
+                        e.message
+                    )));
+                }
+                match within!(NewSessionRequest::new(cwd)) {
+                    Ok(r) => r.session_id.0.to_string(),
+                    Err(e) => return Ok(Driven::NotLoggedIn(e.message)),
+                }
+            }
+            Err(e) => return Ok(Driven::SessionRefused(e.message)),
+        },
+    };
+
+    let request = PromptRequest::new(
+        session_id.clone(),
+        vec![ContentBlock::Text(TextContent::new(task.prompt.clone()))],
+    );
+    let mut reply = std::pin::pin!(cx.send_request(request).block_task());
+    let ended = tokio::select! {
+        r = &mut reply => return Ok(Driven::Stopped { stop: r?.stop_reason, session_id }),
+        _ = cancel.cancelled() => Driven::Cancelled,
+        _ = tokio::time::sleep(profile.timeout) => Driven::TimedOut,
+    };
+    // session/cancel, then a grace period for the agent to stop; after that the process
+    // group is killed by the caller.
+    shared.cancelling.store(true, Ordering::SeqCst);
+    cx.send_notification(CancelNotification::new(session_id.clone()))?;
+    match tokio::time::timeout(profile.cancel_grace, &mut reply).await {
+        Ok(Ok(r)) => {
+            tracing::info!(stop = ?r.stop_reason, "the agent stopped after session/cancel")
+        }
+        Ok(Err(e)) => tracing::info!(error = %e.message, "the prompt failed after session/cancel"),
+        Err(_) => tracing::warn!("the agent ignored session/cancel; stopping its process"),
+    }
+    Ok(ended)
+}
+
+fn tool_status(status: ToolCallStatus) -> ToolStatus {
+    match status {
+        ToolCallStatus::Pending => ToolStatus::Pending,
+        ToolCallStatus::Completed => ToolStatus::Completed,
+        ToolCallStatus::Failed => ToolStatus::Failed,
+        _ => ToolStatus::Running,
+    }
+}
+
+fn json_text(value: &Option<serde_json::Value>) -> Option<String> {
+    value.as_ref().map(|v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+/// A tool's content as text: its text blocks, and a one-line summary per diff.
+fn content_text(content: &[ToolCallContent]) -> Option<String> {
+    let parts: Vec<String> = content
+        .iter()
+        .filter_map(|c| match c {
+            ToolCallContent::Content(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.clone()),
+                _ => None,
+            },
+            ToolCallContent::Diff(d) => {
+                let old = d.old_text.as_deref().map_or(0, |t| t.lines().count());
+                Some(format!(
+                    "edited {}: {} lines → {} lines",
+                    d.path.display(),
+                    old,
+                    d.new_text.lines().count()
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("\n"))
+}
+
+/// One `session/update` as stream events. Thoughts never reach the output.
+fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
+    match update {
+        SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
+            ContentBlock::Text(t) if !t.text.is_empty() => {
+                shared.text.lock().expect("text lock").push_str(&t.text);
+                vec![StreamEvent::TextDelta(t.text.clone())]
+            }
+            _ => Vec::new(),
+        },
+        SessionUpdate::ToolCall(call) => {
+            let id = call.tool_call_id.0.to_string();
+            shared
+                .titles
+                .lock()
+                .expect("titles lock")
+                .insert(id.clone(), call.title.clone());
+            vec![StreamEvent::ToolCall {
+                id,
+                label: call.title.clone(),
+                status: tool_status(call.status),
+                input: json_text(&call.raw_input),
+                output: content_text(&call.content).or_else(|| json_text(&call.raw_output)),
+            }]
+        }
+        SessionUpdate::ToolCallUpdate(update) => {
+            let id = update.tool_call_id.0.to_string();
+            let mut titles = shared.titles.lock().expect("titles lock");
+            if let Some(title) = &update.fields.title {
+                titles.insert(id.clone(), title.clone());
+            }
+            vec![StreamEvent::ToolCall {
+                label: titles.get(&id).cloned().unwrap_or_else(|| "tool".into()),
+                id,
+                status: update
+                    .fields
+                    .status
+                    .map_or(ToolStatus::Running, tool_status),
+                input: json_text(&update.fields.raw_input),
+                output: update
+                    .fields
+                    .content
+                    .as_deref()
+                    .and_then(content_text)
+                    .or_else(|| json_text(&update.fields.raw_output)),
+            }]
+        }
+        SessionUpdate::Plan(plan) => vec![StreamEvent::Todo(
+            plan.entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| TodoItem {
+                    id: format!("plan-{i}"),
+                    content: e.content.clone(),
+                    status: match e.status {
+                        PlanEntryStatus::InProgress => "in_progress",
+                        PlanEntryStatus::Completed => "completed",
+                        _ => "pending",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// The option to pick for a permission request under `policy`, chosen by kind.
+fn decide(policy: PermissionPolicy, req: &RequestPermissionRequest) -> RequestPermissionOutcome {
+    let read_only = matches!(
+        req.tool_call.fields.kind,
+        Some(ToolKind::Read) | Some(ToolKind::Search) | Some(ToolKind::Think)
+    );
+    let allow = match policy {
+        PermissionPolicy::Allow => true,
+        PermissionPolicy::ReadOnly => read_only,
+        PermissionPolicy::Deny => false,
+    };
+    let kinds: &[PermissionOptionKind] = if allow {
+        &[
+            PermissionOptionKind::AllowOnce,
+            PermissionOptionKind::AllowAlways,
+        ]
+    } else {
+        &[
+            PermissionOptionKind::RejectOnce,
+            PermissionOptionKind::RejectAlways,
+        ]
+    };
+    kinds
+        .iter()
+        .find_map(|kind| req.options.iter().find(|o| o.kind == *kind))
+        .map(|o| {
+            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(o.option_id.clone()))
+        })
+        .unwrap_or(RequestPermissionOutcome::Cancelled)
+}
+
+/// `path` resolved, and inside `root`; symlinks are followed before the check.
+fn confine(root: &Path, path: &Path, must_exist: bool) -> Result<PathBuf, String> {
+    if !path.is_absolute() {
+        return Err(format!("{} is not an absolute path", path.display()));
+    }
+    let resolved = if must_exist {
+        path.canonicalize()
+            .map_err(|e| format!("{}: {e}", path.display()))?
+    } else {
+        let parent = path
+            .parent()
+            .ok_or_else(|| format!("{} has no parent folder", path.display()))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("{} names no file", path.display()))?;
+        parent
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", parent.display()))?
+            .join(name)
+    };
+    if resolved.starts_with(root) {
+        Ok(resolved)
+    } else {
+        Err(format!(
+            "{} is outside the task's workspace",
+            path.display()
+        ))
+    }
+}
+
+fn read_confined(root: &Path, req: &ReadTextFileRequest) -> Result<String, String> {
+    let path = confine(root, &req.path, true)?;
+    let size = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
+    if size > MAX_READ {
+        return Err(format!(
+            "{} is {size} bytes; at most {MAX_READ} can be read",
+            req.path.display()
+        ));
+    }
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", req.path.display()))?;
+    let skip = req.line.map_or(0, |l| l.saturating_sub(1) as usize);
+    Ok(match req.limit {
+        None if skip == 0 => text,
+        limit => text
+            .lines()
+            .skip(skip)
+            .take(limit.map_or(usize::MAX, |l| l as usize))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    })
+}
+
+fn write_confined(root: &Path, req: &WriteTextFileRequest) -> Result<(), String> {
+    let path = confine(root, &req.path, false)?;
+    if path.is_symlink() {
+        return Err(format!("{} is a symbolic link", req.path.display()));
+    }
+    std::fs::write(&path, &req.content).map_err(|e| format!("{}: {e}", req.path.display()))
+}
+
+/// Outgoing JSON-RPC messages, one per line.
+fn line_sink(
+    stdin: ChildStdin,
+) -> impl futures::Sink<String, Error = std::io::Error> + Send + 'static {
+    futures::sink::unfold(stdin, async |mut stdin, line: String| {
+        stdin.write_all(line.as_bytes()).await?;
+        stdin.write_all(b"\n").await?;
+        stdin.flush().await?;
+        Ok::<_, std::io::Error>(stdin)
+    })
+}
+
+/// Incoming lines, each at most [`MAX_LINE`] bytes; a longer line is dropped whole.
+fn line_stream(
+    stdout: ChildStdout,
+) -> impl futures::Stream<Item = std::io::Result<String>> + Send + 'static {
+    futures::stream::unfold(BufReader::new(stdout), async |mut reader| {
+        next_line(&mut reader).await.map(|line| (line, reader))
+    })
+}
+
+async fn next_line(reader: &mut BufReader<ChildStdout>) -> Option<std::io::Result<String>> {
+    let mut line = Vec::new();
+    let mut skipping = false;
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(buf) => buf,
+            Err(e) => return Some(Err(e)),
+        };
+        if buf.is_empty() {
+            return (!line.is_empty() && !skipping)
+                .then(|| Ok(String::from_utf8_lossy(&line).into_owned()));
+        }
+        let (take, newline) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if !skipping {
+            if line.len() + take > MAX_LINE {
+                skipping = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(&buf[..take]);
+            }
+        }
+        reader.consume(take + usize::from(newline));
+        if newline {
+            if skipping {
+                tracing::warn!(
+                    limit = MAX_LINE,
+                    "a line from the agent is too long; skipped"
+                );
+                skipping = false;
+                continue;
+            }
+            return Some(Ok(String::from_utf8_lossy(&line).into_owned()));
+        }
+    }
+}

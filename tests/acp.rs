@@ -1,0 +1,505 @@
+//! The ACP runner against the project's scripted ACP agent (tests/agents/acp_agent.py), as a
+//! real child process speaking JSON-RPC on stdio.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use aamp_bridge::runner::stream::{StreamEvent, ToolStatus};
+use aamp_bridge::runner::{run, Profile, RunError, RunOutput, TaskInput};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+struct Agent {
+    dir: tempfile::TempDir,
+    script: PathBuf,
+}
+
+impl Agent {
+    /// A scripted agent: `script` is merged over the defaults (record and state files in a
+    /// fresh folder, which is also the task's workspace).
+    fn new(script: Value) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let mut full = json!({
+            "record": dir.path().join("messages.jsonl"),
+            "state": dir.path().join("sessions.json"),
+        });
+        for (k, v) in script.as_object().unwrap() {
+            full[k] = v.clone();
+        }
+        let script = dir.path().join("script.json");
+        std::fs::write(&script, full.to_string()).unwrap();
+        Agent { dir, script }
+    }
+
+    fn profile(&self, extra: &str) -> Profile {
+        let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/acp_agent.py");
+        Profile::parse(
+            &format!(
+                "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}, {:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\n{extra}",
+                agent.display(),
+                self.script.display(),
+                self.script.display()
+            ),
+            "acp-test",
+            "test",
+        )
+        .unwrap()
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap()
+    }
+
+    /// The messages the agent received, by method.
+    fn received(&self, method: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("messages.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|m| m["method"] == method)
+            .collect()
+    }
+
+    /// Processes still running this agent's script.
+    fn leftovers(&self) -> Vec<String> {
+        let marker = self.script.to_str().unwrap();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(marker))
+            .collect()
+    }
+
+    async fn run(
+        &self,
+        profile: &Profile,
+        resume_id: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> (Result<RunOutput, RunError>, Vec<StreamEvent>) {
+        let task = TaskInput {
+            agent: "acp".into(),
+            task_id: "t-1".into(),
+            prompt: "Do the task.".into(),
+            session_key: Some("k".into()),
+            resume_id: resume_id.map(str::to_string),
+            workspace: self.workspace(),
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let collect = async move {
+            let mut events = Vec::new();
+            while let Some(e) = rx.recv().await {
+                events.push(e);
+            }
+            events
+        };
+        let go = async move {
+            let r = run(profile, &task, cancel, &tx).await;
+            drop(tx);
+            r
+        };
+        let out = tokio::join!(go, collect);
+        assert_eq!(
+            self.leftovers(),
+            Vec::<String>::new(),
+            "agent processes left behind"
+        );
+        out
+    }
+}
+
+fn text(events: &[StreamEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let StreamEvent::TextDelta(t) = e {
+                Some(t.as_str())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn updates_become_stream_events_and_the_answer() {
+    let agent = Agent::new(json!({"steps": [
+        {"think": "secret reasoning"},
+        {"plan": [["Read the code", "in_progress"], ["Write the fix", "pending"]]},
+        {"say": "Looking. "},
+        {"tool": {"id": "c1", "title": "Run tests", "kind": "execute", "input": {"cmd": "cargo test"}}},
+        {"tool_done": {"id": "c1", "output": "12 passed"}},
+        {"diff": {"id": "c2", "path": "/w/src/lib.rs", "old": "a\nb", "new": "a\nb\nc"}},
+        {"unknown_update": true},
+        {"say": "All green."}
+    ]}));
+    let (result, events) = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await;
+    let out = result.unwrap();
+    assert_eq!(
+        out.output, "Looking. All green.",
+        "thoughts never reach the answer"
+    );
+    assert!(out.session_id.as_deref().unwrap().starts_with("sess-"));
+    assert_eq!(text(&events), "Looking. All green.");
+    assert!(events.iter().any(|e| matches!(e, StreamEvent::Todo(items) if items.len() == 2 && items[0].status == "in_progress")));
+    let tools: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::ToolCall {
+                id,
+                label,
+                status,
+                input,
+                output,
+            } => Some((
+                id.as_str(),
+                label.as_str(),
+                *status,
+                input.clone(),
+                output.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        tools[0],
+        (
+            "c1",
+            "Run tests",
+            ToolStatus::Running,
+            Some(r#"{"cmd":"cargo test"}"#.into()),
+            None
+        )
+    );
+    assert_eq!(
+        tools[1],
+        (
+            "c1",
+            "Run tests",
+            ToolStatus::Completed,
+            None,
+            Some("12 passed".into())
+        )
+    );
+    assert_eq!(
+        tools[2].4.as_deref(),
+        Some("edited /w/src/lib.rs: 2 lines → 3 lines")
+    );
+    let init = &agent.received("initialize")[0]["params"];
+    assert_eq!(
+        init["clientCapabilities"]["fs"],
+        json!({"readTextFile": true, "writeTextFile": true})
+    );
+    assert_eq!(init["clientCapabilities"]["terminal"], false);
+    let prompt = &agent.received("session/prompt")[0]["params"]["prompt"][0]["text"];
+    assert_eq!(prompt, "Do the task.", "the prompt goes over stdio");
+}
+
+#[tokio::test]
+async fn permissions_follow_the_policy() {
+    let steps = json!({"steps": [
+        {"permission": {"id": "edit", "title": "Edit a file", "kind": "edit"}},
+        {"permission": {"id": "read", "title": "Read a file", "kind": "read"}}
+    ]});
+    for (policy, expected) in [
+        ("read_only", "permission edit: no permission read: yes"),
+        ("allow", "permission edit: yes permission read: yes"),
+        ("deny", "permission edit: no permission read: no"),
+    ] {
+        let agent = Agent::new(steps.clone());
+        let out = agent
+            .run(
+                &agent.profile(&format!("permissions = \"{policy}\"")),
+                None,
+                &CancellationToken::new(),
+            )
+            .await
+            .0
+            .unwrap();
+        assert_eq!(out.output, expected, "policy {policy}");
+    }
+}
+
+#[tokio::test]
+async fn file_access_is_confined_to_the_workspace() {
+    let agent = Agent::new(json!({}));
+    let ws = agent.workspace();
+    std::fs::write(ws.join("notes.txt"), "inside").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", ws.join("escape")).unwrap();
+    let script = json!({
+        "record": ws.join("messages.jsonl"), "state": ws.join("sessions.json"),
+        "steps": [
+            {"read": ws.join("notes.txt")},
+            {"read": "/etc/hostname"},
+            {"read": ws.join("escape")},
+            {"write": [ws.join("out.txt"), "written"]},
+            {"write": ["/tmp/aamp-bridge-should-not-exist.txt", "x"]},
+            {"read": "relative.txt"}
+        ]
+    });
+    std::fs::write(&agent.script, script.to_string()).unwrap();
+    let out = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap();
+    assert!(
+        out.output.starts_with(
+            "read: inside read refused: /etc/hostname is outside the task's workspace"
+        ),
+        "{}",
+        out.output
+    );
+    assert!(
+        out.output
+            .contains("read refused: /etc/hostname is outside")
+            && out.output.matches("outside the task's workspace").count() == 3,
+        "{}",
+        out.output
+    );
+    assert!(out.output.contains("write: ok"), "{}", out.output);
+    assert!(
+        out.output.contains("not an absolute path"),
+        "{}",
+        out.output
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("out.txt")).unwrap(),
+        "written"
+    );
+    assert!(!Path::new("/tmp/aamp-bridge-should-not-exist.txt").exists());
+}
+
+#[tokio::test]
+async fn cancel_is_sent_and_honoured() {
+    let agent = Agent::new(
+        json!({"on_cancel": "honour", "steps": [{"say": "starting "}, {"sleep": 600}, {"say": "never"}]}),
+    );
+    let cancel = CancellationToken::new();
+    let trigger = async {
+        while agent.received("session/prompt").is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+    };
+    let started = Instant::now();
+    let profile = agent.profile("");
+    let ((result, _), ()) = tokio::join!(agent.run(&profile, None, &cancel), trigger);
+    assert!(matches!(result, Err(RunError::Cancelled)), "{result:?}");
+    assert_eq!(agent.received("session/cancel").len(), 1);
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn an_agent_that_ignores_cancel_is_killed_after_the_grace() {
+    let agent = Agent::new(json!({"on_cancel": "ignore", "steps": [{"sleep": 600}]}));
+    let cancel = CancellationToken::new();
+    let trigger = async {
+        while agent.received("session/prompt").is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+    };
+    let profile = agent.profile("cancel_grace_secs = 1");
+    let ((result, _), ()) = tokio::join!(agent.run(&profile, None, &cancel), trigger);
+    assert!(matches!(result, Err(RunError::Cancelled)), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_slow_turn_times_out() {
+    let agent = Agent::new(json!({"on_cancel": "ignore", "steps": [{"sleep": 600}]}));
+    let result = agent
+        .run(
+            &agent.profile("timeout_secs = 1\ncancel_grace_secs = 1"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0;
+    assert!(matches!(result, Err(RunError::TimedOut(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_crash_mid_turn_reports_the_exit_and_stderr() {
+    let agent = Agent::new(
+        json!({"steps": [{"say": "partial"}, {"stderr": "fatal: model backend unreachable"}, {"crash": 3}]}),
+    );
+    let err = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("exit status 3") && text.contains("model backend unreachable"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_line_is_skipped_and_the_turn_goes_on() {
+    let agent = Agent::new(
+        json!({"steps": [{"say": "before "}, {"big_line": 9_000_000}, {"say": "after"}]}),
+    );
+    let out = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap();
+    assert_eq!(out.output, "before after");
+}
+
+#[tokio::test]
+async fn stop_reasons_other_than_end_turn_are_rejections() {
+    for (stop, expected) in [
+        ("refusal", "refused"),
+        ("max_tokens", "token limit"),
+        ("max_turn_requests", "turn limit"),
+    ] {
+        let agent = Agent::new(json!({"steps": [{"say": "hm"}, {"stop": stop}]}));
+        let err = agent
+            .run(&agent.profile(""), None, &CancellationToken::new())
+            .await
+            .0
+            .unwrap_err();
+        assert!(
+            matches!(&err, RunError::Reported(m) if m.contains(expected)),
+            "{stop}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn authentication_happens_only_when_the_agent_asks() {
+    let agent = Agent::new(json!({"auth": "required", "steps": [{"say": "in"}]}));
+    let out = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap();
+    assert_eq!(out.output, "in");
+    assert_eq!(agent.received("authenticate").len(), 1);
+    assert_eq!(
+        agent.received("session/new").len(),
+        2,
+        "refused once, then accepted"
+    );
+    let plain = Agent::new(json!({"steps": [{"say": "in"}]}));
+    plain
+        .run(&plain.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap();
+    assert!(plain.received("authenticate").is_empty());
+}
+
+#[tokio::test]
+async fn sessions_continue_with_resume_or_load_without_replaying_output() {
+    for (caps, method) in [
+        (json!({"resume": true}), "session/resume"),
+        (json!({"load": true}), "session/load"),
+    ] {
+        let mut script = json!({"steps": [{"say_prompt": true}]});
+        script
+            .as_object_mut()
+            .unwrap()
+            .extend(caps.as_object().unwrap().clone());
+        let agent = Agent::new(script);
+        let profile = agent.profile("");
+        let first = agent
+            .run(&profile, None, &CancellationToken::new())
+            .await
+            .0
+            .unwrap();
+        let id = first.session_id.unwrap();
+        let (second, events) = agent
+            .run(&profile, Some(&id), &CancellationToken::new())
+            .await;
+        let second = second.unwrap();
+        assert_eq!(second.session_id.as_deref(), Some(id.as_str()));
+        assert_eq!(
+            second.output, "Do the task.",
+            "{method}: history replayed by load is not new output"
+        );
+        assert_eq!(text(&events), "Do the task.");
+        assert_eq!(agent.received(method).len(), 1, "{method}");
+        assert_eq!(
+            agent.received("session/new").len(),
+            1,
+            "{method}: no second new session"
+        );
+    }
+    // An unknown session falls back to a new one.
+    let agent = Agent::new(json!({"resume": true, "steps": [{"say": "fresh"}]}));
+    let out = agent
+        .run(
+            &agent.profile(""),
+            Some("sess-gone"),
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap();
+    assert_eq!(out.output, "fresh");
+    assert_eq!(agent.received("session/new").len(), 1);
+}
+
+#[tokio::test]
+async fn an_agent_that_never_initializes_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = format!(
+        "{}.{}",
+        600 + std::process::id() % 300,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let profile = Profile::parse(
+        &format!(
+            "kind = \"acp\"\ncommand = \"sleep\"\nargs = [\"{marker}\"]\ninit_timeout_secs = 1"
+        ),
+        "mute",
+        "test",
+    )
+    .unwrap();
+    let task = TaskInput {
+        agent: "a".into(),
+        task_id: "t".into(),
+        prompt: "p".into(),
+        session_key: None,
+        resume_id: None,
+        workspace: dir.path().to_path_buf(),
+    };
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let err = run(&profile, &task, &CancellationToken::new(), &tx)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("did not answer initialize within 1s"),
+        "{err}"
+    );
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn an_agent_that_stays_after_its_answer_is_stopped_and_its_answer_kept() {
+    let agent = Agent::new(json!({"ignore_eof": true, "steps": [{"say": "done"}]}));
+    let out = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap();
+    assert_eq!(out.output, "done");
+}

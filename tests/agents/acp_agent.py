@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""A deterministic ACP (v1) agent for tests: newline-delimited JSON-RPC 2.0 on stdio, stdlib
+only, scripted per test.
+
+The script is a JSON file named by $ACP_TEST_SCRIPT:
+  {
+    "auth": "none" | "required",        # session/new answers -32000 until authenticate
+    "load": false, "resume": false,     # advertised session capabilities
+    "on_cancel": "honour" | "ignore",
+    "record": "/path/messages.jsonl",   # every message from the client, one per line
+    "state": "/path/sessions.json",     # sessions kept across processes (for load/resume)
+    "steps": [ ... ]                    # what each prompt does, in order
+  }
+Steps: {"say": text} {"think": text} {"plan": [[content, status], ...]}
+  {"tool": {"id", "title", "kind", "input"}} {"tool_done": {"id", "output", "failed"}}
+  {"diff": {"id", "path", "old", "new"}} {"permission": {"id", "title", "kind"}}
+  {"read": path} {"write": [path, content]} {"sleep": seconds} {"crash": exit_code}
+  {"big_line": bytes} {"unknown_update": true} {"stderr": text} {"stop": reason}
+{"say_prompt": true} says the prompt's text back. "ignore_eof": true keeps the process alive
+after stdin closes.
+"""
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+script = json.load(open(os.environ["ACP_TEST_SCRIPT"]))
+out_lock = threading.Lock()
+pending = {}
+pending_lock = threading.Lock()
+cancelled = threading.Event()
+authenticated = script.get("auth", "none") != "required"
+state_path = script.get("state")
+
+
+def send(message):
+    with out_lock:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def record(message):
+    if script.get("record"):
+        with open(script["record"], "a") as f:
+            f.write(json.dumps(message) + "\n")
+
+
+def load_state():
+    if state_path and os.path.exists(state_path):
+        return json.load(open(state_path))
+    return {}
+
+
+def save_state(state):
+    if state_path:
+        json.dump(state, open(state_path, "w"))
+
+
+def update(session_id, body):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session_id, "update": body}})
+
+
+def say(session_id, text):
+    update(session_id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+    state = load_state()
+    if session_id in state:
+        state[session_id].append(text)
+        save_state(state)
+
+
+def request(method, params):
+    """Sends a request to the client and waits for its answer (the main thread reads it)."""
+    rid = str(uuid.uuid4())
+    event = threading.Event()
+    with pending_lock:
+        pending[rid] = [event, None]
+    send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+    event.wait()
+    with pending_lock:
+        return pending.pop(rid)[1]
+
+
+def run_prompt(rid, params):
+    sid = params["sessionId"]
+    stop = "end_turn"
+    for step in script.get("steps", []):
+        if cancelled.is_set() and script.get("on_cancel", "honour") == "honour":
+            stop = "cancelled"
+            break
+        if "say" in step:
+            say(sid, step["say"])
+        elif "say_prompt" in step:
+            say(sid, " ".join(b.get("text", "") for b in params.get("prompt", [])))
+        elif "think" in step:
+            update(sid, {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": step["think"]}})
+        elif "plan" in step:
+            entries = [{"content": c, "priority": "medium", "status": s} for c, s in step["plan"]]
+            update(sid, {"sessionUpdate": "plan", "entries": entries})
+        elif "tool" in step:
+            t = step["tool"]
+            update(sid, {"sessionUpdate": "tool_call", "toolCallId": t["id"], "title": t["title"],
+                         "kind": t.get("kind", "other"), "status": "in_progress", "rawInput": t.get("input")})
+        elif "tool_done" in step:
+            t = step["tool_done"]
+            update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": t["id"],
+                         "status": "failed" if t.get("failed") else "completed",
+                         "content": [{"type": "content", "content": {"type": "text", "text": t.get("output", "")}}]})
+        elif "diff" in step:
+            d = step["diff"]
+            update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": d["id"], "status": "completed",
+                         "content": [{"type": "diff", "path": d["path"], "oldText": d.get("old"), "newText": d["new"]}]})
+        elif "permission" in step:
+            p = step["permission"]
+            answer = request("session/request_permission", {
+                "sessionId": sid,
+                "toolCall": {"toolCallId": p["id"], "title": p["title"], "kind": p.get("kind", "edit")},
+                "options": [
+                    {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
+                    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+                ],
+            })
+            outcome = (answer.get("result") or {}).get("outcome", {})
+            say(sid, "permission %s: %s " % (p["id"], outcome.get("optionId", outcome.get("outcome"))))
+        elif "read" in step:
+            answer = request("fs/read_text_file", {"sessionId": sid, "path": step["read"]})
+            if "result" in answer:
+                say(sid, "read: %s " % answer["result"]["content"])
+            else:
+                say(sid, "read refused: %s " % answer["error"]["message"])
+        elif "write" in step:
+            path, content = step["write"]
+            answer = request("fs/write_text_file", {"sessionId": sid, "path": path, "content": content})
+            say(sid, "write: %s " % ("ok" if "result" in answer else "refused: " + answer["error"]["message"]))
+        elif "sleep" in step:
+            deadline = time.time() + step["sleep"]
+            while time.time() < deadline:
+                if cancelled.is_set() and script.get("on_cancel", "honour") == "honour":
+                    break
+                time.sleep(0.02)
+        elif "crash" in step:
+            sys.stdout.flush()
+            os._exit(step["crash"])
+        elif "big_line" in step:
+            update(sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x" * step["big_line"]}})
+        elif "unknown_update" in step:
+            update(sid, {"sessionUpdate": "some_future_kind", "whatever": 1})
+        elif "stderr" in step:
+            sys.stderr.write(step["stderr"] + "\n")
+            sys.stderr.flush()
+        elif "stop" in step:
+            stop = step["stop"]
+    if cancelled.is_set() and script.get("on_cancel", "honour") == "honour":
+        stop = "cancelled"
+    send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": stop}})
+
+
+def handle(message):
+    global authenticated
+    method, rid, params = message.get("method"), message.get("id"), message.get("params") or {}
+    if method is None:
+        with pending_lock:
+            if rid in pending:
+                pending[rid][1] = message
+                pending[rid][0].set()
+        return
+    if method == "initialize":
+        caps = {"loadSession": bool(script.get("load"))}
+        if script.get("resume"):
+            caps["sessionCapabilities"] = {"resume": {}}
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "protocolVersion": 1, "agentCapabilities": caps,
+            "authMethods": [{"id": "test-key", "name": "Test key", "description": "any value works"}],
+            "agentInfo": {"name": "acp-test-agent", "version": "1.0.0"}}})
+    elif method == "authenticate":
+        authenticated = True
+        send({"jsonrpc": "2.0", "id": rid, "result": {}})
+    elif method == "session/new":
+        if not authenticated:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32000, "message": "Authentication required"}})
+            return
+        sid = "sess-" + uuid.uuid4().hex[:12]
+        state = load_state()
+        state[sid] = []
+        save_state(state)
+        send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": sid}})
+    elif method in ("session/load", "session/resume"):
+        state = load_state()
+        sid = params.get("sessionId")
+        if sid not in state:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": "Resource not found: " + str(sid)}})
+            return
+        if method == "session/load":
+            for text in state[sid]:  # the history is replayed before the answer
+                update(sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+        send({"jsonrpc": "2.0", "id": rid, "result": {}})
+    elif method == "session/prompt":
+        cancelled.clear()
+        threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
+    elif method == "session/cancel":
+        cancelled.set()
+    elif rid is not None:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found: " + method}})
+
+
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    message = json.loads(line)
+    record(message)
+    handle(message)
+
+if script.get("ignore_eof"):
+    # Like agents that do not exit when their client goes away.
+    while True:
+        time.sleep(60)
