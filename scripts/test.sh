@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: installs and starts the loopback mail host, runs
-# every test (unit, conformance, runner, end to end over the mail host), then fuzzes the mail
-# parser briefly. Needs root for the mail host (apt-get, Cyrus' master).
+# The whole test suite on a fresh machine: installs and starts the loopback mail host,
+# installs the third-party ACP agents the tests use (Gemini CLI, the TypeScript and Python
+# ACP SDKs), runs every test (unit, conformance, runners, agents, end to end over the mail host), then
+# fuzzes the mail parser briefly. Needs root for the mail host (apt-get, Cyrus' master).
 #   AAMP_FUZZ_SECONDS=0 scripts/test.sh   skips the fuzz run (default 30 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,19 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# Third-party ACP agents (npm, PyPI) that the integration tests run against.
+bash scripts/test-agents.sh >/dev/null
+
 cargo test --locked --all-targets
+
+# No process a test started may outlive the suite: agents, scripted CLIs, bridges.
+leftover=$(pgrep -af "tests/agents/|target/test-agents/|target/debug/aamp-bridge" | grep -v pgrep || true)
+if [ -n "$leftover" ]; then
+  echo "processes left behind by the tests:" >&2
+  echo "$leftover" >&2
+  exit 1
+fi
+echo "no test processes left behind" >&2
 
 if [ "${AAMP_FUZZ_SECONDS:-30}" != 0 ]; then
   bash scripts/fuzz.sh "${AAMP_FUZZ_SECONDS:-30}"

@@ -40,6 +40,15 @@ pub enum Command {
     },
     /// Send a task to an agent from one of the config's mailboxes, and wait for its result.
     Dispatch(DispatchArgs),
+    /// List the agents this machine has: every profile, whether its command is installed,
+    /// its version, and what is missing.
+    Agents {
+        #[arg(long)]
+        json: bool,
+        /// Also start each installed ACP agent and ask it to `initialize`.
+        #[arg(long)]
+        probe: bool,
+    },
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
@@ -89,6 +98,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
         Command::Inspect { file, json } => inspect(&file, json),
+        Command::Agents { json, probe } => agents(&config_path, json, probe).await,
     }
 }
 
@@ -202,4 +212,95 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyhow::Result<i32> {
+    use crate::runner::{acp, profile::ProfileKind, scan, Profile};
+    // The config is optional here: without one, every profile is listed as not configured.
+    let config = if config_path.exists() {
+        Some(LoadedConfig::load(config_path)?)
+    } else {
+        None
+    };
+    let dirs = match &config {
+        Some(c) => c.profile_dirs(),
+        None => vec![crate::config::default_config_dir().join("profiles")],
+    };
+    let (profiles, errors) = Profile::all(&dirs);
+    for e in &errors {
+        eprintln!("warning: {e}");
+    }
+    let configured: Vec<(String, String)> = config
+        .iter()
+        .flat_map(|c| {
+            c.config.agents.iter().map(|a| {
+                (
+                    a.name.clone(),
+                    Profile::find(&c.profile_ref(&a.profile), &dirs)
+                        .map(|p| p.name)
+                        .unwrap_or_else(|_| a.profile.clone()),
+                )
+            })
+        })
+        .collect();
+    let mut found = scan::scan(&profiles, &configured, &scan::search_dirs()).await;
+    if probe {
+        let scratch = std::env::temp_dir();
+        for (d, p) in found.iter_mut().zip(&profiles) {
+            if d.path.is_some() && p.kind == ProfileKind::Acp {
+                d.probe = Some(
+                    acp::probe(p, &scratch, false)
+                        .await
+                        .map_err(|e| e.to_string()),
+                );
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&found)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<14} {:<4} {:<18} {:<10} DETAILS",
+        "PROFILE", "KIND", "COMMAND", "STATUS"
+    );
+    for d in &found {
+        let status = if d.path.is_some() {
+            "installed"
+        } else {
+            "missing"
+        };
+        let mut details = Vec::new();
+        if let Some(v) = &d.version {
+            details.push(v.clone());
+        }
+        if let Some(p) = &d.path {
+            details.push(p.display().to_string());
+        } else if let Some(i) = &d.install {
+            details.push(format!("install: {i}"));
+        }
+        if !d.configured.is_empty() {
+            details.push(format!("used by {}", d.configured.join(", ")));
+        }
+        match &d.probe {
+            Some(Ok(info)) => details.push(format!(
+                "ACP ok: {}",
+                info.agent.as_deref().unwrap_or("unnamed agent")
+            )),
+            Some(Err(e)) => details.push(format!("ACP probe failed: {e}")),
+            None => {}
+        }
+        for w in &d.warnings {
+            details.push(format!("warning: {w}"));
+        }
+        println!(
+            "{:<14} {:<4} {:<18} {:<10} {}",
+            d.profile,
+            d.kind,
+            d.command,
+            status,
+            details.join("; ")
+        );
+    }
+    Ok(0)
 }

@@ -387,6 +387,15 @@ async fn authentication_happens_only_when_the_agent_asks() {
         2,
         "refused once, then accepted"
     );
+    // Interactive logins are never started; the error lists what the agent offers.
+    let oauth_only = Agent::new(json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in with a browser"}], "steps": [{"say": "in"}]}));
+    let err = oauth_only.run(&oauth_only.profile(""), None, &CancellationToken::new()).await.0.unwrap_err().to_string();
+    assert!(err.contains("not logged in") && err.contains("browser-login"), "{err}");
+    assert!(oauth_only.received("authenticate").is_empty());
+    // Unless the profile names the method.
+    let chosen = Agent::new(json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in"}], "steps": [{"say": "in"}]}));
+    let out = chosen.run(&chosen.profile("auth_method = \"browser-login\""), None, &CancellationToken::new()).await.0.unwrap();
+    assert_eq!(out.output, "in");
     let plain = Agent::new(json!({"steps": [{"say": "in"}]}));
     plain
         .run(&plain.profile(""), None, &CancellationToken::new())

@@ -16,9 +16,9 @@ use std::time::Instant;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AuthMethod, AuthenticateRequest, CancelNotification, ClientCapabilities, ContentBlock,
-    FileSystemCapabilities, Implementation, InitializeRequest, LoadSessionRequest,
-    NewSessionRequest, PermissionOptionKind, PlanEntryStatus, PromptRequest, ReadTextFileRequest,
-    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    FileSystemCapabilities, Implementation, InitializeRequest, InitializeResponse,
+    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PlanEntryStatus, PromptRequest,
+    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
     RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
     SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallContent, ToolCallStatus,
     ToolKind, WriteTextFileRequest, WriteTextFileResponse,
@@ -26,7 +26,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +69,7 @@ enum Driven {
     InitTimedOut,
 }
 
+#[derive(Default)]
 struct Shared {
     text: Mutex<String>,
     titles: Mutex<HashMap<String, String>>,
@@ -93,25 +94,19 @@ pub async fn run_acp(
         Some(cwd) => PathBuf::from(cwd.render(&vars)),
         None => task.workspace.clone(),
     };
-    let mut cmd = Command::new(&program);
-    cmd.args(profile::render_args(&profile.args, &vars))
-        .current_dir(&cwd)
-        .env("AAMP_AGENT", &task.agent)
-        .env("AAMP_TASK_ID", &task.task_id)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (name, value) in &profile.env {
-        cmd.env(name, value.render(&vars));
-    }
-    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
-        command: program.clone(),
-        source,
-    })?;
+    let Spawned {
+        mut child,
+        stdin,
+        stdout,
+        stderr,
+    } = spawn_agent(
+        profile,
+        &program,
+        &vars,
+        &cwd,
+        &[("AAMP_AGENT", &task.agent), ("AAMP_TASK_ID", &task.task_id)],
+    )?;
     tracing::Span::current().record("pid", child.pid());
-    let stdin = child.child.stdin.take().expect("stdin is piped");
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
 
     let shared = Arc::new(Shared {
@@ -191,32 +186,7 @@ pub async fn run_acp(
             *verdict.lock().expect("verdict lock") = Some(driven?);
             Ok(())
         });
-    // The connection, then the process: wait for it briefly after the connection closes
-    // (stdin EOF), and stop its group if it lingers. Stderr is drained alongside and ends
-    // when the group is gone.
-    let run_and_stop = async {
-        let connection = {
-            let mut connection = std::pin::pin!(connection);
-            tokio::select! {
-                r = &mut connection => r,
-                _ = async { done.notified().await; tokio::time::sleep(GRACE).await } => {
-                    tracing::info!("the agent kept its connection open after the task; stopping it");
-                    let _ = child.terminate(GRACE).await;
-                    connection.await
-                }
-            }
-        };
-        let status = match tokio::time::timeout(GRACE, child.child.wait()).await {
-            Ok(status) => {
-                child.reap_group(GRACE).await;
-                status.ok()
-            }
-            Err(_) => child.terminate(GRACE).await.ok(),
-        };
-        (connection, status)
-    };
-    let ((connection, status), stderr_tail) =
-        tokio::join!(run_and_stop, read_tail(stderr, STDERR_TAIL));
+    let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
     let driven = match (verdict.into_inner().expect("verdict lock"), connection) {
         (Some(driven), _) => Ok(driven),
         (None, Err(e)) => Err(e),
@@ -225,11 +195,6 @@ pub async fn run_acp(
             "the connection ended early",
         )),
     };
-    let stderr_text = clean(
-        &String::from_utf8_lossy(&stderr_tail.unwrap_or_default()),
-        true,
-        true,
-    );
     let failed = |what: String| {
         let status = match status.and_then(|s| s.code()) {
             Some(code) => format!("{what} (exit status {code})"),
@@ -265,12 +230,8 @@ pub async fn run_acp(
             )),
             other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
         },
-        Ok(Driven::NotLoggedIn(detail)) => Err(RunError::Reported(format!(
-            "the agent is installed but not logged in: {detail}"
-        ))),
-        Ok(Driven::SessionRefused(detail)) => Err(RunError::Reported(format!(
-            "the agent could not start a session: {detail}"
-        ))),
+        Ok(Driven::NotLoggedIn(detail)) => Err(not_logged_in(&detail)),
+        Ok(Driven::SessionRefused(detail)) => Err(session_refused(&detail)),
         Ok(Driven::TimedOut) => Err(RunError::TimedOut(profile.timeout)),
         Ok(Driven::Cancelled) => Err(RunError::Cancelled),
         Ok(Driven::InitTimedOut) => Err(failed(format!(
@@ -281,16 +242,20 @@ pub async fn run_acp(
     }
 }
 
-/// initialize → session → prompt, with deadlines and cancel.
-async fn drive(
-    cx: ConnectionTo<Agent>,
-    profile: &Profile,
-    task: &TaskInput,
-    cwd: &Path,
-    cancel: &CancellationToken,
-    shared: &Shared,
-) -> Result<Driven, agent_client_protocol::Error> {
-    let init = InitializeRequest::new(ProtocolVersion::V1)
+fn not_logged_in(detail: &str) -> RunError {
+    RunError::Reported(format!(
+        "the agent is installed but not logged in: {detail}"
+    ))
+}
+
+fn session_refused(detail: &str) -> RunError {
+    RunError::Reported(format!("the agent could not start a session: {detail}"))
+}
+
+/// `initialize` with the capabilities we really have: file reads and writes (confined to the
+/// workspace), no terminal.
+fn initialize_request() -> InitializeRequest {
+    InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(
             ClientCapabilities::new()
                 .fs(FileSystemCapabilities::new()
@@ -301,14 +266,248 @@ async fn drive(
         .client_info(Implementation::new(
             "aamp-bridge",
             env!("CARGO_PKG_VERSION"),
-        ));
-    let init = tokio::select! {
-        r = tokio::time::timeout(profile.init_timeout, cx.send_request(init).block_task()) => match r {
-            Ok(r) => r?,
-            Err(_) => return Ok(Driven::InitTimedOut),
-        },
-        _ = cancel.cancelled() => return Ok(Driven::Cancelled),
+        ))
+}
+
+/// A spawned agent: its process group and its pipes.
+struct Spawned {
+    child: GroupChild,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+}
+
+/// Starts `program` with the profile's arguments and environment, in its own process group,
+/// with all three pipes.
+fn spawn_agent(
+    profile: &Profile,
+    program: &str,
+    vars: &super::template::Vars,
+    cwd: &Path,
+    env: &[(&str, &str)],
+) -> Result<Spawned, RunError> {
+    let mut cmd = Command::new(program);
+    cmd.args(profile::render_args(&profile.args, vars))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    for (name, value) in &profile.env {
+        cmd.env(name, value.render(vars));
+    }
+    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
+        command: program.to_string(),
+        source,
+    })?;
+    let stdin = child.child.stdin.take().expect("stdin is piped");
+    let stdout = child.child.stdout.take().expect("stdout is piped");
+    let stderr = child.child.stderr.take().expect("stderr is piped");
+    Ok(Spawned {
+        child,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+/// Runs `connection` to its end and then stops the agent: after our side is done (`done`),
+/// an agent that keeps the connection open past the grace period is stopped; after the
+/// connection closes (stdin EOF) the agent gets the grace period to exit before its group is
+/// stopped. Stderr is drained meanwhile; it ends when the group is gone. Returns the
+/// connection's result, the exit status and the cleaned stderr tail.
+async fn settle(
+    child: &mut GroupChild,
+    stderr: ChildStderr,
+    connection: impl std::future::Future<Output = Result<(), agent_client_protocol::Error>>,
+    done: &Notify,
+) -> (
+    Result<(), agent_client_protocol::Error>,
+    Option<std::process::ExitStatus>,
+    String,
+) {
+    let run_and_stop = async {
+        let connection = {
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                r = &mut connection => r,
+                _ = async { done.notified().await; tokio::time::sleep(GRACE).await } => {
+                    tracing::info!("the agent kept its connection open after we were done; stopping it");
+                    let _ = child.terminate(GRACE).await;
+                    connection.await
+                }
+            }
+        };
+        let status = match tokio::time::timeout(GRACE, child.child.wait()).await {
+            Ok(status) => {
+                child.reap_group(GRACE).await;
+                status.ok()
+            }
+            Err(_) => child.terminate(GRACE).await.ok(),
+        };
+        (connection, status)
     };
+    let ((connection, status), tail) = tokio::join!(run_and_stop, read_tail(stderr, STDERR_TAIL));
+    (
+        connection,
+        status,
+        clean(
+            &String::from_utf8_lossy(&tail.unwrap_or_default()),
+            true,
+            true,
+        ),
+    )
+}
+
+fn auth_method_id(method: &AuthMethod) -> String {
+    match method {
+        AuthMethod::Agent(a) => a.id.0.to_string(),
+        other => serde_json::to_value(other)
+            .ok()
+            .and_then(|v| v["id"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "?".into()),
+    }
+}
+
+/// The auth methods the bridge may use on its own: the profile's choice, or else the agent's
+/// methods that take an API key (by id or `_meta`), never interactive logins such as OAuth.
+fn headless_auth_methods(methods: &[AuthMethod], chosen: Option<&str>) -> Vec<String> {
+    if let Some(chosen) = chosen {
+        return vec![chosen.to_string()];
+    }
+    methods
+        .iter()
+        .filter(|m| {
+            let value = serde_json::to_value(m).unwrap_or_default();
+            let id = value["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            matches!(m, AuthMethod::Agent(_))
+                && (id.contains("api-key")
+                    || id.contains("api_key")
+                    || id.contains("apikey")
+                    || value["_meta"].get("api-key").is_some())
+        })
+        .map(auth_method_id)
+        .collect()
+}
+
+/// What an agent says about itself in `initialize`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProbeInfo {
+    /// `name version` from `agentInfo`, when given.
+    pub agent: Option<String>,
+    pub auth_methods: Vec<String>,
+    pub load_session: bool,
+    pub resume_session: bool,
+    /// With `open_session`: the session the agent opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+/// Starts the agent, sends `initialize` (and with `open_session` also opens a session,
+/// authenticating the way a task would), and stops it: a cheap check that an installed agent
+/// really speaks ACP, how it authenticates, and whether it is logged in.
+pub async fn probe(
+    profile: &Profile,
+    cwd: &Path,
+    open_session_too: bool,
+) -> Result<ProbeInfo, RunError> {
+    let vars = super::template::Vars::default();
+    let program = profile.command.render(&vars);
+    let Spawned {
+        mut child,
+        stdin,
+        stdout,
+        stderr,
+    } = spawn_agent(profile, &program, &vars, cwd, &[])?;
+    let info: Mutex<Option<ProbeInfo>> = Mutex::new(None);
+    let refused: Mutex<Option<RunError>> = Mutex::new(None);
+    let done = Notify::new();
+    let connection = Client.v1().name("aamp-bridge").connect_with(
+        Lines::new(line_sink(stdin), line_stream(stdout)),
+        async |cx: ConnectionTo<Agent>| {
+            let request = initialize_request();
+            let reply =
+                tokio::time::timeout(profile.init_timeout, cx.send_request(request).block_task())
+                    .await;
+            done.notify_one();
+            let Ok(reply) = reply else { return Ok(()) };
+            let init = reply?;
+            let mut found = ProbeInfo {
+                agent: init
+                    .agent_info
+                    .as_ref()
+                    .map(|i| format!("{} {}", i.name, i.version)),
+                auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
+                load_session: init.agent_capabilities.load_session,
+                resume_session: init
+                    .agent_capabilities
+                    .session_capabilities
+                    .resume
+                    .is_some(),
+                session_id: None,
+            };
+            if open_session_too {
+                let shared = Shared::default();
+                match open_session(&cx, profile, &init, cwd, None, &shared).await? {
+                    Ok(id) => found.session_id = Some(id),
+                    Err(why) => {
+                        *refused.lock().expect("probe lock") = Some(match why {
+                            Driven::NotLoggedIn(d) => not_logged_in(&d),
+                            Driven::SessionRefused(d) => session_refused(&d),
+                            _ => RunError::Reported(
+                                "the agent did not open a session in time".into(),
+                            ),
+                        });
+                        return Ok(());
+                    }
+                }
+            }
+            *info.lock().expect("probe lock") = Some(found);
+            Ok(())
+        },
+    );
+    let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
+    if let Some(why) = refused.into_inner().expect("probe lock") {
+        return Err(why);
+    }
+    match (info.into_inner().expect("probe lock"), connection) {
+        (Some(info), _) => Ok(info),
+        (None, result) => {
+            let what = match result {
+                Err(e) => format!("did not answer initialize ({})", e.message),
+                Ok(()) => format!(
+                    "did not answer initialize within {}s",
+                    profile.init_timeout.as_secs()
+                ),
+            };
+            let status = match status.and_then(|s| s.code()) {
+                Some(code) => format!("{what} (exit status {code})"),
+                None => what,
+            };
+            Err(RunError::Failed {
+                status,
+                stderr: stderr_text,
+            })
+        }
+    }
+}
+
+/// Opens the session a task runs in: continues `resume_id` when the agent can resume or load
+/// it, else starts a new one, authenticating (headless methods only) when the agent asks.
+/// `Ok(Err(..))` says why there is no session.
+async fn open_session(
+    cx: &ConnectionTo<Agent>,
+    profile: &Profile,
+    init: &InitializeResponse,
+    cwd: &Path,
+    resume_id: Option<&str>,
+    shared: &Shared,
+) -> Result<Result<String, Driven>, agent_client_protocol::Error> {
     let caps = &init.agent_capabilities;
     let limit = profile.init_timeout;
     // Every handshake step has the same deadline as initialize.
@@ -316,14 +515,14 @@ async fn drive(
         ($request:expr) => {
             match tokio::time::timeout(limit, cx.send_request($request).block_task()).await {
                 Ok(r) => r,
-                Err(_) => return Ok(Driven::InitTimedOut),
+                Err(_) => return Ok(Err(Driven::InitTimedOut)),
             }
         };
     }
 
     // Continue the Session-Key's session when the agent can; otherwise start a new one.
     let mut session_id = None;
-    if let Some(id) = task.resume_id.as_deref().filter(|id| !id.is_empty()) {
+    if let Some(id) = resume_id.filter(|id| !id.is_empty()) {
         let resumed = if caps.session_capabilities.resume.is_some() {
             within!(ResumeSessionRequest::new(id.to_string(), cwd)).map(|_| ())
         } else if caps.load_session {
@@ -349,30 +548,58 @@ async fn drive(
         None => match within!(NewSessionRequest::new(cwd)) {
             Ok(r) => r.session_id.0.to_string(),
             Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
-                // Authenticate only when asked, with the methods the agent can run itself.
+                // Authenticate only when asked, and only with a method that needs no person:
+                // the profile's auth_method, or one that uses an API key from the environment.
+                let candidates =
+                    headless_auth_methods(&init.auth_methods, profile.auth_method.as_deref());
                 let mut authenticated = false;
-                for method in &init.auth_methods {
-                    if let AuthMethod::Agent(m) = method {
-                        if within!(AuthenticateRequest::new(m.id.clone())).is_ok() {
-                            authenticated = true;
-                            break;
-                        }
+                for id in &candidates {
+                    if within!(AuthenticateRequest::new(id.clone())).is_ok() {
+                        authenticated = true;
+                        break;
                     }
                 }
+                let advice = |message: &str| {
+                    let offered: Vec<String> =
+                        init.auth_methods.iter().map(auth_method_id).collect();
+                    format!("{message}; log in with the agent's own CLI, or set auth_method in the profile to one of: {}", offered.join(", "))
+                };
                 if !authenticated {
-                    return Ok(Driven::NotLoggedIn(format!(
-                        "{} (log in with the agent's own CLI)",
-                        e.message
-                    )));
+                    return Ok(Err(Driven::NotLoggedIn(advice(&e.message))));
                 }
                 match within!(NewSessionRequest::new(cwd)) {
                     Ok(r) => r.session_id.0.to_string(),
-                    Err(e) => return Ok(Driven::NotLoggedIn(e.message)),
+                    Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&e.message)))),
                 }
             }
-            Err(e) => return Ok(Driven::SessionRefused(e.message)),
+            Err(e) => return Ok(Err(Driven::SessionRefused(e.message))),
         },
     };
+    Ok(Ok(session_id))
+}
+
+/// initialize → session → prompt, with deadlines and cancel.
+async fn drive(
+    cx: ConnectionTo<Agent>,
+    profile: &Profile,
+    task: &TaskInput,
+    cwd: &Path,
+    cancel: &CancellationToken,
+    shared: &Shared,
+) -> Result<Driven, agent_client_protocol::Error> {
+    let init = initialize_request();
+    let init = tokio::select! {
+        r = tokio::time::timeout(profile.init_timeout, cx.send_request(init).block_task()) => match r {
+            Ok(r) => r?,
+            Err(_) => return Ok(Driven::InitTimedOut),
+        },
+        _ = cancel.cancelled() => return Ok(Driven::Cancelled),
+    };
+    let session_id =
+        match open_session(&cx, profile, &init, cwd, task.resume_id.as_deref(), shared).await? {
+            Ok(id) => id,
+            Err(why) => return Ok(why),
+        };
 
     let request = PromptRequest::new(
         session_id.clone(),

@@ -7,6 +7,7 @@
 pub mod acp;
 pub mod process;
 pub mod profile;
+pub mod scan;
 pub mod stream;
 pub mod template;
 

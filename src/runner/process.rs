@@ -36,6 +36,20 @@ impl GroupChild {
         self.pgid.as_raw()
     }
 
+    /// Waits for the leader's exit and returns its stdout (which must be piped); the rest of
+    /// the group is stopped afterwards.
+    pub async fn wait_output(mut self) -> std::io::Result<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            // Bounded: a version line, not a stream.
+            let mut limited = (&mut stdout).take(64 * 1024);
+            limited.read_to_end(&mut out).await?;
+        }
+        self.child.wait().await?;
+        Ok(out)
+    }
+
     /// Sends `signal` to the whole group. `false` when the group no longer exists.
     pub fn signal(&self, signal: Signal) -> bool {
         !matches!(killpg(self.pgid, signal), Err(Errno::ESRCH))

@@ -99,6 +99,9 @@ struct ProfileFile {
     /// ACP: after `session/cancel`, how long the agent gets to stop before it is killed.
     #[serde(default = "default_cancel_grace")]
     cancel_grace_secs: u64,
+    /// ACP: the auth method to use when the agent asks for one. Default: a method that takes
+    /// an API key from the environment; interactive logins are never started.
+    auth_method: Option<String>,
     /// How to install the agent, shown by `aamp-bridge agents` when it is missing.
     install: Option<String>,
     /// The lowest Node.js major version the agent runs on, checked by `aamp-bridge agents`.
@@ -175,6 +178,7 @@ pub struct Profile {
     pub permissions: PermissionPolicy,
     pub init_timeout: Duration,
     pub cancel_grace: Duration,
+    pub auth_method: Option<String>,
     pub install: Option<String>,
     pub requires_node: Option<u32>,
     /// Where it came from, for messages: a path or "built-in".
@@ -243,6 +247,7 @@ impl Profile {
             permissions: file.permissions,
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
+            auth_method: file.auth_method,
             install: file.install,
             requires_node: file.requires_node,
             origin: origin.to_string(),
@@ -276,6 +281,40 @@ impl Profile {
                     .join(", "),
             }),
         }
+    }
+
+    /// Every profile: the built-ins, overridden by same-named files in `dirs` (earlier
+    /// folders win), plus the other files there. Unreadable files are reported, not skipped
+    /// silently.
+    pub fn all(dirs: &[PathBuf]) -> (Vec<Profile>, Vec<ProfileError>) {
+        let mut names: Vec<String> = built_in_names().map(str::to_string).collect();
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            let mut found: Vec<String> = entries
+                .flatten()
+                .filter_map(|e| {
+                    e.path()
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .map(str::to_string)
+                        .filter(|_| e.path().extension().is_some_and(|x| x == "toml"))
+                })
+                .collect();
+            found.sort();
+            names.extend(found);
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        let (mut ok, mut errors) = (Vec::new(), Vec::new());
+        for name in names {
+            match Profile::find(&name, dirs) {
+                Ok(p) => ok.push(p),
+                Err(e) => errors.push(e),
+            }
+        }
+        (ok, errors)
     }
 
     fn from_file(path: &Path, name: &str) -> Result<Profile, ProfileError> {

@@ -5,6 +5,7 @@ only, scripted per test.
 The script is a JSON file named by $ACP_TEST_SCRIPT:
   {
     "auth": "none" | "required",        # session/new answers -32000 until authenticate
+    "auth_methods": [{"id": ...}],      # offered in initialize (default: one API-key method)
     "load": false, "resume": false,     # advertised session capabilities
     "on_cancel": "honour" | "ignore",
     "record": "/path/messages.jsonl",   # every message from the client, one per line
@@ -172,7 +173,7 @@ def handle(message):
             caps["sessionCapabilities"] = {"resume": {}}
         send({"jsonrpc": "2.0", "id": rid, "result": {
             "protocolVersion": 1, "agentCapabilities": caps,
-            "authMethods": [{"id": "test-key", "name": "Test key", "description": "any value works"}],
+            "authMethods": script.get("auth_methods", [{"id": "test-api-key", "name": "Test key", "description": "any value works"}]),
             "agentInfo": {"name": "acp-test-agent", "version": "1.0.0"}}})
     elif method == "authenticate":
         authenticated = True

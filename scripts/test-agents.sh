@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the third-party ACP agents the integration tests run against, into
+# ${AAMP_TEST_AGENTS:-target/test-agents} (idempotent; safe to run from parallel tests):
+#   - the real Gemini CLI (`gemini --acp`), from npm
+#   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
+#   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${AAMP_TEST_AGENTS:-$PWD/target/test-agents}
+mkdir -p "$dir"
+exec 9>"$dir/.lock"
+flock 9
+if [ ! -x "$dir/npm/node_modules/.bin/gemini" ] || [ ! -d "$dir/npm/node_modules/@agentclientprotocol/sdk" ]; then
+  echo "test-agents: installing @google/gemini-cli and @agentclientprotocol/sdk (npm)" >&2
+  mkdir -p "$dir/npm"
+  npm install --prefix "$dir/npm" --no-audit --no-fund --loglevel=error \
+    @google/gemini-cli@0.61.0 @agentclientprotocol/sdk@2.4.0 >&2
+fi
+if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp' 2>/dev/null; then
+  echo "test-agents: installing agent-client-protocol (PyPI) into a venv" >&2
+  python3 -m venv "$dir/venv"
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check agent-client-protocol==0.12.1 >&2
+fi
+echo "$dir"

@@ -1,0 +1,159 @@
+//! Finding the agents installed on this machine: for every profile, its real launch binary
+//! (the ACP adapter, not the vendor's GUI launcher) on PATH, in npm's global bin folder and in
+//! the Node version managers' folders; its version; and what stands in its way.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::process::Command;
+
+use super::profile::{Profile, ProfileKind};
+use super::template::Vars;
+
+/// How long `--version` may take.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Detected {
+    pub profile: String,
+    pub kind: &'static str,
+    pub description: String,
+    pub command: String,
+    /// Where the command was found; `None` when it is not installed.
+    pub path: Option<PathBuf>,
+    pub version: Option<String>,
+    /// Agents in the config that use this profile.
+    pub configured: Vec<String>,
+    pub warnings: Vec<String>,
+    pub install: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Result<super::acp::ProbeInfo, String>>,
+}
+
+/// The folders searched, in order: PATH, then npm's global bin, then the usual homes of Node
+/// version managers and user installs.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(prefix) =
+        std::env::var_os("NPM_CONFIG_PREFIX").or_else(|| std::env::var_os("npm_config_prefix"))
+    {
+        dirs.push(PathBuf::from(prefix).join("bin"));
+    }
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+        dirs.push(home.join(".npm-global/bin"));
+        if let Ok(entries) = std::fs::read_dir(home.join(".nvm/versions/node")) {
+            let mut versions: Vec<PathBuf> =
+                entries.flatten().map(|e| e.path().join("bin")).collect();
+            versions.sort();
+            dirs.extend(versions.into_iter().rev());
+        }
+        for sub in [".volta/bin", ".local/share/pnpm", ".bun/bin", ".local/bin"] {
+            dirs.push(home.join(sub));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/bin"));
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
+    dirs
+}
+
+/// The first executable file named `command` in `dirs` (or `command` itself when it is a path).
+pub fn find(command: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return executable(&p).then_some(p);
+    }
+    dirs.iter().map(|d| d.join(command)).find(|p| executable(p))
+}
+
+/// The first line `path --version` prints, within a few seconds.
+pub async fn version(path: &Path) -> Option<String> {
+    let mut cmd = Command::new(path);
+    cmd.arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let child = super::process::GroupChild::spawn(&mut cmd).ok()?;
+    let out = tokio::time::timeout(VERSION_TIMEOUT, child.wait_output())
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(&out)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.chars().take(80).collect())
+}
+
+/// The major version of `node` found in `dirs`.
+async fn node_major(dirs: &[PathBuf]) -> Option<(u32, String)> {
+    let node = find("node", dirs)?;
+    let text = version(&node).await?;
+    let major = text
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((major, text))
+}
+
+/// Looks for every profile's command. `configured` maps profile names to the agents using
+/// them.
+pub async fn scan(
+    profiles: &[Profile],
+    configured: &[(String, String)],
+    dirs: &[PathBuf],
+) -> Vec<Detected> {
+    let node = node_major(dirs).await;
+    let mut out = Vec::with_capacity(profiles.len());
+    for profile in profiles {
+        let command = profile.command.render(&Vars::default());
+        let path = find(&command, dirs);
+        let version = match &path {
+            Some(p) => version(p).await,
+            None => None,
+        };
+        let mut warnings = Vec::new();
+        if let (Some(_), Some(required)) = (&path, profile.requires_node) {
+            match &node {
+                Some((major, text)) if *major < required => {
+                    warnings.push(format!("needs Node.js {required} or newer; found {text}"))
+                }
+                None => warnings.push(format!("needs Node.js {required} or newer; no node found")),
+                _ => {}
+            }
+        }
+        if path.is_some() && version.is_none() {
+            warnings.push("`--version` gave no answer within 5s".into());
+        }
+        out.push(Detected {
+            profile: profile.name.clone(),
+            kind: match profile.kind {
+                ProfileKind::Cli => "cli",
+                ProfileKind::Acp => "acp",
+            },
+            description: profile.description.clone(),
+            command,
+            path,
+            version,
+            configured: configured
+                .iter()
+                .filter(|(_, p)| *p == profile.name)
+                .map(|(a, _)| a.clone())
+                .collect(),
+            warnings,
+            install: profile.install.clone(),
+            probe: None,
+        });
+    }
+    out
+}
