@@ -85,6 +85,7 @@ impl Agent {
             session_key: Some("k".into()),
             resume_id: resume_id.map(str::to_string),
             workspace: self.workspace(),
+            questions: None,
         };
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
         let collect = async move {
@@ -388,13 +389,33 @@ async fn authentication_happens_only_when_the_agent_asks() {
         "refused once, then accepted"
     );
     // Interactive logins are never started; the error lists what the agent offers.
-    let oauth_only = Agent::new(json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in with a browser"}], "steps": [{"say": "in"}]}));
-    let err = oauth_only.run(&oauth_only.profile(""), None, &CancellationToken::new()).await.0.unwrap_err().to_string();
-    assert!(err.contains("not logged in") && err.contains("browser-login"), "{err}");
+    let oauth_only = Agent::new(
+        json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in with a browser"}], "steps": [{"say": "in"}]}),
+    );
+    let err = oauth_only
+        .run(&oauth_only.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not logged in") && err.contains("browser-login"),
+        "{err}"
+    );
     assert!(oauth_only.received("authenticate").is_empty());
     // Unless the profile names the method.
-    let chosen = Agent::new(json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in"}], "steps": [{"say": "in"}]}));
-    let out = chosen.run(&chosen.profile("auth_method = \"browser-login\""), None, &CancellationToken::new()).await.0.unwrap();
+    let chosen = Agent::new(
+        json!({"auth": "required", "auth_methods": [{"id": "browser-login", "name": "Log in"}], "steps": [{"say": "in"}]}),
+    );
+    let out = chosen
+        .run(
+            &chosen.profile("auth_method = \"browser-login\""),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap();
     assert_eq!(out.output, "in");
     let plain = Agent::new(json!({"steps": [{"say": "in"}]}));
     plain
@@ -482,6 +503,7 @@ async fn an_agent_that_never_initializes_is_stopped() {
         session_key: None,
         resume_id: None,
         workspace: dir.path().to_path_buf(),
+        questions: None,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
     let err = run(&profile, &task, &CancellationToken::new(), &tx)
@@ -511,4 +533,43 @@ async fn an_agent_that_stays_after_its_answer_is_stopped_and_its_answer_kept() {
         .0
         .unwrap();
     assert_eq!(out.output, "done");
+}
+
+#[tokio::test]
+async fn under_the_ask_policy_permission_requests_become_questions() {
+    let agent = Agent::new(json!({"steps": [
+        {"permission": {"id": "edit", "title": "Edit src/main.rs", "kind": "edit"}},
+        {"permission": {"id": "again", "title": "Edit again", "kind": "edit"}}
+    ]}));
+    let profile = agent.profile("permissions = \"ask\"\nask_timeout_secs = 1");
+    let (qtx, mut qrx) = tokio::sync::mpsc::channel(4);
+    let task = TaskInput {
+        agent: "acp".into(),
+        task_id: "t-ask".into(),
+        prompt: "Do it.".into(),
+        session_key: None,
+        resume_id: None,
+        workspace: agent.workspace(),
+        questions: Some(qtx),
+    };
+    let (tx, _rx) = tokio::sync::mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    // The first question is answered "Always allow"; the second is left to time out.
+    let answering = async {
+        let first = qrx.recv().await.unwrap();
+        assert!(
+            first.text.contains("Edit src/main.rs") && first.text.contains("(edit)"),
+            "{}",
+            first.text
+        );
+        assert_eq!(first.options, vec!["Allow", "Always allow", "Reject"]);
+        first.answer.send(Some(1)).unwrap();
+        let second = qrx.recv().await.unwrap();
+        second
+    };
+    let (result, _unanswered) = tokio::join!(run(&profile, &task, &cancel, &tx), answering);
+    assert_eq!(
+        result.unwrap().output,
+        "permission edit: always permission again: no"
+    );
 }

@@ -455,3 +455,74 @@ async fn an_acp_agent_answers_by_mail_and_continues_its_session() {
         vec!["text.delta", "todo", "tool_call"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_is_used() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "asking.toml", &boss.email),
+    );
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = serde_json::json!({"steps": [
+        {"say": "Need to edit. "},
+        {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
+        {"say": "Done."}
+    ]});
+    dir.write("asking-script.json", &script.to_string());
+    dir.write(
+        "asking.toml",
+        &format!(
+            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\n",
+            repo.join("tests/agents/acp_agent.py").display(),
+            dir.dir.path().join("asking-script.json").display()
+        ),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Fix the README", "Please fix the typo."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    let help = peer.wait_for(&task_id, Intent::TaskHelpNeeded).await;
+    let Body::HelpNeeded(h) = &help.message.body else {
+        panic!("not help_needed")
+    };
+    assert!(h.question.contains("Edit README.md"), "{}", h.question);
+    assert_eq!(h.suggested_options, vec!["Allow", "Always allow", "Reject"]);
+    assert_eq!(
+        help.message.envelope.in_reply_to.as_deref(),
+        Some(dispatch.envelope.message_id.as_str())
+    );
+    let raw = peer.raw_headers(&help.email_id).await;
+    assert_eq!(
+        header(&raw, "X-AAMP-SuggestedOptions"),
+        Some("Allow|Always allow|Reject")
+    );
+
+    // The dispatcher answers with a follow-up dispatch on the same task.
+    let mut answer = peer.dispatch_to(
+        &agent.email,
+        "Re: Fix the README",
+        "Allow\n\n> Which option do you choose?",
+    );
+    if let Body::Dispatch(d) = &mut answer.body {
+        d.parent_task_id = Some(task_id.clone());
+    }
+    let answer = peer.send(answer).await;
+
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert_eq!(r.output, "Need to edit. permission edit: yes Done.");
+    let answered = bridge.wait_event("task.answered", |e| e["answerTaskId"] == answer.task_id());
+    assert_eq!(answered["choice"], "Allow");
+    assert!(
+        peer.intents_for(answer.task_id()).is_empty(),
+        "the answer is not run as a task of its own"
+    );
+}

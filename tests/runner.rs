@@ -31,6 +31,7 @@ fn task(dir: &Path, prompt: &str) -> TaskInput {
         session_key: None,
         resume_id: None,
         workspace: dir.to_path_buf(),
+        questions: None,
     }
 }
 

@@ -250,6 +250,7 @@ async fn run(
         session_key: Some("thread".into()),
         resume_id: resume_id.map(str::to_string),
         workspace: dir.path().to_path_buf(),
+        questions: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(4);
     let collect = async move {

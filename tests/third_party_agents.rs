@@ -64,6 +64,7 @@ async fn run_task(
         session_key: None,
         resume_id: None,
         workspace: dir.path().to_path_buf(),
+        questions: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     let collect = async move {
@@ -125,6 +126,7 @@ async fn an_agent_on_the_typescript_sdk_honours_cancel() {
         session_key: None,
         resume_id: None,
         workspace: dir.path().to_path_buf(),
+        questions: None,
     };
     let profile = ts_sdk_agent();
     let cancel = CancellationToken::new();

@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::events::Events;
 use crate::mailbox::{Inbound, MailboxError};
-use crate::protocol::{AampMessage, Body, Dispatch, Envelope, Status, TaskResult};
+use crate::protocol::{AampMessage, Body, Dispatch, Envelope, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, Profile, RunError, TaskInput};
 pub use policy::SenderPolicy;
 
@@ -147,8 +147,43 @@ struct Inner<O> {
     permits: Arc<Semaphore>,
     /// One task at a time per Session-Key: an agent session takes one prompt at a time.
     session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Questions mailed to dispatchers (`task.help_needed`), by task, awaiting an answer.
+    questions: Mutex<HashMap<String, PendingQuestion>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+}
+
+struct PendingQuestion {
+    /// The Message-ID of the help_needed mail, which a reply may name in In-Reply-To.
+    help_message_id: String,
+    options: Vec<String>,
+    answer: tokio::sync::oneshot::Sender<Option<usize>>,
+}
+
+/// Which option an answer names: a number (`2`), an option's name, or text containing one
+/// (the longest match wins). The first line that is not empty or quoted (`>`) is the answer.
+pub fn choose(options: &[String], text: &str) -> Option<usize> {
+    let answer = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('>'))?;
+    let answer = answer.trim_end_matches(['.', '!']);
+    if let Ok(n) = answer.parse::<usize>() {
+        return (1..=options.len()).contains(&n).then(|| n - 1);
+    }
+    if let Some(i) = options
+        .iter()
+        .position(|o| o.trim().eq_ignore_ascii_case(answer))
+    {
+        return Some(i);
+    }
+    let lower = answer.to_lowercase();
+    options
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !o.trim().is_empty() && lower.contains(&o.trim().to_lowercase()))
+        .max_by_key(|(_, o)| o.len())
+        .map(|(i, _)| i)
 }
 
 /// Stream events buffered between an agent and their consumer.
@@ -186,6 +221,7 @@ impl<O: Outbox> Dispatcher<O> {
                 running: Mutex::new(HashMap::new()),
                 permits,
                 session_locks: Mutex::new(HashMap::new()),
+                questions: Mutex::new(HashMap::new()),
                 tracker,
                 shutdown,
             }),
@@ -213,6 +249,9 @@ impl<O: Outbox> Dispatcher<O> {
 
     fn on_dispatch(&self, env: Envelope, dispatch: Dispatch, truncated: bool, span: tracing::Span) {
         let inner = &self.inner;
+        if self.answer_question(&env, &dispatch) {
+            return;
+        }
         let decision = {
             let active = inner.running.lock().expect("running lock").len();
             let mut seen = inner.seen.lock().expect("seen lock");
@@ -371,6 +410,7 @@ impl<O: Outbox> Dispatcher<O> {
             .join(workspace_name(&env.from, &env.task_id));
         make_private_dir(&workspace)?;
         let key = dispatch.session_key.as_deref();
+        let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
         let task = TaskInput {
             agent: spec.name.clone(),
             task_id: env.task_id.clone(),
@@ -378,6 +418,7 @@ impl<O: Outbox> Dispatcher<O> {
             session_key: dispatch.session_key.clone(),
             resume_id: key.and_then(|k| spec.sessions.get(k)),
             workspace: workspace.clone(),
+            questions: Some(questions_tx),
         };
         self.inner.events.emit(
             "task.started",
@@ -396,7 +437,17 @@ impl<O: Outbox> Dispatcher<O> {
             drop(tx);
             outcome
         };
-        let (outcome, ()) = tokio::join!(run, observe);
+        let asking = async {
+            while let Some(question) = questions_rx.recv().await {
+                self.ask_dispatcher(env, question).await;
+            }
+        };
+        let (outcome, (), ()) = tokio::join!(run, observe, asking);
+        self.inner
+            .questions
+            .lock()
+            .expect("questions lock")
+            .remove(&task_key(&env.from, &env.task_id));
         if let (Some(key), Ok(out)) = (key, &outcome) {
             if let Some(id) = &out.session_id {
                 if let Err(e) = spec.sessions.set(key, id) {
@@ -408,6 +459,84 @@ impl<O: Outbox> Dispatcher<O> {
             tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
         }
         outcome
+    }
+
+    /// Mails the agent's question to the dispatcher as `task.help_needed` and keeps its answer
+    /// channel until a reply comes.
+    async fn ask_dispatcher(&self, env: &Envelope, question: runner::Question) {
+        let inner = &self.inner;
+        let help = HelpNeeded {
+            question: question.text,
+            blocked_reason: question.reason,
+            suggested_options: question.options.clone(),
+        };
+        match inner
+            .outbox
+            .send(&AampMessage::reply(
+                env,
+                &inner.spec.email,
+                Body::HelpNeeded(help),
+            ))
+            .await
+        {
+            Ok(id) => {
+                inner.events.emit("task.help_needed", json!({"agent": inner.spec.name, "taskId": env.task_id, "options": question.options, "messageId": id}));
+                let pending = PendingQuestion {
+                    help_message_id: id,
+                    options: question.options,
+                    answer: question.answer,
+                };
+                inner
+                    .questions
+                    .lock()
+                    .expect("questions lock")
+                    .insert(task_key(&env.from, &env.task_id), pending);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not send task.help_needed; the question goes unanswered");
+                let _ = question.answer.send(None);
+            }
+        }
+    }
+
+    /// A dispatch that answers a pending question (same sender, and its ParentTaskId is the
+    /// waiting task or it replies to the help mail) is delivered as the answer, not run.
+    fn answer_question(&self, env: &Envelope, dispatch: &Dispatch) -> bool {
+        let inner = &self.inner;
+        let mut pending = inner.questions.lock().expect("questions lock");
+        let sender = format!("{}\n", env.from.to_ascii_lowercase());
+        let key = match &dispatch.parent_task_id {
+            Some(parent) if pending.contains_key(&task_key(&env.from, parent)) => {
+                Some(task_key(&env.from, parent))
+            }
+            _ => pending
+                .iter()
+                .find(|(k, q)| {
+                    k.starts_with(&sender)
+                        && (env.in_reply_to.as_deref() == Some(q.help_message_id.as_str())
+                            || env.references.contains(&q.help_message_id))
+                })
+                .map(|(k, _)| k.clone()),
+        };
+        let Some(question) = key.and_then(|k| pending.remove(&k)) else {
+            return false;
+        };
+        let choice = choose(&question.options, &dispatch.body_text)
+            .or_else(|| choose(&question.options, &dispatch.title));
+        inner
+            .seen
+            .lock()
+            .expect("seen lock")
+            .insert(env.message_id.clone());
+        inner.events.emit(
+            "task.answered",
+            json!({"agent": inner.spec.name, "answerTaskId": env.task_id, "choice": choice.map(|i| question.options[i].clone())}),
+        );
+        if choice.is_none() {
+            tracing::warn!("the answer names none of the options; the agent's request is rejected");
+        }
+        let _ = question.answer.send(choice);
+        true
     }
 
     /// Sends the task's result. A failure is logged with the task id: the journal will make
@@ -597,6 +726,21 @@ mod tests {
             now,
         );
         assert!(matches!(busy, Admission::Reject(r) if r.contains("busy")));
+    }
+
+    #[test]
+    fn answers_name_an_option() {
+        let options: Vec<String> = ["Allow", "Always allow", "Reject"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(choose(&options, "2"), Some(1));
+        assert_eq!(choose(&options, "  reject.\n\n> quoted question"), Some(2));
+        assert_eq!(choose(&options, "> Which option?\nAlways allow"), Some(1));
+        assert_eq!(choose(&options, "I allow it, go ahead"), Some(0));
+        assert_eq!(choose(&options, "4"), None);
+        assert_eq!(choose(&options, "maybe later"), None);
+        assert_eq!(choose(&options, ""), None);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum PermissionPolicy {
     ReadOnly,
     /// Reject everything.
     Deny,
+    /// Ask the dispatcher by mail (`task.help_needed`, the options as suggested options) and
+    /// use the option they answer with; reject when no answer comes within `ask_timeout_secs`.
+    Ask,
 }
 
 /// What the session driver found, returned from inside the connection.
@@ -130,16 +133,34 @@ pub async fn run_acp(
     };
     let on_permission = {
         let shared = shared.clone();
+        let questions = task.questions.clone();
+        let ask_timeout = profile.ask_timeout;
         async move |req: RequestPermissionRequest,
                     responder: agent_client_protocol::v1::Responder<RequestPermissionResponse>,
-                    _cx| {
-            let outcome = if shared.cancelling.load(Ordering::SeqCst) {
-                RequestPermissionOutcome::Cancelled
-            } else {
-                decide(policy, &req)
-            };
-            tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
-            responder.respond(RequestPermissionResponse::new(outcome))
+                    cx: ConnectionTo<Agent>| {
+            if shared.cancelling.load(Ordering::SeqCst) {
+                return responder.respond(RequestPermissionResponse::new(
+                    RequestPermissionOutcome::Cancelled,
+                ));
+            }
+            match (&questions, policy) {
+                (Some(questions), PermissionPolicy::Ask) => {
+                    // Waiting for a person inside the handler would stall the connection:
+                    // the answer is given from a task of its own.
+                    let (questions, shared) = (questions.clone(), shared.clone());
+                    cx.spawn(async move {
+                        let outcome = ask(&questions, &req, ask_timeout).await;
+                        let outcome = if shared.cancelling.load(Ordering::SeqCst) { RequestPermissionOutcome::Cancelled } else { outcome };
+                        tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by the dispatcher");
+                        responder.respond(RequestPermissionResponse::new(outcome))
+                    })
+                }
+                _ => {
+                    let outcome = decide(policy, &req);
+                    tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
+                    responder.respond(RequestPermissionResponse::new(outcome))
+                }
+            }
         }
     };
     let on_read = {
@@ -732,7 +753,57 @@ fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
     }
 }
 
-/// The option to pick for a permission request under `policy`, chosen by kind.
+/// Hands a permission request to whoever answers questions, and waits for the choice. No
+/// answer in time (or nobody listening) rejects.
+async fn ask(
+    questions: &mpsc::Sender<super::Question>,
+    req: &RequestPermissionRequest,
+    wait: std::time::Duration,
+) -> RequestPermissionOutcome {
+    let title = req
+        .tool_call
+        .fields
+        .title
+        .clone()
+        .unwrap_or_else(|| "a tool".into());
+    let kind = req
+        .tool_call
+        .fields
+        .kind
+        .map(|k| {
+            serde_json::to_value(k)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| "other".into());
+    let (answer, chosen) = tokio::sync::oneshot::channel();
+    let question = super::Question {
+        text: format!("The agent asks for permission to use \"{title}\" ({kind}). Which option do you choose?"),
+        reason: "The agent needs a permission that this bridge's policy leaves to you.".into(),
+        options: req.options.iter().map(|o| o.name.clone()).collect(),
+        answer,
+    };
+    if questions.send(question).await.is_err() {
+        return decide(PermissionPolicy::Deny, req);
+    }
+    match tokio::time::timeout(wait, chosen).await {
+        Ok(Ok(Some(i))) if i < req.options.len() => RequestPermissionOutcome::Selected(
+            SelectedPermissionOutcome::new(req.options[i].option_id.clone()),
+        ),
+        Ok(_) => decide(PermissionPolicy::Deny, req),
+        Err(_) => {
+            tracing::warn!(
+                seconds = wait.as_secs(),
+                "no answer to the permission question in time; rejecting"
+            );
+            decide(PermissionPolicy::Deny, req)
+        }
+    }
+}
+
+/// The option to pick for a permission request under `policy`, chosen by kind. `ask` without
+/// anyone to ask behaves as `read_only`.
 fn decide(policy: PermissionPolicy, req: &RequestPermissionRequest) -> RequestPermissionOutcome {
     let read_only = matches!(
         req.tool_call.fields.kind,
@@ -740,7 +811,7 @@ fn decide(policy: PermissionPolicy, req: &RequestPermissionRequest) -> RequestPe
     );
     let allow = match policy {
         PermissionPolicy::Allow => true,
-        PermissionPolicy::ReadOnly => read_only,
+        PermissionPolicy::ReadOnly | PermissionPolicy::Ask => read_only,
         PermissionPolicy::Deny => false,
     };
     let kinds: &[PermissionOptionKind] = if allow {

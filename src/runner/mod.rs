@@ -44,6 +44,21 @@ pub struct TaskInput {
     pub resume_id: Option<String>,
     /// The task's own folder: the agent's working directory unless the profile sets one.
     pub workspace: PathBuf,
+    /// Where the agent's questions go (permission requests under the `ask` policy); `None`
+    /// when nobody can answer, and then the policy falls back to `read_only`.
+    pub questions: Option<mpsc::Sender<Question>>,
+}
+
+/// Something the agent needs a person to decide, such as a permission request.
+#[derive(Debug)]
+pub struct Question {
+    pub text: String,
+    /// Why the agent is blocked.
+    pub reason: String,
+    /// The choices, by name.
+    pub options: Vec<String>,
+    /// The index of the chosen option. Dropping it, or `None`, means no answer.
+    pub answer: tokio::sync::oneshot::Sender<Option<usize>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

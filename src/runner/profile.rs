@@ -99,6 +99,9 @@ struct ProfileFile {
     /// ACP: after `session/cancel`, how long the agent gets to stop before it is killed.
     #[serde(default = "default_cancel_grace")]
     cancel_grace_secs: u64,
+    /// ACP with `permissions = "ask"`: how long to wait for the dispatcher's answer.
+    #[serde(default = "default_ask_timeout")]
+    ask_timeout_secs: u64,
     /// ACP: the auth method to use when the agent asks for one. Default: a method that takes
     /// an API key from the environment; interactive logins are never started.
     auth_method: Option<String>,
@@ -118,6 +121,10 @@ pub enum ProfileKind {
 
 fn default_init_timeout() -> u64 {
     60
+}
+
+fn default_ask_timeout() -> u64 {
+    15 * 60
 }
 
 fn default_cancel_grace() -> u64 {
@@ -179,6 +186,7 @@ pub struct Profile {
     pub init_timeout: Duration,
     pub cancel_grace: Duration,
     pub auth_method: Option<String>,
+    pub ask_timeout: Duration,
     pub install: Option<String>,
     pub requires_node: Option<u32>,
     /// Where it came from, for messages: a path or "built-in".
@@ -248,6 +256,7 @@ impl Profile {
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
             auth_method: file.auth_method,
+            ask_timeout: Duration::from_secs(file.ask_timeout_secs),
             install: file.install,
             requires_node: file.requires_node,
             origin: origin.to_string(),
