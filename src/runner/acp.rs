@@ -593,7 +593,15 @@ async fn open_session(
                     Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&e.message)))),
                 }
             }
-            Err(e) => return Ok(Err(Driven::SessionRefused(e.message))),
+            // Some agents put the real cause in the error's data (claude-agent-acp answers
+            // -32603 "Internal error" with the details there when it is not logged in).
+            Err(e) => {
+                let detail = match &e.data {
+                    Some(data) if !data.is_null() => format!("{} ({})", e.message, data),
+                    _ => e.message.clone(),
+                };
+                return Ok(Err(Driven::SessionRefused(detail)));
+            }
         },
     };
     Ok(Ok(session_id))

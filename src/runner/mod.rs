@@ -426,15 +426,26 @@ async fn read_capped(
 }
 
 /// Reads everything, keeping the last `max` bytes.
+/// Each line also goes to the log at debug level (target `agent`), cut at 500 characters.
 async fn read_tail(mut pipe: impl AsyncRead + Unpin, max: usize) -> std::io::Result<Vec<u8>> {
     let mut tail = std::collections::VecDeque::with_capacity(max);
     let mut buf = vec![0u8; 8 * 1024];
+    let mut line: Vec<u8> = Vec::new();
     loop {
         let n = pipe.read(&mut buf).await?;
         if n == 0 {
+            if !line.is_empty() {
+                tracing::debug!(target: "agent", "{}", String::from_utf8_lossy(&line));
+            }
             return Ok(tail.into_iter().collect());
         }
         for &b in &buf[..n] {
+            if b == b'\n' {
+                tracing::debug!(target: "agent", "{}", String::from_utf8_lossy(&line));
+                line.clear();
+            } else if line.len() < 500 {
+                line.push(b);
+            }
             if tail.len() == max {
                 tail.pop_front();
             }
