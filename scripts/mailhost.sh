@@ -22,11 +22,33 @@ IMAP_PORT=${MAILHOST_IMAP_PORT:-11143}    # IMAP, used to create a user's folder
 SUBMIT_PORT=${MAILHOST_SUBMIT_PORT:-15587} # SMTP submission: AUTH required, plain text (loopback)
 MX_PORT=${MAILHOST_MX_PORT:-12525}         # SMTP inbound: no AUTH, local domain only
 CYRUS=/usr/lib/cyrus/bin
+# Cyrus' httpd rebuilt with WebSocket support (scripts/cyrus-ws.sh), for real JMAP push; Debian's
+# own httpd has none. MAILHOST_PUSH=0 skips it and runs Debian's httpd (clients then poll).
+WS_HTTPD=/usr/local/lib/cyrus-ws/httpd
+PUSH=${MAILHOST_PUSH:-1}
 
 say() { echo "mailhost: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 cmd_install() {
+  install_packages
+  if [ "$PUSH" = 1 ]; then install_ws_httpd; fi
+}
+
+# The WebSocket httpd matching the installed Cyrus, from the build cache or built now (~1-2 min).
+install_ws_httpd() {
+  local want have
+  want=$(dpkg-query -W -f='${Version}' cyrus-common)
+  have=$(sed -n 's/^cyrus-common //p' "${WS_HTTPD%/*}/BUILDINFO" 2>/dev/null || true)
+  if [ -x "$WS_HTTPD" ] && [ "$have" = "$want" ]; then say "WebSocket httpd present"; return 0; fi
+  dpkg -s libwslay1 >/dev/null 2>&1 || apt-get install -y -q --no-install-recommends libwslay1 >/dev/null
+  local tarball
+  tarball=$(bash "$(dirname "$(readlink -f "$0")")/cyrus-ws.sh")
+  tar -xzf "$tarball" -C /
+  say "WebSocket httpd installed for cyrus $want"
+}
+
+install_packages() {
   if dpkg -s cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null 2>&1; then
     say "packages already installed"; return 0
   fi
@@ -44,6 +66,10 @@ cmd_install() {
     cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null
   if [ "$ours" = 1 ]; then rm -f "$guard"; fi
   say "installed cyrus $(dpkg-query -W -f='${Version}' cyrus-imapd), postfix $(dpkg-query -W -f='${Version}' postfix)"
+}
+
+httpd_binary() {
+  if [ "$PUSH" = 1 ] && [ -x "$WS_HTTPD" ]; then echo "$WS_HTTPD"; else echo "$CYRUS/httpd"; fi
 }
 
 write_cyrus_config() {
@@ -107,7 +133,7 @@ START {
 }
 SERVICES {
   imap     cmd="$CYRUS/imapd -C $DIR/imapd.conf" listen="127.0.0.1:$IMAP_PORT" prefork=0 maxchild=50
-  http     cmd="$CYRUS/httpd -C $DIR/imapd.conf" listen="127.0.0.1:$JMAP_PORT" prefork=0 maxchild=50
+  http     cmd="$(httpd_binary) -C $DIR/imapd.conf" listen="127.0.0.1:$JMAP_PORT" prefork=0 maxchild=50
   lmtpunix cmd="$CYRUS/lmtpd -C $DIR/imapd.conf" listen="$DIR/cyrus/run/socket/lmtp" prefork=0 maxchild=20
 }
 DAEMON {
@@ -260,7 +286,9 @@ cmd_check() {
     curl -fsS -L -u "$user:$pass" "http://127.0.0.1:$JMAP_PORT/.well-known/jmap" >/dev/null \
       || die "JMAP session for $user failed"
   fi
-  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap, SMTP 127.0.0.1:$SUBMIT_PORT"
+  local push="no push (clients poll)"
+  if [ "$(grep -c "$WS_HTTPD" "$DIR/cyrus.conf" 2>/dev/null)" != 0 ]; then push="WebSocket push"; fi
+  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap ($push), SMTP 127.0.0.1:$SUBMIT_PORT"
 }
 
 cmd_start() {

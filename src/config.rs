@@ -85,9 +85,23 @@ pub struct MailboxConfig {
     /// Accept invalid TLS certificates from this mailbox's hosts. Off unless set.
     #[serde(default)]
     pub insecure_tls: bool,
-    /// Seconds between `Email/changes` polls.
+    /// Seconds between `Email/changes` polls when push is not available.
     #[serde(default = "default_poll_secs")]
     pub poll_interval_secs: u64,
+    /// Use JMAP push (WebSocket, RFC 8887) when the server offers it.
+    #[serde(default = "default_true")]
+    pub push: bool,
+    /// While push is up, seconds between safety polls (a missed push costs at most this).
+    #[serde(default = "default_reconcile_secs")]
+    pub reconcile_interval_secs: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_reconcile_secs() -> u64 {
+    60
 }
 
 impl fmt::Debug for MailboxConfig {
@@ -149,6 +163,8 @@ pub struct Account {
     pub smtp_security: SmtpSecurity,
     pub insecure_tls: bool,
     pub poll_interval: std::time::Duration,
+    pub push: bool,
+    pub reconcile_interval: std::time::Duration,
 }
 
 impl fmt::Debug for Account {
@@ -390,6 +406,8 @@ impl LoadedConfig {
             smtp_security: m.smtp_security,
             insecure_tls: m.insecure_tls,
             poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            push: m.push,
+            reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
         })
     }
 

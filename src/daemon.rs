@@ -14,9 +14,11 @@ use crate::config::LoadedConfig;
 use crate::dispatch::{AgentSpec, Dispatcher, Outbox, SenderPolicy};
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
+use crate::mailbox::push::{self, PushTarget};
 use crate::mailbox::{jitter, Cursor, Mailbox, MailboxError, Sender};
 use crate::protocol::AampMessage;
 use crate::runner::Profile;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How far back to look when the server has lost our change cursor.
 const BACKSCAN: usize = 100;
@@ -153,7 +155,11 @@ impl Classify for IntakeError {
     }
 }
 
-/// Polls one mailbox and hands its AAMP mail to the dispatcher, until `stop`.
+/// Watches one mailbox and hands its AAMP mail to the dispatcher, until `stop`. Two loops
+/// share the work: the poll loop reads changes (`Email/changes` from the saved cursor), on a
+/// timer and whenever the push loop wakes it; the push loop keeps a JMAP WebSocket open when
+/// the server offers one. With push up, the timer only reconciles (`reconcile_interval`);
+/// without it, it polls (`poll_interval`).
 async fn intake<O: Outbox>(
     name: String,
     mut mailbox: Mailbox,
@@ -162,60 +168,138 @@ async fn intake<O: Outbox>(
     events: Events,
     stop: CancellationToken,
 ) {
-    let mut state: Option<String> = None;
-    let mut ready = false;
-    let mut failures: u32 = 0;
-    let mut auth_reported = false;
-    loop {
-        let poll = tokio::select! {
-            result = poll_once(&mut mailbox, &cursor, &mut state, &dispatcher) => result,
-            _ = stop.cancelled() => return,
-        };
-        let wait = match poll {
-            Ok(()) => {
-                if !ready {
-                    ready = true;
-                    events.emit(
-                        "agent.ready",
-                        json!({"agent": name, "email": mailbox.email()}),
-                    );
+    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (target_tx, mut target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
+    let push_up = AtomicBool::new(false);
+    let use_push = mailbox.account.push;
+    let poll_secs = mailbox.account.poll_interval.as_secs();
+
+    let polling = async {
+        let mut state: Option<String> = None;
+        let mut ready = false;
+        let mut failures: u32 = 0;
+        let mut auth_reported = false;
+        loop {
+            let poll = tokio::select! {
+                result = poll_once(&mut mailbox, &cursor, &mut state, &dispatcher) => result,
+                _ = stop.cancelled() => return,
+            };
+            let wait = match poll {
+                Ok(()) => {
+                    if !ready {
+                        ready = true;
+                        events.emit(
+                            "agent.ready",
+                            json!({"agent": name, "email": mailbox.email()}),
+                        );
+                    }
+                    if failures > 0 {
+                        tracing::info!("mailbox reachable again");
+                    }
+                    failures = 0;
+                    auth_reported = false;
+                    if use_push {
+                        let target = mailbox.push_target();
+                        target_tx.send_if_modified(|current| {
+                            let changed =
+                                current.as_ref().map(|t| &t.url) != target.as_ref().map(|t| &t.url);
+                            if changed {
+                                *current = target;
+                            }
+                            changed
+                        });
+                    }
+                    if push_up.load(Ordering::SeqCst) {
+                        mailbox.account.reconcile_interval
+                    } else {
+                        mailbox.account.poll_interval
+                    }
                 }
-                if failures > 0 {
-                    tracing::info!("mailbox reachable again");
-                }
-                failures = 0;
-                auth_reported = false;
-                mailbox.account.poll_interval
-            }
-            Err(e) => {
-                failures += 1;
-                mailbox.disconnect();
-                match e.class() {
-                    ErrorClass::Auth => {
-                        if !auth_reported {
-                            tracing::error!(error = %e, "the mail server refused the credentials of {}; fix the password in the config; retrying every 5 minutes", mailbox.email());
-                            auth_reported = true;
+                Err(e) => {
+                    failures += 1;
+                    mailbox.disconnect();
+                    match e.class() {
+                        ErrorClass::Auth => {
+                            if !auth_reported {
+                                tracing::error!(error = %e, "the mail server refused the credentials of {}; fix the password in the config; retrying every 5 minutes", mailbox.email());
+                                auth_reported = true;
+                            }
+                            Duration::from_secs(300)
                         }
-                        Duration::from_secs(300)
-                    }
-                    ErrorClass::Permanent => {
-                        tracing::error!(error = %e, "mailbox error; retrying in 60s");
-                        Duration::from_secs(60)
-                    }
-                    _ => {
-                        let delay = Duration::from_secs(1u64 << failures.min(6))
-                            .min(Duration::from_secs(60));
-                        tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
-                        jitter(delay)
+                        ErrorClass::Permanent => {
+                            tracing::error!(error = %e, "mailbox error; retrying in 60s");
+                            Duration::from_secs(60)
+                        }
+                        _ => {
+                            let delay = Duration::from_secs(1u64 << failures.min(6))
+                                .min(Duration::from_secs(60));
+                            tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
+                            jitter(delay)
+                        }
                     }
                 }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                Some(()) = wake_rx.recv() => tracing::debug!("woken by push"),
+                _ = stop.cancelled() => return,
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
         }
-    }
+    };
+
+    let pushing = async {
+        if !use_push {
+            return;
+        }
+        let mut push_state: Option<String> = None;
+        let mut failures: u32 = 0;
+        loop {
+            // The poll loop publishes where to connect once it has a session.
+            let target = loop {
+                if let Some(target) = target_rx.borrow_and_update().clone() {
+                    break target;
+                }
+                tokio::select! {
+                    changed = target_rx.changed() => if changed.is_err() { return },
+                    _ = stop.cancelled() => return,
+                }
+            };
+            let connected = || {
+                push_up.store(true, Ordering::SeqCst);
+                tracing::info!(url = %target.url, "push connected");
+                events.emit("mailbox.push", json!({"agent": name, "connected": true}));
+                // Catch up on whatever changed while push was down.
+                let _ = wake_tx.try_send(());
+            };
+            let result = push::run(&target, &mut push_state, &wake_tx, &stop, connected).await;
+            let was_up = push_up.swap(false, Ordering::SeqCst);
+            if was_up {
+                events.emit("mailbox.push", json!({"agent": name, "connected": false}));
+            }
+            let Err(e) = result else { return };
+            failures = if was_up { 1 } else { failures + 1 };
+            let delay = match e.class() {
+                ErrorClass::Auth => Duration::from_secs(300),
+                ErrorClass::Permanent => {
+                    tracing::info!(error = %e, "push is not available; polling every {poll_secs}s");
+                    Duration::from_secs(600)
+                }
+                _ => {
+                    let delay = jitter(
+                        Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60)),
+                    );
+                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "push connection lost; polling meanwhile");
+                    delay
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = target_rx.changed() => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    };
+    tokio::join!(polling, pushing);
 }
 
 async fn poll_once<O: Outbox>(

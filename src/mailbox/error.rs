@@ -28,6 +28,8 @@ pub enum MailboxError {
     },
     #[error("{0}")]
     Address(String),
+    #[error("push: {detail}")]
+    Push { detail: String, class: ErrorClass },
 }
 
 impl Classify for MailboxError {
@@ -46,7 +48,7 @@ impl Classify for MailboxError {
             },
             MailboxError::CannotCalculateChanges => ErrorClass::Transient,
             MailboxError::Protocol { .. } | MailboxError::Address(_) => ErrorClass::Permanent,
-            MailboxError::Smtp { class, .. } => *class,
+            MailboxError::Smtp { class, .. } | MailboxError::Push { class, .. } => *class,
         }
     }
 }

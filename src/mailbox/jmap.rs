@@ -23,6 +23,8 @@ pub struct Session {
     pub api_url: Url,
     pub account_id: String,
     pub download_url: String,
+    /// JMAP over WebSocket (RFC 8887), when the server offers it with push.
+    pub websocket_url: Option<Url>,
 }
 
 /// One fetched mail: its JMAP id, where it is, and the parts the parser reads.
@@ -107,10 +109,19 @@ impl JmapClient {
             })
             .ok_or_else(|| protocol("JMAP session", "no mail account"))?;
         let download_url = body["downloadUrl"].as_str().unwrap_or_default().to_string();
+        let websocket = &body["capabilities"]["urn:ietf:params:jmap:websocket"];
+        let websocket_url = match (
+            websocket["url"].as_str(),
+            websocket["supportsPush"].as_bool(),
+        ) {
+            (Some(url), Some(true)) => super::push::websocket_url(url, &final_url),
+            _ => None,
+        };
         self.session = Some(Session {
             api_url,
             account_id,
             download_url,
+            websocket_url,
         });
         Ok(self.session.as_ref().expect("just set"))
     }

@@ -4,6 +4,7 @@
 
 mod error;
 pub mod jmap;
+pub mod push;
 pub mod smtp;
 
 use std::path::PathBuf;
@@ -56,6 +57,22 @@ impl Mailbox {
 
     pub fn is_connected(&self) -> bool {
         self.inbox_id.is_some()
+    }
+
+    /// Where to connect for push, when the server offers it (and TLS can be verified).
+    pub fn push_target(&self) -> Option<push::PushTarget> {
+        let session = self.jmap.session()?;
+        let url = session.websocket_url.clone()?;
+        if url.scheme() == "wss" && self.account.insecure_tls {
+            tracing::info!("push over TLS is not used for a mailbox with insecure_tls; polling");
+            return None;
+        }
+        Some(push::PushTarget {
+            url,
+            login: self.account.login.clone(),
+            password: self.account.password.clone(),
+            account_id: session.account_id.clone(),
+        })
     }
 
     /// Forgets the session, so the next call discovers it again (after errors).

@@ -22,6 +22,8 @@ pub struct MailHost {
     pub password: String,
     pub jmap_url: String,
     pub smtp_port: u16,
+    /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
+    env: Vec<(String, String)>,
 }
 
 fn repo() -> PathBuf {
@@ -29,9 +31,14 @@ fn repo() -> PathBuf {
 }
 
 fn script(args: &[&str]) -> std::process::Output {
+    script_with(&[], args)
+}
+
+fn script_with(env: &[(String, String)], args: &[&str]) -> std::process::Output {
     Command::new("bash")
         .arg(repo().join("scripts/mailhost.sh"))
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
         .expect("bash runs scripts/mailhost.sh")
 }
@@ -54,8 +61,64 @@ pub fn mailhost() -> &'static MailHost {
             password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
             jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
             smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
+            env: Vec::new(),
         }
     })
+}
+
+/// A mail host instance of its own (own folder and ports), for tests that stop and start it.
+/// It is stopped and deleted on drop.
+pub struct PrivateHost(pub MailHost);
+
+impl PrivateHost {
+    pub fn start(name: &str, port_base: u16) -> PrivateHost {
+        mailhost(); // the packages are installed and the shared instance's syslog sink runs
+        let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
+        let env: Vec<(String, String)> = vec![
+            ("MAILHOST_DIR".into(), dir),
+            ("MAILHOST_JMAP_PORT".into(), port_base.to_string()),
+            ("MAILHOST_IMAP_PORT".into(), (port_base + 1).to_string()),
+            ("MAILHOST_SUBMIT_PORT".into(), (port_base + 2).to_string()),
+            ("MAILHOST_MX_PORT".into(), (port_base + 3).to_string()),
+        ];
+        let out = script_with(&env, &["start"]);
+        assert!(
+            out.status.success(),
+            "private mail host did not start:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PrivateHost(MailHost {
+            domain: "example.test".into(),
+            password: "secret".into(),
+            jmap_url: format!("http://127.0.0.1:{port_base}/.well-known/jmap"),
+            smtp_port: port_base + 2,
+            env,
+        })
+    }
+
+    pub fn stop(&self) {
+        let out = script_with(&self.0.env, &["stop"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn restart(&self) {
+        let out = script_with(&self.0.env, &["start"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateHost {
+    fn drop(&mut self) {
+        let _ = script_with(&self.0.env, &["clean"]);
+    }
 }
 
 impl MailHost {
@@ -71,7 +134,7 @@ impl MailHost {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let out = script(&["adduser", &name]);
+        let out = script_with(&self.env, &["adduser", &name]);
         assert!(
             out.status.success(),
             "adduser {name}: {}",
@@ -89,13 +152,20 @@ impl MailHost {
             smtp_security: SmtpSecurity::Plain,
             insecure_tls: false,
             poll_interval: Duration::from_secs(1),
+            push: false,
+            reconcile_interval: Duration::from_secs(60),
         }
     }
 
     /// A `[mailboxes.<key>]` table for `account`, reading the password from `password_file`.
     pub fn mailbox_toml(&self, key: &str, account: &Account) -> String {
+        self.mailbox_toml_with(key, account, "poll_interval_secs = 1\n")
+    }
+
+    /// Like [`MailHost::mailbox_toml`], with other settings (poll interval, push) given.
+    pub fn mailbox_toml_with(&self, key: &str, account: &Account, settings: &str) -> String {
         format!(
-            "[mailboxes.{key}]\nemail = \"{}\"\njmap_url = \"{}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_security = \"plain\"\npoll_interval_secs = 1\n\n",
+            "[mailboxes.{key}]\nemail = \"{}\"\njmap_url = \"{}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_security = \"plain\"\n{settings}\n",
             account.email, self.jmap_url, self.smtp_port
         )
     }

@@ -1,0 +1,227 @@
+//! JMAP push over WebSocket (RFC 8887): one connection per mailbox that turns the server's
+//! `StateChange` frames for Email into wake-ups for the intake loop. Push only says *that*
+//! something changed; the intake loop still reads the changes with `Email/changes`, so a
+//! missed frame costs latency, never mail.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use super::MailboxError;
+use crate::error::ErrorClass;
+
+/// How often we ping, and how long the connection may stay silent before it counts as lost.
+const PING_EVERY: Duration = Duration::from_secs(30);
+const SILENCE_LIMIT: Duration = Duration::from_secs(75);
+
+/// Where and as whom to connect.
+#[derive(Clone, Debug)]
+pub struct PushTarget {
+    pub url: Url,
+    pub login: String,
+    pub password: String,
+    pub account_id: String,
+}
+
+/// The WebSocket URL a session advertises, made absolute. Cyrus advertises `wss:/jmap/ws/`
+/// with no host (and `wss` even on plain http); a WHATWG parser would read `jmap` as the host.
+/// A URL without a host takes host and port from the session URL, and `ws` for an http session.
+pub fn websocket_url(advertised: &str, session: &Url) -> Option<Url> {
+    let secure = session.scheme() == "https";
+    let scheme = if secure { "wss" } else { "ws" };
+    let rest = advertised
+        .strip_prefix("wss:")
+        .or_else(|| advertised.strip_prefix("ws:"));
+    match rest {
+        // A full URL with a host: use it as it is.
+        Some(r) if r.starts_with("//") => Url::parse(advertised).ok(),
+        // A scheme with a bare path, or a relative reference: resolve against the session.
+        Some(path) => {
+            let mut url = session.join(path).ok()?;
+            url.set_scheme(scheme).ok()?;
+            Some(url)
+        }
+        None => {
+            let mut url = session.join(advertised).ok()?;
+            url.set_scheme(scheme).ok()?;
+            Some(url)
+        }
+    }
+}
+
+fn push_error(detail: impl Into<String>, class: ErrorClass) -> MailboxError {
+    MailboxError::Push {
+        detail: detail.into(),
+        class,
+    }
+}
+
+fn classify(e: WsError) -> MailboxError {
+    match e {
+        WsError::Http(response) => {
+            let status = response.status().as_u16();
+            let class = match status {
+                401 | 403 => ErrorClass::Auth,
+                408 | 429 | 500..=599 => ErrorClass::Transient,
+                _ => ErrorClass::Permanent,
+            };
+            push_error(
+                format!("the WebSocket upgrade was answered HTTP {status}"),
+                class,
+            )
+        }
+        WsError::Url(e) => push_error(format!("bad WebSocket URL: {e}"), ErrorClass::Permanent),
+        other => push_error(other.to_string(), ErrorClass::Transient),
+    }
+}
+
+/// TLS for `wss`: the platform's usual roots (webpki), verified. `insecure_tls` mailboxes are
+/// not offered push over TLS; they poll.
+fn tls_connector() -> Result<tokio_tungstenite::Connector, MailboxError> {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| push_error(format!("TLS setup: {e}"), ErrorClass::Permanent))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_tungstenite::Connector::Rustls(Arc::new(config)))
+}
+
+/// Runs one push connection until it fails (an error says how) or `stop` is cancelled
+/// (`Ok`). `connected` is called once push is enabled; every Email change for our account
+/// sends a wake-up on `changed` (a full channel already holds one, which is enough).
+/// `push_state` is resumed from and kept up to date.
+pub async fn run(
+    target: &PushTarget,
+    push_state: &mut Option<String>,
+    changed: &mpsc::Sender<()>,
+    stop: &CancellationToken,
+    connected: impl FnOnce(),
+) -> Result<(), MailboxError> {
+    let mut request = target.url.as_str().into_client_request().map_err(|e| {
+        push_error(
+            format!("bad WebSocket URL {}: {e}", target.url),
+            ErrorClass::Permanent,
+        )
+    })?;
+    use base64::Engine as _;
+    let token = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", target.login, target.password));
+    let headers = request.headers_mut();
+    headers.insert("Sec-WebSocket-Protocol", HeaderValue::from_static("jmap"));
+    headers.insert(
+        "Authorization",
+        HeaderValue::from_str(&format!("Basic {token}"))
+            .map_err(|_| push_error("credentials cannot go in a header", ErrorClass::Permanent))?,
+    );
+    let connector = if target.url.scheme() == "wss" {
+        Some(tls_connector()?)
+    } else {
+        None
+    };
+    let (mut socket, response) = tokio::select! {
+        r = tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector) => r.map_err(classify)?,
+        _ = stop.cancelled() => return Ok(()),
+    };
+    let protocol = response
+        .headers()
+        .get("Sec-WebSocket-Protocol")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !protocol.split(',').any(|p| p.trim() == "jmap") {
+        return Err(push_error(
+            "the server did not accept the jmap WebSocket subprotocol",
+            ErrorClass::Permanent,
+        ));
+    }
+    // An explicit type list: Cyrus 3.6 turns push off for `"dataTypes": null`.
+    let enable =
+        json!({"@type": "WebSocketPushEnable", "dataTypes": ["Email"], "pushState": push_state});
+    socket
+        .send(Message::text(enable.to_string()))
+        .await
+        .map_err(classify)?;
+    connected();
+
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            frame = socket.next() => {
+                let frame = match frame {
+                    Some(Ok(frame)) => frame,
+                    Some(Err(e)) => return Err(classify(e)),
+                    None => return Err(push_error("the server closed the push connection", ErrorClass::Transient)),
+                };
+                last_heard = tokio::time::Instant::now();
+                match frame {
+                    Message::Text(text) => {
+                        let Ok(value) = serde_json::from_str::<Value>(text.as_str()) else { continue };
+                        if value["@type"] == "StateChange" {
+                            if let Some(state) = value["pushState"].as_str() {
+                                *push_state = Some(state.to_string());
+                            }
+                            if value["changed"][&target.account_id].get("Email").is_some() {
+                                let _ = changed.try_send(());
+                            }
+                        }
+                    }
+                    Message::Close(_) => return Err(push_error("the server closed the push connection", ErrorClass::Transient)),
+                    _ => {}
+                }
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() > SILENCE_LIMIT {
+                    return Err(push_error("the push connection went silent", ErrorClass::Transient));
+                }
+                socket.send(Message::Ping(Vec::new().into())).await.map_err(classify)?;
+            }
+            _ = stop.cancelled() => {
+                let _ = socket.close(None).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cyrus_host_less_urls_take_the_session_host() {
+        let http = Url::parse("http://127.0.0.1:18080/jmap/").unwrap();
+        assert_eq!(
+            websocket_url("wss:/jmap/ws/", &http).unwrap().as_str(),
+            "ws://127.0.0.1:18080/jmap/ws/"
+        );
+        let https = Url::parse("https://mail.example.com/jmap/").unwrap();
+        assert_eq!(
+            websocket_url("wss:/jmap/ws/", &https).unwrap().as_str(),
+            "wss://mail.example.com/jmap/ws/"
+        );
+        assert_eq!(
+            websocket_url("/jmap/ws", &https).unwrap().as_str(),
+            "wss://mail.example.com/jmap/ws"
+        );
+        assert_eq!(
+            websocket_url("wss://push.example.com/ws", &https)
+                .unwrap()
+                .as_str(),
+            "wss://push.example.com/ws"
+        );
+    }
+}
