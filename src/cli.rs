@@ -145,7 +145,7 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
         .await
         .with_context(|| format!("connecting to the mailbox {}", account.email))?;
     // Take the cursor before sending, so the answer cannot slip past it.
-    let mut state = mailbox.current_state().await?;
+    let mut state = crate::mailbox::Position::at(mailbox.current_state().await?);
     let task_id = uuid::Uuid::new_v4().to_string();
     let mut msg = AampMessage {
         envelope: Envelope {

@@ -91,6 +91,9 @@ pub struct MailboxConfig {
     /// Use JMAP push (WebSocket, RFC 8887) when the server offers it.
     #[serde(default = "default_true")]
     pub push: bool,
+    /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
+    #[serde(default = "default_true")]
+    pub save_sent: bool,
     /// While push is up, seconds between safety polls (a missed push costs at most this).
     #[serde(default = "default_reconcile_secs")]
     pub reconcile_interval_secs: u64,
@@ -165,6 +168,7 @@ pub struct Account {
     pub poll_interval: std::time::Duration,
     pub push: bool,
     pub reconcile_interval: std::time::Duration,
+    pub save_sent: bool,
 }
 
 impl fmt::Debug for Account {
@@ -407,6 +411,7 @@ impl LoadedConfig {
             insecure_tls: m.insecure_tls,
             poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
             push: m.push,
+            save_sent: m.save_sent,
             reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
         })
     }

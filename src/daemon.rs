@@ -15,7 +15,7 @@ use crate::dispatch::{AgentSpec, Dispatcher, Outbox, SenderPolicy};
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
 use crate::mailbox::push::{self, PushTarget};
-use crate::mailbox::{jitter, Cursor, Mailbox, MailboxError, Sender};
+use crate::mailbox::{jitter, Attachment, Cursor, Mailbox, MailboxError, Position, Sender};
 use crate::protocol::AampMessage;
 use crate::runner::Profile;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +35,10 @@ pub struct RunOptions {
 impl Outbox for Sender {
     async fn send(&self, msg: &AampMessage) -> Result<String, MailboxError> {
         Sender::send(self, msg).await
+    }
+
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
+        Sender::download(self, attachment, max).await
     }
 }
 
@@ -175,7 +179,7 @@ async fn intake<O: Outbox>(
     let poll_secs = mailbox.account.poll_interval.as_secs();
 
     let polling = async {
-        let mut state: Option<String> = None;
+        let mut state: Option<Position> = None;
         let mut ready = false;
         let mut failures: u32 = 0;
         let mut auth_reported = false;
@@ -305,7 +309,7 @@ async fn intake<O: Outbox>(
 async fn poll_once<O: Outbox>(
     mailbox: &mut Mailbox,
     cursor: &Cursor,
-    state: &mut Option<String>,
+    state: &mut Option<Position>,
     dispatcher: &Dispatcher<O>,
 ) -> Result<(), IntakeError> {
     if !mailbox.is_connected() {
@@ -318,7 +322,7 @@ async fn poll_once<O: Outbox>(
             Some(s) => s,
             None => {
                 // First start: work begins with mail that arrives from now on.
-                let s = mailbox.current_state().await?;
+                let s = Position::at(mailbox.current_state().await?);
                 cursor.save(&s)?;
                 s
             }

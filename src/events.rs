@@ -36,16 +36,5 @@ impl Events {
 
 /// `2026-11-29T10:02:18Z`.
 pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (y, m, d) = crate::protocol::rfc5322::civil_from_days(secs.div_euclid(86_400));
-    let r = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        r / 3600,
-        r % 3600 / 60,
-        r % 60
-    )
+    crate::protocol::time::format_utc(std::time::SystemTime::now())
 }

@@ -526,3 +526,115 @@ async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_i
         "the answer is not run as a task of its own"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attachments_reach_the_agent_and_replies_are_kept_in_sent() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "reader.toml", &boss.email),
+    );
+    // The agent answers with the attached file and the list the prompt gave it.
+    dir.write("reader.toml", "command = \"sh\"\nargs = [\"-c\", \"cat attachments/notes.txt; grep '^- attachments/' -\"]\nstdin = \"{{prompt}}\"\n");
+    let _bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let files = [
+        aamp_bridge::protocol::OutgoingFile {
+            filename: "notes.txt".into(),
+            content_type: "text/plain".into(),
+            bytes: b"the secret number is 4242\n".to_vec(),
+        },
+        aamp_bridge::protocol::OutgoingFile {
+            filename: "../../escape.sh".into(),
+            content_type: "application/x-sh".into(),
+            bytes: b"echo no\n".to_vec(),
+        },
+    ];
+    let dispatch = peer
+        .send_files(
+            peer.dispatch_to(&agent.email, "Read the notes", "What is the number?"),
+            &files,
+        )
+        .await;
+    let result = peer.wait_for(dispatch.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert!(
+        r.output.starts_with("the secret number is 4242"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output
+            .contains("- attachments/notes.txt (text/plain, 26 bytes)"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output
+            .contains("- attachments/escape.sh (application/x-sh, 8 bytes)"),
+        "names cannot leave the folder: {}",
+        r.output
+    );
+
+    // The bridge kept its own copy of the result in the agent's Sent mailbox.
+    let mut jmap = aamp_bridge::mailbox::jmap::JmapClient::new(&agent).unwrap();
+    jmap.connect().await.unwrap();
+    let sent = jmap.mailbox_with_role("sent").await.unwrap();
+    let ids = jmap.query_mailbox(&sent, 10).await.unwrap();
+    let copies = jmap.get_emails(&ids).await.unwrap();
+    let ids: Vec<&str> = copies.iter().map(|e| e.view.message_id.as_str()).collect();
+    assert!(
+        ids.contains(&result.message.envelope.message_id.as_str()),
+        "the result's Message-ID {} is in Sent: {ids:?}",
+        result.message.envelope.message_id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_cursor_is_recovered_from_the_inbox_without_running_anything_twice() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
+    let mut peer = Peer::new(boss).await;
+
+    let bridge = Bridge::start(&dir, 1);
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "Before", "handled before the state is lost"))
+        .await;
+    peer.wait_for(first.task_id(), Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+
+    // The server no longer knows the saved state (here: it cannot even read it), and mail
+    // arrives meanwhile.
+    let cursor_path = dir.dir.path().join("state/agents/agent/jmap-email-state");
+    let mut cursor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cursor_path).unwrap()).unwrap();
+    assert!(
+        cursor["lastReceivedAt"].is_string(),
+        "the cursor remembers the last mail: {cursor}"
+    );
+    cursor["state"] = serde_json::json!("not-a-state-the-server-knows");
+    std::fs::write(&cursor_path, cursor.to_string()).unwrap();
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "After", "sent while the bridge was down"))
+        .await;
+
+    let mut bridge = Bridge::start(&dir, 1);
+    bridge.wait_event("task.completed", |e| e["taskId"] == second.task_id());
+    peer.wait_for(second.task_id(), Intent::TaskResult).await;
+    assert!(
+        !bridge.seen.iter().any(|e| e["taskId"] == first.task_id()),
+        "the first task is not run again: {:#?}",
+        bridge.seen
+    );
+    let log = bridge.log();
+    assert!(
+        log.contains("scanning the Inbox from the last mail handled"),
+        "{log}"
+    );
+}

@@ -337,3 +337,52 @@ fn fuzz_regressions_round_trip() {
     }
     assert!(count >= 1);
 }
+
+#[test]
+fn attachments_travel_in_multipart_mail() {
+    use aamp_bridge::protocol::{render_with, OutgoingFile};
+    let msg = AampMessage {
+        envelope: envelope("task-files"),
+        body: Body::Dispatch(Dispatch {
+            title: "With files".into(),
+            body_text: "See the attachments.".into(),
+            ..Dispatch::default()
+        }),
+    };
+    let files = vec![
+        OutgoingFile {
+            filename: "notes.txt".into(),
+            content_type: "text/plain".into(),
+            bytes: b"line one\nline two\n".to_vec(),
+        },
+        OutgoingFile {
+            filename: "données.bin".into(),
+            content_type: "application/octet-stream".into(),
+            bytes: (0..=255u8).collect(),
+        },
+    ];
+    let mail = render_with(&msg, SystemTime::now(), &files);
+    use mail_parser::MimeHeaders;
+    let parsed = mail_parser::MessageParser::default()
+        .parse(&mail.bytes)
+        .unwrap();
+    assert_eq!(parsed.body_text(0).unwrap().trim(), "See the attachments.");
+    let got: Vec<(String, Vec<u8>)> = parsed
+        .attachments()
+        .map(|a| {
+            (
+                a.attachment_name().unwrap_or_default().to_string(),
+                a.contents().to_vec(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("notes.txt".to_string(), files[0].bytes.clone()),
+            ("données.bin".to_string(), files[1].bytes.clone())
+        ]
+    );
+    let back = AampMessage::parse(&parse_raw(&mail.bytes).unwrap()).unwrap();
+    assert_eq!(back.task_id(), "task-files");
+}

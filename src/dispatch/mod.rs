@@ -3,7 +3,6 @@
 //! waits for a slot, runs it through `runner`, and answers with a result through an
 //! [`Outbox`]. Cancels stop the matching task. Nothing here knows SMTP or JMAP.
 
-pub mod expiry;
 pub mod policy;
 pub mod prompt;
 pub mod sessions;
@@ -21,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::events::Events;
-use crate::mailbox::{Inbound, MailboxError};
+use crate::mailbox::{Attachment, Inbound, MailboxError};
 use crate::protocol::{AampMessage, Body, Dispatch, Envelope, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, Profile, RunError, TaskInput};
 pub use policy::SenderPolicy;
@@ -30,6 +29,13 @@ pub use policy::SenderPolicy;
 pub trait Outbox: Send + Sync + 'static {
     /// Sends `msg`; returns the Message-ID it went out with.
     fn send(&self, msg: &AampMessage) -> impl Future<Output = Result<String, MailboxError>> + Send;
+
+    /// Fetches an inbound attachment, at most `max` bytes.
+    fn download(
+        &self,
+        attachment: &Attachment,
+        max: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, MailboxError>> + Send;
 }
 
 /// An agent as dispatch sees it.
@@ -121,7 +127,7 @@ pub fn admit(
         ));
     }
     if let Some(expires) = &dispatch.expires_at {
-        match expiry::parse(expires) {
+        match crate::protocol::time::parse(expires) {
             Some(at) if at <= now => {
                 return Admission::Reject(format!(
                     "the task expired at {expires} before it could start"
@@ -234,20 +240,31 @@ impl<O: Outbox> Dispatcher<O> {
             message,
             truncated,
             email_id,
+            attachments,
         } = inbound;
+        let extras = MailExtras {
+            truncated,
+            attachments,
+        };
         let span = tracing::info_span!("task", task_id = %message.envelope.task_id,
             message_id = %message.envelope.message_id, email_id = %email_id);
         let _enter = span.enter();
         match message.body {
             Body::Dispatch(dispatch) => {
-                self.on_dispatch(message.envelope, dispatch, truncated, span.clone())
+                self.on_dispatch(message.envelope, dispatch, extras, span.clone())
             }
             Body::Cancel { .. } => self.on_cancel(&message.envelope),
             other => tracing::debug!(intent = %other.intent(), "not for an executor; ignored"),
         }
     }
 
-    fn on_dispatch(&self, env: Envelope, dispatch: Dispatch, truncated: bool, span: tracing::Span) {
+    fn on_dispatch(
+        &self,
+        env: Envelope,
+        dispatch: Dispatch,
+        extras: MailExtras,
+        span: tracing::Span,
+    ) {
         let inner = &self.inner;
         if self.answer_question(&env, &dispatch) {
             return;
@@ -294,7 +311,7 @@ impl<O: Outbox> Dispatcher<O> {
                 );
                 let this = self.clone();
                 inner.tracker.spawn(
-                    this.lifecycle(env, dispatch, truncated, cancel)
+                    this.lifecycle(env, dispatch, extras, cancel)
                         .instrument(span),
                 );
             }
@@ -319,7 +336,7 @@ impl<O: Outbox> Dispatcher<O> {
         self,
         env: Envelope,
         dispatch: Dispatch,
-        truncated: bool,
+        extras: MailExtras,
         cancel: CancellationToken,
     ) {
         let inner = &self.inner;
@@ -355,7 +372,7 @@ impl<O: Outbox> Dispatcher<O> {
             _ = cancel.cancelled() => None,
         };
         let outcome = match slot {
-            Some(_held) => self.run(&env, &dispatch, truncated, &cancel).await,
+            Some(_held) => self.run(&env, &dispatch, &extras, &cancel).await,
             None => Err(RunError::Cancelled),
         };
         inner
@@ -401,7 +418,7 @@ impl<O: Outbox> Dispatcher<O> {
         &self,
         env: &Envelope,
         dispatch: &Dispatch,
-        truncated: bool,
+        extras: &MailExtras,
         cancel: &CancellationToken,
     ) -> Result<runner::RunOutput, RunError> {
         let spec = &self.inner.spec;
@@ -409,12 +426,19 @@ impl<O: Outbox> Dispatcher<O> {
             .workspace_root
             .join(workspace_name(&env.from, &env.task_id));
         make_private_dir(&workspace)?;
+        let files = match self.save_attachments(&workspace, &extras.attachments).await {
+            Ok(files) => files,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&workspace);
+                return Err(e);
+            }
+        };
         let key = dispatch.session_key.as_deref();
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
         let task = TaskInput {
             agent: spec.name.clone(),
             task_id: env.task_id.clone(),
-            prompt: prompt::build(&spec.name, env, dispatch, truncated),
+            prompt: prompt::build(&spec.name, env, dispatch, extras.truncated, &files),
             session_key: dispatch.session_key.clone(),
             resume_id: key.and_then(|k| spec.sessions.get(k)),
             workspace: workspace.clone(),
@@ -459,6 +483,43 @@ impl<O: Outbox> Dispatcher<O> {
             tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
         }
         outcome
+    }
+
+    /// Downloads the mail's attachments into `workspace/attachments/`, under safe and
+    /// distinct names; returns (relative path, content type, size) for the prompt.
+    async fn save_attachments(
+        &self,
+        workspace: &std::path::Path,
+        attachments: &[Attachment],
+    ) -> Result<Vec<prompt::File>, RunError> {
+        if attachments.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dir = workspace.join("attachments");
+        make_private_dir(&dir)?;
+        let mut files = Vec::new();
+        let mut taken = HashSet::new();
+        for attachment in attachments {
+            let bytes = self
+                .inner
+                .outbox
+                .download(attachment, MAX_ATTACHMENT)
+                .await
+                .map_err(|e| {
+                    RunError::Prepare(format!(
+                        "could not download the attachment {:?}: {e}",
+                        attachment.name
+                    ))
+                })?;
+            let name = unique_name(&safe_file_name(&attachment.name), &mut taken);
+            std::fs::write(dir.join(&name), &bytes)?;
+            files.push(prompt::File {
+                path: format!("attachments/{name}"),
+                content_type: attachment.content_type.clone(),
+                size: bytes.len() as u64,
+            });
+        }
+        Ok(files)
     }
 
     /// Mails the agent's question to the dispatcher as `task.help_needed` and keeps its answer
@@ -564,6 +625,50 @@ impl<O: Outbox> Dispatcher<O> {
             Err(e) => tracing::error!(error = %e, "could not send task.result"),
         }
     }
+}
+
+/// What a mail brings besides its AAMP message.
+#[derive(Clone, Debug, Default)]
+pub struct MailExtras {
+    /// The text body was cut at the fetch limit.
+    pub truncated: bool,
+    pub attachments: Vec<Attachment>,
+}
+
+/// The largest attachment a task takes.
+const MAX_ATTACHMENT: u64 = 25 << 20;
+
+/// A file name from a mail made safe to create: no folders, no control characters, not
+/// hidden, at most 100 characters.
+fn safe_file_name(name: &str) -> String {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or_default();
+    let cleaned: String = base
+        .chars()
+        .filter(|c| !c.is_control())
+        .map(|c| if c == ':' { '_' } else { c })
+        .take(100)
+        .collect();
+    let cleaned = cleaned.trim().trim_start_matches('.').to_string();
+    if cleaned.is_empty() {
+        "attachment".to_string()
+    } else {
+        cleaned
+    }
+}
+
+/// `name`, or `name-2`, `name-3`, ... (before the extension) when taken.
+fn unique_name(name: &str, taken: &mut HashSet<String>) -> String {
+    let (stem, ext) = match name.rsplit_once('.') {
+        Some((s, e)) if !s.is_empty() => (s.to_string(), format!(".{e}")),
+        _ => (name.to_string(), String::new()),
+    };
+    let mut candidate = name.to_string();
+    let mut n = 2;
+    while !taken.insert(candidate.clone()) {
+        candidate = format!("{stem}-{n}{ext}");
+        n += 1;
+    }
+    candidate
 }
 
 /// A folder name for a task: readable, safe, and distinct for distinct (sender, task) pairs.
@@ -741,6 +846,20 @@ mod tests {
         assert_eq!(choose(&options, "4"), None);
         assert_eq!(choose(&options, "maybe later"), None);
         assert_eq!(choose(&options, ""), None);
+    }
+
+    #[test]
+    fn attachment_names_are_safe_and_distinct() {
+        assert_eq!(safe_file_name("../../etc/passwd"), "passwd");
+        assert_eq!(safe_file_name("C:\\temp\\x.txt"), "x.txt");
+        assert_eq!(safe_file_name(".bashrc"), "bashrc");
+        assert_eq!(safe_file_name("\u{0}\n"), "attachment");
+        let mut taken = HashSet::new();
+        assert_eq!(unique_name("a.txt", &mut taken), "a.txt");
+        assert_eq!(unique_name("a.txt", &mut taken), "a-2.txt");
+        assert_eq!(unique_name("a.txt", &mut taken), "a-3.txt");
+        assert_eq!(unique_name("README", &mut taken), "README");
+        assert_eq!(unique_name("README", &mut taken), "README-2");
     }
 
     #[test]

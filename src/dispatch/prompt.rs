@@ -3,7 +3,22 @@
 
 use crate::protocol::{Dispatch, Envelope};
 
-pub fn build(agent: &str, envelope: &Envelope, dispatch: &Dispatch, truncated: bool) -> String {
+/// A file that came with the task, saved in the agent's working directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct File {
+    /// Relative to the working directory.
+    pub path: String,
+    pub content_type: String,
+    pub size: u64,
+}
+
+pub fn build(
+    agent: &str,
+    envelope: &Envelope,
+    dispatch: &Dispatch,
+    truncated: bool,
+    files: &[File],
+) -> String {
     let mut p = String::new();
     p.push_str(&format!(
         "You are the agent \"{agent}\", working through aamp-bridge. A task arrived by email.\n\n"
@@ -31,6 +46,16 @@ pub fn build(agent: &str, envelope: &Envelope, dispatch: &Dispatch, truncated: b
         p.push_str("\n[the email was longer than the bridge reads; the rest was cut]");
     }
     p.push_str("\n--- end of request ---\n\n");
+    if !files.is_empty() {
+        p.push_str("Files attached to the email, saved in your working directory:\n");
+        for f in files {
+            p.push_str(&format!(
+                "- {} ({}, {} bytes)\n",
+                f.path, f.content_type, f.size
+            ));
+        }
+        p.push('\n');
+    }
     p.push_str("Your final answer is sent back to the sender as the task's result.\n");
     p
 }

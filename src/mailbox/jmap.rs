@@ -22,7 +22,10 @@ const GET_BATCH: usize = 16;
 pub struct Session {
     pub api_url: Url,
     pub account_id: String,
+    /// The download URL template (`{accountId}`, `{blobId}`, `{name}`, `{type}`), resolved.
     pub download_url: String,
+    /// The upload URL template (`{accountId}`), resolved.
+    pub upload_url: String,
     /// JMAP over WebSocket (RFC 8887), when the server offers it with push.
     pub websocket_url: Option<Url>,
 }
@@ -35,6 +38,43 @@ pub struct Email {
     pub received_at: String,
     pub view: MailView,
     pub truncated: bool,
+    pub attachments: Vec<BlobRef>,
+}
+
+/// An attachment as JMAP lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobRef {
+    pub blob_id: String,
+    pub name: Option<String>,
+    pub content_type: String,
+    pub size: u64,
+}
+
+/// A download URL from the session's template (RFC 6570 level 1: values percent-encoded).
+/// `{name}` only labels the download, and servers refuse some names (Cyrus answers 400 for
+/// an encoded `/`), so the name in the URL keeps only `[A-Za-z0-9._-]`.
+pub fn download_url(template: &str, account_id: &str, blob: &BlobRef) -> String {
+    let enc = crate::protocol::codec::encode_uri_component;
+    let name: String = blob
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = name.trim_start_matches('.');
+    let name = if name.is_empty() { "attachment" } else { name };
+    template
+        .replace("{accountId}", &enc(account_id))
+        .replace("{blobId}", &enc(&blob.blob_id))
+        .replace("{name}", name)
+        .replace("{type}", &enc(&blob.content_type))
 }
 
 /// A page of `Email/changes`.
@@ -108,7 +148,29 @@ impl JmapClient {
                     .and_then(|a| a.keys().next().cloned())
             })
             .ok_or_else(|| protocol("JMAP session", "no mail account"))?;
-        let download_url = body["downloadUrl"].as_str().unwrap_or_default().to_string();
+        // Templates keep their braces, so they are resolved against the session URL as text.
+        let resolve = |template: &str| -> String {
+            if template.contains("://") {
+                template.to_string()
+            } else {
+                let origin = final_url.origin().ascii_serialization();
+                if template.starts_with('/') {
+                    format!("{origin}{template}")
+                } else {
+                    format!("{origin}/{template}")
+                }
+            }
+        };
+        let download_url = resolve(
+            body["downloadUrl"]
+                .as_str()
+                .unwrap_or("/jmap/download/{accountId}/{blobId}/{name}"),
+        );
+        let upload_url = resolve(
+            body["uploadUrl"]
+                .as_str()
+                .unwrap_or("/jmap/upload/{accountId}/"),
+        );
         let websocket = &body["capabilities"]["urn:ietf:params:jmap:websocket"];
         let websocket_url = match (
             websocket["url"].as_str(),
@@ -121,6 +183,7 @@ impl JmapClient {
             api_url,
             account_id,
             download_url,
+            upload_url,
             websocket_url,
         });
         Ok(self.session.as_ref().expect("just set"))
@@ -128,6 +191,11 @@ impl JmapClient {
 
     pub fn session(&self) -> Option<&Session> {
         self.session.as_ref()
+    }
+
+    /// Drops the session, so the next use discovers it again.
+    pub fn forget_session(&mut self) {
+        self.session = None;
     }
 
     fn require_session(&self) -> Result<&Session, MailboxError> {
@@ -176,6 +244,11 @@ impl JmapClient {
 
     /// The id of the mailbox with role `inbox`.
     pub async fn inbox_id(&self) -> Result<String, MailboxError> {
+        self.mailbox_with_role("inbox").await
+    }
+
+    /// The id of the mailbox with a role (`inbox`, `sent`, ...).
+    pub async fn mailbox_with_role(&self, role: &str) -> Result<String, MailboxError> {
         let reply = self
             .call(
                 "Mailbox/get",
@@ -184,10 +257,95 @@ impl JmapClient {
             .await?;
         reply["list"]
             .as_array()
-            .and_then(|list| list.iter().find(|m| m["role"].as_str() == Some("inbox")))
+            .and_then(|list| list.iter().find(|m| m["role"].as_str() == Some(role)))
             .and_then(|m| m["id"].as_str())
             .map(str::to_string)
-            .ok_or_else(|| protocol("Mailbox/get", "no mailbox has the inbox role"))
+            .ok_or_else(|| protocol("Mailbox/get", &format!("no mailbox has the {role} role")))
+    }
+
+    /// Uploads bytes (RFC 8620 §6.1); returns the blob id.
+    pub async fn upload(&self, bytes: Vec<u8>, content_type: &str) -> Result<String, MailboxError> {
+        let session = self.require_session()?;
+        let url = session.upload_url.replace(
+            "{accountId}",
+            &crate::protocol::codec::encode_uri_component(&session.account_id),
+        );
+        let response = self
+            .http
+            .post(&url)
+            .basic_auth(&self.login, Some(&self.password))
+            .header("Content-Type", content_type)
+            .body(bytes)
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.clone(),
+                source,
+            })?;
+        let body = read_json(response, &url).await?;
+        body["blobId"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| protocol("upload", "no blobId"))
+    }
+
+    /// Downloads a blob, retrying while the server does not have it yet (blobs can lag the
+    /// message): 404, 429 and 503 are retried with backoff, about 15 s in all. More than
+    /// `max` bytes is an error.
+    pub async fn download(&self, url: &str, max: u64) -> Result<Vec<u8>, MailboxError> {
+        let mut delay = Duration::from_millis(500);
+        for attempt in 1.. {
+            let response = self
+                .http
+                .get(url)
+                .basic_auth(&self.login, Some(&self.password))
+                .send()
+                .await
+                .map_err(|source| MailboxError::Network {
+                    url: url.to_string(),
+                    source,
+                })?;
+            let status = response.status().as_u16();
+            if matches!(status, 404 | 429 | 503) && attempt < 6 {
+                tokio::time::sleep(super::jitter(delay)).await;
+                delay *= 2;
+                continue;
+            }
+            if !response.status().is_success() {
+                return Err(MailboxError::Http {
+                    url: url.to_string(),
+                    status,
+                    body: String::new(),
+                });
+            }
+            if response.content_length().is_some_and(|n| n > max) {
+                return Err(protocol(
+                    url,
+                    &format!("the attachment is larger than {max} bytes"),
+                ));
+            }
+            let mut bytes = Vec::new();
+            let mut response = response;
+            while let Some(chunk) =
+                response
+                    .chunk()
+                    .await
+                    .map_err(|source| MailboxError::Network {
+                        url: url.to_string(),
+                        source,
+                    })?
+            {
+                bytes.extend_from_slice(&chunk);
+                if bytes.len() as u64 > max {
+                    return Err(protocol(
+                        url,
+                        &format!("the attachment is larger than {max} bytes"),
+                    ));
+                }
+            }
+            return Ok(bytes);
+        }
+        unreachable!("the loop returns")
     }
 
     /// The current Email state string: the cursor to follow changes from.
@@ -201,13 +359,22 @@ impl JmapClient {
             .ok_or_else(|| protocol("Email/get", "no state"))
     }
 
+    /// Changes since a state. A state the server no longer knows, or rejects outright (Cyrus
+    /// answers `invalidArguments` for a state it cannot read), is `CannotCalculateChanges`:
+    /// either way the caller must recover without it.
     pub async fn changes(&self, since: &str) -> Result<Changes, MailboxError> {
-        let reply = self
+        let reply = match self
             .call(
                 "Email/changes",
                 json!({ "sinceState": since, "maxChanges": 256 }),
             )
-            .await?;
+            .await
+        {
+            Err(MailboxError::Method { kind, .. }) if kind == "invalidArguments" => {
+                return Err(MailboxError::CannotCalculateChanges)
+            }
+            other => other?,
+        };
         let ids = |key: &str| -> Vec<String> {
             reply[key]
                 .as_array()
@@ -254,6 +421,33 @@ impl JmapClient {
             .unwrap_or_default())
     }
 
+    /// Mails in a mailbox received after `after` (RFC 3339), oldest first, at most `limit`.
+    pub async fn query_mailbox_after(
+        &self,
+        mailbox_id: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, MailboxError> {
+        let reply = self
+            .call(
+                "Email/query",
+                json!({
+                    "filter": { "inMailbox": mailbox_id, "after": after },
+                    "sort": [{ "property": "receivedAt", "isAscending": true }],
+                    "limit": limit,
+                }),
+            )
+            .await?;
+        Ok(reply["ids"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// Fetches mails by id, in batches. Mails that vanished in between are skipped.
     pub async fn get_emails(&self, ids: &[String]) -> Result<Vec<Email>, MailboxError> {
         let mut out = Vec::with_capacity(ids.len());
@@ -264,7 +458,7 @@ impl JmapClient {
                     json!({
                         "ids": batch,
                         "properties": ["id", "mailboxIds", "messageId", "from", "to", "cc", "subject",
-                                       "receivedAt", "headers", "textBody", "bodyValues"],
+                                       "receivedAt", "headers", "textBody", "bodyValues", "attachments"],
                         "fetchTextBodyValues": true,
                         "maxBodyValueBytes": MAX_BODY_BYTES,
                     }),
@@ -343,6 +537,22 @@ pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
             .unwrap_or_default(),
         received_at: email["receivedAt"].as_str().unwrap_or_default().to_string(),
         truncated,
+        attachments: email["attachments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| {
+                Some(BlobRef {
+                    blob_id: a["blobId"].as_str()?.to_string(),
+                    name: a["name"].as_str().map(str::to_string),
+                    content_type: a["type"]
+                        .as_str()
+                        .unwrap_or("application/octet-stream")
+                        .to_string(),
+                    size: a["size"].as_u64().unwrap_or(0),
+                })
+            })
+            .collect(),
         view: MailView {
             from: addresses(&email["from"])
                 .into_iter()
@@ -374,6 +584,27 @@ pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn download_urls_fill_the_template_with_safe_values() {
+        let blob = BlobRef {
+            blob_id: "G1/2".into(),
+            name: Some("../../a b.sh".into()),
+            content_type: "text/x-sh".into(),
+            size: 1,
+        };
+        let url = download_url(
+            "http://h/jmap/download/{accountId}/{blobId}/{name}?accept={type}",
+            "me@x.test",
+            &blob,
+        );
+        assert_eq!(
+            url,
+            "http://h/jmap/download/me%40x.test/G1%2F2/_.._a_b.sh?accept=text%2Fx-sh"
+        );
+        let unnamed = BlobRef { name: None, ..blob };
+        assert!(download_url("/d/{name}", "a", &unnamed).ends_with("/d/attachment"));
+    }
 
     #[test]
     fn cyrus_email_json_becomes_a_mail_view() {

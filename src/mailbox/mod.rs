@@ -25,6 +25,16 @@ pub struct Inbound {
     pub message: AampMessage,
     /// The text body was longer than we fetch and was cut.
     pub truncated: bool,
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file attached to an inbound mail, to download with [`Sender::download`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub name: String,
+    pub content_type: String,
+    pub size: u64,
+    pub url: String,
 }
 
 /// Reading one account over JMAP.
@@ -85,16 +95,17 @@ impl Mailbox {
         self.jmap.email_state().await
     }
 
-    /// New AAMP mail since `state`, and the state to continue from. Follows
-    /// `hasMoreChanges` to the end. When the server can no longer compute changes from
-    /// `state`, falls back to the newest `backscan` Inbox mails (the caller de-duplicates).
+    /// New AAMP mail since `position`, and the position to continue from. Follows
+    /// `hasMoreChanges` to the end. When the server can no longer compute changes from the
+    /// state, scans the Inbox for mail received since the last mail handled (at most
+    /// `backscan` mails); no gap is skipped silently.
     pub async fn fetch_since(
         &self,
-        state: &str,
+        position: &Position,
         backscan: usize,
-    ) -> Result<(Vec<Inbound>, String), MailboxError> {
+    ) -> Result<(Vec<Inbound>, Position), MailboxError> {
         let mut created = Vec::new();
-        let mut since = state.to_string();
+        let mut since = position.state.clone();
         loop {
             match self.jmap.changes(&since).await {
                 Ok(page) => {
@@ -105,11 +116,35 @@ impl Mailbox {
                     }
                 }
                 Err(MailboxError::CannotCalculateChanges) => {
-                    tracing::warn!(state, backscan, "server cannot list changes since our state; scanning the newest Inbox mail instead");
                     let new_state = self.jmap.email_state().await?;
                     let inbox = self.inbox_id.as_deref().unwrap_or_default();
-                    created = self.jmap.query_mailbox(inbox, backscan).await?;
-                    created.reverse();
+                    created = match &position.last_received_at {
+                        Some(last) => {
+                            tracing::warn!(state = %position.state, since = %last, "the server cannot list changes since our state; scanning the Inbox from the last mail handled");
+                            // JMAP's `after` is strict and receivedAt has whole seconds: ask
+                            // from the second before, and skip the mails already handled.
+                            let after = crate::protocol::time::parse(last)
+                                .map(|t| {
+                                    crate::protocol::time::format_utc(
+                                        t - std::time::Duration::from_secs(1),
+                                    )
+                                })
+                                .unwrap_or_else(|| last.clone());
+                            let ids = self
+                                .jmap
+                                .query_mailbox_after(inbox, &after, backscan)
+                                .await?;
+                            ids.into_iter()
+                                .filter(|id| !position.last_ids.contains(id))
+                                .collect()
+                        }
+                        None => {
+                            tracing::warn!(state = %position.state, backscan, "the server cannot list changes since our state, and no mail was handled yet; scanning the newest Inbox mail");
+                            let mut ids = self.jmap.query_mailbox(inbox, backscan).await?;
+                            ids.reverse();
+                            ids
+                        }
+                    };
                     since = new_state;
                     break;
                 }
@@ -117,9 +152,16 @@ impl Mailbox {
             }
         }
         let emails = self.jmap.get_emails(&created).await?;
+        let mut next = Position {
+            state: since,
+            ..position.clone()
+        };
+        for email in &emails {
+            next.saw(&email.id, &email.received_at);
+        }
         Ok((
             emails.into_iter().filter_map(|e| self.accept(e)).collect(),
-            since,
+            next,
         ))
     }
 
@@ -137,11 +179,25 @@ impl Mailbox {
             return None;
         }
         match AampMessage::parse(&email.view) {
-            Ok(message) => Some(Inbound {
-                email_id: email.id,
-                message,
-                truncated: email.truncated,
-            }),
+            Ok(message) => {
+                let session = self.jmap.session()?;
+                let attachments = email
+                    .attachments
+                    .iter()
+                    .map(|blob| Attachment {
+                        name: blob.name.clone().unwrap_or_else(|| "attachment".into()),
+                        content_type: blob.content_type.clone(),
+                        size: blob.size,
+                        url: jmap::download_url(&session.download_url, &session.account_id, blob),
+                    })
+                    .collect();
+                Some(Inbound {
+                    email_id: email.id,
+                    message,
+                    truncated: email.truncated,
+                    attachments,
+                })
+            }
             Err(reason) => {
                 tracing::debug!(email_id = %email.id, %reason, "not an AAMP mail");
                 None
@@ -153,24 +209,92 @@ impl Mailbox {
 /// Sending from one account over SMTP.
 pub struct Sender {
     smtp: SmtpSender,
+    /// A JMAP connection of its own, for downloads and Sent copies (the intake owns the other).
+    jmap: tokio::sync::Mutex<JmapClient>,
+    save_sent: bool,
+    sent_mailbox: tokio::sync::Mutex<Option<String>>,
 }
 
 impl Sender {
     pub fn new(account: &Account) -> Result<Sender, MailboxError> {
         Ok(Sender {
             smtp: SmtpSender::new(account)?,
+            jmap: tokio::sync::Mutex::new(JmapClient::new(account)?),
+            save_sent: account.save_sent,
+            sent_mailbox: tokio::sync::Mutex::new(None),
         })
     }
 
-    /// Renders and submits `msg`, retrying transient failures a few times with backoff.
-    /// Returns the Message-ID it was sent with.
+    /// Downloads an inbound attachment (at most `max` bytes).
+    pub async fn download(
+        &self,
+        attachment: &Attachment,
+        max: u64,
+    ) -> Result<Vec<u8>, MailboxError> {
+        let jmap = self.jmap.lock().await;
+        jmap.download(&attachment.url, max).await
+    }
+
+    /// Keeps a copy of a sent mail in the Sent mailbox: the exact bytes, uploaded and imported
+    /// as seen. A failure is reported to the caller, who logs it; the mail itself is sent.
+    async fn save_copy(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
+        let mut jmap = self.jmap.lock().await;
+        if jmap.session().is_none() {
+            jmap.connect().await?;
+        }
+        let mut sent = self.sent_mailbox.lock().await;
+        let sent_id = match sent.as_ref() {
+            Some(id) => id.clone(),
+            None => sent.insert(jmap.mailbox_with_role("sent").await?).clone(),
+        };
+        let blob = jmap.upload(mail.bytes.clone(), "message/rfc822").await?;
+        let reply = jmap
+            .call(
+                "Email/import",
+                serde_json::json!({ "emails": { "copy": { "blobId": blob, "mailboxIds": { sent_id: true }, "keywords": { "$seen": true } } } }),
+            )
+            .await?;
+        if reply["created"]["copy"].is_object() {
+            Ok(())
+        } else {
+            let why = &reply["notCreated"]["copy"];
+            Err(MailboxError::Method {
+                method: "Email/import".into(),
+                kind: why["type"].as_str().unwrap_or("unknown").to_string(),
+                description: why["description"].as_str().map(str::to_string),
+            })
+        }
+    }
+
+    /// Renders and submits `msg`, retrying transient failures a few times with backoff, then
+    /// keeps a Sent copy. Returns the Message-ID it was sent with.
     pub async fn send(&self, msg: &AampMessage) -> Result<String, MailboxError> {
-        let mail = protocol::render(msg, SystemTime::now());
+        self.send_with(msg, &[]).await
+    }
+
+    /// [`Sender::send`] with files attached.
+    pub async fn send_with(
+        &self,
+        msg: &AampMessage,
+        files: &[protocol::OutgoingFile],
+    ) -> Result<String, MailboxError> {
+        let mail = protocol::render_with(msg, SystemTime::now(), files);
+        self.submit(&mail).await?;
+        if self.save_sent {
+            if let Err(e) = self.save_copy(&mail).await {
+                tracing::warn!(error = %e, message_id = %mail.message_id, "sent, but the copy in the Sent mailbox failed");
+                self.jmap.lock().await.forget_session();
+            }
+        }
+        Ok(mail.message_id)
+    }
+
+    async fn submit(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
         let mut delay = Duration::from_millis(500);
         let mut attempt = 1;
         loop {
-            match self.smtp.send(&mail).await {
-                Ok(()) => return Ok(mail.message_id),
+            match self.smtp.send(mail).await {
+                Ok(()) => return Ok(()),
                 Err(e) if e.is_transient() && attempt < 4 => {
                     tracing::warn!(attempt, error = %e, "sending failed; retrying");
                     tokio::time::sleep(jitter(delay)).await;
@@ -192,7 +316,48 @@ pub fn jitter(delay: Duration) -> Duration {
     delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
 }
 
-/// The JMAP state we have handled everything up to, kept in one small file.
+/// How far the mailbox has been read: the JMAP Email state, and the newest mail seen (its
+/// `receivedAt` and the ids seen in that second), which bounds a back-scan when the server has
+/// lost the state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Position {
+    pub state: String,
+    #[serde(default)]
+    pub last_received_at: Option<String>,
+    #[serde(default)]
+    pub last_ids: Vec<String>,
+}
+
+impl Position {
+    pub fn at(state: String) -> Position {
+        Position {
+            state,
+            ..Position::default()
+        }
+    }
+
+    /// Notes a mail as seen (RFC 3339 UTC strings of one format compare in time order).
+    fn saw(&mut self, id: &str, received_at: &str) {
+        if received_at.is_empty() {
+            return;
+        }
+        match self.last_received_at.as_deref() {
+            Some(last) if received_at < last => {}
+            Some(last) if received_at == last => {
+                if !self.last_ids.iter().any(|i| i == id) {
+                    self.last_ids.push(id.to_string());
+                }
+            }
+            _ => {
+                self.last_received_at = Some(received_at.to_string());
+                self.last_ids = vec![id.to_string()];
+            }
+        }
+    }
+}
+
+/// Where the mailbox was read up to, kept in one small file.
 pub struct Cursor {
     path: PathBuf,
 }
@@ -202,23 +367,58 @@ impl Cursor {
         Cursor { path }
     }
 
-    pub fn load(&self) -> std::io::Result<Option<String>> {
+    /// The saved position; a file from an older version (just the state) still reads.
+    pub fn load(&self) -> std::io::Result<Option<Position>> {
         match std::fs::read_to_string(&self.path) {
-            Ok(s) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
-            Ok(_) => Ok(None),
+            Ok(s) if s.trim().is_empty() => Ok(None),
+            Ok(s) => Ok(Some(
+                serde_json::from_str(&s).unwrap_or_else(|_| Position::at(s.trim().to_string())),
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     /// Writes atomically: a crash leaves the old cursor or the new one, never half of one.
-    pub fn save(&self, state: &str) -> std::io::Result<()> {
+    pub fn save(&self, position: &Position) -> std::io::Result<()> {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir)?;
         }
         let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, state)?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(position).expect("a position serializes"),
+        )?;
         std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_keep_the_newest_second() {
+        let mut p = Position::at("1".into());
+        p.saw("a", "2026-11-29T10:00:00Z");
+        p.saw("b", "2026-11-29T10:00:01Z");
+        p.saw("c", "2026-11-29T10:00:01Z");
+        p.saw("d", "2026-11-29T09:59:59Z");
+        assert_eq!(p.last_received_at.as_deref(), Some("2026-11-29T10:00:01Z"));
+        assert_eq!(p.last_ids, vec!["b", "c"]);
+    }
+
+    #[test]
+    fn cursors_read_old_and_new_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let cursor = Cursor::new(dir.path().join("cursor"));
+        assert_eq!(cursor.load().unwrap(), None);
+        std::fs::write(dir.path().join("cursor"), "42\n").unwrap();
+        assert_eq!(cursor.load().unwrap(), Some(Position::at("42".into())));
+        let mut p = Position::at("43".into());
+        p.saw("x", "2026-11-29T10:00:00Z");
+        cursor.save(&p).unwrap();
+        assert_eq!(cursor.load().unwrap(), Some(p));
     }
 }

@@ -6,9 +6,10 @@
 pub mod codec;
 pub mod message;
 pub mod rfc5322;
+pub mod time;
 
 pub use message::{
     address, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, MailView, NotAamp,
     Priority, Status, TaskResult, VERSION,
 };
-pub use rfc5322::{parse_raw, render, RenderedMail};
+pub use rfc5322::{parse_raw, render, render_with, OutgoingFile, RenderedMail};

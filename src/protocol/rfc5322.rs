@@ -25,6 +25,19 @@ pub struct RenderedMail {
 /// Renders `msg` as a text/plain mail. A message without a Message-ID gets a fresh one on the
 /// sender's domain.
 pub fn render(msg: &AampMessage, date: SystemTime) -> RenderedMail {
+    render_with(msg, date, &[])
+}
+
+/// A file to attach to an outgoing mail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutgoingFile {
+    pub filename: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// Renders `msg` with `files` attached (multipart/mixed); without files, as text/plain.
+pub fn render_with(msg: &AampMessage, date: SystemTime, files: &[OutgoingFile]) -> RenderedMail {
     let env = &msg.envelope;
     let message_id = if env.message_id.is_empty() {
         let domain = env.from.rsplit_once('@').map_or("localhost", |(_, d)| d);
@@ -54,29 +67,74 @@ pub fn render(msg: &AampMessage, date: SystemTime) -> RenderedMail {
         write_text_header(&mut out, name, &value);
     }
     let body = normalize_newlines(&msg.body_text());
-    let seven_bit = body.is_ascii() && body.split("\r\n").all(|l| l.len() <= HARD_LIMIT);
-    write_header(&mut out, "Content-Type", "text/plain; charset=utf-8");
-    if seven_bit {
-        write_header(&mut out, "Content-Transfer-Encoding", "7bit");
-        out.push_str("\r\n");
-        out.push_str(&body);
+    if files.is_empty() {
+        write_text_part(&mut out, &body);
     } else {
-        write_header(&mut out, "Content-Transfer-Encoding", "base64");
+        let boundary = format!("aamp-{}", uuid::Uuid::new_v4().simple());
+        write_header(
+            &mut out,
+            "Content-Type",
+            &format!("multipart/mixed; boundary=\"{boundary}\""),
+        );
         out.push_str("\r\n");
-        let encoded = base64::engine::general_purpose::STANDARD.encode(body.as_bytes());
-        for chunk in encoded.as_bytes().chunks(76) {
-            out.push_str(std::str::from_utf8(chunk).expect("base64 is ASCII"));
+        out.push_str(&format!("--{boundary}\r\n"));
+        write_text_part(&mut out, &body);
+        for file in files {
+            out.push_str(&format!("--{boundary}\r\n"));
+            let name = clean_header_text(&file.filename).replace(['"', '\\'], "_");
+            let name = if name.is_ascii() {
+                format!("\"{name}\"")
+            } else {
+                format!("\"{}\"", encode_word(&name))
+            };
+            let content_type = clean_header_text(&file.content_type);
+            write_header(
+                &mut out,
+                "Content-Type",
+                &format!("{content_type}; name={name}"),
+            );
+            write_header(
+                &mut out,
+                "Content-Disposition",
+                &format!("attachment; filename={name}"),
+            );
+            write_header(&mut out, "Content-Transfer-Encoding", "base64");
             out.push_str("\r\n");
+            write_base64(&mut out, &file.bytes);
         }
-    }
-    if !out.ends_with("\r\n") {
-        out.push_str("\r\n");
+        out.push_str(&format!("--{boundary}--\r\n"));
     }
     RenderedMail {
         from: env.from.clone(),
         to: env.to.clone(),
         message_id,
         bytes: out.into_bytes(),
+    }
+}
+
+/// The text/plain part: 7bit when it is short-lined ASCII, base64 otherwise.
+fn write_text_part(out: &mut String, body: &str) {
+    let seven_bit = body.is_ascii() && body.split("\r\n").all(|l| l.len() <= HARD_LIMIT);
+    write_header(out, "Content-Type", "text/plain; charset=utf-8");
+    if seven_bit {
+        write_header(out, "Content-Transfer-Encoding", "7bit");
+        out.push_str("\r\n");
+        out.push_str(body);
+        if !out.ends_with("\r\n") {
+            out.push_str("\r\n");
+        }
+    } else {
+        write_header(out, "Content-Transfer-Encoding", "base64");
+        out.push_str("\r\n");
+        write_base64(out, body.as_bytes());
+    }
+}
+
+fn write_base64(out: &mut String, bytes: &[u8]) {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    for chunk in encoded.as_bytes().chunks(76) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64 is ASCII"));
+        out.push_str("\r\n");
     }
 }
 

@@ -86,6 +86,8 @@ pub enum RunError {
     Reported(String),
     #[error("the task was cancelled")]
     Cancelled,
+    #[error("{0}")]
+    Prepare(String),
     #[error("talking to the agent failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -110,7 +112,7 @@ impl Classify for RunError {
             RunError::Spawn { .. } | RunError::Failed { .. } | RunError::Reported(_) => {
                 ErrorClass::Permanent
             }
-            RunError::TimedOut(_) | RunError::Io(_) => ErrorClass::Transient,
+            RunError::TimedOut(_) | RunError::Io(_) | RunError::Prepare(_) => ErrorClass::Transient,
             RunError::Cancelled => ErrorClass::Cancelled,
         }
     }

@@ -154,6 +154,7 @@ impl MailHost {
             poll_interval: Duration::from_secs(1),
             push: false,
             reconcile_interval: Duration::from_secs(60),
+            save_sent: false,
         }
     }
 
@@ -322,7 +323,7 @@ pub struct Peer {
     pub account: Account,
     sender: Sender,
     mailbox: Mailbox,
-    state: String,
+    state: aamp_bridge::mailbox::Position,
     pub inbox: Vec<Inbound>,
 }
 
@@ -331,7 +332,7 @@ impl Peer {
         let sender = Sender::new(&account).unwrap();
         let mut mailbox = Mailbox::new(account.clone()).unwrap();
         mailbox.connect().await.expect("peer connects over JMAP");
-        let state = mailbox.current_state().await.unwrap();
+        let state = aamp_bridge::mailbox::Position::at(mailbox.current_state().await.unwrap());
         Peer {
             account,
             sender,
@@ -367,6 +368,20 @@ impl Peer {
     /// Sends `msg`; returns it with its Message-ID filled in.
     pub async fn send(&self, mut msg: AampMessage) -> AampMessage {
         msg.envelope.message_id = self.sender.send(&msg).await.expect("peer sends over SMTP");
+        msg
+    }
+
+    /// Sends `msg` with files attached.
+    pub async fn send_files(
+        &self,
+        mut msg: AampMessage,
+        files: &[aamp_bridge::protocol::OutgoingFile],
+    ) -> AampMessage {
+        msg.envelope.message_id = self
+            .sender
+            .send_with(&msg, files)
+            .await
+            .expect("peer sends over SMTP");
         msg
     }
 

@@ -1,4 +1,4 @@
-//! `X-AAMP-Expires-At` timestamps (ISO 8601 / RFC 3339). Pure code.
+//! RFC 3339 timestamps (`X-AAMP-Expires-At`, JMAP's `receivedAt`). Pure code.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -52,6 +52,22 @@ pub fn parse(text: &str) -> Option<SystemTime> {
     }
 }
 
+/// `YYYY-MM-DDTHH:MM:SSZ` for a time (whole seconds, UTC).
+pub fn format_utc(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (y, m, d) = super::rfc5322::civil_from_days(secs.div_euclid(86_400));
+    let r = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        r / 3600,
+        r % 3600 / 60,
+        r % 60
+    )
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
 fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
@@ -66,6 +82,13 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_what_it_parses() {
+        let t = parse("2026-11-29T10:02:18Z").unwrap();
+        assert_eq!(format_utc(t), "2026-11-29T10:02:18Z");
+        assert_eq!(format_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+    }
 
     #[test]
     fn parses_rfc3339() {
