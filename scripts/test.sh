@@ -30,7 +30,7 @@ bash scripts/test-agents.sh >/dev/null
 cargo test --locked --all-targets
 
 # No process a test started may outlive the suite: agents, scripted CLIs, bridges.
-leftover=$(pgrep -af "tests/agents/|target/test-agents/|target/debug/aamp-bridge" | grep -v pgrep || true)
+leftover=$(pgrep -af "tests/agents/|tests/hosts/|target/test-agents/|target/debug/aamp-bridge" | grep -v pgrep || true)
 if [ -n "$leftover" ]; then
   echo "processes left behind by the tests:" >&2
   echo "$leftover" >&2

@@ -91,6 +91,9 @@ pub struct MailboxConfig {
     /// Use JMAP push (WebSocket, RFC 8887) when the server offers it.
     #[serde(default = "default_true")]
     pub push: bool,
+    /// The AAMP service in front of the mail server (its `/.well-known/aamp`), for live task
+    /// streams. Without it tasks run without a stream.
+    pub aamp_url: Option<String>,
     /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
     #[serde(default = "default_true")]
     pub save_sent: bool,
@@ -169,6 +172,7 @@ pub struct Account {
     pub push: bool,
     pub reconcile_interval: std::time::Duration,
     pub save_sent: bool,
+    pub aamp_url: Option<url::Url>,
 }
 
 impl fmt::Debug for Account {
@@ -412,6 +416,21 @@ impl LoadedConfig {
             poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
             push: m.push,
             save_sent: m.save_sent,
+            aamp_url: match &m.aamp_url {
+                None => None,
+                Some(u) => Some(
+                    url::Url::parse(u)
+                        .ok()
+                        .filter(|u| matches!(u.scheme(), "http" | "https"))
+                        .ok_or_else(|| {
+                            self.error(
+                                format!("{key}.aamp_url"),
+                                format!("{u:?} is not an http(s) URL"),
+                                "write e.g. https://aamp.example.com",
+                            )
+                        })?,
+                ),
+            },
             reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
         })
     }

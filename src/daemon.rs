@@ -40,6 +40,34 @@ impl Outbox for Sender {
     async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
         Sender::download(self, attachment, max).await
     }
+
+    async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
+        let created = match self.helper().await {
+            Ok(Some(api)) => api.create_stream(task_id, peer).await,
+            Ok(None) => return None,
+            Err(e) => Err(e),
+        };
+        created.map_err(|e| tracing::warn!(error = %e, "could not open the task's stream; running without one")).ok()
+    }
+
+    async fn pump_stream(
+        &self,
+        stream_id: &str,
+        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> usize {
+        match self.helper().await {
+            Ok(Some(api)) => api.pump(stream_id, events).await,
+            _ => 0,
+        }
+    }
+
+    async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
+        if let Ok(Some(api)) = self.helper().await {
+            if let Err(e) = api.close(stream_id, &payload).await {
+                tracing::warn!(stream_id, error = %e, "could not close the task's stream");
+            }
+        }
+    }
 }
 
 /// Runs until SIGINT or SIGTERM, or until `stop` is cancelled.

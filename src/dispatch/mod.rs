@@ -36,6 +36,26 @@ pub trait Outbox: Send + Sync + 'static {
         attachment: &Attachment,
         max: u64,
     ) -> impl Future<Output = Result<Vec<u8>, MailboxError>> + Send;
+
+    /// Opens a live stream for a task; `None` when there is no stream service (or it failed,
+    /// which is logged: a task never fails for its stream).
+    fn open_stream(&self, task_id: &str, peer: &str)
+        -> impl Future<Output = Option<String>> + Send;
+
+    /// Feeds `(type, payload)` events to the stream until `events` closes; returns the number
+    /// of appends made.
+    fn pump_stream(
+        &self,
+        stream_id: &str,
+        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> impl Future<Output = usize> + Send;
+
+    /// Closes the stream (with no terminal event of its own).
+    fn close_stream(
+        &self,
+        stream_id: &str,
+        payload: serde_json::Value,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// An agent as dispatch sees it.
@@ -448,12 +468,43 @@ impl<O: Outbox> Dispatcher<O> {
             "task.started",
             json!({"agent": spec.name, "taskId": env.task_id}),
         );
+        // A live stream for the dispatcher, when the mailbox has an AAMP service: created, then
+        // announced by mail, then fed while the agent runs, and closed before the result.
+        let stream = self.inner.outbox.open_stream(&env.task_id, &env.from).await;
+        if let Some(stream_id) = &stream {
+            let opened = AampMessage::reply(
+                env,
+                &spec.email,
+                Body::StreamOpened {
+                    stream_id: stream_id.clone(),
+                },
+            );
+            match self.inner.outbox.send(&opened).await {
+                Ok(_) => self.inner.events.emit(
+                    "task.stream.opened",
+                    json!({"agent": spec.name, "taskId": env.task_id, "streamId": stream_id}),
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not send task.stream.opened"),
+            }
+        }
+        let (to_stream, from_run) =
+            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
         let events = self.inner.events;
+        let streaming = stream.is_some();
         let observe = async move {
             while let Some(event) = rx.recv().await {
                 let (kind, payload) = event.to_aamp();
                 events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                if streaming {
+                    let _ = to_stream.send((kind, payload)).await;
+                }
+            }
+        };
+        let pump = async {
+            match &stream {
+                Some(stream_id) => self.inner.outbox.pump_stream(stream_id, from_run).await,
+                None => 0,
             }
         };
         let run = async move {
@@ -466,7 +517,22 @@ impl<O: Outbox> Dispatcher<O> {
                 self.ask_dispatcher(env, question).await;
             }
         };
-        let (outcome, (), ()) = tokio::join!(run, observe, asking);
+        let (outcome, (), (), appends) = tokio::join!(run, observe, asking, pump);
+        if let Some(stream_id) = &stream {
+            let status = if outcome.is_ok() {
+                "completed"
+            } else {
+                "rejected"
+            };
+            self.inner
+                .outbox
+                .close_stream(
+                    stream_id,
+                    json!({"reason": "task.result", "status": status}),
+                )
+                .await;
+            tracing::debug!(appends, "stream closed");
+        }
         self.inner
             .questions
             .lock()

@@ -3,6 +3,7 @@
 //! AAMP messages `dispatch` hands back.
 
 mod error;
+pub mod helper;
 pub mod jmap;
 pub mod push;
 pub mod smtp;
@@ -213,6 +214,8 @@ pub struct Sender {
     jmap: tokio::sync::Mutex<JmapClient>,
     save_sent: bool,
     sent_mailbox: tokio::sync::Mutex<Option<String>>,
+    account: Account,
+    helper: tokio::sync::Mutex<Option<std::sync::Arc<helper::HelperApi>>>,
 }
 
 impl Sender {
@@ -222,7 +225,23 @@ impl Sender {
             jmap: tokio::sync::Mutex::new(JmapClient::new(account)?),
             save_sent: account.save_sent,
             sent_mailbox: tokio::sync::Mutex::new(None),
+            account: account.clone(),
+            helper: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// The AAMP helper API, discovered on first use; `None` without an `aamp_url`.
+    pub async fn helper(&self) -> Result<Option<std::sync::Arc<helper::HelperApi>>, MailboxError> {
+        let Some(base) = &self.account.aamp_url else {
+            return Ok(None);
+        };
+        let mut cached = self.helper.lock().await;
+        if cached.is_none() {
+            *cached = Some(std::sync::Arc::new(
+                helper::HelperApi::discover(base, &self.account).await?,
+            ));
+        }
+        Ok(cached.clone())
     }
 
     /// Downloads an inbound attachment (at most `max` bytes).

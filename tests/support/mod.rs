@@ -155,6 +155,7 @@ impl MailHost {
             push: false,
             reconcile_interval: Duration::from_secs(60),
             save_sent: false,
+            aamp_url: None,
         }
     }
 
@@ -461,4 +462,75 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// The AAMP test host (tests/hosts/aamp_host.py) in front of the shared mail host: the helper
+/// API with task streams, recording every action it receives.
+pub struct AampHost {
+    child: Child,
+    pub url: String,
+    pub record: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl AampHost {
+    pub fn start() -> AampHost {
+        let host = mailhost();
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("actions.jsonl");
+        // A free port from the OS, handed to the host.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let jmap = host
+            .jmap_url
+            .trim_end_matches("/.well-known/jmap")
+            .to_string();
+        let mut child = Command::new("python3")
+            .arg(repo().join("tests/hosts/aamp_host.py"))
+            .args([
+                "--port",
+                &port.to_string(),
+                "--record",
+                record.to_str().unwrap(),
+                "--jmap",
+                &jmap,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 runs the AAMP test host");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("listening"),
+            "the AAMP test host did not start: {line:?}"
+        );
+        AampHost {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            record,
+            _dir: dir,
+        }
+    }
+
+    /// The actions received so far, in order.
+    pub fn actions(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for AampHost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1,0 +1,233 @@
+//! The AAMP helper API: the HTTP service hosted AAMP deployments run beside the mail server
+//! (`/.well-known/aamp`, actions as `/api/aamp?action=...` with HTTP Basic auth). Here: task
+//! streams, the live progress a dispatcher can watch while a task runs.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use url::Url;
+
+use super::MailboxError;
+use crate::config::Account;
+
+/// A text batch goes out at this many characters ...
+const FLUSH_AT: usize = 120;
+/// ... or at a sentence end once it has this many ...
+const SENTENCE_AT: usize = 32;
+/// ... or this long after its first delta.
+const FLUSH_AFTER: Duration = Duration::from_millis(250);
+
+pub struct HelperApi {
+    http: reqwest::Client,
+    api_url: Url,
+    login: String,
+    password: String,
+}
+
+impl HelperApi {
+    /// Reads `api.url` from `{base}/.well-known/aamp` (a relative URL is resolved).
+    pub async fn discover(base: &Url, account: &Account) -> Result<HelperApi, MailboxError> {
+        let http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(account.insecure_tls)
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| MailboxError::Protocol {
+                what: "HTTP client setup".into(),
+                detail: e.to_string(),
+            })?;
+        let url = base
+            .join("/.well-known/aamp")
+            .map_err(|e| MailboxError::Protocol {
+                what: base.to_string(),
+                detail: e.to_string(),
+            })?;
+        let response =
+            http.get(url.clone())
+                .send()
+                .await
+                .map_err(|source| MailboxError::Network {
+                    url: url.to_string(),
+                    source,
+                })?;
+        let body = read(response, url.as_str()).await?;
+        let api = body["api"]["url"]
+            .as_str()
+            .ok_or_else(|| MailboxError::Protocol {
+                what: url.to_string(),
+                detail: "no api.url".into(),
+            })?;
+        let api_url = url.join(api).map_err(|e| MailboxError::Protocol {
+            what: url.to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok(HelperApi {
+            http,
+            api_url,
+            login: account.login.clone(),
+            password: account.password.clone(),
+        })
+    }
+
+    async fn action(&self, action: &str, body: Value) -> Result<Value, MailboxError> {
+        let mut url = self.api_url.clone();
+        url.query_pairs_mut().append_pair("action", action);
+        let response = self
+            .http
+            .post(url.clone())
+            .basic_auth(&self.login, Some(&self.password))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.to_string(),
+                source,
+            })?;
+        read(response, url.as_str()).await
+    }
+
+    /// Creates the stream for a task; returns its id.
+    pub async fn create_stream(&self, task_id: &str, peer: &str) -> Result<String, MailboxError> {
+        let state = self
+            .action(
+                "aamp.stream.create",
+                json!({ "taskId": task_id, "peerEmail": peer }),
+            )
+            .await?;
+        state["streamId"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| MailboxError::Protocol {
+                what: "aamp.stream.create".into(),
+                detail: "no streamId".into(),
+            })
+    }
+
+    pub async fn append(
+        &self,
+        stream_id: &str,
+        kind: &str,
+        payload: &Value,
+    ) -> Result<(), MailboxError> {
+        self.action(
+            "aamp.stream.append",
+            json!({ "streamId": stream_id, "type": kind, "payload": payload }),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Closes the stream. It carries no terminal event: the task's end is the result mail.
+    pub async fn close(&self, stream_id: &str, payload: &Value) -> Result<(), MailboxError> {
+        self.action(
+            "aamp.stream.close",
+            json!({ "streamId": stream_id, "payload": payload }),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Appends a task's events to its stream in order, one request at a time, joining
+    /// consecutive `text.delta`s. Ends when `events` closes (after sending what is left), or
+    /// early and quietly when the server says the stream is closed (409). Returns the number
+    /// of appends made.
+    pub async fn pump(
+        &self,
+        stream_id: &str,
+        mut events: mpsc::Receiver<(&'static str, Value)>,
+    ) -> usize {
+        let mut appends = 0;
+        let mut text = String::new();
+        let mut deadline: Option<tokio::time::Instant> = None;
+        let mut open = true;
+        loop {
+            let next = match deadline {
+                Some(at) => tokio::select! {
+                    event = events.recv() => Some(event),
+                    _ = tokio::time::sleep_until(at) => None,
+                },
+                None => Some(events.recv().await),
+            };
+            let (flush_text, event, done) = match next {
+                None => (true, None, false),
+                Some(None) => (true, None, true),
+                Some(Some(("text.delta", payload))) => {
+                    text.push_str(payload["text"].as_str().unwrap_or_default());
+                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + FLUSH_AFTER);
+                    let sentence = text.ends_with(['\n', '.', '!', '?', '。', '！', '？']);
+                    (
+                        text.chars().count() >= FLUSH_AT
+                            || (sentence && text.chars().count() >= SENTENCE_AT),
+                        None,
+                        false,
+                    )
+                }
+                Some(Some(other)) => (true, Some(other), false),
+            };
+            if flush_text && !text.is_empty() && open {
+                open = self
+                    .send(
+                        stream_id,
+                        "text.delta",
+                        &json!({ "text": std::mem::take(&mut text) }),
+                        &mut appends,
+                    )
+                    .await;
+            }
+            if flush_text {
+                text.clear();
+                deadline = None;
+            }
+            if let (Some((kind, payload)), true) = (event, open) {
+                open = self.send(stream_id, kind, &payload, &mut appends).await;
+            }
+            if done {
+                return appends;
+            }
+        }
+    }
+
+    /// One append; `false` once the stream is closed for good.
+    async fn send(
+        &self,
+        stream_id: &str,
+        kind: &str,
+        payload: &Value,
+        appends: &mut usize,
+    ) -> bool {
+        match self.append(stream_id, kind, payload).await {
+            Ok(()) => {
+                *appends += 1;
+                true
+            }
+            Err(MailboxError::Http { status: 409, .. }) => {
+                tracing::info!(
+                    stream_id,
+                    "the stream was closed by the server; dropping further events"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(stream_id, error = %e, "a stream append failed; the event is dropped");
+                true
+            }
+        }
+    }
+}
+
+async fn read(response: reqwest::Response, url: &str) -> Result<Value, MailboxError> {
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(MailboxError::Http {
+            url: url.to_string(),
+            status: status.as_u16(),
+            body: body.chars().take(200).collect(),
+        });
+    }
+    response.json().await.map_err(|e| MailboxError::Protocol {
+        what: url.to_string(),
+        detail: e.to_string(),
+    })
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""A small AAMP service for tests and the local demo: the HTTP helper API that hosted AAMP
+deployments put in front of their mail server. Stdlib only.
+
+    aamp_host.py --port PORT --record FILE [--jmap http://127.0.0.1:18080]
+
+Serves:
+  GET  /.well-known/aamp                      discovery (api.url, stream capability)
+  POST /api/aamp?action=aamp.stream.create    {"taskId", "peerEmail"} -> TaskStreamState
+  POST /api/aamp?action=aamp.stream.append    {"streamId", "type", "payload"} -> StreamEvent (409 when closed)
+  POST /api/aamp?action=aamp.stream.close     {"streamId", "payload"?} -> TaskStreamState
+  GET  /api/aamp?action=aamp.stream.get       &streamId= or &taskId= -> TaskStreamState (404 when none)
+  GET  /api/aamp/streams/{id}/events          server-sent events, resumable with Last-Event-ID
+Every request is checked for HTTP Basic auth against the mail server (a JMAP session request),
+and every action is appended to the record file as one JSON line, so tests can assert on what
+the bridge sent and in which order. Prints "listening on PORT" once ready.
+"""
+import argparse
+import base64
+import datetime
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = argparse.ArgumentParser()
+args.add_argument("--port", type=int, required=True)
+args.add_argument("--record", required=True)
+args.add_argument("--jmap", default="http://127.0.0.1:18080")
+opts = args.parse_args()
+
+lock = threading.Condition()
+streams = {}  # streamId -> state dict (with "events" list)
+auth_ok = {}  # Authorization header -> email, once the mail server accepted it
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def record(entry):
+    with lock:
+        with open(opts.record, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def public(state):
+    return {k: v for k, v in state.items() if k != "events"}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def reply(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def user(self):
+        header = self.headers.get("Authorization", "")
+        if header in auth_ok:
+            return auth_ok[header]
+        if not header.startswith("Basic "):
+            return None
+        request = urllib.request.Request(opts.jmap + "/jmap/", headers={"Authorization": header})
+        try:
+            urllib.request.urlopen(request, timeout=10).read()
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                return None
+        except OSError:
+            return None
+        email = base64.b64decode(header[6:]).decode().split(":", 1)[0]
+        auth_ok[header] = email
+        return email
+
+    def do_GET(self):
+        url = urllib.parse.urlparse(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        if url.path == "/.well-known/aamp":
+            return self.reply(200, {
+                "protocol": "aamp", "version": "1.1", "api": {"url": "/api/aamp"},
+                "capabilities": {"stream": {"transport": "sse", "subscribeUrlTemplate": "/api/aamp/streams/{streamId}/events"}},
+            })
+        owner = self.user()
+        if owner is None:
+            return self.reply(401, {"error": "unauthorized"})
+        if url.path == "/api/aamp" and query.get("action") == "aamp.stream.get":
+            with lock:
+                found = [s for s in streams.values() if s["streamId"] == query.get("streamId") or s["taskId"] == query.get("taskId")]
+            return self.reply(200, public(found[-1])) if found else self.reply(404, {"error": "Task stream not found"})
+        if url.path.startswith("/api/aamp/streams/") and url.path.endswith("/events"):
+            return self.sse(url.path.split("/")[4], self.headers.get("Last-Event-ID") or query.get("lastEventId"))
+        self.reply(404, {"error": "not found"})
+
+    def sse(self, stream_id, last_id):
+        with lock:
+            state = streams.get(stream_id)
+        if state is None:
+            return self.reply(404, {"error": "Task stream not found"})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        sent = 0
+        if last_id:
+            sent = next((i + 1 for i, e in enumerate(state["events"]) if e["id"] == last_id), 0)
+        while True:
+            with lock:
+                while sent >= len(state["events"]) and state["status"] != "closed":
+                    lock.wait(timeout=15)
+                pending = state["events"][sent:]
+                closed = state["status"] == "closed"
+            for event in pending:
+                self.wfile.write(f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+            sent += len(pending)
+            if closed and not pending:
+                return
+
+    def do_POST(self):
+        url = urllib.parse.urlparse(self.path)
+        action = dict(urllib.parse.parse_qsl(url.query)).get("action")
+        length = int(self.headers.get("Content-Length", "0"))
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return self.reply(400, {"error": "body is not JSON"})
+        owner = self.user()
+        if owner is None:
+            return self.reply(401, {"error": "unauthorized"})
+        record({"action": action, "owner": owner, "body": body})
+        with lock:
+            if action == "aamp.stream.create":
+                existing = [s for s in streams.values() if s["taskId"] == body.get("taskId") and s["status"] != "closed"]
+                if existing:
+                    return self.reply(200, public(existing[0]))
+                sid = "str_" + uuid.uuid4().hex[:12]
+                streams[sid] = {"streamId": sid, "taskId": body.get("taskId"), "ownerEmail": owner,
+                                "peerEmail": body.get("peerEmail"), "status": "opened", "createdAt": now(),
+                                "openedAt": now(), "events": []}
+                return self.reply(201, public(streams[sid]))
+            state = streams.get(body.get("streamId"))
+            if state is None:
+                return self.reply(404, {"error": "Task stream not found"})
+            if action == "aamp.stream.append":
+                if state["status"] == "closed":
+                    return self.reply(409, {"error": "Task stream is already closed"})
+                event = {"id": "evt_" + uuid.uuid4().hex[:12], "streamId": state["streamId"], "taskId": state["taskId"],
+                         "seq": len(state["events"]) + 1, "timestamp": now(), "type": body.get("type"),
+                         "payload": body.get("payload") or {}}
+                state["events"].append(event)
+                state["latestEvent"] = event
+                lock.notify_all()
+                return self.reply(200, event)
+            if action == "aamp.stream.close":
+                state["status"] = "closed"
+                state["closedAt"] = now()
+                lock.notify_all()
+                return self.reply(200, public(state))
+        self.reply(404, {"error": "unknown action %s" % action})
+
+
+server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
+server.daemon_threads = True
+print("listening on %d" % opts.port, flush=True)
+server.serve_forever()

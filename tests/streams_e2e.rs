@@ -1,0 +1,157 @@
+//! Live task streams through the AAMP helper API (the test host in tests/hosts), end to end
+//! over the real mail host.
+
+mod support;
+
+use aamp_bridge::protocol::{Body, Intent, Status};
+use support::{header, mailhost, AampHost, Bridge, ConfigDir, Peer};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_deltas_stream_in_order_in_few_appends_and_close_before_the_result() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
+    let config = format!(
+        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"chatty.toml\"\nallow_from = [\"{}\"]\n",
+        host.mailbox_toml_with("agent", &agent, &settings),
+        boss.email
+    );
+    let dir = ConfigDir::new(host, &config);
+    // An agent that streams 1,000 small text deltas, a tool call, then its result.
+    let words: Vec<String> = (0..1000).map(|i| format!("w{i} ")).collect();
+    let mut lines: Vec<String> = words
+        .iter()
+        .map(|w| serde_json::json!({"type": "delta", "text": w}).to_string())
+        .collect();
+    lines.insert(
+        500,
+        r#"{"type":"tool_start","tool_call_id":"t1","name":"grep","input":{"q":"x"}}"#.to_string(),
+    );
+    lines.push(serde_json::json!({"type": "result", "text": "done streaming"}).to_string());
+    dir.write("chatty.ndjson", &(lines.join("\n") + "\n"));
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/scripted_cli.py");
+    dir.write(
+        "chatty.toml",
+        &format!("command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n", script.display(), dir.dir.path().join("chatty.ndjson").display()),
+    );
+    let _bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Talk a lot", "Stream please."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    let opened = peer.wait_for(&task_id, Intent::TaskStreamOpened).await;
+    let Body::StreamOpened { stream_id } = &opened.message.body else {
+        panic!("not stream.opened")
+    };
+    let raw = peer.raw_headers(&opened.email_id).await;
+    assert_eq!(header(&raw, "X-AAMP-Stream-Id"), Some(stream_id.as_str()));
+
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.output, "done streaming");
+
+    // By the time the result arrived, the stream was complete and closed.
+    let actions = aamp.actions();
+    let kinds: Vec<&str> = actions
+        .iter()
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"aamp.stream.create"));
+    assert_eq!(
+        kinds.last(),
+        Some(&"aamp.stream.close"),
+        "closed, and nothing after: {kinds:?}"
+    );
+    assert!(
+        actions.iter().all(|a| a["owner"] == agent.email.as_str()),
+        "authenticated as the agent's mailbox"
+    );
+    let appends: Vec<&serde_json::Value> = actions
+        .iter()
+        .filter(|a| a["action"] == "aamp.stream.append")
+        .collect();
+    assert!(appends
+        .iter()
+        .all(|a| a["body"]["streamId"] == stream_id.as_str()));
+    let text: String = appends
+        .iter()
+        .filter(|a| a["body"]["type"] == "text.delta")
+        .map(|a| a["body"]["payload"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, words.concat(), "every delta, in order");
+    let text_appends = appends
+        .iter()
+        .filter(|a| a["body"]["type"] == "text.delta")
+        .count();
+    eprintln!(
+        "1,000 text deltas ({} characters) went out in {text_appends} appends",
+        text.len()
+    );
+    assert!(
+        text_appends < 100,
+        "1,000 deltas took {text_appends} appends"
+    );
+    let tool_at = appends
+        .iter()
+        .position(|a| a["body"]["type"] == "tool_call")
+        .expect("the tool call was streamed");
+    let text_before: String = appends[..tool_at]
+        .iter()
+        .filter_map(|a| a["body"]["payload"]["text"].as_str())
+        .collect();
+    assert_eq!(
+        text_before,
+        words[..500].concat(),
+        "the tool call sits between the same deltas as in the agent's output"
+    );
+    assert_eq!(
+        actions.last().unwrap()["body"]["payload"]["status"],
+        "completed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_the_server_closed_ends_quietly() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let mut me = host.user("streamer");
+    me.aamp_url = Some(url::Url::parse(&aamp.url).unwrap());
+    let api = aamp_bridge::mailbox::helper::HelperApi::discover(me.aamp_url.as_ref().unwrap(), &me)
+        .await
+        .unwrap();
+    let stream = api
+        .create_stream("t-closed", "someone@example.test")
+        .await
+        .unwrap();
+    api.close(&stream, &serde_json::json!({"reason": "test"}))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for i in 0..10 {
+        tx.send((
+            "tool_call",
+            serde_json::json!({"toolCallId": format!("t{i}"), "label": "x", "status": "running"}),
+        ))
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    assert_eq!(
+        api.pump(&stream, rx).await,
+        0,
+        "nothing is appended to a closed stream"
+    );
+    let appends = aamp
+        .actions()
+        .iter()
+        .filter(|a| a["action"] == "aamp.stream.append")
+        .count();
+    assert_eq!(appends, 1, "after the first 409 the pump stops asking");
+}
