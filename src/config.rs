@@ -68,8 +68,17 @@ impl SmtpSecurity {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MailboxConfig {
-    /// The mailbox's address; mail to it is the agent's work.
-    pub email: String,
+    /// The mailbox's address; mail to it is the agent's work. Not needed with
+    /// `credentials_file`.
+    pub email: Option<String>,
+    /// A credentials file (`{"email", "mailboxToken", "smtpPassword"}`, mode 0600) instead of
+    /// email and password. When it does not exist and `aamp_url` is set, the bridge registers
+    /// a mailbox with the AAMP service and writes it.
+    pub credentials_file: Option<PathBuf>,
+    /// For registration: the wanted address prefix (default: the mailbox's name).
+    pub slug: Option<String>,
+    /// For registration: what the mailbox is for.
+    pub description: Option<String>,
     /// The JMAP session URL (`https://host/.well-known/jmap`) or the server's base URL.
     pub jmap_url: String,
     /// Login name for JMAP and SMTP; default: `email`.
@@ -300,7 +309,10 @@ impl LoadedConfig {
             }
         }
         for name in self.config.mailboxes.keys() {
-            self.account(name)?;
+            // A mailbox the bridge will register is checked once it has its credentials.
+            if self.registration(name).is_none() {
+                self.account(name)?;
+            }
         }
         let inline_secret = self.config.mailboxes.values().any(|m| m.password.is_some());
         if inline_secret && !is_private(&self.path) {
@@ -336,13 +348,6 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
-        if !m.email.contains('@') || m.email.trim() != m.email {
-            return Err(self.error(
-                format!("{key}.email"),
-                format!("{:?} is not an email address", m.email),
-                "write the mailbox's full address",
-            ));
-        }
         let jmap_url = url::Url::parse(&m.jmap_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
@@ -354,41 +359,74 @@ impl LoadedConfig {
                 )
             })?;
         let base = self.path.parent().unwrap_or(Path::new("."));
-        let password = match (&m.password, &m.password_file) {
-            (Some(_), Some(_)) => {
-                return Err(self.error(
-                    &key,
-                    "both password and password_file are set",
-                    "keep one of them (password_file is safer)",
-                ))
-            }
-            (None, None) => {
-                return Err(self.error(
-                    &key,
-                    "no password",
-                    "set password_file = \"<file holding the password>\" (mode 0600)",
-                ))
-            }
-            (Some(p), None) => p.clone(),
-            (None, Some(file)) => {
-                let file = base.join(file);
-                let text = std::fs::read_to_string(&file).map_err(|e| {
-                    self.error(
-                        format!("{key}.password_file"),
-                        format!("cannot read {}: {e}", file.display()),
-                        "point it at a readable file that holds only the password",
-                    )
-                })?;
-                if !is_private(&file) {
+        let (email, password) = match &m.credentials_file {
+            Some(file) => {
+                if m.email.is_some() || m.password.is_some() || m.password_file.is_some() {
                     return Err(self.error(
-                        format!("{key}.password_file"),
-                        format!("{} can be read by other users", file.display()),
-                        format!("run `chmod 600 {}`", file.display()),
+                        &key,
+                        "credentials_file is set together with email or a password",
+                        "keep credentials_file alone, or drop it and give email and password_file",
                     ));
                 }
-                text.trim_end_matches(['\r', '\n']).to_string()
+                let file = base.join(file);
+                let creds = read_credentials(&file).map_err(|(problem, fix)| {
+                    self.error(format!("{key}.credentials_file"), problem, fix)
+                })?;
+                (creds.email, creds.smtp_password)
+            }
+            None => {
+                let email = m.email.clone().ok_or_else(|| {
+                    self.error(
+                        &key,
+                        "no email",
+                        "set email = \"<the mailbox's address>\", or credentials_file",
+                    )
+                })?;
+                let password = match (&m.password, &m.password_file) {
+                    (Some(_), Some(_)) => {
+                        return Err(self.error(
+                            &key,
+                            "both password and password_file are set",
+                            "keep one of them (password_file is safer)",
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(self.error(
+                            &key,
+                            "no password",
+                            "set password_file = \"<file holding the password>\" (mode 0600)",
+                        ))
+                    }
+                    (Some(p), None) => p.clone(),
+                    (None, Some(file)) => {
+                        let file = base.join(file);
+                        let text = std::fs::read_to_string(&file).map_err(|e| {
+                            self.error(
+                                format!("{key}.password_file"),
+                                format!("cannot read {}: {e}", file.display()),
+                                "point it at a readable file that holds only the password",
+                            )
+                        })?;
+                        if !is_private(&file) {
+                            return Err(self.error(
+                                format!("{key}.password_file"),
+                                format!("{} can be read by other users", file.display()),
+                                format!("run `chmod 600 {}`", file.display()),
+                            ));
+                        }
+                        text.trim_end_matches(['\r', '\n']).to_string()
+                    }
+                };
+                (email, password)
             }
         };
+        if !email.contains('@') || email.trim() != email {
+            return Err(self.error(
+                format!("{key}.email"),
+                format!("{email:?} is not an email address"),
+                "write the mailbox's full address",
+            ));
+        }
         if m.smtp_security == SmtpSecurity::Plain && !is_loopback(&m.smtp_host) {
             return Err(self.error(
                 format!("{key}.smtp_security"),
@@ -405,9 +443,9 @@ impl LoadedConfig {
         }
         Ok(Account {
             name: name.to_string(),
-            email: m.email.clone(),
+            email: email.clone(),
             jmap_url,
-            login: m.login.clone().unwrap_or_else(|| m.email.clone()),
+            login: m.login.clone().unwrap_or_else(|| email.clone()),
             password,
             smtp_host: m.smtp_host.clone(),
             smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
@@ -432,6 +470,27 @@ impl LoadedConfig {
                 ),
             },
             reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
+        })
+    }
+
+    /// The registration a mailbox still needs: it has a `credentials_file` that does not exist
+    /// yet, and an `aamp_url` to register with.
+    pub fn registration(&self, name: &str) -> Option<Registration> {
+        let m = self.config.mailboxes.get(name)?;
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        let file = base.join(m.credentials_file.as_ref()?);
+        if file.exists() {
+            return None;
+        }
+        Some(Registration {
+            aamp_url: url::Url::parse(m.aamp_url.as_deref()?).ok()?,
+            slug: m.slug.clone().unwrap_or_else(|| name.replace('_', "-")),
+            description: m
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("aamp-bridge mailbox {name}")),
+            credentials_file: file,
+            insecure_tls: m.insecure_tls,
         })
     }
 
@@ -485,6 +544,72 @@ impl LoadedConfig {
         dirs.push(default_config_dir().join("profiles"));
         dirs
     }
+}
+
+/// A mailbox still to be registered with its AAMP service.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    pub aamp_url: url::Url,
+    pub slug: String,
+    pub description: String,
+    /// Where to write the credentials.
+    pub credentials_file: PathBuf,
+    pub insecure_tls: bool,
+}
+
+/// What a credentials file holds (the AAMP bridges' format).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Credentials {
+    pub email: String,
+    pub mailbox_token: String,
+    pub smtp_password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("email", &self.email)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a credentials file, which must be private; errors as (problem, fix).
+fn read_credentials(file: &Path) -> Result<Credentials, (String, String)> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        (format!("cannot read {}: {e}", file.display()), "set aamp_url so the bridge registers the mailbox and writes it, or point credentials_file at an existing file".to_string())
+    })?;
+    if !is_private(file) {
+        return Err((
+            format!("{} can be read by other users", file.display()),
+            format!("run `chmod 600 {}`", file.display()),
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| {
+        (
+            format!("{} is not a credentials file: {e}", file.display()),
+            "it holds {\"email\", \"mailboxToken\", \"smtpPassword\"}".to_string(),
+        )
+    })
+}
+
+/// Writes a credentials file atomically with mode 0600.
+pub fn write_credentials(file: &Path, credentials: &Credentials) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = file.with_extension("tmp");
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    out.write_all(&serde_json::to_vec_pretty(credentials).expect("credentials serialize"))?;
+    out.sync_all()?;
+    std::fs::rename(&tmp, file)
 }
 
 /// `$XDG_CONFIG_HOME/aamp-bridge` (default `~/.config/aamp-bridge`).

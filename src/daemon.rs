@@ -82,6 +82,28 @@ pub async fn run(
     let mut names = Vec::new();
     for agent in agents {
         let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        if let Some(registration) = config.registration(&mailbox_name) {
+            let credentials = crate::mailbox::helper::register(&registration)
+                .await
+                .with_context(|| {
+                    format!(
+                        "registering mailbox {mailbox_name:?} with {}",
+                        registration.aamp_url
+                    )
+                })?;
+            crate::config::write_credentials(&registration.credentials_file, &credentials)
+                .with_context(|| {
+                    format!(
+                        "saving the credentials to {}",
+                        registration.credentials_file.display()
+                    )
+                })?;
+            tracing::info!(mailbox = %mailbox_name, email = %credentials.email, file = %registration.credentials_file.display(), "registered a new mailbox");
+            events.emit(
+                "mailbox.registered",
+                json!({"mailbox": mailbox_name, "email": credentials.email}),
+            );
+        }
         let account = config.account(&mailbox_name)?;
         let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
             .with_context(|| {

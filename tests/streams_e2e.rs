@@ -155,3 +155,65 @@ async fn a_stream_the_server_closed_ends_quietly() {
         .count();
     assert_eq!(appends, 1, "after the first 409 the pump stops asking");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mailbox_is_registered_once_and_its_credentials_are_reused() {
+    use std::os::unix::fs::PermissionsExt;
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let boss = host.user("boss");
+    let config = format!(
+        "[mailboxes.agent]\ncredentials_file = \"agent-credentials.json\"\naamp_url = \"{}\"\nslug = \"coder\"\ndescription = \"a test agent\"\njmap_url = \"{}\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_security = \"plain\"\npoll_interval_secs = 1\n\n[[agents]]\nname = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\n",
+        aamp.url, host.jmap_url, host.smtp_port, boss.email
+    );
+    let dir = ConfigDir::new(host, &config);
+    let mut peer = Peer::new(boss).await;
+
+    let mut bridge = Bridge::start(&dir, 1);
+    let registered = bridge.wait_event("mailbox.registered", |_| true);
+    let email = registered["email"].as_str().unwrap().to_string();
+    assert!(
+        email.starts_with("coder-") && email.ends_with(&format!("@{}", host.domain)),
+        "{email}"
+    );
+    let file = dir.dir.path().join("agent-credentials.json");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the credentials are private"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["email"], email.as_str());
+    assert!(
+        !bridge
+            .log()
+            .contains(saved["smtpPassword"].as_str().unwrap()),
+        "the password never reaches the log"
+    );
+
+    let first = peer
+        .send(peer.dispatch_to(&email, "Hello new mailbox", "are you there?"))
+        .await;
+    peer.wait_for(first.task_id(), Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+
+    // The next start reuses the saved credentials: no second registration.
+    let mut bridge = Bridge::start(&dir, 1);
+    let second = peer
+        .send(peer.dispatch_to(&email, "Again", "still there?"))
+        .await;
+    let result = peer.wait_for(second.task_id(), Intent::TaskResult).await;
+    assert_eq!(result.message.envelope.from, email);
+    bridge.wait_event("task.completed", |e| e["taskId"] == second.task_id());
+    assert!(!bridge
+        .seen
+        .iter()
+        .any(|e| e["event"] == "mailbox.registered"));
+    let registrations = aamp
+        .actions()
+        .iter()
+        .filter(|a| a["action"] == "aamp.mailbox.register")
+        .count();
+    assert_eq!(registrations, 1);
+}

@@ -216,6 +216,95 @@ impl HelperApi {
     }
 }
 
+/// Registers a new mailbox with an AAMP service (`aamp.mailbox.register`, then the code
+/// exchanged with `aamp.mailbox.credentials`; neither needs auth) and returns its credentials.
+pub async fn register(
+    registration: &crate::config::Registration,
+) -> Result<crate::config::Credentials, MailboxError> {
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(registration.insecure_tls)
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| MailboxError::Protocol {
+            what: "HTTP client setup".into(),
+            detail: e.to_string(),
+        })?;
+    let base = &registration.aamp_url;
+    let discovery = base
+        .join("/.well-known/aamp")
+        .map_err(|e| MailboxError::Protocol {
+            what: base.to_string(),
+            detail: e.to_string(),
+        })?;
+    let response =
+        http.get(discovery.clone())
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: discovery.to_string(),
+                source,
+            })?;
+    let body = read(response, discovery.as_str()).await?;
+    let api = body["api"]["url"]
+        .as_str()
+        .ok_or_else(|| MailboxError::Protocol {
+            what: discovery.to_string(),
+            detail: "no api.url".into(),
+        })?;
+    let api = discovery.join(api).map_err(|e| MailboxError::Protocol {
+        what: discovery.to_string(),
+        detail: e.to_string(),
+    })?;
+
+    let mut url = api.clone();
+    url.query_pairs_mut()
+        .append_pair("action", "aamp.mailbox.register");
+    let response = http
+        .post(url.clone())
+        .json(&json!({ "slug": registration.slug, "description": registration.description }))
+        .send()
+        .await
+        .map_err(|source| MailboxError::Network {
+            url: url.to_string(),
+            source,
+        })?;
+    let registered = read(response, url.as_str()).await?;
+    let code = registered["registrationCode"]
+        .as_str()
+        .ok_or_else(|| MailboxError::Protocol {
+            what: "aamp.mailbox.register".into(),
+            detail: "no registrationCode".into(),
+        })?;
+
+    let mut url = api;
+    url.query_pairs_mut()
+        .append_pair("action", "aamp.mailbox.credentials")
+        .append_pair("code", code);
+    let response = http
+        .get(url.clone())
+        .send()
+        .await
+        .map_err(|source| MailboxError::Network {
+            url: "aamp.mailbox.credentials".into(),
+            source,
+        })?;
+    let creds = read(response, "aamp.mailbox.credentials").await?;
+    let field = |v: &Value, name: &str| {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| MailboxError::Protocol {
+                what: "aamp.mailbox.credentials".into(),
+                detail: format!("no {name}"),
+            })
+    };
+    Ok(crate::config::Credentials {
+        email: field(&creds["email"], "email")?,
+        mailbox_token: field(&creds["mailbox"]["token"], "mailbox.token")?,
+        smtp_password: field(&creds["smtp"]["password"], "smtp.password")?,
+    })
+}
+
 async fn read(response: reqwest::Response, url: &str) -> Result<Value, MailboxError> {
     let status = response.status();
     if !status.is_success() {

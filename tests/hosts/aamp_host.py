@@ -19,6 +19,7 @@ import argparse
 import base64
 import datetime
 import json
+import subprocess
 import threading
 import urllib.error
 import urllib.parse
@@ -30,9 +31,12 @@ args = argparse.ArgumentParser()
 args.add_argument("--port", type=int, required=True)
 args.add_argument("--record", required=True)
 args.add_argument("--jmap", default="http://127.0.0.1:18080")
+args.add_argument("--mailhost", help="scripts/mailhost.sh, to create registered mailboxes")
+args.add_argument("--domain", default="example.test")
 opts = args.parse_args()
 
 lock = threading.Condition()
+registrations = {}  # registrationCode -> credentials
 streams = {}  # streamId -> state dict (with "events" list)
 auth_ok = {}  # Authorization header -> email, once the mail server accepted it
 
@@ -86,6 +90,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
+        if url.path == "/api/aamp" and query.get("action") == "aamp.mailbox.credentials":
+            record({"action": "aamp.mailbox.credentials", "owner": None, "body": {}})
+            with lock:
+                creds = registrations.pop(query.get("code"), None)
+            return self.reply(200, creds) if creds else self.reply(404, {"error": "unknown or used registration code"})
         if url.path == "/.well-known/aamp":
             return self.reply(200, {
                 "protocol": "aamp", "version": "1.1", "api": {"url": "/api/aamp"},
@@ -127,6 +136,25 @@ class Handler(BaseHTTPRequestHandler):
             if closed and not pending:
                 return
 
+    def register(self, body):
+        """Creates a real mailbox on the mail host and hands out a one-time code for it."""
+        slug = str(body.get("slug", ""))
+        if not slug or not all(c.isalnum() and c.isascii() and (c.islower() or c.isdigit()) or c == "-" for c in slug):
+            return self.reply(400, {"error": "slug must match ^[a-z0-9-]+$"})
+        local = "%s-%s" % (slug, uuid.uuid4().hex[:6])
+        email = "%s@%s" % (local, opts.domain)
+        password = uuid.uuid4().hex
+        done = subprocess.run(["bash", opts.mailhost, "adduser", local, password], capture_output=True, text=True)
+        if done.returncode != 0:
+            return self.reply(500, {"error": "could not create the mailbox: " + done.stderr.strip()})
+        code = uuid.uuid4().hex
+        token = base64.b64encode(("%s:%s" % (email, password)).encode()).decode()
+        with lock:
+            registrations[code] = {"email": email, "mailbox": {"token": token}, "smtp": {"password": password}}
+        record({"action": "aamp.mailbox.register", "owner": None, "body": body, "email": email})
+        self.reply(201, {"id": local, "email": email, "description": body.get("description"), "registrationCode": code,
+                         "expiresInSeconds": 600, "credentialsAction": "aamp.mailbox.credentials"})
+
     def do_POST(self):
         url = urllib.parse.urlparse(self.path)
         action = dict(urllib.parse.parse_qsl(url.query)).get("action")
@@ -135,6 +163,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             return self.reply(400, {"error": "body is not JSON"})
+        if action == "aamp.mailbox.register":
+            return self.register(body)
         owner = self.user()
         if owner is None:
             return self.reply(401, {"error": "unauthorized"})

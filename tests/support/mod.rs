@@ -498,6 +498,12 @@ impl AampHost {
                 "--jmap",
                 &jmap,
             ])
+            .args([
+                "--mailhost",
+                repo().join("scripts/mailhost.sh").to_str().unwrap(),
+                "--domain",
+                &host.domain,
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
