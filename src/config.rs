@@ -46,6 +46,15 @@ pub struct Config {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+pub enum PushTransport {
+    #[default]
+    Auto,
+    Websocket,
+    Eventsource,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 pub enum SmtpSecurity {
     /// Upgrade with STARTTLS, and refuse to send if the server does not offer it.
     #[default]
@@ -97,9 +106,12 @@ pub struct MailboxConfig {
     /// Seconds between `Email/changes` polls when push is not available.
     #[serde(default = "default_poll_secs")]
     pub poll_interval_secs: u64,
-    /// Use JMAP push (WebSocket, RFC 8887) when the server offers it.
+    /// Use JMAP push when the server offers it.
     #[serde(default = "default_true")]
     pub push: bool,
+    /// Which push: `auto` (WebSocket, else EventSource), `websocket` or `eventsource`.
+    #[serde(default)]
+    pub push_transport: PushTransport,
     /// The AAMP service in front of the mail server (its `/.well-known/aamp`), for live task
     /// streams. Without it tasks run without a stream.
     pub aamp_url: Option<String>,
@@ -179,6 +191,7 @@ pub struct Account {
     pub insecure_tls: bool,
     pub poll_interval: std::time::Duration,
     pub push: bool,
+    pub push_transport: PushTransport,
     pub reconcile_interval: std::time::Duration,
     pub save_sent: bool,
     pub aamp_url: Option<url::Url>,
@@ -453,6 +466,7 @@ impl LoadedConfig {
             insecure_tls: m.insecure_tls,
             poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
             push: m.push,
+            push_transport: m.push_transport,
             save_sent: m.save_sent,
             aamp_url: match &m.aamp_url {
                 None => None,

@@ -255,8 +255,8 @@ async fn intake<O: Outbox>(
                     if use_push {
                         let target = mailbox.push_target();
                         target_tx.send_if_modified(|current| {
-                            let changed =
-                                current.as_ref().map(|t| &t.url) != target.as_ref().map(|t| &t.url);
+                            let changed = current.as_ref().map(|t| &t.transports)
+                                != target.as_ref().map(|t| &t.transports);
                             if changed {
                                 *current = target;
                             }
@@ -307,25 +307,52 @@ async fn intake<O: Outbox>(
         }
         let mut push_state: Option<String> = None;
         let mut failures: u32 = 0;
+        // Which of the target's transports is in use; a permanent failure moves to the next.
+        let mut which = 0;
         loop {
             // The poll loop publishes where to connect once it has a session.
             let target = loop {
                 if let Some(target) = target_rx.borrow_and_update().clone() {
                     break target;
                 }
+                which = 0;
                 tokio::select! {
                     changed = target_rx.changed() => if changed.is_err() { return },
                     _ = stop.cancelled() => return,
                 }
             };
+            let Some(transport) = target.transports.get(which).cloned() else {
+                // Every transport failed for good: poll, and look again when the session changes.
+                tokio::select! {
+                    _ = target_rx.changed() => which = 0,
+                    _ = tokio::time::sleep(Duration::from_secs(600)) => which = 0,
+                    _ = stop.cancelled() => return,
+                }
+                continue;
+            };
             let connected = || {
                 push_up.store(true, Ordering::SeqCst);
-                tracing::info!(url = %target.url, "push connected");
-                events.emit("mailbox.push", json!({"agent": name, "connected": true}));
+                tracing::info!(%transport, "push connected");
+                let kind = match transport {
+                    push::Transport::WebSocket(_) => "websocket",
+                    push::Transport::EventSource(_) => "eventsource",
+                };
+                events.emit(
+                    "mailbox.push",
+                    json!({"agent": name, "connected": true, "transport": kind}),
+                );
                 // Catch up on whatever changed while push was down.
                 let _ = wake_tx.try_send(());
             };
-            let result = push::run(&target, &mut push_state, &wake_tx, &stop, connected).await;
+            let result = push::run(
+                &target,
+                &transport,
+                &mut push_state,
+                &wake_tx,
+                &stop,
+                connected,
+            )
+            .await;
             let was_up = push_up.swap(false, Ordering::SeqCst);
             if was_up {
                 events.emit("mailbox.push", json!({"agent": name, "connected": false}));
@@ -335,8 +362,16 @@ async fn intake<O: Outbox>(
             let delay = match e.class() {
                 ErrorClass::Auth => Duration::from_secs(300),
                 ErrorClass::Permanent => {
-                    tracing::info!(error = %e, "push is not available; polling every {poll_secs}s");
-                    Duration::from_secs(600)
+                    which += 1;
+                    match target.transports.get(which) {
+                        Some(next) => {
+                            tracing::info!(error = %e, %transport, %next, "push is not available this way; trying the next")
+                        }
+                        None => {
+                            tracing::info!(error = %e, "push is not available; polling every {poll_secs}s")
+                        }
+                    }
+                    Duration::ZERO
                 }
                 _ => {
                     let delay = jitter(
@@ -348,7 +383,7 @@ async fn intake<O: Outbox>(
             };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = target_rx.changed() => {}
+                _ = target_rx.changed() => which = 0,
                 _ = stop.cancelled() => return,
             }
         }

@@ -34,7 +34,8 @@ async fn a_dispatch_is_picked_up_by_push() {
         ),
     );
     let mut bridge = Bridge::start(&dir, 1);
-    bridge.wait_event("mailbox.push", |e| e["connected"] == true);
+    let push = bridge.wait_event("mailbox.push", |e| e["connected"] == true);
+    assert_eq!(push["transport"], "websocket", "WebSocket is preferred");
     let mut peer = Peer::new(boss).await;
     let dispatch = peer
         .send(peer.dispatch_to(&agent.email, "Pushed", "Hello by push."))
@@ -46,6 +47,23 @@ async fn a_dispatch_is_picked_up_by_push() {
         panic!("not a result")
     };
     assert_eq!(r.status, Status::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_is_picked_up_by_event_source_push() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, "poll_interval_secs = 300\nreconcile_interval_secs = 300\npush_transport = \"eventsource\"\n"));
+    let mut bridge = Bridge::start(&dir, 1);
+    let push = bridge.wait_event("mailbox.push", |e| e["connected"] == true);
+    assert_eq!(push["transport"], "eventsource");
+    let mut peer = Peer::new(boss).await;
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Pushed", "Hello by EventSource."))
+        .await;
+    // The bridge's next poll is minutes away: only the event source can be this quick.
+    bridge.wait_event("task.received", |e| e["taskId"] == dispatch.task_id());
+    peer.wait_for(dispatch.task_id(), Intent::TaskResult).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -28,6 +28,8 @@ pub struct Session {
     pub upload_url: String,
     /// JMAP over WebSocket (RFC 8887), when the server offers it with push.
     pub websocket_url: Option<Url>,
+    /// The EventSource push URL (template filled in for Email), when advertised.
+    pub event_source_url: Option<Url>,
 }
 
 /// One fetched mail: its JMAP id, where it is, and the parts the parser reads.
@@ -185,6 +187,9 @@ impl JmapClient {
             download_url,
             upload_url,
             websocket_url,
+            event_source_url: body["eventSourceUrl"]
+                .as_str()
+                .and_then(|t| super::push::event_source_url(t, &final_url)),
         });
         Ok(self.session.as_ref().expect("just set"))
     }

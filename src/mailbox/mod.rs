@@ -15,7 +15,7 @@ pub use error::MailboxError;
 use jmap::{Email, JmapClient};
 use smtp::SmtpSender;
 
-use crate::config::Account;
+use crate::config::{Account, PushTransport};
 use crate::error::Classify;
 use crate::protocol::{self, AampMessage};
 
@@ -70,19 +70,34 @@ impl Mailbox {
         self.inbox_id.is_some()
     }
 
-    /// Where to connect for push, when the server offers it (and TLS can be verified).
+    /// Where to connect for push: the transports the server offers that the config allows,
+    /// WebSocket first. `None` when there are none.
     pub fn push_target(&self) -> Option<push::PushTarget> {
         let session = self.jmap.session()?;
-        let url = session.websocket_url.clone()?;
-        if url.scheme() == "wss" && self.account.insecure_tls {
-            tracing::info!("push over TLS is not used for a mailbox with insecure_tls; polling");
-            return None;
+        let mut transports = Vec::new();
+        let (websocket, event_source) = match self.account.push_transport {
+            PushTransport::Auto => (true, true),
+            PushTransport::Websocket => (true, false),
+            PushTransport::Eventsource => (false, true),
+        };
+        if let Some(url) = session.websocket_url.clone().filter(|_| websocket) {
+            if url.scheme() == "wss" && self.account.insecure_tls {
+                tracing::info!(
+                    "WebSocket push over TLS is not used for a mailbox with insecure_tls"
+                );
+            } else {
+                transports.push(push::Transport::WebSocket(url));
+            }
         }
-        Some(push::PushTarget {
-            url,
+        if let Some(url) = session.event_source_url.clone().filter(|_| event_source) {
+            transports.push(push::Transport::EventSource(url));
+        }
+        (!transports.is_empty()).then(|| push::PushTarget {
+            transports,
             login: self.account.login.clone(),
             password: self.account.password.clone(),
             account_id: session.account_id.clone(),
+            insecure_tls: self.account.insecure_tls,
         })
     }
 

@@ -1,7 +1,7 @@
-//! JMAP push over WebSocket (RFC 8887): one connection per mailbox that turns the server's
-//! `StateChange` frames for Email into wake-ups for the intake loop. Push only says *that*
-//! something changed; the intake loop still reads the changes with `Email/changes`, so a
-//! missed frame costs latency, never mail.
+//! JMAP push: one connection per mailbox, over WebSocket (RFC 8887) or EventSource (RFC 8620
+//! §7.3), that turns the server's `StateChange`s for Email into wake-ups for the intake loop.
+//! Push only says *that* something changed; the intake loop still reads the changes with
+//! `Email/changes`, so a missed notice costs latency, never mail.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,10 +25,29 @@ const SILENCE_LIMIT: Duration = Duration::from_secs(75);
 /// Where and as whom to connect.
 #[derive(Clone, Debug)]
 pub struct PushTarget {
-    pub url: Url,
+    /// What the server offers, in the order to try them.
+    pub transports: Vec<Transport>,
     pub login: String,
     pub password: String,
     pub account_id: String,
+    pub insecure_tls: bool,
+}
+
+/// A way to receive push.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    WebSocket(Url),
+    /// The event source URL with its template filled in.
+    EventSource(Url),
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::WebSocket(url) => write!(f, "WebSocket {url}"),
+            Transport::EventSource(url) => write!(f, "EventSource {url}"),
+        }
+    }
 }
 
 /// The WebSocket URL a session advertises, made absolute. Cyrus advertises `wss:/jmap/ws/`
@@ -40,21 +59,25 @@ pub fn websocket_url(advertised: &str, session: &Url) -> Option<Url> {
     let rest = advertised
         .strip_prefix("wss:")
         .or_else(|| advertised.strip_prefix("ws:"));
-    match rest {
+    let path = match rest {
         // A full URL with a host: use it as it is.
-        Some(r) if r.starts_with("//") => Url::parse(advertised).ok(),
+        Some(r) if r.starts_with("//") => return Url::parse(advertised).ok(),
         // A scheme with a bare path, or a relative reference: resolve against the session.
-        Some(path) => {
-            let mut url = session.join(path).ok()?;
-            url.set_scheme(scheme).ok()?;
-            Some(url)
-        }
-        None => {
-            let mut url = session.join(advertised).ok()?;
-            url.set_scheme(scheme).ok()?;
-            Some(url)
-        }
-    }
+        Some(path) => path,
+        None => advertised,
+    };
+    let mut url = session.join(path).ok()?;
+    url.set_scheme(scheme).ok()?;
+    Some(url)
+}
+
+/// The session's `eventSourceUrl` template for Email changes, no auto-close, a ping every 30 s.
+pub fn event_source_url(template: &str, session: &Url) -> Option<Url> {
+    let filled = template
+        .replace("{types}", "Email")
+        .replace("{closeafter}", "no")
+        .replace("{ping}", "30");
+    session.join(&filled).ok()
 }
 
 fn push_error(detail: impl Into<String>, class: ErrorClass) -> MailboxError {
@@ -64,18 +87,21 @@ fn push_error(detail: impl Into<String>, class: ErrorClass) -> MailboxError {
     }
 }
 
+fn classify_status(status: u16) -> ErrorClass {
+    match status {
+        401 | 403 => ErrorClass::Auth,
+        408 | 429 | 500..=599 => ErrorClass::Transient,
+        _ => ErrorClass::Permanent,
+    }
+}
+
 fn classify(e: WsError) -> MailboxError {
     match e {
         WsError::Http(response) => {
             let status = response.status().as_u16();
-            let class = match status {
-                401 | 403 => ErrorClass::Auth,
-                408 | 429 | 500..=599 => ErrorClass::Transient,
-                _ => ErrorClass::Permanent,
-            };
             push_error(
                 format!("the WebSocket upgrade was answered HTTP {status}"),
-                class,
+                classify_status(status),
             )
         }
         WsError::Url(e) => push_error(format!("bad WebSocket URL: {e}"), ErrorClass::Permanent),
@@ -83,8 +109,8 @@ fn classify(e: WsError) -> MailboxError {
     }
 }
 
-/// TLS for `wss`: the platform's usual roots (webpki), verified. `insecure_tls` mailboxes are
-/// not offered push over TLS; they poll.
+/// TLS for `wss`: the usual web roots (webpki), verified. `insecure_tls` mailboxes are not
+/// offered push over WebSocket TLS (EventSource honours the setting).
 fn tls_connector() -> Result<tokio_tungstenite::Connector, MailboxError> {
     let roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
@@ -99,20 +125,57 @@ fn tls_connector() -> Result<tokio_tungstenite::Connector, MailboxError> {
     Ok(tokio_tungstenite::Connector::Rustls(Arc::new(config)))
 }
 
-/// Runs one push connection until it fails (an error says how) or `stop` is cancelled
-/// (`Ok`). `connected` is called once push is enabled; every Email change for our account
+/// Wakes the intake when a StateChange names Email for our account.
+fn on_state_change(
+    value: &Value,
+    account_id: &str,
+    push_state: &mut Option<String>,
+    changed: &mpsc::Sender<()>,
+) {
+    if value["@type"] != "StateChange" {
+        return;
+    }
+    if let Some(state) = value["pushState"].as_str() {
+        *push_state = Some(state.to_string());
+    }
+    if value["changed"][account_id].get("Email").is_some() {
+        let _ = changed.try_send(());
+    }
+}
+
+/// Runs one push connection over `transport` until it fails (an error says how) or `stop` is
+/// cancelled (`Ok`). `connected` is called once push is on; every Email change for our account
 /// sends a wake-up on `changed` (a full channel already holds one, which is enough).
 /// `push_state` is resumed from and kept up to date.
 pub async fn run(
     target: &PushTarget,
+    transport: &Transport,
     push_state: &mut Option<String>,
     changed: &mpsc::Sender<()>,
     stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
-    let mut request = target.url.as_str().into_client_request().map_err(|e| {
+    match transport {
+        Transport::WebSocket(url) => {
+            run_websocket(target, url, push_state, changed, stop, connected).await
+        }
+        Transport::EventSource(url) => {
+            run_event_source(target, url, push_state, changed, stop, connected).await
+        }
+    }
+}
+
+async fn run_websocket(
+    target: &PushTarget,
+    url: &Url,
+    push_state: &mut Option<String>,
+    changed: &mpsc::Sender<()>,
+    stop: &CancellationToken,
+    connected: impl FnOnce(),
+) -> Result<(), MailboxError> {
+    let mut request = url.as_str().into_client_request().map_err(|e| {
         push_error(
-            format!("bad WebSocket URL {}: {e}", target.url),
+            format!("bad WebSocket URL {url}: {e}"),
             ErrorClass::Permanent,
         )
     })?;
@@ -126,7 +189,7 @@ pub async fn run(
         HeaderValue::from_str(&format!("Basic {token}"))
             .map_err(|_| push_error("credentials cannot go in a header", ErrorClass::Permanent))?,
     );
-    let connector = if target.url.scheme() == "wss" {
+    let connector = if url.scheme() == "wss" {
         Some(tls_connector()?)
     } else {
         None
@@ -169,14 +232,8 @@ pub async fn run(
                 last_heard = tokio::time::Instant::now();
                 match frame {
                     Message::Text(text) => {
-                        let Ok(value) = serde_json::from_str::<Value>(text.as_str()) else { continue };
-                        if value["@type"] == "StateChange" {
-                            if let Some(state) = value["pushState"].as_str() {
-                                *push_state = Some(state.to_string());
-                            }
-                            if value["changed"][&target.account_id].get("Email").is_some() {
-                                let _ = changed.try_send(());
-                            }
+                        if let Ok(value) = serde_json::from_str::<Value>(text.as_str()) {
+                            on_state_change(&value, &target.account_id, push_state, changed);
                         }
                     }
                     Message::Close(_) => return Err(push_error("the server closed the push connection", ErrorClass::Transient)),
@@ -197,9 +254,103 @@ pub async fn run(
     }
 }
 
+/// EventSource: a long GET answered with `text/event-stream`; `state` events carry the
+/// StateChange, `ping` events keep it alive.
+async fn run_event_source(
+    target: &PushTarget,
+    url: &Url,
+    push_state: &mut Option<String>,
+    changed: &mpsc::Sender<()>,
+    stop: &CancellationToken,
+    connected: impl FnOnce(),
+) -> Result<(), MailboxError> {
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(target.insecure_tls)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| push_error(format!("HTTP client setup: {e}"), ErrorClass::Permanent))?;
+    let request = http
+        .get(url.clone())
+        .basic_auth(&target.login, Some(&target.password))
+        .header("Accept", "text/event-stream");
+    let mut response = tokio::select! {
+        r = request.send() => r.map_err(|e| push_error(format!("{url}: {e}"), ErrorClass::Transient))?,
+        _ = stop.cancelled() => return Ok(()),
+    };
+    let status = response.status().as_u16();
+    let is_stream = response
+        .headers()
+        .get("Content-Type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"));
+    if status != 200 || !is_stream {
+        // Debian's stock Cyrus answers 204: it advertises EventSource but has no push.
+        return Err(push_error(
+            format!("the event source answered HTTP {status}"),
+            classify_status(status),
+        ));
+    }
+    connected();
+    let mut pending = String::new();
+    let (mut event, mut data) = (String::new(), String::new());
+    loop {
+        let chunk = tokio::select! {
+            c = tokio::time::timeout(SILENCE_LIMIT, response.chunk()) => match c {
+                Err(_) => return Err(push_error("the event source went silent", ErrorClass::Transient)),
+                Ok(Err(e)) => return Err(push_error(e.to_string(), ErrorClass::Transient)),
+                Ok(Ok(None)) => return Err(push_error("the server closed the event source", ErrorClass::Transient)),
+                Ok(Ok(Some(chunk))) => chunk,
+            },
+            _ = stop.cancelled() => return Ok(()),
+        };
+        pending.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            let line = line.trim_end_matches(['\r', '\n']);
+            if line.is_empty() {
+                if event == "state" {
+                    if let Ok(value) = serde_json::from_str::<Value>(&data) {
+                        on_state_change(&value, &target.account_id, push_state, changed);
+                    }
+                }
+                event.clear();
+                data.clear();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                event = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        // Bounded: an unterminated line this long is not an event we want.
+        if pending.len() > 1 << 20 {
+            return Err(push_error(
+                "an event source line is too long",
+                ErrorClass::Transient,
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_source_templates_are_filled_and_resolved() {
+        let session = Url::parse("http://127.0.0.1:18080/jmap/").unwrap();
+        let url = event_source_url(
+            "/jmap/eventsource/?types={types}&closeafter={closeafter}&ping={ping}",
+            &session,
+        )
+        .unwrap();
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:18080/jmap/eventsource/?types=Email&closeafter=no&ping=30"
+        );
+    }
 
     #[test]
     fn cyrus_host_less_urls_take_the_session_host() {

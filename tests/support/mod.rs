@@ -153,6 +153,7 @@ impl MailHost {
             insecure_tls: false,
             poll_interval: Duration::from_secs(1),
             push: false,
+            push_transport: aamp_bridge::config::PushTransport::Auto,
             reconcile_interval: Duration::from_secs(60),
             save_sent: false,
             aamp_url: None,
