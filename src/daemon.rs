@@ -14,6 +14,7 @@ use crate::config::LoadedConfig;
 use crate::dispatch::{AgentSpec, Dispatcher, Outbox, SenderPolicy};
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
+use crate::mailbox::link::Reach;
 use crate::mailbox::push::{self, PushTarget};
 use crate::mailbox::{jitter, Attachment, Cursor, Mailbox, MailboxError, Position, Sender};
 use crate::protocol::AampMessage;
@@ -140,6 +141,7 @@ pub async fn run(
                 agent.name.clone(),
                 mailbox,
                 cursor,
+                crate::mailbox::link::Link::new(agent_dir.join("link.json")),
                 dispatcher,
                 events,
                 stop.clone(),
@@ -218,6 +220,7 @@ async fn intake<O: Outbox>(
     name: String,
     mut mailbox: Mailbox,
     cursor: Cursor,
+    link: crate::mailbox::link::Link,
     dispatcher: Dispatcher<O>,
     events: Events,
     stop: CancellationToken,
@@ -252,6 +255,7 @@ async fn intake<O: Outbox>(
                     }
                     failures = 0;
                     auth_reported = false;
+                    link.mailbox(Reach::Connected, None);
                     if use_push {
                         let target = mailbox.push_target();
                         target_tx.send_if_modified(|current| {
@@ -272,6 +276,12 @@ async fn intake<O: Outbox>(
                 Err(e) => {
                     failures += 1;
                     mailbox.disconnect();
+                    let reach = if e.class() == ErrorClass::Auth {
+                        Reach::AuthFailed
+                    } else {
+                        Reach::Unreachable
+                    };
+                    link.mailbox(reach, Some(e.to_string()));
                     match e.class() {
                         ErrorClass::Auth => {
                             if !auth_reported {
@@ -337,6 +347,7 @@ async fn intake<O: Outbox>(
                     push::Transport::WebSocket(_) => "websocket",
                     push::Transport::EventSource(_) => "eventsource",
                 };
+                link.push(kind);
                 events.emit(
                     "mailbox.push",
                     json!({"agent": name, "connected": true, "transport": kind}),
@@ -355,6 +366,7 @@ async fn intake<O: Outbox>(
             .await;
             let was_up = push_up.swap(false, Ordering::SeqCst);
             if was_up {
+                link.push("polling");
                 events.emit("mailbox.push", json!({"agent": name, "connected": false}));
             }
             let Err(e) = result else { return };

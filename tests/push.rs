@@ -36,6 +36,16 @@ async fn a_dispatch_is_picked_up_by_push() {
     let mut bridge = Bridge::start(&dir, 1);
     let push = bridge.wait_event("mailbox.push", |e| e["connected"] == true);
     assert_eq!(push["transport"], "websocket", "WebSocket is preferred");
+    // The link state a status command reads.
+    let link: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.dir.path().join("state/agents/agent/link.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (link["mailbox"].as_str(), link["push"].as_str()),
+        (Some("connected"), Some("websocket")),
+        "{link}"
+    );
     let mut peer = Peer::new(boss).await;
     let dispatch = peer
         .send(peer.dispatch_to(&agent.email, "Pushed", "Hello by push."))

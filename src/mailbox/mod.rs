@@ -5,6 +5,7 @@
 mod error;
 pub mod helper;
 pub mod jmap;
+pub mod link;
 pub mod push;
 pub mod smtp;
 
