@@ -172,6 +172,12 @@ pub struct AgentConfig {
     /// Tasks this agent runs at once; the rest wait in order.
     #[serde(default = "default_concurrency")]
     pub max_concurrent_tasks: usize,
+    /// A one-line summary of what the agent does, for the AAMP service's directory.
+    pub summary: Option<String>,
+    /// The agent's card (markdown) for the directory, inline or ...
+    pub card: Option<String>,
+    /// ... in a file.
+    pub card_file: Option<PathBuf>,
     /// Tasks running or waiting at most; further dispatches are answered "busy".
     #[serde(default = "default_queue")]
     pub max_queued_tasks: usize,

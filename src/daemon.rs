@@ -62,6 +62,32 @@ impl Outbox for Sender {
         }
     }
 
+    async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
+        let events = match self.helper().await {
+            Ok(Some(api)) => api.thread(task_id).await,
+            Ok(None) => return Vec::new(),
+            Err(e) => Err(e),
+        };
+        match events {
+            Ok(events) => events
+                .iter()
+                .map(|e| crate::dispatch::prompt::Earlier {
+                    intent: e["intent"].as_str().unwrap_or("message").to_string(),
+                    from: e["from"].as_str().unwrap_or_default().to_string(),
+                    text: ["output", "question", "bodyText", "errorMsg"]
+                        .iter()
+                        .find_map(|k| e[*k].as_str().filter(|t| !t.is_empty()))
+                        .unwrap_or_default()
+                        .to_string(),
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(task_id, error = %e, "could not read the parent task's thread; going on without it");
+                Vec::new()
+            }
+        }
+    }
+
     async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
         if let Ok(Some(api)) = self.helper().await {
             if let Err(e) = api.close(stream_id, &payload).await {
@@ -131,6 +157,7 @@ pub async fn run(
         }
         let sender =
             Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
+        publish_card(&config, &agent, &sender, events).await;
         let mailbox =
             Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
         let dispatcher = Dispatcher::new(spec, sender, events, tracker.clone(), stop.clone());
@@ -176,6 +203,54 @@ pub async fn run(
     }
     events.emit("bridge.stopped", json!({}));
     Ok(())
+}
+
+/// Publishes the agent's summary and card in the AAMP service's directory, when it has them.
+/// A failure is reported; it does not stop the agent.
+async fn publish_card(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+    sender: &Sender,
+    events: Events,
+) {
+    if agent.summary.is_none() && agent.card.is_none() && agent.card_file.is_none() {
+        return;
+    }
+    let card = match (&agent.card, &agent.card_file) {
+        (Some(card), _) => Some(card.clone()),
+        (None, Some(file)) => {
+            let path = config
+                .path
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join(file);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Some(text),
+                Err(e) => {
+                    tracing::warn!(agent = %agent.name, file = %path.display(), error = %e, "cannot read the agent's card_file");
+                    None
+                }
+            }
+        }
+        (None, None) => None,
+    };
+    match sender.helper().await {
+        Ok(Some(api)) => match api
+            .directory_upsert(agent.summary.as_deref(), card.as_deref())
+            .await
+        {
+            Ok(()) => events.emit("agent.card", json!({"agent": agent.name})),
+            Err(e) => {
+                tracing::warn!(agent = %agent.name, error = %e, "could not publish the agent's card")
+            }
+        },
+        Ok(None) => {
+            tracing::warn!(agent = %agent.name, "summary and card are published through the AAMP service: set aamp_url on the agent's mailbox")
+        }
+        Err(e) => {
+            tracing::warn!(agent = %agent.name, error = %e, "could not reach the AAMP service to publish the agent's card")
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -217,3 +217,70 @@ async fn a_mailbox_is_registered_once_and_its_credentials_are_reused() {
         .count();
     assert_eq!(registrations, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_card_is_published_and_a_follow_up_sees_its_thread() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
+    let config = format!(
+        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\nsummary = \"Reviews Rust code\"\ncard = \"# Reviewer\\nI review Rust pull requests.\"\n",
+        host.mailbox_toml_with("agent", &agent, &settings),
+        boss.email
+    );
+    let dir = ConfigDir::new(host, &config);
+    let mut bridge = Bridge::start(&dir, 1);
+    bridge.wait_event("agent.card", |_| true);
+    let upsert = aamp
+        .actions()
+        .into_iter()
+        .find(|a| a["action"] == "aamp.directory.upsert")
+        .expect("the card was published");
+    assert_eq!(upsert["owner"], agent.email.as_str());
+    assert_eq!(
+        upsert["body"],
+        serde_json::json!({"summary": "Reviews Rust code", "cardText": "# Reviewer\nI review Rust pull requests."})
+    );
+
+    let mut peer = Peer::new(boss.clone()).await;
+    let first = peer
+        .send(peer.dispatch_to(
+            &agent.email,
+            "Review PR 7",
+            "Please review PR 7 for unsafe code.",
+        ))
+        .await;
+    peer.wait_for(first.task_id(), Intent::TaskResult).await;
+
+    let mut follow_up = peer.dispatch_to(
+        &agent.email,
+        "Review PR 7 again",
+        "And now the second commit.",
+    );
+    if let Body::Dispatch(d) = &mut follow_up.body {
+        d.parent_task_id = Some(first.task_id().to_string());
+    }
+    let follow_up = peer.send(follow_up).await;
+    let result = peer.wait_for(follow_up.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    // The echo agent answers with its prompt, which now carries the earlier thread.
+    assert!(r.output.contains("Earlier in the thread"), "{}", r.output);
+    assert!(
+        r.output
+            .contains(&format!("[task.dispatch from {}]", boss.email)),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("Please review PR 7 for unsafe code."),
+        "{}",
+        r.output
+    );
+    assert!(aamp
+        .actions()
+        .iter()
+        .any(|a| a["action"] == "aamp.mailbox.thread" && a["body"]["taskId"] == first.task_id()));
+}

@@ -50,6 +50,10 @@ pub trait Outbox: Send + Sync + 'static {
         events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
     ) -> impl Future<Output = usize> + Send;
 
+    /// The thread of an earlier task as (intent, from, text), oldest first; empty when there
+    /// is no AAMP service or no such thread.
+    fn thread(&self, task_id: &str) -> impl Future<Output = Vec<prompt::Earlier>> + Send;
+
     /// Closes the stream (with no terminal event of its own).
     fn close_stream(
         &self,
@@ -453,12 +457,25 @@ impl<O: Outbox> Dispatcher<O> {
                 return Err(e);
             }
         };
+        let history = match &dispatch.parent_task_id {
+            Some(parent) => self.inner.outbox.thread(parent).await,
+            None => Vec::new(),
+        };
         let key = dispatch.session_key.as_deref();
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
         let task = TaskInput {
             agent: spec.name.clone(),
             task_id: env.task_id.clone(),
-            prompt: prompt::build(&spec.name, env, dispatch, extras.truncated, &files),
+            prompt: prompt::build(
+                &spec.name,
+                env,
+                dispatch,
+                &prompt::PromptExtras {
+                    truncated: extras.truncated,
+                    files,
+                    history,
+                },
+            ),
             session_key: dispatch.session_key.clone(),
             resume_id: key.and_then(|k| spec.sessions.get(k)),
             workspace: workspace.clone(),

@@ -118,6 +118,44 @@ impl HelperApi {
         .map(|_| ())
     }
 
+    /// The thread of a task, oldest first: `[{intent, from, bodyText, output, ...}]`. A task
+    /// the service does not know gives an empty list.
+    pub async fn thread(&self, task_id: &str) -> Result<Vec<Value>, MailboxError> {
+        let mut url = self.api_url.clone();
+        url.query_pairs_mut()
+            .append_pair("action", "aamp.mailbox.thread")
+            .append_pair("taskId", task_id);
+        let response = self
+            .http
+            .get(url.clone())
+            .basic_auth(&self.login, Some(&self.password))
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.to_string(),
+                source,
+            })?;
+        if response.status().as_u16() == 404 {
+            return Ok(Vec::new());
+        }
+        let body = read(response, url.as_str()).await?;
+        Ok(body["events"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Publishes the agent's card in the service's directory.
+    pub async fn directory_upsert(
+        &self,
+        summary: Option<&str>,
+        card_text: Option<&str>,
+    ) -> Result<(), MailboxError> {
+        self.action(
+            "aamp.directory.upsert",
+            json!({ "summary": summary, "cardText": card_text }),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Closes the stream. It carries no terminal event: the task's end is the result mail.
     pub async fn close(&self, stream_id: &str, payload: &Value) -> Result<(), MailboxError> {
         self.action(

@@ -103,6 +103,9 @@ class Handler(BaseHTTPRequestHandler):
         owner = self.user()
         if owner is None:
             return self.reply(401, {"error": "unauthorized"})
+        if url.path == "/api/aamp" and query.get("action") == "aamp.mailbox.thread":
+            record({"action": "aamp.mailbox.thread", "owner": owner, "body": query})
+            return self.thread(owner, query.get("taskId", ""))
         if url.path == "/api/aamp" and query.get("action") == "aamp.stream.get":
             with lock:
                 found = [s for s in streams.values() if s["streamId"] == query.get("streamId") or s["taskId"] == query.get("taskId")]
@@ -135,6 +138,36 @@ class Handler(BaseHTTPRequestHandler):
             sent += len(pending)
             if closed and not pending:
                 return
+
+    def jmap(self, calls):
+        request = urllib.request.Request(
+            opts.jmap + "/jmap/", method="POST",
+            data=json.dumps({"using": ["urn:ietf:params:jmap:core", "urn:ietf:params:jmap:mail"], "methodCalls": calls}).encode(),
+            headers={"Authorization": self.headers["Authorization"], "Content-Type": "application/json"})
+        return json.load(urllib.request.urlopen(request, timeout=20))["methodResponses"]
+
+    def thread(self, owner, task_id):
+        """The task's mails in the caller's mailbox (Inbox and Sent), oldest first."""
+        query = ["Email/query", {"accountId": owner, "filter": {"header": ["X-AAMP-TaskId", task_id]},
+                                 "sort": [{"property": "receivedAt", "isAscending": True}], "limit": 100}, "q"]
+        get = ["Email/get", {"accountId": owner, "#ids": {"resultOf": "q", "name": "Email/query", "path": "/ids"},
+                             "properties": ["from", "to", "receivedAt", "subject", "headers", "textBody", "bodyValues"],
+                             "fetchTextBodyValues": True}, "g"]
+        try:
+            emails = self.jmap([query, get])[1][1]["list"]
+        except (OSError, KeyError, IndexError, ValueError) as e:
+            return self.reply(502, {"error": "mail store: %s" % e})
+        events = []
+        for email in emails:
+            headers = {h["name"].lower(): h["value"].strip() for h in email["headers"]}
+            body = "".join(email["bodyValues"][p["partId"]]["value"] for p in email["textBody"] if p["partId"] in email["bodyValues"])
+            output = body.split("Output:", 1)[1].strip() if "Output:" in body else None
+            events.append({"intent": headers.get("x-aamp-intent"), "from": email["from"][0]["email"],
+                           "to": email["to"][0]["email"], "createdAt": email["receivedAt"], "subject": email["subject"],
+                           "bodyText": body, "output": output, "status": headers.get("x-aamp-status")})
+        if not events:
+            return self.reply(404, {"error": "Task not found"})
+        self.reply(200, {"taskId": task_id, "events": events})
 
     def register(self, body):
         """Creates a real mailbox on the mail host and hands out a one-time code for it."""
@@ -170,6 +203,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(401, {"error": "unauthorized"})
         record({"action": action, "owner": owner, "body": body})
         with lock:
+            if action == "aamp.directory.upsert":
+                return self.reply(200, {"ok": True, "profile": {"email": owner, "summary": body.get("summary"), "cardText": body.get("cardText")}})
             if action == "aamp.stream.create":
                 existing = [s for s in streams.values() if s["taskId"] == body.get("taskId") and s["status"] != "closed"]
                 if existing:
