@@ -284,3 +284,43 @@ async fn the_card_is_published_and_a_follow_up_sees_its_thread() {
         .iter()
         .any(|a| a["action"] == "aamp.mailbox.thread" && a["body"]["taskId"] == first.task_id()));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn everything_can_go_through_the_aamp_service_alone() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    // JMAP, its WebSocket push and the helper API all at the service's address.
+    let settings = format!(
+        "poll_interval_secs = 300\nreconcile_interval_secs = 300\naamp_url = \"{url}\"\n",
+        url = aamp.url
+    );
+    let mailbox = host
+        .mailbox_toml_with("agent", &agent, &settings)
+        .replace(&host.jmap_url, &format!("{}/.well-known/jmap", aamp.url));
+    let config = format!("{mailbox}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\n", boss.email);
+    let dir = ConfigDir::new(host, &config);
+    let mut bridge = Bridge::start(&dir, 1);
+    let push = bridge.wait_event("mailbox.push", |e| e["connected"] == true);
+    assert_eq!(
+        push["transport"], "websocket",
+        "push through the service's WebSocket pass-through"
+    );
+    let mut peer = Peer::new(boss).await;
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Through the front door", "hello"))
+        .await;
+    // With polling minutes away, this is push through the pass-through.
+    bridge.wait_event("task.received", |e| e["taskId"] == dispatch.task_id());
+    let result = peer.wait_for(dispatch.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    assert!(
+        aamp.actions()
+            .iter()
+            .any(|a| a["action"] == "aamp.stream.create"),
+        "the task was streamed too"
+    );
+}

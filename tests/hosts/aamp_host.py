@@ -11,6 +11,8 @@ Serves:
   POST /api/aamp?action=aamp.stream.close     {"streamId", "payload"?} -> TaskStreamState
   GET  /api/aamp?action=aamp.stream.get       &streamId= or &taskId= -> TaskStreamState (404 when none)
   GET  /api/aamp/streams/{id}/events          server-sent events, resumable with Last-Event-ID
+  /.well-known/jmap, /jmap/...                passed through to the mail server, WebSocket
+                                              upgrades and event streams included
 Every request is checked for HTTP Basic auth against the mail server (a JMAP session request),
 and every action is appended to the record file as one JSON line, so tests can assert on what
 the bridge sent and in which order. Prints "listening on PORT" once ready.
@@ -18,7 +20,10 @@ the bridge sent and in which order. Prints "listening on PORT" once ready.
 import argparse
 import base64
 import datetime
+import http.client
 import json
+import select
+import socket
 import subprocess
 import threading
 import urllib.error
@@ -87,8 +92,68 @@ class Handler(BaseHTTPRequestHandler):
         auth_ok[header] = email
         return email
 
+    def passthrough(self):
+        """Forwards the request to the mail server, streaming the answer back; a WebSocket
+        upgrade becomes a raw byte relay in both directions."""
+        upstream = urllib.parse.urlparse(opts.jmap)
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            sock = socket.create_connection((upstream.hostname, upstream.port or 80), timeout=10)
+            head = "%s %s HTTP/1.1\r\n" % (self.command, self.path) + "".join("%s: %s\r\n" % kv for kv in self.headers.items()) + "\r\n"
+            sock.sendall(head.encode())
+            sock.settimeout(None)
+            client = self.connection
+            try:
+                while True:
+                    ready, _, _ = select.select([client, sock], [], [], 600)
+                    if not ready:
+                        break
+                    for r in ready:
+                        data = r.recv(65536)
+                        if not data:
+                            raise ConnectionError
+                        (sock if r is client else client).sendall(data)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+                self.close_connection = True
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length) if length else None
+        conn = http.client.HTTPConnection(upstream.hostname, upstream.port or 80, timeout=600)
+        skip = {"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection", "te", "trailer"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        conn.request(self.command, self.path, body=body, headers=headers)
+        answer = conn.getresponse()
+        self.send_response(answer.status)
+        streaming = answer.getheader("Content-Type", "").startswith("text/event-stream")
+        for k, v in answer.getheaders():
+            if k.lower() not in skip and k.lower() != "content-length":
+                self.send_header(k, v)
+        if streaming:
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                while True:
+                    chunk = answer.read1(65536)
+                    if not chunk:
+                        break
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
+        else:
+            data = answer.read()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        conn.close()
+
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
+        if url.path == "/.well-known/jmap" or url.path.startswith("/jmap"):
+            return self.passthrough()
         query = dict(urllib.parse.parse_qsl(url.query))
         if url.path == "/api/aamp" and query.get("action") == "aamp.mailbox.credentials":
             record({"action": "aamp.mailbox.credentials", "owner": None, "body": {}})
@@ -190,6 +255,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         url = urllib.parse.urlparse(self.path)
+        if url.path.startswith("/jmap"):
+            return self.passthrough()
         action = dict(urllib.parse.parse_qsl(url.query)).get("action")
         length = int(self.headers.get("Content-Length", "0"))
         try:
