@@ -148,6 +148,16 @@ async fn a_stream_the_server_closed_ends_quietly() {
         0,
         "nothing is appended to a closed stream"
     );
+    let state = api
+        .stream_state("t-closed")
+        .await
+        .unwrap()
+        .expect("the task has a stream");
+    assert_eq!(
+        (state["streamId"].as_str(), state["status"].as_str()),
+        (Some(stream.as_str()), Some("closed"))
+    );
+    assert!(api.stream_state("no-such-task").await.unwrap().is_none());
     let appends = aamp
         .actions()
         .iter()
@@ -322,5 +332,111 @@ async fn everything_can_go_through_the_aamp_service_alone() {
             .iter()
             .any(|a| a["action"] == "aamp.stream.create"),
         "the task was streamed too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_followed() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
+    let config = format!(
+        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"streaming.toml\"\nallow_from = [\"{}\"]\n",
+        host.mailbox_toml_with("agent", &agent, &settings),
+        boss.email
+    );
+    let dir = ConfigDir::new(host, &config);
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    dir.write(
+        "streaming.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n",
+            repo.join("tests/agents/scripted_cli.py").display(),
+            repo.join("tests/fixtures/streams/generic.ndjson").display()
+        ),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss.clone()).await;
+
+    // A dispatcher on the HTTP send path (no In-Reply-To, no References).
+    let http = reqwest::Client::new();
+    let sent: serde_json::Value = http
+        .post(format!("{}/api/aamp?action=aamp.mailbox.send", aamp.url))
+        .basic_auth(&boss.email, Some(&boss.password))
+        .json(&serde_json::json!({
+            "to": agent.email,
+            "subject": "[AAMP Task] Sent over HTTP",
+            "text": "hello over the helper API",
+            "aampHeaders": {"X-AAMP-Version": "1.1", "X-AAMP-Intent": "task.dispatch", "X-AAMP-TaskId": "http-task-1"}
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sent["ok"], true, "{sent}");
+    let result = peer.wait_for("http-task-1", Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.output, "Hello world");
+    assert_eq!(
+        result.message.envelope.in_reply_to.as_deref(),
+        sent["messageId"].as_str(),
+        "threaded under the HTTP-sent dispatch"
+    );
+    bridge.wait_event("task.completed", |e| e["taskId"] == "http-task-1");
+
+    // The dispatcher follows the task's stream over SSE, resuming after an event id; the
+    // server ends the SSE response once the stream is closed.
+    let state: serde_json::Value = http
+        .get(format!(
+            "{}/api/aamp?action=aamp.stream.get&taskId=http-task-1",
+            aamp.url
+        ))
+        .basic_auth(&boss.email, Some(&boss.password))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state["status"], "closed");
+    let stream_id = state["streamId"].as_str().unwrap();
+    let events = |last: Option<String>| {
+        let mut request = http
+            .get(format!("{}/api/aamp/streams/{stream_id}/events", aamp.url))
+            .basic_auth(&boss.email, Some(&boss.password));
+        if let Some(id) = last {
+            request = request.header("Last-Event-ID", id);
+        }
+        async move {
+            let text = request.send().await.unwrap().text().await.unwrap();
+            text.split("\n\n")
+                .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
+                .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let all = events(None).await;
+    let kinds: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        vec!["text.delta", "tool_call", "tool_call"],
+        "what the agent streamed: {all:#?}"
+    );
+    let seqs: Vec<u64> = all.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=all.len() as u64).collect::<Vec<_>>(),
+        "in order, none missing"
+    );
+    let rest = events(Some(all[0]["id"].as_str().unwrap().to_string())).await;
+    assert_eq!(
+        rest,
+        all[1..].to_vec(),
+        "Last-Event-ID resumes after that event"
     );
 }

@@ -142,6 +142,28 @@ impl HelperApi {
         Ok(body["events"].as_array().cloned().unwrap_or_default())
     }
 
+    /// A task's stream state (`{streamId, status, latestEvent, ...}`); `None` when it has none.
+    pub async fn stream_state(&self, task_id: &str) -> Result<Option<Value>, MailboxError> {
+        let mut url = self.api_url.clone();
+        url.query_pairs_mut()
+            .append_pair("action", "aamp.stream.get")
+            .append_pair("taskId", task_id);
+        let response = self
+            .http
+            .get(url.clone())
+            .basic_auth(&self.login, Some(&self.password))
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.to_string(),
+                source,
+            })?;
+        if response.status().as_u16() == 404 {
+            return Ok(None);
+        }
+        read(response, url.as_str()).await.map(Some)
+    }
+
     /// Publishes the agent's card in the service's directory.
     pub async fn directory_upsert(
         &self,

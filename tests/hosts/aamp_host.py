@@ -6,6 +6,8 @@ deployments put in front of their mail server. Stdlib only.
 
 Serves:
   GET  /.well-known/aamp                      discovery (api.url, stream capability)
+  POST /api/aamp?action=aamp.mailbox.send     {"to", "subject", "text", "aampHeaders", "attachments"?}
+                                              sent over SMTP as the caller -> {"ok", "from", "to", "messageId"}
   POST /api/aamp?action=aamp.stream.create    {"taskId", "peerEmail"} -> TaskStreamState
   POST /api/aamp?action=aamp.stream.append    {"streamId", "type", "payload"} -> StreamEvent (409 when closed)
   POST /api/aamp?action=aamp.stream.close     {"streamId", "payload"?} -> TaskStreamState
@@ -38,6 +40,7 @@ args.add_argument("--record", required=True)
 args.add_argument("--jmap", default="http://127.0.0.1:18080")
 args.add_argument("--mailhost", help="scripts/mailhost.sh, to create registered mailboxes")
 args.add_argument("--domain", default="example.test")
+args.add_argument("--smtp", default="127.0.0.1:15587", help="the mail server's submission port")
 opts = args.parse_args()
 
 lock = threading.Condition()
@@ -187,6 +190,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
+        # No length and no chunking: the end of the stream is the end of the connection.
+        self.send_header("Connection", "close")
+        self.close_connection = True
         self.end_headers()
         sent = 0
         if last_id:
@@ -234,6 +240,32 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(404, {"error": "Task not found"})
         self.reply(200, {"taskId": task_id, "events": events})
 
+    def send_mail(self, owner, body):
+        """The HTTP send path: like SMTP, but with no In-Reply-To or References."""
+        import email.message
+        import email.utils
+        import smtplib
+        message = email.message.EmailMessage()
+        message["From"] = owner
+        message["To"] = body.get("to", "")
+        message["Subject"] = body.get("subject", "")
+        message["Message-ID"] = email.utils.make_msgid(domain=opts.domain)
+        for name, value in (body.get("aampHeaders") or {}).items():
+            message[name] = str(value)
+        message.set_content(body.get("text", ""))
+        for a in body.get("attachments") or []:
+            maintype, _, subtype = a.get("contentType", "application/octet-stream").partition("/")
+            message.add_attachment(base64.b64decode(a["content"]), maintype=maintype, subtype=subtype or "octet-stream", filename=a.get("filename"))
+        password = base64.b64decode(self.headers["Authorization"][6:]).decode().split(":", 1)[1]
+        host, port = opts.smtp.rsplit(":", 1)
+        try:
+            with smtplib.SMTP(host, int(port), timeout=30) as smtp:
+                smtp.login(owner, password)
+                smtp.send_message(message)
+        except (OSError, smtplib.SMTPException) as e:
+            return self.reply(502, {"error": "SMTP delivery failed: %s" % e})
+        self.reply(200, {"ok": True, "from": owner, "to": body.get("to"), "messageId": message["Message-ID"]})
+
     def register(self, body):
         """Creates a real mailbox on the mail host and hands out a one-time code for it."""
         slug = str(body.get("slug", ""))
@@ -270,6 +302,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(401, {"error": "unauthorized"})
         record({"action": action, "owner": owner, "body": body})
         with lock:
+            if action == "aamp.mailbox.send":
+                return self.send_mail(owner, body)
             if action == "aamp.directory.upsert":
                 return self.reply(200, {"ok": True, "profile": {"email": owner, "summary": body.get("summary"), "cardText": body.get("cardText")}})
             if action == "aamp.stream.create":

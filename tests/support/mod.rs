@@ -504,6 +504,8 @@ impl AampHost {
                 repo().join("scripts/mailhost.sh").to_str().unwrap(),
                 "--domain",
                 &host.domain,
+                "--smtp",
+                &format!("127.0.0.1:{}", host.smtp_port),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
