@@ -1,6 +1,8 @@
 //! The ACP runner against the project's scripted ACP agent (tests/agents/acp_agent.py), as a
 //! real child process speaking JSON-RPC on stdio.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -87,20 +89,7 @@ impl Agent {
             workspace: self.workspace(),
             questions: None,
         };
-        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-        let collect = async move {
-            let mut events = Vec::new();
-            while let Some(e) = rx.recv().await {
-                events.push(e);
-            }
-            events
-        };
-        let go = async move {
-            let r = run(profile, &task, cancel, &tx).await;
-            drop(tx);
-            r
-        };
-        let out = tokio::join!(go, collect);
+        let out = support::run_collecting(profile, &task, cancel).await;
         assert_eq!(
             self.leftovers(),
             Vec::<String>::new(),
@@ -108,19 +97,6 @@ impl Agent {
         );
         out
     }
-}
-
-fn text(events: &[StreamEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| {
-            if let StreamEvent::TextDelta(t) = e {
-                Some(t.as_str())
-            } else {
-                None
-            }
-        })
-        .collect()
 }
 
 #[tokio::test]
@@ -144,7 +120,7 @@ async fn updates_become_stream_events_and_the_answer() {
         "thoughts never reach the answer"
     );
     assert!(out.session_id.as_deref().unwrap().starts_with("sess-"));
-    assert_eq!(text(&events), "Looking. All green.");
+    assert_eq!(support::text_of(&events), "Looking. All green.");
     assert!(events.iter().any(|e| matches!(e, StreamEvent::Todo(items) if items.len() == 2 && items[0].status == "in_progress")));
     let tools: Vec<_> = events
         .iter()
@@ -454,7 +430,7 @@ async fn sessions_continue_with_resume_or_load_without_replaying_output() {
             second.output, "Do the task.",
             "{method}: history replayed by load is not new output"
         );
-        assert_eq!(text(&events), "Do the task.");
+        assert_eq!(support::text_of(&events), "Do the task.");
         assert_eq!(agent.received(method).len(), 1, "{method}");
         assert_eq!(
             agent.received("session/new").len(),

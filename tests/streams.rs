@@ -1,10 +1,12 @@
 //! The CLI stream formats: each recorded stream through the parser, and through the runner
 //! with a scripted CLI that prints it the way the real CLI would.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use aamp_bridge::runner::stream::{StreamEvent, StreamFormat, StreamParser, ToolStatus};
-use aamp_bridge::runner::{run_cli, Profile, RunError, RunOutput, TaskInput};
+use aamp_bridge::runner::{Profile, RunError, RunOutput, TaskInput};
 use tokio_util::sync::CancellationToken;
 
 fn fixture(name: &str) -> PathBuf {
@@ -19,19 +21,6 @@ fn parse(format: StreamFormat, name: &str) -> (Vec<StreamEvent>, StreamParser) {
     let mut events: Vec<StreamEvent> = text.lines().flat_map(|l| parser.line(l)).collect();
     events.extend(parser.finish());
     (events, parser)
-}
-
-fn deltas(events: &[StreamEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| {
-            if let StreamEvent::TextDelta(t) = e {
-                Some(t.as_str())
-            } else {
-                None
-            }
-        })
-        .collect()
 }
 
 fn tools(events: &[StreamEvent]) -> Vec<(String, String, ToolStatus)> {
@@ -50,7 +39,7 @@ fn tools(events: &[StreamEvent]) -> Vec<(String, String, ToolStatus)> {
 fn claude_partial_messages_stream_each_delta_once() {
     let (events, parser) = parse(StreamFormat::Claude, "claude-partial.jsonl");
     assert_eq!(
-        deltas(&events),
+        support::text_of(&events),
         "Let me check.There are two entries: README.md and src.",
         "no text twice"
     );
@@ -101,7 +90,7 @@ fn claude_partial_messages_stream_each_delta_once() {
 #[test]
 fn claude_whole_messages_skip_thinking_and_subagents() {
     let (events, parser) = parse(StreamFormat::Claude, "claude-whole.jsonl");
-    assert_eq!(deltas(&events), "Part one. Part two.");
+    assert_eq!(support::text_of(&events), "Part one. Part two.");
     assert_eq!(
         parser.end.final_text.as_deref(),
         Some("Part one. Part two.")
@@ -177,7 +166,10 @@ fn codex_items_become_tools_todos_and_a_final_message() {
 fn gemini_deltas_tools_and_todos() {
     let (events, parser) = parse(StreamFormat::Gemini, "gemini.jsonl");
     assert_eq!(parser.session_id.as_deref(), Some("2a493108-gemini"));
-    assert_eq!(deltas(&events), "Checking... done: README.md and src.");
+    assert_eq!(
+        support::text_of(&events),
+        "Checking... done: README.md and src."
+    );
     assert_eq!(
         parser.end.final_text.as_deref(),
         Some("Checking... done: README.md and src.")
@@ -208,13 +200,13 @@ fn gemini_deltas_tools_and_todos() {
 #[test]
 fn generic_ndjson_and_sse() {
     let (events, parser) = parse(StreamFormat::Ndjson, "generic.ndjson");
-    assert_eq!(deltas(&events), "Hello world");
+    assert_eq!(support::text_of(&events), "Hello world");
     assert_eq!(parser.session_id.as_deref(), Some("gen-1"));
     assert_eq!(tools(&events).len(), 2);
     assert!(parser.end.finished);
     assert_eq!(parser.end.final_text.as_deref(), Some("Hello world"));
     let (events, parser) = parse(StreamFormat::Sse, "generic.sse");
-    assert_eq!(deltas(&events), "multi-line");
+    assert_eq!(support::text_of(&events), "multi-line");
     assert_eq!(parser.session_id.as_deref(), Some("sse-1"));
     assert_eq!(
         parser.end.final_text.as_deref(),
@@ -252,21 +244,7 @@ async fn run(
         workspace: dir.path().to_path_buf(),
         questions: None,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-    let collect = async move {
-        let mut events = Vec::new();
-        while let Some(e) = rx.recv().await {
-            events.push(e);
-        }
-        events
-    };
-    let cancel = CancellationToken::new();
-    let go = async move {
-        let result = run_cli(profile, &task, &cancel, &tx).await;
-        drop(tx);
-        result
-    };
-    tokio::join!(go, collect)
+    support::run_collecting(profile, &task, &CancellationToken::new()).await
 }
 
 #[tokio::test]
@@ -278,7 +256,7 @@ async fn a_claude_format_cli_gives_its_answer_events_and_session() {
     assert_eq!(out.output, "There are two entries: README.md and src.");
     assert_eq!(out.session_id.as_deref(), Some("3f0c2a52-claude-session"));
     assert_eq!(
-        deltas(&events),
+        support::text_of(&events),
         "Let me check.There are two entries: README.md and src."
     );
     assert!(events.iter().any(|e| matches!(e, StreamEvent::Todo(_))));

@@ -3,6 +3,8 @@
 //! and the real Gemini CLI (`gemini --acp`, npm `@google/gemini-cli`). `scripts/test-agents.sh`
 //! installs them on first use.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -66,20 +68,7 @@ async fn run_task(
         workspace: dir.path().to_path_buf(),
         questions: None,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-    let collect = async move {
-        let mut events = Vec::new();
-        while let Some(e) = rx.recv().await {
-            events.push(e);
-        }
-        events
-    };
-    let go = async move {
-        let r = run(profile, &task, cancel, &tx).await;
-        drop(tx);
-        r
-    };
-    tokio::join!(go, collect)
+    support::run_collecting(profile, &task, cancel).await
 }
 
 fn ts_sdk_agent() -> Profile {

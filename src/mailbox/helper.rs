@@ -28,15 +28,7 @@ pub struct HelperApi {
 impl HelperApi {
     /// Reads `api.url` from `{base}/.well-known/aamp` (a relative URL is resolved).
     pub async fn discover(base: &Url, account: &Account) -> Result<HelperApi, MailboxError> {
-        let http = reqwest::Client::builder()
-            .danger_accept_invalid_certs(account.insecure_tls)
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| MailboxError::Protocol {
-                what: "HTTP client setup".into(),
-                detail: e.to_string(),
-            })?;
+        let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?;
         let url = base
             .join("/.well-known/aamp")
             .map_err(|e| MailboxError::Protocol {
@@ -118,36 +110,16 @@ impl HelperApi {
         .map(|_| ())
     }
 
-    /// The thread of a task, oldest first: `[{intent, from, bodyText, output, ...}]`. A task
-    /// the service does not know gives an empty list.
-    pub async fn thread(&self, task_id: &str) -> Result<Vec<Value>, MailboxError> {
+    /// A GET action; `None` when the service answers 404 (no such task or stream).
+    async fn get_action(
+        &self,
+        action: &str,
+        params: &[(&str, &str)],
+    ) -> Result<Option<Value>, MailboxError> {
         let mut url = self.api_url.clone();
         url.query_pairs_mut()
-            .append_pair("action", "aamp.mailbox.thread")
-            .append_pair("taskId", task_id);
-        let response = self
-            .http
-            .get(url.clone())
-            .basic_auth(&self.login, Some(&self.password))
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        if response.status().as_u16() == 404 {
-            return Ok(Vec::new());
-        }
-        let body = read(response, url.as_str()).await?;
-        Ok(body["events"].as_array().cloned().unwrap_or_default())
-    }
-
-    /// A task's stream state (`{streamId, status, latestEvent, ...}`); `None` when it has none.
-    pub async fn stream_state(&self, task_id: &str) -> Result<Option<Value>, MailboxError> {
-        let mut url = self.api_url.clone();
-        url.query_pairs_mut()
-            .append_pair("action", "aamp.stream.get")
-            .append_pair("taskId", task_id);
+            .append_pair("action", action)
+            .extend_pairs(params);
         let response = self
             .http
             .get(url.clone())
@@ -162,6 +134,23 @@ impl HelperApi {
             return Ok(None);
         }
         read(response, url.as_str()).await.map(Some)
+    }
+
+    /// The thread of a task, oldest first: `[{intent, from, bodyText, output, ...}]`. A task
+    /// the service does not know gives an empty list.
+    pub async fn thread(&self, task_id: &str) -> Result<Vec<Value>, MailboxError> {
+        let body = self
+            .get_action("aamp.mailbox.thread", &[("taskId", task_id)])
+            .await?;
+        Ok(body
+            .and_then(|b| b["events"].as_array().cloned())
+            .unwrap_or_default())
+    }
+
+    /// A task's stream state (`{streamId, status, latestEvent, ...}`); `None` when it has none.
+    pub async fn stream_state(&self, task_id: &str) -> Result<Option<Value>, MailboxError> {
+        self.get_action("aamp.stream.get", &[("taskId", task_id)])
+            .await
     }
 
     /// Publishes the agent's card in the service's directory.
@@ -281,15 +270,7 @@ impl HelperApi {
 pub async fn register(
     registration: &crate::config::Registration,
 ) -> Result<crate::config::Credentials, MailboxError> {
-    let http = reqwest::Client::builder()
-        .danger_accept_invalid_certs(registration.insecure_tls)
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| MailboxError::Protocol {
-            what: "HTTP client setup".into(),
-            detail: e.to_string(),
-        })?;
+    let http = super::http_client(registration.insecure_tls, Some(Duration::from_secs(60)))?;
     let base = &registration.aamp_url;
     let discovery = base
         .join("/.well-known/aamp")

@@ -97,16 +97,7 @@ pub struct JmapClient {
 
 impl JmapClient {
     pub fn new(account: &Account) -> Result<JmapClient, MailboxError> {
-        let http = reqwest::Client::builder()
-            .danger_accept_invalid_certs(account.insecure_tls)
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60))
-            .user_agent(concat!("aamp-bridge/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| MailboxError::Protocol {
-                what: "HTTP client setup".into(),
-                detail: e.to_string(),
-            })?;
+        let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(60)))?;
         let mut session_url = account.jmap_url.clone();
         if session_url.path() == "/" || session_url.path().is_empty() {
             session_url.set_path("/.well-known/jmap");
@@ -406,24 +397,8 @@ impl JmapClient {
         mailbox_id: &str,
         limit: usize,
     ) -> Result<Vec<String>, MailboxError> {
-        let reply = self
-            .call(
-                "Email/query",
-                json!({
-                    "filter": { "inMailbox": mailbox_id },
-                    "sort": [{ "property": "receivedAt", "isAscending": false }],
-                    "limit": limit,
-                }),
-            )
-            .await?;
-        Ok(reply["ids"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default())
+        self.query(json!({ "inMailbox": mailbox_id }), false, limit)
+            .await
     }
 
     /// Mails in a mailbox received after `after` (RFC 3339), oldest first, at most `limit`.
@@ -433,12 +408,27 @@ impl JmapClient {
         after: &str,
         limit: usize,
     ) -> Result<Vec<String>, MailboxError> {
+        self.query(
+            json!({ "inMailbox": mailbox_id, "after": after }),
+            true,
+            limit,
+        )
+        .await
+    }
+
+    /// `Email/query` sorted by arrival; the ids.
+    async fn query(
+        &self,
+        filter: Value,
+        oldest_first: bool,
+        limit: usize,
+    ) -> Result<Vec<String>, MailboxError> {
         let reply = self
             .call(
                 "Email/query",
                 json!({
-                    "filter": { "inMailbox": mailbox_id, "after": after },
-                    "sort": [{ "property": "receivedAt", "isAscending": true }],
+                    "filter": filter,
+                    "sort": [{ "property": "receivedAt", "isAscending": oldest_first }],
                     "limit": limit,
                 }),
             )

@@ -342,6 +342,25 @@ impl Sender {
     }
 }
 
+/// The HTTP client for one mailbox's servers: certificates verified unless `insecure_tls`,
+/// a connect timeout, and a total timeout unless `None` (long-lived streams).
+pub fn http_client(
+    insecure_tls: bool,
+    timeout: Option<Duration>,
+) -> Result<reqwest::Client, MailboxError> {
+    let mut builder = reqwest::Client::builder()
+        .danger_accept_invalid_certs(insecure_tls)
+        .connect_timeout(Duration::from_secs(10))
+        .user_agent(concat!("aamp-bridge/", env!("CARGO_PKG_VERSION")));
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
+    builder.build().map_err(|e| MailboxError::Protocol {
+        what: "HTTP client setup".into(),
+        detail: e.to_string(),
+    })
+}
+
 /// `delay` plus up to 25% more, so many retries do not line up.
 pub fn jitter(delay: Duration) -> Duration {
     let nanos = SystemTime::now()

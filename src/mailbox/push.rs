@@ -264,11 +264,7 @@ async fn run_event_source(
     stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
-    let http = reqwest::Client::builder()
-        .danger_accept_invalid_certs(target.insecure_tls)
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| push_error(format!("HTTP client setup: {e}"), ErrorClass::Permanent))?;
+    let http = super::http_client(target.insecure_tls, None)?;
     let request = http
         .get(url.clone())
         .basic_auth(&target.login, Some(&target.password))

@@ -164,6 +164,25 @@ impl StreamParser {
         self.format
     }
 
+    /// The event for a tool that finished, under the name it started with.
+    fn finished_tool(&self, id: String, failed: bool, output: Option<String>) -> StreamEvent {
+        StreamEvent::ToolCall {
+            label: self
+                .tool_names
+                .get(&id)
+                .cloned()
+                .unwrap_or_else(|| "tool".into()),
+            id,
+            status: if failed {
+                ToolStatus::Failed
+            } else {
+                ToolStatus::Completed
+            },
+            input: None,
+            output,
+        }
+    }
+
     /// Feeds one line (without its newline); returns the events it makes.
     pub fn line(&mut self, line: &str) -> Vec<StreamEvent> {
         let line = line.trim_end_matches('\r');
@@ -437,21 +456,7 @@ impl StreamParser {
                             )),
                             other => json_text(other),
                         };
-                        events.push(StreamEvent::ToolCall {
-                            label: self
-                                .tool_names
-                                .get(&id)
-                                .cloned()
-                                .unwrap_or_else(|| "tool".into()),
-                            id,
-                            status: if failed {
-                                ToolStatus::Failed
-                            } else {
-                                ToolStatus::Completed
-                            },
-                            input: None,
-                            output,
-                        });
+                        events.push(self.finished_tool(id, failed, output));
                     }
                 }
                 events
@@ -661,25 +666,12 @@ impl StreamParser {
             "tool_result" => {
                 let id = str_of(v, &["tool_id"]).unwrap_or("tool").to_string();
                 let failed = str_of(v, &["status"]) == Some("error");
-                vec![StreamEvent::ToolCall {
-                    label: self
-                        .tool_names
-                        .get(&id)
-                        .cloned()
-                        .unwrap_or_else(|| "tool".into()),
-                    id,
-                    status: if failed {
-                        ToolStatus::Failed
-                    } else {
-                        ToolStatus::Completed
-                    },
-                    input: None,
-                    output: if failed {
-                        str_of(&v["error"], &["message"]).map(clip)
-                    } else {
-                        v.get("output").and_then(json_text)
-                    },
-                }]
+                let output = if failed {
+                    str_of(&v["error"], &["message"]).map(clip)
+                } else {
+                    v.get("output").and_then(json_text)
+                };
+                vec![self.finished_tool(id, failed, output)]
             }
             "result" => {
                 self.end.finished = true;

@@ -543,3 +543,39 @@ impl Drop for AampHost {
         let _ = self.child.wait();
     }
 }
+
+/// Runs `profile` on `task`, collecting the stream events it sends.
+pub async fn run_collecting(
+    profile: &aamp_bridge::runner::Profile,
+    task: &aamp_bridge::runner::TaskInput,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> (
+    Result<aamp_bridge::runner::RunOutput, aamp_bridge::runner::RunError>,
+    Vec<aamp_bridge::runner::StreamEvent>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let collect = async move {
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            events.push(e);
+        }
+        events
+    };
+    let go = async move {
+        let result = aamp_bridge::runner::run(profile, task, cancel, &tx).await;
+        drop(tx);
+        result
+    };
+    tokio::join!(go, collect)
+}
+
+/// The text of all `text.delta` events, joined.
+pub fn text_of(events: &[aamp_bridge::runner::StreamEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            aamp_bridge::runner::StreamEvent::TextDelta(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
+}
