@@ -59,7 +59,7 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct DispatchArgs {
-    /// The mailbox (a key of [mailboxes] in the config) to send from.
+    /// The mailbox (a key of `[mailboxes]` in the config) to send from.
     #[arg(long)]
     pub from: String,
     /// The agent's address.
