@@ -222,11 +222,11 @@ async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyho
     } else {
         None
     };
-    let dirs = match &config {
+    let profile_dirs = match &config {
         Some(c) => c.profile_dirs(),
         None => vec![crate::config::default_config_dir().join("profiles")],
     };
-    let (profiles, errors) = Profile::all(&dirs);
+    let (profiles, errors) = Profile::all(&profile_dirs);
     for e in &errors {
         eprintln!("warning: {e}");
     }
@@ -236,14 +236,20 @@ async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyho
             c.config.agents.iter().map(|a| {
                 (
                     a.name.clone(),
-                    Profile::find(&c.profile_ref(&a.profile), &dirs)
+                    Profile::find(&c.profile_ref(&a.profile), &profile_dirs)
                         .map(|p| p.name)
                         .unwrap_or_else(|_| a.profile.clone()),
                 )
             })
         })
         .collect();
-    let mut found = scan::scan(&profiles, &configured, &scan::search_dirs()).await;
+    let mut bin_dirs = scan::search_dirs();
+    if let Some(npm_bin) = scan::npm_global_bin(&bin_dirs).await {
+        if !bin_dirs.contains(&npm_bin) {
+            bin_dirs.push(npm_bin);
+        }
+    }
+    let mut found = scan::scan(&profiles, &configured, &bin_dirs).await;
     if probe {
         let scratch = std::env::temp_dir();
         for (d, p) in found.iter_mut().zip(&profiles) {

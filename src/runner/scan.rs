@@ -93,6 +93,23 @@ pub async fn version(path: &Path) -> Option<String> {
         .map(|l| l.chars().take(80).collect())
 }
 
+/// npm's global bin folder, as `npm prefix -g` says (within a few seconds), when npm exists.
+pub async fn npm_global_bin(dirs: &[PathBuf]) -> Option<PathBuf> {
+    let npm = find("npm", dirs)?;
+    let mut cmd = Command::new(npm);
+    cmd.args(["prefix", "-g"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let child = super::process::GroupChild::spawn(&mut cmd).ok()?;
+    let out = tokio::time::timeout(VERSION_TIMEOUT, child.wait_output())
+        .await
+        .ok()?
+        .ok()?;
+    let prefix = String::from_utf8_lossy(&out).trim().to_string();
+    (!prefix.is_empty()).then(|| PathBuf::from(prefix).join("bin"))
+}
+
 /// The major version of `node` found in `dirs`.
 async fn node_major(dirs: &[PathBuf]) -> Option<(u32, String)> {
     let node = find("node", dirs)?;
