@@ -29,31 +29,7 @@ impl HelperApi {
     /// Reads `api.url` from `{base}/.well-known/aamp` (a relative URL is resolved).
     pub async fn discover(base: &Url, account: &Account) -> Result<HelperApi, MailboxError> {
         let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?;
-        let url = base
-            .join("/.well-known/aamp")
-            .map_err(|e| MailboxError::Protocol {
-                what: base.to_string(),
-                detail: e.to_string(),
-            })?;
-        let response =
-            http.get(url.clone())
-                .send()
-                .await
-                .map_err(|source| MailboxError::Network {
-                    url: url.to_string(),
-                    source,
-                })?;
-        let body = read(response, url.as_str()).await?;
-        let api = body["api"]["url"]
-            .as_str()
-            .ok_or_else(|| MailboxError::Protocol {
-                what: url.to_string(),
-                detail: "no api.url".into(),
-            })?;
-        let api_url = url.join(api).map_err(|e| MailboxError::Protocol {
-            what: url.to_string(),
-            detail: e.to_string(),
-        })?;
+        let api_url = api_url(&http, base).await?;
         Ok(HelperApi {
             http,
             api_url,
@@ -265,19 +241,15 @@ impl HelperApi {
     }
 }
 
-/// Registers a new mailbox with an AAMP service (`aamp.mailbox.register`, then the code
-/// exchanged with `aamp.mailbox.credentials`; neither needs auth) and returns its credentials.
-pub async fn register(
-    registration: &crate::config::Registration,
-) -> Result<crate::config::Credentials, MailboxError> {
-    let http = super::http_client(registration.insecure_tls, Some(Duration::from_secs(60)))?;
-    let base = &registration.aamp_url;
+/// The service's action endpoint: `api.url` from `{base}/.well-known/aamp`, resolved.
+async fn api_url(http: &reqwest::Client, base: &Url) -> Result<Url, MailboxError> {
+    let protocol = |what: &Url, detail: String| MailboxError::Protocol {
+        what: what.to_string(),
+        detail,
+    };
     let discovery = base
         .join("/.well-known/aamp")
-        .map_err(|e| MailboxError::Protocol {
-            what: base.to_string(),
-            detail: e.to_string(),
-        })?;
+        .map_err(|e| protocol(base, e.to_string()))?;
     let response =
         http.get(discovery.clone())
             .send()
@@ -289,14 +261,19 @@ pub async fn register(
     let body = read(response, discovery.as_str()).await?;
     let api = body["api"]["url"]
         .as_str()
-        .ok_or_else(|| MailboxError::Protocol {
-            what: discovery.to_string(),
-            detail: "no api.url".into(),
-        })?;
-    let api = discovery.join(api).map_err(|e| MailboxError::Protocol {
-        what: discovery.to_string(),
-        detail: e.to_string(),
-    })?;
+        .ok_or_else(|| protocol(&discovery, "no api.url".into()))?;
+    discovery
+        .join(api)
+        .map_err(|e| protocol(&discovery, e.to_string()))
+}
+
+/// Registers a new mailbox with an AAMP service (`aamp.mailbox.register`, then the code
+/// exchanged with `aamp.mailbox.credentials`; neither needs auth) and returns its credentials.
+pub async fn register(
+    registration: &crate::config::Registration,
+) -> Result<crate::config::Credentials, MailboxError> {
+    let http = super::http_client(registration.insecure_tls, Some(Duration::from_secs(60)))?;
+    let api = api_url(&http, &registration.aamp_url).await?;
 
     let mut url = api.clone();
     url.query_pairs_mut()
