@@ -41,18 +41,12 @@ impl HelperApi {
     async fn action(&self, action: &str, body: Value) -> Result<Value, MailboxError> {
         let mut url = self.api_url.clone();
         url.query_pairs_mut().append_pair("action", action);
-        let response = self
+        let request = self
             .http
             .post(url.clone())
             .basic_auth(&self.login, Some(&self.password))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        read(response, url.as_str()).await
+            .json(&body);
+        super::fetch_json(request, url.as_str()).await
     }
 
     /// Creates the stream for a task; returns its id.
@@ -109,7 +103,7 @@ impl HelperApi {
         if response.status().as_u16() == 404 {
             return Ok(None);
         }
-        read(response, url.as_str()).await.map(Some)
+        super::read_json(response, url.as_str()).await.map(Some)
     }
 
     /// The thread of a task, oldest first: `[{intent, from, bodyText, output, ...}]`. A task
@@ -250,15 +244,7 @@ async fn api_url(http: &reqwest::Client, base: &Url) -> Result<Url, MailboxError
     let discovery = base
         .join("/.well-known/aamp")
         .map_err(|e| protocol(base, e.to_string()))?;
-    let response =
-        http.get(discovery.clone())
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: discovery.to_string(),
-                source,
-            })?;
-    let body = read(response, discovery.as_str()).await?;
+    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
     let api = body["api"]["url"]
         .as_str()
         .ok_or_else(|| protocol(&discovery, "no api.url".into()))?;
@@ -278,16 +264,10 @@ pub async fn register(
     let mut url = api.clone();
     url.query_pairs_mut()
         .append_pair("action", "aamp.mailbox.register");
-    let response = http
+    let request = http
         .post(url.clone())
-        .json(&json!({ "slug": registration.slug, "description": registration.description }))
-        .send()
-        .await
-        .map_err(|source| MailboxError::Network {
-            url: url.to_string(),
-            source,
-        })?;
-    let registered = read(response, url.as_str()).await?;
+        .json(&json!({ "slug": registration.slug, "description": registration.description }));
+    let registered = super::fetch_json(request, url.as_str()).await?;
     let code = registered["registrationCode"]
         .as_str()
         .ok_or_else(|| MailboxError::Protocol {
@@ -299,15 +279,8 @@ pub async fn register(
     url.query_pairs_mut()
         .append_pair("action", "aamp.mailbox.credentials")
         .append_pair("code", code);
-    let response = http
-        .get(url.clone())
-        .send()
-        .await
-        .map_err(|source| MailboxError::Network {
-            url: "aamp.mailbox.credentials".into(),
-            source,
-        })?;
-    let creds = read(response, "aamp.mailbox.credentials").await?;
+    // The URL carries the one-time code: errors name the action instead.
+    let creds = super::fetch_json(http.get(url.clone()), "aamp.mailbox.credentials").await?;
     let field = |v: &Value, name: &str| {
         v.as_str()
             .map(str::to_string)
@@ -320,21 +293,5 @@ pub async fn register(
         email: field(&creds["email"], "email")?,
         mailbox_token: field(&creds["mailbox"]["token"], "mailbox.token")?,
         smtp_password: field(&creds["smtp"]["password"], "smtp.password")?,
-    })
-}
-
-async fn read(response: reqwest::Response, url: &str) -> Result<Value, MailboxError> {
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        return Err(MailboxError::Http {
-            url: url.to_string(),
-            status: status.as_u16(),
-            body: body.chars().take(200).collect(),
-        });
-    }
-    response.json().await.map_err(|e| MailboxError::Protocol {
-        what: url.to_string(),
-        detail: e.to_string(),
     })
 }

@@ -125,7 +125,7 @@ impl JmapClient {
                 source,
             })?;
         let final_url = response.url().clone();
-        let body = read_json(response, &url).await?;
+        let body = super::read_json(response, &url).await?;
         let api_url = body["apiUrl"]
             .as_str()
             .ok_or_else(|| protocol("JMAP session", "no apiUrl"))?;
@@ -206,18 +206,12 @@ impl JmapClient {
         args["accountId"] = json!(session.account_id);
         let request = json!({ "using": USING, "methodCalls": [[method, args, "0"]] });
         let url = session.api_url.to_string();
-        let response = self
+        let request = self
             .http
             .post(session.api_url.clone())
             .basic_auth(&self.login, Some(&self.password))
-            .json(&request)
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.clone(),
-                source,
-            })?;
-        let mut body = read_json(response, &url).await?;
+            .json(&request);
+        let mut body = super::fetch_json(request, &url).await?;
         let mut reply = body["methodResponses"]
             .get_mut(0)
             .map(Value::take)
@@ -266,19 +260,13 @@ impl JmapClient {
             "{accountId}",
             &crate::protocol::codec::encode_uri_component(&session.account_id),
         );
-        let response = self
+        let request = self
             .http
             .post(&url)
             .basic_auth(&self.login, Some(&self.password))
             .header("Content-Type", content_type)
-            .body(bytes)
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.clone(),
-                source,
-            })?;
-        let body = read_json(response, &url).await?;
+            .body(bytes);
+        let body = super::fetch_json(request, &url).await?;
         body["blobId"]
             .as_str()
             .map(str::to_string)
@@ -465,27 +453,6 @@ impl JmapClient {
         }
         Ok(out)
     }
-}
-
-async fn read_json(response: reqwest::Response, url: &str) -> Result<Value, MailboxError> {
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        return Err(MailboxError::Http {
-            url: url.to_string(),
-            status: status.as_u16(),
-            body: body
-                .chars()
-                .take(200)
-                .collect::<String>()
-                .trim()
-                .to_string(),
-        });
-    }
-    response.json().await.map_err(|e| MailboxError::Protocol {
-        what: url.to_string(),
-        detail: e.to_string(),
-    })
 }
 
 fn protocol(what: &str, detail: &str) -> MailboxError {

@@ -361,6 +361,48 @@ pub fn http_client(
     })
 }
 
+/// Sends `request` and reads its JSON answer (see [`read_json`]); a failure to reach the
+/// server is a `Network` error naming `url`.
+pub async fn fetch_json(
+    request: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<serde_json::Value, MailboxError> {
+    let response = request
+        .send()
+        .await
+        .map_err(|source| MailboxError::Network {
+            url: url.to_string(),
+            source,
+        })?;
+    read_json(response, url).await
+}
+
+/// Reads a JSON answer: a status other than 2xx is an `Http` error carrying the start of the
+/// body, and an answer that is not JSON a `Protocol` error.
+pub async fn read_json(
+    response: reqwest::Response,
+    url: &str,
+) -> Result<serde_json::Value, MailboxError> {
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(MailboxError::Http {
+            url: url.to_string(),
+            status: status.as_u16(),
+            body: body
+                .chars()
+                .take(200)
+                .collect::<String>()
+                .trim()
+                .to_string(),
+        });
+    }
+    response.json().await.map_err(|e| MailboxError::Protocol {
+        what: url.to_string(),
+        detail: e.to_string(),
+    })
+}
+
 /// `delay` plus up to 25% more, so many retries do not line up.
 pub fn jitter(delay: Duration) -> Duration {
     let nanos = SystemTime::now()
