@@ -38,6 +38,17 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// Extra folder of profile files, searched before the user's and the built-in ones.
     pub profiles_dir: Option<PathBuf>,
+    /// After SIGTERM/SIGINT, how long running tasks get to finish before they are stopped
+    /// and left in the journal for the next start.
+    #[serde(default = "default_grace_secs")]
+    pub shutdown_grace_secs: u64,
+    /// How long an ack or result that cannot be sent is retried (across restarts) before the
+    /// bridge gives up on it.
+    #[serde(default = "default_outbox_hours")]
+    pub outbox_retry_hours: u64,
+    /// Finished tasks are kept in the journal this many days (for duplicates and history).
+    #[serde(default = "default_journal_days")]
+    pub journal_retention_days: u64,
     #[serde(default)]
     pub mailboxes: BTreeMap<String, MailboxConfig>,
     #[serde(default)]
@@ -143,6 +154,18 @@ impl fmt::Debug for MailboxConfig {
             .field("smtp_security", &self.smtp_security)
             .finish_non_exhaustive()
     }
+}
+
+fn default_grace_secs() -> u64 {
+    30
+}
+
+fn default_outbox_hours() -> u64 {
+    24
+}
+
+fn default_journal_days() -> u64 {
+    30
 }
 
 fn default_poll_secs() -> u64 {
@@ -615,21 +638,11 @@ fn read_credentials(file: &Path) -> Result<Credentials, (String, String)> {
 
 /// Writes a credentials file atomically with mode 0600.
 pub fn write_credentials(file: &Path, credentials: &Credentials) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = file.with_extension("tmp");
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    out.write_all(&serde_json::to_vec_pretty(credentials).expect("credentials serialize"))?;
-    out.sync_all()?;
-    std::fs::rename(&tmp, file)
+    crate::fsio::write_atomic(
+        file,
+        &serde_json::to_vec_pretty(credentials).expect("credentials serialize"),
+        0o600,
+    )
 }
 
 /// `$XDG_CONFIG_HOME/aamp-bridge` (default `~/.config/aamp-bridge`).

@@ -1,7 +1,9 @@
-//! Wires the layers for `aamp-bridge start`: per agent, a mailbox intake loop feeds a
-//! dispatcher, whose tasks run agents and answer through the agent's sender. One root
-//! cancellation token and one task tracker own everything that runs.
+//! Wires the layers for `aamp-bridge start`: the state directory's lock and journal, and per
+//! agent a mailbox intake feeding a dispatcher, whose tasks run agents and whose outbox
+//! answers through the agent's sender. One stop token, one abort token and two task trackers
+//! own everything that runs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -11,20 +13,12 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Dispatcher, Outbox, SenderPolicy};
-use crate::error::{Classify, ErrorClass};
+use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, SenderPolicy, Settings, OWNER_VAR};
 use crate::events::Events;
-use crate::mailbox::link::Reach;
-use crate::mailbox::push::{self, PushTarget};
-use crate::mailbox::{jitter, Attachment, Cursor, Mailbox, MailboxError, Position, Sender};
-use crate::protocol::AampMessage;
-use crate::runner::Profile;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// How far back to look when the server has lost our change cursor.
-const BACKSCAN: usize = 100;
-/// How long running tasks get to answer after a stop is requested.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+use crate::fsio::StateLock;
+use crate::mailbox::{intake, Attachment, Cursor, Mailbox, MailboxError, Sender};
+use crate::protocol::RenderedMail;
+use crate::runner::{self, Profile};
 
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -34,8 +28,8 @@ pub struct RunOptions {
 }
 
 impl Outbox for Sender {
-    async fn send(&self, msg: &AampMessage) -> Result<String, MailboxError> {
-        Sender::send(self, msg).await
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+        Sender::submit(self, mail).await
     }
 
     async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
@@ -97,14 +91,48 @@ impl Outbox for Sender {
     }
 }
 
-/// Runs until SIGINT or SIGTERM, or until `stop` is cancelled.
+/// Runs until SIGINT or SIGTERM, or until `stop` is cancelled. The first signal (or `stop`)
+/// stops taking mail and lets running tasks finish within `shutdown_grace_secs`; what has not
+/// finished then is stopped and left in the journal for the next start. A second signal
+/// stops the tasks at once.
 pub async fn run(
     config: LoadedConfig,
     opts: RunOptions,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let events = Events::new(opts.json);
-    let tracker = TaskTracker::new();
+    let state_dir = &config.state_dir;
+    let _lock = StateLock::acquire(state_dir)?;
+    let journal = Arc::new(
+        Journal::open(&state_dir.join("journal.sqlite3")).context("opening the task journal")?,
+    );
+    let retention = Duration::from_secs(config.config.journal_retention_days * 86_400);
+    match journal.prune(std::time::SystemTime::now() - retention) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            tasks = n,
+            "forgot finished tasks older than the journal's retention"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not prune the task journal"),
+    }
+    let owner_tag = state_dir
+        .canonicalize()
+        .unwrap_or_else(|_| state_dir.clone())
+        .display()
+        .to_string();
+    stop_leftovers(&journal, &owner_tag);
+    let settings = Settings {
+        retry_for: Duration::from_secs(config.config.outbox_retry_hours * 3600),
+        owner_tag,
+    };
+    let grace = Duration::from_secs(config.config.shutdown_grace_secs);
+
+    // Intake and outbox loops live on `services`, agent tasks on `tasks`: at a stop, intake
+    // ends first, tasks drain, and the outbox sends what they answered before it ends.
+    let services = TaskTracker::new();
+    let tasks = TaskTracker::new();
+    let abort = CancellationToken::new();
+    let outbox_stop = CancellationToken::new();
     let agents = config.agents(&opts.agents)?;
     let mut names = Vec::new();
     for agent in agents {
@@ -141,7 +169,8 @@ pub async fn run(
                     agent.profile
                 )
             })?;
-        let agent_dir = config.state_dir.join("agents").join(&agent.name);
+        let agent_dir = state_dir.join("agents").join(&agent.name);
+        import_sessions(&journal, &agent.name, &agent_dir.join("sessions.json"));
         let spec = AgentSpec {
             name: agent.name.clone(),
             email: account.email.clone(),
@@ -150,7 +179,6 @@ pub async fn run(
             max_queued: agent.max_queued_tasks,
             profile,
             workspace_root: agent_dir.join("tasks"),
-            sessions: crate::dispatch::sessions::SessionStore::new(agent_dir.join("sessions.json")),
         };
         if spec.policy.is_empty() {
             tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
@@ -160,16 +188,47 @@ pub async fn run(
         publish_card(&config, &agent, &sender, events).await;
         let mailbox =
             Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
-        let dispatcher = Dispatcher::new(spec, sender, events, tracker.clone(), stop.clone());
-        let cursor = Cursor::new(agent_dir.join("jmap-email-state"));
+        let dispatcher = Dispatcher::new(
+            spec,
+            sender,
+            journal.clone(),
+            events,
+            settings.clone(),
+            tasks.clone(),
+            abort.clone(),
+        );
         let span = tracing::info_span!("agent", agent = %agent.name);
-        tracker.spawn(
-            intake(
+        {
+            let _enter = span.enter();
+            let picked = dispatcher
+                .recover()
+                .with_context(|| format!("agent {:?}: reading the task journal", agent.name))?;
+            if picked > 0 {
+                tracing::info!(
+                    tasks = picked,
+                    "picked up unfinished tasks from the journal"
+                );
+            }
+        }
+        services.spawn(
+            dispatcher
+                .clone()
+                .send_outbox(outbox_stop.clone(), LAST_ROUND)
+                .instrument(span.clone()),
+        );
+        let cursor = Cursor::new(agent_dir.join("jmap-email-state"));
+        let deliver = move |inbound| {
+            dispatcher
+                .deliver(inbound)
+                .map_err(|e| Box::new(e) as intake::DeliverError)
+        };
+        services.spawn(
+            intake::run(
                 agent.name.clone(),
                 mailbox,
                 cursor,
                 crate::mailbox::link::Link::new(agent_dir.join("link.json")),
-                dispatcher,
+                deliver,
                 events,
                 stop.clone(),
             )
@@ -182,27 +241,100 @@ pub async fn run(
         json!({"agents": names, "pid": std::process::id()}),
     );
 
-    let signals = stop.clone();
-    tracker.spawn(async move {
-        tokio::select! {
-            _ = wait_for_signal() => signals.cancel(),
-            _ = signals.cancelled() => {}
-        }
-    });
+    // First signal: stop (drain); second: abort.
+    let finished = CancellationToken::new();
+    {
+        let (stop, abort, finished) = (stop.clone(), abort.clone(), finished.clone());
+        services.spawn(async move {
+            tokio::select! {
+                _ = wait_for_signal() => stop.cancel(),
+                _ = stop.cancelled() => {}
+                _ = finished.cancelled() => return,
+            }
+            tokio::select! {
+                _ = wait_for_signal() => {
+                    tracing::warn!("second signal: stopping the running tasks now");
+                    abort.cancel();
+                }
+                _ = finished.cancelled() => {}
+            }
+        });
+    }
     stop.cancelled().await;
-    events.emit("bridge.stopping", json!({}));
-    tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+    events.emit(
+        "bridge.stopping",
+        json!({"graceSecs": grace.as_secs(), "running": tasks.len()}),
+    );
+    tasks.close();
+    tokio::select! {
+        _ = tasks.wait() => {}
+        _ = tokio::time::sleep(grace) => tracing::warn!(
+            running = tasks.len(),
+            "tasks did not finish within {}s of the stop; stopping them (they run again at the next start)",
+            grace.as_secs()
+        ),
+        _ = abort.cancelled() => {}
+    }
+    abort.cancel();
+    if tokio::time::timeout(Duration::from_secs(15), tasks.wait())
         .await
         .is_err()
     {
-        tracing::warn!(
-            "some tasks did not finish within {}s of the stop",
-            SHUTDOWN_GRACE.as_secs()
-        );
+        tracing::error!(running = tasks.len(), "tasks did not stop");
+    }
+    outbox_stop.cancel();
+    finished.cancel();
+    services.close();
+    if tokio::time::timeout(LAST_ROUND + Duration::from_secs(5), services.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the mailbox loops did not end in time");
     }
     events.emit("bridge.stopped", json!({}));
     Ok(())
+}
+
+/// How long the outbox may try to send at a stop before leaving the rest for the next start.
+const LAST_ROUND: Duration = Duration::from_secs(5);
+
+/// Stops agent processes that a crashed bridge on this state directory left behind: every
+/// process carrying this bridge's tag, and the recorded process groups whose leader still
+/// carries it.
+fn stop_leftovers(journal: &Journal, owner_tag: &str) {
+    let mut stopped = runner::process::kill_tagged(OWNER_VAR, owner_tag);
+    match journal.recorded_pgids() {
+        Ok(groups) => {
+            for pgid in groups {
+                if runner::process::kill_group_if_tagged(pgid, OWNER_VAR, owner_tag) {
+                    stopped += 1;
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not read the recorded process groups"),
+    }
+    if stopped > 0 {
+        tracing::warn!(
+            processes = stopped,
+            "stopped agent processes left running by the bridge's last life"
+        );
+    }
+}
+
+/// Session ids kept by older versions in `sessions.json` move into the journal once.
+fn import_sessions(journal: &Journal, agent: &str, file: &std::path::Path) {
+    let Ok(bytes) = std::fs::read(file) else {
+        return;
+    };
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(&bytes).unwrap_or_default();
+    for (key, id) in &map {
+        if let Err(e) = journal.set_session(agent, key, id) {
+            tracing::warn!(error = %e, "could not import the saved session ids");
+            return;
+        }
+    }
+    let _ = std::fs::rename(file, file.with_extension("json.imported"));
 }
 
 /// Publishes the agent's summary and card in the AAMP service's directory, when it has them.
@@ -267,246 +399,4 @@ async fn wait_for_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received; stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; stopping"),
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum IntakeError {
-    #[error(transparent)]
-    Mailbox(#[from] MailboxError),
-    #[error("cannot read or write the cursor file: {0}")]
-    Cursor(#[from] std::io::Error),
-}
-
-impl Classify for IntakeError {
-    fn class(&self) -> ErrorClass {
-        match self {
-            IntakeError::Mailbox(e) => e.class(),
-            IntakeError::Cursor(_) => ErrorClass::Permanent,
-        }
-    }
-}
-
-/// Watches one mailbox and hands its AAMP mail to the dispatcher, until `stop`. Two loops
-/// share the work: the poll loop reads changes (`Email/changes` from the saved cursor), on a
-/// timer and whenever the push loop wakes it; the push loop keeps a JMAP WebSocket open when
-/// the server offers one. With push up, the timer only reconciles (`reconcile_interval`);
-/// without it, it polls (`poll_interval`).
-async fn intake<O: Outbox>(
-    name: String,
-    mut mailbox: Mailbox,
-    cursor: Cursor,
-    link: crate::mailbox::link::Link,
-    dispatcher: Dispatcher<O>,
-    events: Events,
-    stop: CancellationToken,
-) {
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let (target_tx, mut target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
-    let push_up = AtomicBool::new(false);
-    let use_push = mailbox.account.push;
-    let poll_secs = mailbox.account.poll_interval.as_secs();
-
-    let polling = async {
-        let mut state: Option<Position> = None;
-        let mut ready = false;
-        let mut failures: u32 = 0;
-        let mut auth_reported = false;
-        loop {
-            let poll = tokio::select! {
-                result = poll_once(&mut mailbox, &cursor, &mut state, &dispatcher) => result,
-                _ = stop.cancelled() => return,
-            };
-            let wait = match poll {
-                Ok(()) => {
-                    if !ready {
-                        ready = true;
-                        events.emit(
-                            "agent.ready",
-                            json!({"agent": name, "email": mailbox.email()}),
-                        );
-                    }
-                    if failures > 0 {
-                        tracing::info!("mailbox reachable again");
-                    }
-                    failures = 0;
-                    auth_reported = false;
-                    link.mailbox(Reach::Connected, None);
-                    if use_push {
-                        let target = mailbox.push_target();
-                        target_tx.send_if_modified(|current| {
-                            let changed = current.as_ref().map(|t| &t.transports)
-                                != target.as_ref().map(|t| &t.transports);
-                            if changed {
-                                *current = target;
-                            }
-                            changed
-                        });
-                    }
-                    if push_up.load(Ordering::SeqCst) {
-                        mailbox.account.reconcile_interval
-                    } else {
-                        mailbox.account.poll_interval
-                    }
-                }
-                Err(e) => {
-                    failures += 1;
-                    mailbox.disconnect();
-                    let reach = if e.class() == ErrorClass::Auth {
-                        Reach::AuthFailed
-                    } else {
-                        Reach::Unreachable
-                    };
-                    link.mailbox(reach, Some(e.to_string()));
-                    match e.class() {
-                        ErrorClass::Auth => {
-                            if !auth_reported {
-                                tracing::error!(error = %e, "the mail server refused the credentials of {}; fix the password in the config; retrying every 5 minutes", mailbox.email());
-                                auth_reported = true;
-                            }
-                            Duration::from_secs(300)
-                        }
-                        ErrorClass::Permanent => {
-                            tracing::error!(error = %e, "mailbox error; retrying in 60s");
-                            Duration::from_secs(60)
-                        }
-                        _ => {
-                            let delay = Duration::from_secs(1u64 << failures.min(6))
-                                .min(Duration::from_secs(60));
-                            tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
-                            jitter(delay)
-                        }
-                    }
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                Some(()) = wake_rx.recv() => tracing::debug!("woken by push"),
-                _ = stop.cancelled() => return,
-            }
-        }
-    };
-
-    let pushing = async {
-        if !use_push {
-            return;
-        }
-        let mut push_state: Option<String> = None;
-        let mut failures: u32 = 0;
-        // Which of the target's transports is in use; a permanent failure moves to the next.
-        let mut which = 0;
-        loop {
-            // The poll loop publishes where to connect once it has a session.
-            let target = loop {
-                if let Some(target) = target_rx.borrow_and_update().clone() {
-                    break target;
-                }
-                which = 0;
-                tokio::select! {
-                    changed = target_rx.changed() => if changed.is_err() { return },
-                    _ = stop.cancelled() => return,
-                }
-            };
-            let Some(transport) = target.transports.get(which).cloned() else {
-                // Every transport failed for good: poll, and look again when the session changes.
-                tokio::select! {
-                    _ = target_rx.changed() => which = 0,
-                    _ = tokio::time::sleep(Duration::from_secs(600)) => which = 0,
-                    _ = stop.cancelled() => return,
-                }
-                continue;
-            };
-            let connected = || {
-                push_up.store(true, Ordering::SeqCst);
-                tracing::info!(%transport, "push connected");
-                let kind = match transport {
-                    push::Transport::WebSocket(_) => "websocket",
-                    push::Transport::EventSource(_) => "eventsource",
-                };
-                link.push(kind);
-                events.emit(
-                    "mailbox.push",
-                    json!({"agent": name, "connected": true, "transport": kind}),
-                );
-                // Catch up on whatever changed while push was down.
-                let _ = wake_tx.try_send(());
-            };
-            let result = push::run(
-                &target,
-                &transport,
-                &mut push_state,
-                &wake_tx,
-                &stop,
-                connected,
-            )
-            .await;
-            let was_up = push_up.swap(false, Ordering::SeqCst);
-            if was_up {
-                link.push("polling");
-                events.emit("mailbox.push", json!({"agent": name, "connected": false}));
-            }
-            let Err(e) = result else { return };
-            failures = if was_up { 1 } else { failures + 1 };
-            let delay = match e.class() {
-                ErrorClass::Auth => Duration::from_secs(300),
-                ErrorClass::Permanent => {
-                    which += 1;
-                    match target.transports.get(which) {
-                        Some(next) => {
-                            tracing::info!(error = %e, %transport, %next, "push is not available this way; trying the next")
-                        }
-                        None => {
-                            tracing::info!(error = %e, "push is not available; polling every {poll_secs}s")
-                        }
-                    }
-                    Duration::ZERO
-                }
-                _ => {
-                    let delay = jitter(
-                        Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60)),
-                    );
-                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "push connection lost; polling meanwhile");
-                    delay
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = target_rx.changed() => which = 0,
-                _ = stop.cancelled() => return,
-            }
-        }
-    };
-    tokio::join!(polling, pushing);
-}
-
-async fn poll_once<O: Outbox>(
-    mailbox: &mut Mailbox,
-    cursor: &Cursor,
-    state: &mut Option<Position>,
-    dispatcher: &Dispatcher<O>,
-) -> Result<(), IntakeError> {
-    if !mailbox.is_connected() {
-        mailbox.connect().await?;
-        tracing::info!(email = mailbox.email(), "connected to the mailbox");
-    }
-    let since = match state.clone() {
-        Some(s) => s,
-        None => match cursor.load()? {
-            Some(s) => s,
-            None => {
-                // First start: work begins with mail that arrives from now on.
-                let s = Position::at(mailbox.current_state().await?);
-                cursor.save(&s)?;
-                s
-            }
-        },
-    };
-    let (inbound, new_state) = mailbox.fetch_since(&since, BACKSCAN).await?;
-    for message in inbound {
-        dispatcher.handle(message);
-    }
-    if new_state != since {
-        cursor.save(&new_state)?;
-    }
-    *state = Some(new_state);
-    Ok(())
 }

@@ -37,12 +37,14 @@
 //! - [`cli`], [`telemetry`]: thin shells.
 //! - [`config`], [`error`], [`events`]: the config file, error classes, JSON-lines events.
 
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub mod fsio;
 pub mod mailbox;
 pub mod protocol;
 pub mod runner;

@@ -88,6 +88,8 @@ impl Agent {
             resume_id: resume_id.map(str::to_string),
             workspace: self.workspace(),
             questions: None,
+            env: Vec::new(),
+            on_spawn: None,
         };
         let out = support::run_collecting(profile, &task, cancel).await;
         assert_eq!(
@@ -480,6 +482,8 @@ async fn an_agent_that_never_initializes_is_stopped() {
         resume_id: None,
         workspace: dir.path().to_path_buf(),
         questions: None,
+        env: Vec::new(),
+        on_spawn: None,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
     let err = run(&profile, &task, &CancellationToken::new(), &tx)
@@ -527,6 +531,8 @@ async fn under_the_ask_policy_permission_requests_become_questions() {
         resume_id: None,
         workspace: agent.workspace(),
         questions: Some(qtx),
+        env: Vec::new(),
+        on_spawn: None,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(64);
     let cancel = CancellationToken::new();

@@ -32,6 +32,8 @@ fn task(dir: &Path, prompt: &str) -> TaskInput {
         resume_id: None,
         workspace: dir.to_path_buf(),
         questions: None,
+        env: Vec::new(),
+        on_spawn: None,
     }
 }
 

@@ -243,6 +243,8 @@ async fn run(
         resume_id: resume_id.map(str::to_string),
         workspace: dir.path().to_path_buf(),
         questions: None,
+        env: Vec::new(),
+        on_spawn: None,
     };
     support::run_collecting(profile, &task, &CancellationToken::new()).await
 }

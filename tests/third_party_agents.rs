@@ -67,6 +67,8 @@ async fn run_task(
         resume_id: None,
         workspace: dir.path().to_path_buf(),
         questions: None,
+        env: Vec::new(),
+        on_spawn: None,
     };
     support::run_collecting(profile, &task, cancel).await
 }
@@ -116,6 +118,8 @@ async fn an_agent_on_the_typescript_sdk_honours_cancel() {
         resume_id: None,
         workspace: dir.path().to_path_buf(),
         questions: None,
+        env: Vec::new(),
+        on_spawn: None,
     };
     let profile = ts_sdk_agent();
     let cancel = CancellationToken::new();

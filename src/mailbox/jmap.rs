@@ -277,7 +277,8 @@ impl JmapClient {
     /// message): 404, 429 and 503 are retried with backoff, about 15 s in all. More than
     /// `max` bytes is an error.
     pub async fn download(&self, url: &str, max: u64) -> Result<Vec<u8>, MailboxError> {
-        let mut delay = Duration::from_millis(500);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(8));
         for attempt in 1.. {
             let response = self
                 .http
@@ -291,8 +292,7 @@ impl JmapClient {
                 })?;
             let status = response.status().as_u16();
             if matches!(status, 404 | 429 | 503) && attempt < 6 {
-                tokio::time::sleep(super::jitter(delay)).await;
-                delay *= 2;
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
             if !response.status().is_success() {
@@ -346,11 +346,11 @@ impl JmapClient {
     /// Changes since a state. A state the server no longer knows, or rejects outright (Cyrus
     /// answers `invalidArguments` for a state it cannot read), is `CannotCalculateChanges`:
     /// either way the caller must recover without it.
-    pub async fn changes(&self, since: &str) -> Result<Changes, MailboxError> {
+    pub async fn changes(&self, since: &str, max: usize) -> Result<Changes, MailboxError> {
         let reply = match self
             .call(
                 "Email/changes",
-                json!({ "sinceState": since, "maxChanges": 256 }),
+                json!({ "sinceState": since, "maxChanges": max }),
             )
             .await
         {
@@ -390,15 +390,18 @@ impl JmapClient {
     }
 
     /// Mails in a mailbox received after `after` (RFC 3339), oldest first, at most `limit`.
+    /// Ids of mail in `mailbox_id` received after `after`, oldest first, from `position` on.
     pub async fn query_mailbox_after(
         &self,
         mailbox_id: &str,
         after: &str,
+        position: usize,
         limit: usize,
     ) -> Result<Vec<String>, MailboxError> {
-        self.query(
+        self.query_from(
             json!({ "inMailbox": mailbox_id, "after": after }),
             true,
+            position,
             limit,
         )
         .await
@@ -411,12 +414,23 @@ impl JmapClient {
         oldest_first: bool,
         limit: usize,
     ) -> Result<Vec<String>, MailboxError> {
+        self.query_from(filter, oldest_first, 0, limit).await
+    }
+
+    async fn query_from(
+        &self,
+        filter: Value,
+        oldest_first: bool,
+        position: usize,
+        limit: usize,
+    ) -> Result<Vec<String>, MailboxError> {
         let reply = self
             .call(
                 "Email/query",
                 json!({
                     "filter": filter,
                     "sort": [{ "property": "receivedAt", "isAscending": oldest_first }],
+                    "position": position,
                     "limit": limit,
                 }),
             )

@@ -74,18 +74,8 @@ impl Link {
     }
 
     fn save(&self, state: &State) {
-        let write = || -> std::io::Result<()> {
-            if let Some(dir) = self.path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = self.path.with_extension("tmp");
-            std::fs::write(
-                &tmp,
-                serde_json::to_vec_pretty(state).expect("link state serializes"),
-            )?;
-            std::fs::rename(&tmp, &self.path)
-        };
-        if let Err(e) = write() {
+        let bytes = serde_json::to_vec_pretty(state).expect("link state serializes");
+        if let Err(e) = crate::fsio::write_atomic(&self.path, &bytes, 0o600) {
             tracing::debug!(error = %e, "could not write the link state");
         }
     }

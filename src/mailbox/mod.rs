@@ -4,6 +4,7 @@
 
 mod error;
 pub mod helper;
+pub mod intake;
 pub mod jmap;
 pub mod link;
 pub mod push;
@@ -25,13 +26,61 @@ use crate::protocol::{self, AampMessage};
 pub struct Inbound {
     pub email_id: String,
     pub message: AampMessage,
+    /// The mail as read, from which `message` was parsed (kept to store it).
+    pub view: protocol::MailView,
     /// The text body was longer than we fetch and was cut.
     pub truncated: bool,
     pub attachments: Vec<Attachment>,
 }
 
+/// An inbound mail as stored: enough to parse it again.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredInbound {
+    email_id: String,
+    view: protocol::MailView,
+    truncated: bool,
+    attachments: Vec<Attachment>,
+}
+
+impl Inbound {
+    /// What identifies this mail: its Message-ID, or (for a mail without one) the server's
+    /// id of it, which no Message-ID can look like.
+    pub fn message_key(&self) -> String {
+        let id = &self.message.envelope.message_id;
+        if id.is_empty() {
+            format!("email-id:{}", self.email_id)
+        } else {
+            id.clone()
+        }
+    }
+
+    /// The mail as JSON, to store and read back with [`Inbound::from_json`].
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&StoredInbound {
+            email_id: self.email_id.clone(),
+            view: self.view.clone(),
+            truncated: self.truncated,
+            attachments: self.attachments.clone(),
+        })
+        .expect("a stored mail serializes")
+    }
+
+    pub fn from_json(text: &str) -> Result<Inbound, String> {
+        let stored: StoredInbound = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let message = AampMessage::parse(&stored.view).map_err(|e| e.to_string())?;
+        Ok(Inbound {
+            email_id: stored.email_id,
+            message,
+            view: stored.view,
+            truncated: stored.truncated,
+            attachments: stored.attachments,
+        })
+    }
+}
+
 /// A file attached to an inbound mail, to download with [`Sender::download`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     pub name: String,
     pub content_type: String,
@@ -112,74 +161,96 @@ impl Mailbox {
         self.jmap.email_state().await
     }
 
-    /// New AAMP mail since `position`, and the position to continue from. Follows
-    /// `hasMoreChanges` to the end. When the server can no longer compute changes from the
-    /// state, scans the Inbox for mail received since the last mail handled (at most
-    /// `backscan` mails); no gap is skipped silently.
-    pub async fn fetch_since(
-        &self,
-        position: &Position,
-        backscan: usize,
-    ) -> Result<(Vec<Inbound>, Position), MailboxError> {
-        let mut created = Vec::new();
-        let mut since = position.state.clone();
-        loop {
-            match self.jmap.changes(&since).await {
-                Ok(page) => {
-                    created.extend(page.created);
-                    since = page.new_state;
-                    if !page.has_more {
-                        break;
-                    }
+    /// One page of new AAMP mail since `position`: at most about `page` mails, the position
+    /// after them, and whether more is waiting. The caller hands the mails on, saves the
+    /// position, and asks again while `more`; so a long backlog is never held at once.
+    ///
+    /// When the server can no longer compute changes from the saved state, the Inbox is
+    /// scanned, page by page and to its end, from the second before the last mail handled
+    /// (or, before any mail was handled, from a minute before the cursor was made); the
+    /// scan's place is part of the position, so it resumes after a restart. Mail seen twice
+    /// this way is recognised downstream by its Message-ID.
+    pub async fn next_page(&self, position: &Position, page: usize) -> Result<Page, MailboxError> {
+        let page = page.max(1);
+        let inbox = self.inbox_id.as_deref().unwrap_or_default();
+        let mut next = position.clone();
+        let (ids, more) = if let Some(scan) = &position.scan {
+            let ids = self
+                .jmap
+                .query_mailbox_after(inbox, &scan.after, scan.offset, page)
+                .await?;
+            let done = ids.len() < page;
+            if done {
+                tracing::info!(
+                    scanned = scan.offset + ids.len(),
+                    "the Inbox scan is complete; following changes again"
+                );
+                next.state = scan.resume_state.clone();
+                next.scan = None;
+            } else if let Some(s) = next.scan.as_mut() {
+                s.offset += ids.len();
+            }
+            (ids, true)
+        } else {
+            match self.jmap.changes(&position.state, page).await {
+                Ok(changes) => {
+                    next.state = changes.new_state;
+                    (changes.created, changes.has_more)
                 }
                 Err(MailboxError::CannotCalculateChanges) => {
-                    let new_state = self.jmap.email_state().await?;
-                    let inbox = self.inbox_id.as_deref().unwrap_or_default();
-                    created = match &position.last_received_at {
-                        Some(last) => {
-                            tracing::warn!(state = %position.state, since = %last, "the server cannot list changes since our state; scanning the Inbox from the last mail handled");
-                            // JMAP's `after` is strict and receivedAt has whole seconds: ask
-                            // from the second before, and skip the mails already handled.
-                            let after = crate::protocol::time::parse(last)
-                                .map(|t| {
-                                    crate::protocol::time::format_utc(
-                                        t - std::time::Duration::from_secs(1),
-                                    )
-                                })
-                                .unwrap_or_else(|| last.clone());
-                            let ids = self
-                                .jmap
-                                .query_mailbox_after(inbox, &after, backscan)
-                                .await?;
-                            ids.into_iter()
-                                .filter(|id| !position.last_ids.contains(id))
-                                .collect()
-                        }
-                        None => {
-                            tracing::warn!(state = %position.state, backscan, "the server cannot list changes since our state, and no mail was handled yet; scanning the newest Inbox mail");
-                            let mut ids = self.jmap.query_mailbox(inbox, backscan).await?;
-                            ids.reverse();
-                            ids
-                        }
+                    let resume_state = self.jmap.email_state().await?;
+                    let from = match (&position.last_received_at, &position.started_at) {
+                        (Some(last), _) => shift(last, -1),
+                        (None, Some(started)) => shift(started, -60),
+                        (None, None) => crate::protocol::time::format_utc(SystemTime::now()),
                     };
-                    since = new_state;
-                    break;
+                    tracing::warn!(state = %position.state, after = %from, "the server cannot list changes since our state; scanning the Inbox from there");
+                    next.scan = Some(Scan {
+                        after: from,
+                        offset: 0,
+                        resume_state,
+                    });
+                    return Ok(Page {
+                        inbound: Vec::new(),
+                        position: next,
+                        more: true,
+                    });
                 }
                 Err(e) => return Err(e),
             }
-        }
-        let emails = self.jmap.get_emails(&created).await?;
-        let mut next = Position {
-            state: since,
-            ..position.clone()
         };
+        let ids: Vec<String> = ids
+            .into_iter()
+            .filter(|id| !position.last_ids.contains(id))
+            .collect();
+        let emails = self.jmap.get_emails(&ids).await?;
         for email in &emails {
             next.saw(&email.id, &email.received_at);
         }
-        Ok((
-            emails.into_iter().filter_map(|e| self.accept(e)).collect(),
-            next,
-        ))
+        Ok(Page {
+            inbound: emails.into_iter().filter_map(|e| self.accept(e)).collect(),
+            position: next,
+            more,
+        })
+    }
+
+    /// All new AAMP mail since `position` (every page), and the position after it; for
+    /// callers that read a handful of mails, such as a dispatcher waiting for its answer.
+    pub async fn fetch_since(
+        &self,
+        position: &Position,
+        page: usize,
+    ) -> Result<(Vec<Inbound>, Position), MailboxError> {
+        let mut all = Vec::new();
+        let mut position = position.clone();
+        loop {
+            let next = self.next_page(&position, page).await?;
+            all.extend(next.inbound);
+            position = next.position;
+            if !next.more {
+                return Ok((all, position));
+            }
+        }
     }
 
     /// Keeps Inbox mail addressed to this mailbox and not sent by it, and parses it as AAMP.
@@ -211,6 +282,7 @@ impl Mailbox {
                 Some(Inbound {
                     email_id: email.id,
                     message,
+                    view: email.view,
                     truncated: email.truncated,
                     attachments,
                 })
@@ -314,31 +386,31 @@ impl Sender {
         files: &[protocol::OutgoingFile],
     ) -> Result<String, MailboxError> {
         let mail = protocol::render_with(msg, SystemTime::now(), files);
-        self.submit(&mail).await?;
-        if self.save_sent {
-            if let Err(e) = self.save_copy(&mail).await {
-                tracing::warn!(error = %e, message_id = %mail.message_id, "sent, but the copy in the Sent mailbox failed");
-                self.jmap.lock().await.forget_session();
-            }
-        }
-        Ok(mail.message_id)
-    }
-
-    async fn submit(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
-        let mut delay = Duration::from_millis(500);
-        let mut attempt = 1;
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(4));
         loop {
-            match self.smtp.send(mail).await {
-                Ok(()) => return Ok(()),
-                Err(e) if e.is_transient() && attempt < 4 => {
-                    tracing::warn!(attempt, error = %e, "sending failed; retrying");
-                    tokio::time::sleep(jitter(delay)).await;
-                    delay *= 2;
-                    attempt += 1;
+            match self.submit(&mail).await {
+                Ok(()) => return Ok(mail.message_id),
+                Err(e) if e.is_transient() && backoff.failures() < 3 => {
+                    tracing::warn!(attempt = backoff.failures() + 1, error = %e, "sending failed; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Submits a rendered mail once, exactly as it is, then keeps a Sent copy (whose failure
+    /// is logged, not returned: the mail itself went out).
+    pub async fn submit(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
+        self.smtp.send(mail).await?;
+        if self.save_sent {
+            if let Err(e) = self.save_copy(mail).await {
+                tracing::warn!(error = %e, message_id = %mail.message_id, "sent, but the copy in the Sent mailbox failed");
+                self.jmap.lock().await.forget_session();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -403,18 +475,9 @@ pub async fn read_json(
     })
 }
 
-/// `delay` plus up to 25% more, so many retries do not line up.
-pub fn jitter(delay: Duration) -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
-}
-
-/// How far the mailbox has been read: the JMAP Email state, and the newest mail seen (its
+/// How far the mailbox has been read: the JMAP Email state, the newest mail seen (its
 /// `receivedAt` and the ids seen in that second), which bounds a back-scan when the server has
-/// lost the state.
+/// lost the state, and the place of a back-scan under way.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Position {
@@ -423,12 +486,53 @@ pub struct Position {
     pub last_received_at: Option<String>,
     #[serde(default)]
     pub last_ids: Vec<String>,
+    /// When this cursor was made (RFC 3339 UTC): the scan's start before any mail was seen.
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scan: Option<Scan>,
+}
+
+/// An Inbox scan under way: mail received after `after`, read from `offset` on; when done,
+/// changes are followed again from `resume_state` (taken before the scan began, so nothing
+/// that arrives during it is missed).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Scan {
+    pub after: String,
+    pub offset: usize,
+    pub resume_state: String,
+}
+
+/// One page of new mail.
+#[derive(Debug)]
+pub struct Page {
+    pub inbound: Vec<Inbound>,
+    pub position: Position,
+    pub more: bool,
+}
+
+/// An RFC 3339 time moved by `secs` seconds (unchanged when unreadable).
+fn shift(time: &str, secs: i64) -> String {
+    match crate::protocol::time::parse(time) {
+        Some(t) => {
+            let moved = if secs < 0 {
+                t - Duration::from_secs(secs.unsigned_abs())
+            } else {
+                t + Duration::from_secs(secs as u64)
+            };
+            crate::protocol::time::format_utc(moved)
+        }
+        None => time.to_string(),
+    }
 }
 
 impl Position {
+    /// A fresh cursor at `state`, made now.
     pub fn at(state: String) -> Position {
         Position {
             state,
+            started_at: Some(crate::protocol::time::format_utc(SystemTime::now())),
             ..Position::default()
         }
     }
@@ -467,9 +571,12 @@ impl Cursor {
     pub fn load(&self) -> std::io::Result<Option<Position>> {
         match std::fs::read_to_string(&self.path) {
             Ok(s) if s.trim().is_empty() => Ok(None),
-            Ok(s) => Ok(Some(
-                serde_json::from_str(&s).unwrap_or_else(|_| Position::at(s.trim().to_string())),
-            )),
+            Ok(s) => Ok(Some(serde_json::from_str(&s).unwrap_or_else(|_| {
+                Position {
+                    state: s.trim().to_string(),
+                    ..Position::default()
+                }
+            }))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -477,16 +584,11 @@ impl Cursor {
 
     /// Writes atomically: a crash leaves the old cursor or the new one, never half of one.
     pub fn save(&self, position: &Position) -> std::io::Result<()> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(position).expect("a position serializes"),
-        )?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, &self.path)
+        crate::fsio::write_atomic(
+            &self.path,
+            &serde_json::to_vec(position).expect("a position serializes"),
+            0o600,
+        )
     }
 }
 
@@ -511,7 +613,10 @@ mod tests {
         let cursor = Cursor::new(dir.path().join("cursor"));
         assert_eq!(cursor.load().unwrap(), None);
         std::fs::write(dir.path().join("cursor"), "42\n").unwrap();
-        assert_eq!(cursor.load().unwrap(), Some(Position::at("42".into())));
+        assert_eq!(
+            cursor.load().unwrap().map(|p| p.state),
+            Some("42".to_string())
+        );
         let mut p = Position::at("43".into());
         p.saw("x", "2026-11-29T10:00:00Z");
         cursor.save(&p).unwrap();

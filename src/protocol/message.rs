@@ -139,7 +139,7 @@ pub mod header {
 
 /// A mail as the parser sees it: addresses, ids, subject, text body and raw header fields.
 /// Both the JMAP reader and the RFC 5322 reader produce one; so does the conformance corpus.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MailView {
     pub from: String,
     pub to: Vec<String>,
@@ -716,17 +716,26 @@ pub fn normalize_message_id(id: &str) -> String {
     }
 }
 
-/// Every `<...>` id in an In-Reply-To or References value.
+/// The longest message id kept from a mail; longer ones are not ids anyone sends.
+const MAX_MESSAGE_ID: usize = 250;
+
+/// Every `<...>` id in an In-Reply-To or References value. A msg-id holds no white space:
+/// any inside the brackets is removed, and empty or over-long ids are dropped, so a hostile
+/// value cannot make the replies' threading headers huge.
 fn message_ids(text: &str) -> Vec<String> {
     let ids: Vec<String> = text
         .split('<')
         .skip(1)
-        .filter_map(|part| part.split_once('>').map(|(id, _)| id.trim()))
-        .filter(|id| !id.is_empty())
+        .filter_map(|part| part.split_once('>').map(|(id, _)| id))
+        .map(|id| id.split_whitespace().collect::<String>())
+        .filter(|id| !id.is_empty() && id.len() <= MAX_MESSAGE_ID)
         .map(|id| format!("<{id}>"))
         .collect();
     if ids.is_empty() && !text.trim().is_empty() {
-        text.split_whitespace().map(normalize_message_id).collect()
+        text.split_whitespace()
+            .filter(|id| id.len() <= MAX_MESSAGE_ID)
+            .map(normalize_message_id)
+            .collect()
     } else {
         ids
     }

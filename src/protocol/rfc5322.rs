@@ -155,34 +155,39 @@ fn write_text_header(out: &mut String, name: &str, value: &str) {
     }
 }
 
-/// Writes `Name: value` folded at spaces so lines stay near 78 characters. Folding only
-/// inserts CRLF before an existing space, so unfolding gives back the value exactly, runs of
-/// spaces included. A run without spaces is only broken when it would pass the hard limit of
-/// 998 (base64 readers skip the folding white space; TaskIds are kept far shorter).
+/// Writes `Name: value` folded at spaces so lines stay near 78 characters. The value is cut
+/// into segments of spaces followed by a word, and a fold (CRLF) only goes before a segment,
+/// so unfolding gives back the value exactly, runs of spaces included. A segment longer than
+/// the hard limit of 998 (a long token, or a long run of spaces from hostile input) is broken
+/// inside; base64 readers skip that folding white space, and TaskIds are kept far shorter.
+/// Every step of the loop consumes input, so any value ends, and no line passes the limit.
 fn fold_into(out: &mut String, name: &str, value: &str) {
+    const MAX: usize = HARD_LIMIT - 8;
     let mut line = format!("{name}:");
-    let mut line_has_word = false;
-    for word in value.trim().split(' ') {
-        if line_has_word && !word.is_empty() && line.len() + 1 + word.len() > SOFT_LIMIT {
+    let head = line.len();
+    let mut segment = String::new();
+    for (i, word) in value.trim().split(' ').enumerate() {
+        segment.push(' ');
+        if word.is_empty() && i > 0 {
+            continue; // one more space of a run; it stays with the word that follows
+        }
+        segment.push_str(word);
+        if line.len() > head && line.len() + segment.len() > SOFT_LIMIT {
             out.push_str(&line);
             out.push_str("\r\n");
             line.clear();
         }
-        line.push(' ');
-        let mut word = word;
-        while line.len() + word.len() > HARD_LIMIT - 8 {
-            let mut take = HARD_LIMIT - 8 - line.len();
-            while !word.is_char_boundary(take) {
-                take -= 1;
+        line.push_str(&segment);
+        segment.clear();
+        while line.len() > MAX {
+            let mut cut = MAX;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
             }
-            line.push_str(&word[..take]);
-            out.push_str(&line);
+            out.push_str(&line[..cut]);
             out.push_str("\r\n");
-            line = " ".to_string();
-            word = &word[take..];
+            line = format!(" {}", &line[cut..]);
         }
-        line.push_str(word);
-        line_has_word |= !word.is_empty();
     }
     out.push_str(&line);
     out.push_str("\r\n");
@@ -312,6 +317,34 @@ mod tests {
         assert!(out.lines().count() > 1, "{out}");
         let unfolded = out.trim_end().replace("\r\n", "");
         assert_eq!(unfolded, format!("X-AAMP-TaskId: {value}"));
+    }
+
+    /// The review's reproduction: a dispatch whose References holds a run of ~980 blanks.
+    /// Rendering any reply to it (an ack, or the rejection an unknown sender gets) used to
+    /// underflow in `fold_into`: a panic in debug builds, a spinning worker in release builds.
+    #[test]
+    fn a_reply_to_hostile_references_renders_and_stays_within_the_limit() {
+        let raw = format!(
+            "From: a@x.test\r\nTo: b@x.test\r\nMessage-ID: <m1@x.test>\r\nReferences: <a{}b@x.test> <c@x.test>\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: t1\r\n\r\nbody\r\n",
+            " ".repeat(980)
+        );
+        assert!(raw.lines().any(|l| l.len() >= 994));
+        let view = parse_raw(raw.as_bytes()).expect("a mail");
+        let msg = AampMessage::parse(&view).expect("a dispatch");
+        let reply = AampMessage::reply(&msg.envelope, "b@x.test", super::super::Body::Ack);
+        let mail = render(&reply, UNIX_EPOCH);
+        let text = String::from_utf8(mail.bytes).unwrap();
+        assert!(text.split("\r\n").all(|l| l.len() <= HARD_LIMIT), "{text}");
+        // Folding stays exact for whatever survives as a header value.
+        for value in [
+            "x".to_string(),
+            format!("a{}b", " ".repeat(2000)),
+            format!("{} tail", "w".repeat(1500)),
+        ] {
+            let mut out = String::new();
+            fold_into(&mut out, "X-AAMP-TaskId", &value);
+            assert!(out.split("\r\n").all(|l| l.len() <= HARD_LIMIT), "{out}");
+        }
     }
 
     #[test]

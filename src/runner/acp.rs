@@ -74,7 +74,10 @@ enum Driven {
 
 #[derive(Default)]
 struct Shared {
+    /// The answer so far, at most `text_max` bytes; `text_cut` says more came.
     text: Mutex<String>,
+    text_max: usize,
+    text_cut: AtomicBool,
     titles: Mutex<HashMap<String, String>>,
     /// `session/load` replays history as updates before it answers: not new output.
     replaying: AtomicBool,
@@ -108,12 +111,16 @@ pub async fn run_acp(
         &vars,
         &cwd,
         &[("AAMP_AGENT", &task.agent), ("AAMP_TASK_ID", &task.task_id)],
+        &task.env,
     )?;
     tracing::Span::current().record("pid", child.pid());
+    task.spawned(child.pid());
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
 
     let shared = Arc::new(Shared {
         text: Mutex::new(String::new()),
+        text_max: profile.output.max_bytes,
+        text_cut: AtomicBool::new(false),
         titles: Mutex::new(HashMap::new()),
         replaying: AtomicBool::new(false),
         cancelling: AtomicBool::new(false),
@@ -234,6 +241,7 @@ pub async fn run_acp(
                     clean(&text, profile.output.strip_ansi, profile.output.trim),
                     profile.output.max_bytes,
                 );
+                let truncated = truncated || shared.text_cut.load(Ordering::SeqCst);
                 Ok(RunOutput {
                     output,
                     truncated,
@@ -306,6 +314,7 @@ fn spawn_agent(
     vars: &super::template::Vars,
     cwd: &Path,
     env: &[(&str, &str)],
+    tags: &[(String, String)],
 ) -> Result<Spawned, RunError> {
     let mut cmd = Command::new(program);
     cmd.args(profile::render_args(&profile.args, vars))
@@ -319,6 +328,7 @@ fn spawn_agent(
     for (name, value) in &profile.env {
         cmd.env(name, value.render(vars));
     }
+    cmd.envs(tags.iter().map(|(k, v)| (k, v)));
     let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
         command: program.to_string(),
         source,
@@ -349,6 +359,8 @@ async fn settle(
     Option<std::process::ExitStatus>,
     String,
 ) {
+    let ended = Notify::new();
+    let stop_reading = CancellationToken::new();
     let run_and_stop = async {
         let connection = {
             let mut connection = std::pin::pin!(connection);
@@ -357,7 +369,14 @@ async fn settle(
                 _ = async { done.notified().await; tokio::time::sleep(GRACE).await } => {
                     tracing::info!("the agent kept its connection open after we were done; stopping it");
                     let _ = child.terminate(GRACE).await;
-                    connection.await
+                    // A process that escaped the group (`setsid cmd &`) may still hold stdout.
+                    match tokio::time::timeout(GRACE, connection).await {
+                        Ok(r) => r,
+                        Err(_) => Err(agent_client_protocol::Error::new(
+                            ErrorCode::INTERNAL_ERROR,
+                            "the agent's output stayed open after it was stopped",
+                        )),
+                    }
                 }
             }
         };
@@ -368,9 +387,15 @@ async fn settle(
             }
             Err(_) => child.terminate(GRACE).await.ok(),
         };
+        ended.notify_one();
         (connection, status)
     };
-    let ((connection, status), tail) = tokio::join!(run_and_stop, read_tail(stderr, STDERR_TAIL));
+    let tail = super::drain_until_stopped(
+        read_tail(stderr, STDERR_TAIL, &stop_reading),
+        &ended,
+        &stop_reading,
+    );
+    let ((connection, status), tail) = tokio::join!(run_and_stop, tail);
     (
         connection,
         status,
@@ -444,7 +469,7 @@ pub async fn probe(
         stdin,
         stdout,
         stderr,
-    } = spawn_agent(profile, &program, &vars, cwd, &[])?;
+    } = spawn_agent(profile, &program, &vars, cwd, &[], &[])?;
     let info: Mutex<Option<ProbeInfo>> = Mutex::new(None);
     let refused: Mutex<Option<RunError>> = Mutex::new(None);
     let done = Notify::new();
@@ -695,11 +720,29 @@ fn content_text(content: &[ToolCallContent]) -> Option<String> {
 }
 
 /// One `session/update` as stream events. Thoughts never reach the output.
+impl Shared {
+    /// Adds to the answer, keeping at most `text_max` bytes however much the agent sends.
+    fn append_text(&self, more: &str) {
+        let mut text = self.text.lock().expect("text lock");
+        let room = self.text_max.saturating_sub(text.len());
+        if more.len() <= room {
+            text.push_str(more);
+        } else {
+            let mut end = room;
+            while !more.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.push_str(&more[..end]);
+            self.text_cut.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
     match update {
         SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
             ContentBlock::Text(t) if !t.text.is_empty() => {
-                shared.text.lock().expect("text lock").push_str(&t.text);
+                shared.append_text(&t.text);
                 vec![StreamEvent::TextDelta(t.text.clone())]
             }
             _ => Vec::new(),

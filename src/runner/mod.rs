@@ -47,6 +47,28 @@ pub struct TaskInput {
     /// Where the agent's questions go (permission requests under the `ask` policy); `None`
     /// when nobody can answer, and then the policy falls back to `read_only`.
     pub questions: Option<mpsc::Sender<Question>>,
+    /// More environment for the agent (the bridge's tags, which its children inherit).
+    pub env: Vec<(String, String)>,
+    /// Told the process group id once the agent is started.
+    pub on_spawn: Option<SpawnHook>,
+}
+
+/// A callback given the agent's process group id when it starts.
+#[derive(Clone)]
+pub struct SpawnHook(pub std::sync::Arc<dyn Fn(i32) + Send + Sync>);
+
+impl std::fmt::Debug for SpawnHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnHook")
+    }
+}
+
+impl TaskInput {
+    fn spawned(&self, pgid: i32) {
+        if let Some(hook) = &self.on_spawn {
+            (hook.0)(pgid);
+        }
+    }
 }
 
 /// Something the agent needs a person to decide, such as a permission request.
@@ -199,11 +221,13 @@ pub async fn run_cli(
     for (name, value) in &profile.env {
         cmd.env(name, value.render(&vars));
     }
+    cmd.envs(task.env.iter().map(|(k, v)| (k, v)));
     let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
         command: program.clone(),
         source,
     })?;
     tracing::Span::current().record("pid", child.pid());
+    task.spawned(child.pid());
     tracing::debug!("agent started");
 
     let stdin_text = profile.stdin.as_ref().map(|t| t.render(&vars));
@@ -221,45 +245,65 @@ pub async fn run_cli(
         }
     };
     let finished = Notify::new();
+    // Once the agent has exited or been stopped, its pipes get GRACE to reach their end; a
+    // process that escaped its group (`setsid cmd &`) may hold them open forever.
+    let ended = Notify::new();
+    let stop_reading = CancellationToken::new();
     let read_stdout = async {
         if profile.stream == StreamFormat::None {
-            let (bytes, truncated) = read_capped(stdout, profile.output.max_bytes).await?;
+            let (bytes, truncated) =
+                read_capped(stdout, profile.output.max_bytes, &stop_reading).await?;
             Ok::<_, std::io::Error>(Stdout::Text(bytes, truncated))
         } else {
-            let parser =
-                read_stream(stdout, StreamParser::new(profile.stream), events, &finished).await?;
+            let parser = read_stream(
+                stdout,
+                StreamParser::new(profile.stream),
+                events,
+                &finished,
+                &stop_reading,
+            )
+            .await?;
             Ok(Stdout::Stream(Box::new(parser)))
         }
     };
+    let reads = drain_until_stopped(
+        async { tokio::join!(read_stdout, read_tail(stderr, STDERR_TAIL, &stop_reading)) },
+        &ended,
+        &stop_reading,
+    );
     let waiting = async {
         let lingered = async {
             finished.notified().await;
             tokio::time::sleep(profile.linger).await;
         };
         let outcome = tokio::select! {
-            status = child.child.wait() => Ok(Ended::Exited(status?)),
+            status = child.child.wait() => status.map(Ended::Exited).map_err(RunError::from),
             _ = lingered => Ok(Ended::Lingered),
             _ = tokio::time::sleep(profile.timeout) => Err(RunError::TimedOut(profile.timeout)),
             _ = cancel.cancelled() => Err(RunError::Cancelled),
         };
-        match outcome {
+        let outcome = match outcome {
             Ok(Ended::Exited(status)) => {
                 child.reap_group(GRACE).await;
                 Ok(Ended::Exited(status))
             }
             Ok(Ended::Lingered) => {
                 tracing::info!("the agent finished its answer but did not exit; stopping it");
-                child.terminate(GRACE).await?;
-                Ok(Ended::Lingered)
+                child
+                    .terminate(GRACE)
+                    .await
+                    .map(|_| Ended::Lingered)
+                    .map_err(RunError::from)
             }
-            Err(e) => {
-                child.terminate(GRACE).await?;
-                Err(e)
-            }
-        }
+            Err(e) => match child.terminate(GRACE).await {
+                Ok(_) => Err(e),
+                Err(io) => Err(io.into()),
+            },
+        };
+        ended.notify_one();
+        outcome
     };
-    let ((), out, err, ended) =
-        tokio::join!(feed, read_stdout, read_tail(stderr, STDERR_TAIL), waiting);
+    let ((), (out, err), ended) = tokio::join!(feed, reads, waiting);
     let ended = ended?;
     let stdout = out?;
     let stderr_text = clean(&String::from_utf8_lossy(&err?), true, true);
@@ -344,6 +388,36 @@ fn cap(mut text: String, max: usize) -> (String, bool) {
 /// Longest stream line accepted; a longer one is skipped whole.
 const MAX_LINE: usize = 8 << 20;
 
+/// Runs `reads` to their end, or, once `ended` was notified and GRACE has passed, cancels
+/// `stop` so they return what they have.
+pub(crate) async fn drain_until_stopped<F: std::future::Future>(
+    reads: F,
+    ended: &Notify,
+    stop: &CancellationToken,
+) -> F::Output {
+    let mut reads = std::pin::pin!(reads);
+    tokio::select! {
+        out = &mut reads => out,
+        _ = async { ended.notified().await; tokio::time::sleep(GRACE).await } => {
+            tracing::warn!("the agent's pipes stayed open after it ended (a process it started still holds them); no longer reading them");
+            stop.cancel();
+            reads.await
+        }
+    }
+}
+
+/// One read, or 0 (as at the end) once `stop` is cancelled.
+async fn read_or_stop(
+    pipe: &mut (impl AsyncRead + Unpin),
+    buf: &mut [u8],
+    stop: &CancellationToken,
+) -> std::io::Result<usize> {
+    tokio::select! {
+        n = pipe.read(buf) => n,
+        _ = stop.cancelled() => Ok(0),
+    }
+}
+
 /// Reads a line-framed stream into `parser`, sending its events as they come, and signals
 /// `finished` once the stream's final event has been read.
 async fn read_stream(
@@ -351,6 +425,7 @@ async fn read_stream(
     mut parser: StreamParser,
     events: &mpsc::Sender<StreamEvent>,
     finished: &Notify,
+    stop: &CancellationToken,
 ) -> std::io::Result<StreamParser> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut line: Vec<u8> = Vec::new();
@@ -359,7 +434,7 @@ async fn read_stream(
     let take_line =
         |line: &[u8], parser: &mut StreamParser| parser.line(&String::from_utf8_lossy(line));
     loop {
-        let n = pipe.read(&mut buf).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
         if n == 0 {
             break;
         }
@@ -412,12 +487,13 @@ async fn read_stream(
 async fn read_capped(
     mut pipe: impl AsyncRead + Unpin,
     max: usize,
+    stop: &CancellationToken,
 ) -> std::io::Result<(Vec<u8>, bool)> {
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        let n = pipe.read(&mut buf).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
         if n == 0 {
             return Ok((kept, truncated));
         }
@@ -429,12 +505,16 @@ async fn read_capped(
 
 /// Reads everything, keeping the last `max` bytes.
 /// Each line also goes to the log at debug level (target `agent`), cut at 500 characters.
-async fn read_tail(mut pipe: impl AsyncRead + Unpin, max: usize) -> std::io::Result<Vec<u8>> {
+async fn read_tail(
+    mut pipe: impl AsyncRead + Unpin,
+    max: usize,
+    stop: &CancellationToken,
+) -> std::io::Result<Vec<u8>> {
     let mut tail = std::collections::VecDeque::with_capacity(max);
     let mut buf = vec![0u8; 8 * 1024];
     let mut line: Vec<u8> = Vec::new();
     loop {
-        let n = pipe.read(&mut buf).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
         if n == 0 {
             if !line.is_empty() {
                 tracing::debug!(target: "agent", "{}", String::from_utf8_lossy(&line));

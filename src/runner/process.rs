@@ -22,6 +22,16 @@ impl GroupChild {
     /// covers the rest of the group).
     pub fn spawn(cmd: &mut Command) -> io::Result<GroupChild> {
         cmd.process_group(0).kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the child between fork and exec and only makes one
+        // system call (prctl), which is async-signal-safe.
+        unsafe {
+            // If the bridge dies (even by SIGKILL), the agent gets SIGKILL too. What the
+            // agent started itself is found by its tag at the next start (`kill_tagged`).
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)
+            });
+        }
         let child = cmd.spawn()?;
         let pid = child
             .id()
@@ -90,6 +100,53 @@ impl GroupChild {
         }
         self.signal(Signal::SIGKILL);
     }
+}
+
+/// Every process of this user whose environment holds `name=value`, leaving out this one.
+/// Agents are started with tags in their environment, and what they start inherits it, even
+/// a process that left the agent's process group (`setsid`). Linux only (it reads /proc);
+/// elsewhere the list is empty.
+pub fn tagged(name: &str, value: &str) -> Vec<i32> {
+    let needle = format!("{name}={value}");
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// Kills (SIGKILL) every process tagged `name=value`, and the process groups they lead.
+/// Returns how many processes were found.
+pub fn kill_tagged(name: &str, value: &str) -> usize {
+    let pids = tagged(name, value);
+    for pid in &pids {
+        let pid = Pid::from_raw(*pid);
+        if nix::unistd::getpgid(Some(pid)).ok() == Some(pid) {
+            let _ = killpg(pid, Signal::SIGKILL);
+        }
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+    pids.len()
+}
+
+/// Kills the process group `pgid` if its leader still carries `name=value` in its
+/// environment, so a recorded group id that the OS has since given to someone else is left
+/// alone. Returns whether it was killed.
+pub fn kill_group_if_tagged(pgid: i32, name: &str, value: &str) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    let needle = format!("{name}={value}");
+    let ours = std::fs::read(format!("/proc/{pgid}/environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()));
+    ours && killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok()
 }
 
 impl Drop for GroupChild {

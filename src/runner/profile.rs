@@ -109,6 +109,15 @@ struct ProfileFile {
     install: Option<String>,
     /// The lowest Node.js major version the agent runs on, checked by `aamp-bridge agents`.
     requires_node: Option<u32>,
+    /// Whether a task this agent was running when the bridge crashed (or was stopped before
+    /// it finished) is run again at the next start. `false` for agents whose work must not
+    /// happen twice: such a task is answered rejected, "interrupted by a bridge restart".
+    #[serde(default = "default_true")]
+    rerun_interrupted: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -189,6 +198,8 @@ pub struct Profile {
     pub ask_timeout: Duration,
     pub install: Option<String>,
     pub requires_node: Option<u32>,
+    /// Run a task again after a crash interrupted it (see the profile file's key).
+    pub rerun_interrupted: bool,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
 }
@@ -259,6 +270,7 @@ impl Profile {
             ask_timeout: Duration::from_secs(file.ask_timeout_secs),
             install: file.install,
             requires_node: file.requires_node,
+            rerun_interrupted: file.rerun_interrupted,
             origin: origin.to_string(),
         })
     }

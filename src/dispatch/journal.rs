@@ -1,0 +1,817 @@
+//! The task journal: what the bridge has received, decided, run and answered, kept in one
+//! SQLite file in the state directory (WAL, `synchronous=FULL`: a row the journal said it
+//! wrote survives a power loss). It is what makes a task run exactly once across crashes:
+//!
+//! - every inbound message is recorded (by its Message-ID, and an admitted task also by
+//!   sender and TaskId) before the mailbox cursor moves past it;
+//! - every ack and result is first a row in the outbox table, with its bytes and a
+//!   Message-ID derived from the task, and is marked sent only when SMTP accepted it, so a
+//!   retried send is the same mail;
+//! - tasks found `running` at start are re-run or answered, never forgotten; the process
+//!   groups they ran in are recorded so leftovers can be stopped.
+//!
+//! Nothing here knows mail or agents beyond the bytes and ids it is given.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::error::{Classify, ErrorClass};
+use crate::protocol::RenderedMail;
+
+/// Where a task is in its life. Closed: these are all the states there are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    /// Recorded and admitted; its ack is in the outbox.
+    Received,
+    /// The ack was accepted by the mail server; waiting for a slot.
+    Acked,
+    /// An agent is (or was, when found at start) working on it.
+    Running,
+    /// The agent asked the dispatcher something and waits for the answer.
+    HelpNeeded,
+    /// Finished with a completed result (or consumed as an answer to a question).
+    Answered,
+    /// Finished with a rejected result: refused at admission, or failed.
+    Rejected,
+    /// Stopped by the dispatcher's cancel.
+    Cancelled,
+    /// Expired before it could start.
+    Expired,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 8] = [
+        TaskState::Received,
+        TaskState::Acked,
+        TaskState::Running,
+        TaskState::HelpNeeded,
+        TaskState::Answered,
+        TaskState::Rejected,
+        TaskState::Cancelled,
+        TaskState::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Received => "received",
+            TaskState::Acked => "acked",
+            TaskState::Running => "running",
+            TaskState::HelpNeeded => "help_needed",
+            TaskState::Answered => "answered",
+            TaskState::Rejected => "rejected",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<TaskState> {
+        TaskState::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// A task in this state has its answer recorded.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TaskState::Answered | TaskState::Rejected | TaskState::Cancelled | TaskState::Expired
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the task journal {path}: {source}")]
+pub struct JournalError {
+    pub path: PathBuf,
+    #[source]
+    pub source: rusqlite::Error,
+}
+
+impl Classify for JournalError {
+    fn class(&self) -> ErrorClass {
+        use rusqlite::ErrorCode;
+        match self.source.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked | ErrorCode::DiskFull) => {
+                ErrorClass::Transient
+            }
+            _ => ErrorClass::Permanent,
+        }
+    }
+}
+
+/// A message to record.
+#[derive(Clone, Debug)]
+pub struct NewTask<'a> {
+    pub agent: &'a str,
+    /// The inbound Message-ID, or a stand-in when the mail had none.
+    pub message_key: &'a str,
+    pub sender: &'a str,
+    pub task_id: &'a str,
+    pub state: TaskState,
+    /// True when the task was let in to run: it then holds its (sender, TaskId), and a later
+    /// dispatch with the same pair is a duplicate. Refusals (busy, expired, unknown sender)
+    /// do not, so the retry a refusal asks for is heard.
+    pub admitted: bool,
+    /// The inbound message as received (JSON), to run it again after a crash.
+    pub mail: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+/// A mail to send, ready to the byte; its Message-ID is derived from the task, so a
+/// retried send is the same mail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    pub intent: String,
+    pub mail: RenderedMail,
+}
+
+/// An outbox row waiting to be sent.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub id: i64,
+    pub task: Option<i64>,
+    /// The TaskId of that task.
+    pub task_id: Option<String>,
+    pub attempts: u32,
+    pub created_at: SystemTime,
+    pub mail: Outgoing,
+}
+
+/// A task that was not finished when the bridge last stopped.
+#[derive(Clone, Debug)]
+pub struct Unfinished {
+    pub id: i64,
+    pub state: TaskState,
+    pub mail: String,
+    pub runs: u32,
+    pub pgid: Option<i32>,
+}
+
+/// One task as `status` and `tasks` show it.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRow {
+    pub id: i64,
+    pub agent: String,
+    pub message_id: String,
+    pub sender: String,
+    pub task_id: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub runs: u32,
+    pub received_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+pub struct Journal {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).finish()
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tasks (
+    id          INTEGER PRIMARY KEY,
+    agent       TEXT NOT NULL,
+    message_key TEXT NOT NULL,
+    sender      TEXT NOT NULL,
+    task_id     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    admitted    INTEGER NOT NULL,
+    mail        TEXT NOT NULL,
+    reason      TEXT,
+    runs        INTEGER NOT NULL DEFAULT 0,
+    pgid        INTEGER,
+    received_at INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    UNIQUE (agent, message_key)
+);
+CREATE INDEX IF NOT EXISTS tasks_by_task ON tasks (agent, sender, task_id);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (agent, state);
+CREATE TABLE IF NOT EXISTS outbox (
+    id         INTEGER PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    task       INTEGER REFERENCES tasks (id) ON DELETE CASCADE,
+    intent     TEXT NOT NULL,
+    message_id TEXT NOT NULL UNIQUE,
+    sender     TEXT NOT NULL,
+    recipients TEXT NOT NULL,
+    bytes      BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    next_at    INTEGER NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    sent_at    INTEGER,
+    failed_at  INTEGER,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (agent, sent_at, failed_at, next_at);
+CREATE TABLE IF NOT EXISTS sessions (
+    agent      TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (agent, key)
+);
+";
+
+fn millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn from_millis(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+fn now_ms() -> i64 {
+    millis(SystemTime::now())
+}
+
+impl Journal {
+    /// Opens (or creates, mode 0600) the journal at `path`.
+    pub fn open(path: &Path) -> Result<Journal, JournalError> {
+        let err = |source| JournalError {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        if !path.exists() {
+            use std::os::unix::fs::OpenOptionsExt;
+            // SQLite gives its -wal and -shm files the main file's mode.
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path);
+        }
+        let conn = Connection::open(path).map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(err)?;
+        conn.execute_batch(SCHEMA).map_err(err)?;
+        Ok(Journal {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, JournalError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut conn).map_err(|source| JournalError {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Whether a message with this key was recorded for `agent`.
+    pub fn knows_message(&self, agent: &str, message_key: &str) -> Result<bool, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT 1 FROM tasks WHERE agent = ?1 AND message_key = ?2",
+                params![agent, message_key],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+        })
+    }
+
+    /// The admitted task with this sender and TaskId, if any.
+    pub fn admitted_task(
+        &self,
+        agent: &str,
+        sender: &str,
+        task_id: &str,
+    ) -> Result<Option<(i64, TaskState)>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, state FROM tasks WHERE agent = ?1 AND sender = ?2 AND task_id = ?3 AND admitted = 1 ORDER BY id DESC LIMIT 1",
+                params![agent, sender.to_ascii_lowercase(), task_id],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+        })
+        .map(|r| r.map(|(id, s)| (id, TaskState::parse(&s).unwrap_or(TaskState::Received))))
+    }
+
+    /// Records a message and, in the same transaction, the mail it is answered with. `None`
+    /// when the message was recorded already (a duplicate delivery).
+    pub fn record(
+        &self,
+        task: &NewTask<'_>,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let inserted = tx.execute(
+                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+                 ON CONFLICT (agent, message_key) DO NOTHING",
+                params![
+                    task.agent,
+                    task.message_key,
+                    task.sender.to_ascii_lowercase(),
+                    task.task_id,
+                    task.state.as_str(),
+                    task.admitted,
+                    task.mail,
+                    task.reason,
+                    now
+                ],
+            )?;
+            if inserted == 0 {
+                return Ok(None);
+            }
+            let id = tx.last_insert_rowid();
+            if let Some(mail) = reply {
+                insert_outgoing(&tx, task.agent, Some(id), mail, now)?;
+            }
+            tx.commit()?;
+            Ok(Some(id))
+        })
+    }
+
+    /// Moves a task to `state` (not touching finished tasks).
+    pub fn set_state(&self, id: i64, state: TaskState) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
+                params![id, state.as_str(), now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The task starts a run: `running`, one more run counted, no process group yet.
+    /// Returns the number of runs so far, this one included.
+    pub fn start_run(&self, id: i64) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "UPDATE tasks SET state = 'running', runs = runs + 1, pgid = NULL, updated_at = ?2 WHERE id = ?1 RETURNING runs",
+                params![id, now_ms()],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// Records the process group the task's agent runs in.
+    pub fn set_pgid(&self, id: i64, pgid: i32) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET pgid = ?2 WHERE id = ?1",
+                params![id, pgid],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Finishes a task and queues its answer, in one transaction.
+    pub fn finish(
+        &self,
+        agent: &str,
+        id: i64,
+        state: TaskState,
+        reason: Option<&str>,
+        reply: Option<&Outgoing>,
+    ) -> Result<(), JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE tasks SET state = ?2, reason = ?3, pgid = NULL, updated_at = ?4 WHERE id = ?1",
+                params![id, state.as_str(), reason, now],
+            )?;
+            if let Some(mail) = reply {
+                insert_outgoing(&tx, agent, Some(id), mail, now)?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Queues a mail for a task that goes on (a question, a stream announcement). A mail
+    /// with a Message-ID already queued is not queued twice.
+    pub fn enqueue(
+        &self,
+        agent: &str,
+        task: Option<i64>,
+        mail: &Outgoing,
+    ) -> Result<(), JournalError> {
+        self.with(|c| insert_outgoing(c, agent, task, mail, now_ms()))
+    }
+
+    /// How many mails of `intent` were queued for the task.
+    pub fn count_outgoing(&self, task: i64, intent: &str) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM outbox WHERE task = ?1 AND intent = ?2",
+                params![task, intent],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// Mails of `agent` due now, oldest first; a mail waits while an earlier one of the same
+    /// task is unsent, so a task's mails leave in order.
+    pub fn due(&self, agent: &str, limit: usize) -> Result<Vec<Pending>, JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.message_id, o.sender, o.recipients, o.bytes,
+                        (SELECT t.task_id FROM tasks t WHERE t.id = o.task)
+                 FROM outbox o
+                 WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_at <= ?2
+                   AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
+                                   AND e.sent_at IS NULL AND e.failed_at IS NULL)
+                 ORDER BY o.id LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(params![agent, now, limit as i64], |r| {
+                let recipients: String = r.get(7)?;
+                Ok(Pending {
+                    id: r.get(0)?,
+                    task: r.get(1)?,
+                    task_id: r.get(9)?,
+                    attempts: r.get(2)?,
+                    created_at: from_millis(r.get(3)?),
+                    mail: Outgoing {
+                        intent: r.get(4)?,
+                        mail: RenderedMail {
+                            message_id: r.get(5)?,
+                            from: r.get(6)?,
+                            to: serde_json::from_str(&recipients).unwrap_or_default(),
+                            bytes: r.get(8)?,
+                        },
+                    },
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// When the next unsent mail of `agent` is due, if there is one.
+    pub fn next_due(&self, agent: &str) -> Result<Option<SystemTime>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT MIN(next_at) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
+                params![agent],
+                |r| r.get::<_, Option<i64>>(0),
+            )
+        })
+        .map(|t| t.map(from_millis))
+    }
+
+    /// Unsent mails of `agent`.
+    pub fn unsent(&self, agent: &str) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
+                params![agent],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// The mail server accepted the mail; an ack moves its task from received to acked.
+    pub fn mark_sent(&self, pending: &Pending) -> Result<(), JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE outbox SET sent_at = ?2, attempts = attempts + 1, last_error = NULL WHERE id = ?1",
+                params![pending.id, now],
+            )?;
+            if let (Some(task), "task.ack") = (pending.task, pending.mail.intent.as_str()) {
+                tx.execute(
+                    "UPDATE tasks SET state = 'acked', updated_at = ?2 WHERE id = ?1 AND state = 'received'",
+                    params![task, now],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Sending failed; try again at `next`.
+    pub fn retry_at(
+        &self,
+        pending: &Pending,
+        next: SystemTime,
+        error: &str,
+    ) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![pending.id, millis(next), error],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Sending failed for good.
+    pub fn give_up(&self, pending: &Pending, error: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![pending.id, now_ms(), error],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Tasks of `agent` that were admitted and not finished, oldest first.
+    pub fn unfinished(&self, agent: &str) -> Result<Vec<Unfinished>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, state, mail, runs, pgid FROM tasks
+                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed')
+                 ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![agent], |r| {
+                let state: String = r.get(1)?;
+                Ok(Unfinished {
+                    id: r.get(0)?,
+                    state: TaskState::parse(&state).unwrap_or(TaskState::Running),
+                    mail: r.get(2)?,
+                    runs: r.get(3)?,
+                    pgid: r.get(4)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// The process groups recorded for unfinished tasks of any agent.
+    pub fn recorded_pgids(&self) -> Result<Vec<i32>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT DISTINCT pgid FROM tasks WHERE pgid IS NOT NULL AND state IN ('running', 'help_needed')",
+            )?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// The agent's own session id for a Session-Key.
+    pub fn session(&self, agent: &str, key: &str) -> Result<Option<String>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT session_id FROM sessions WHERE agent = ?1 AND key = ?2",
+                params![agent, key],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    pub fn set_session(&self, agent: &str, key: &str, id: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO sessions (agent, key, session_id, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (agent, key) DO UPDATE SET session_id = excluded.session_id, updated_at = excluded.updated_at",
+                params![agent, key, id, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Tasks, newest first, optionally of one agent and in one state.
+    pub fn tasks(
+        &self,
+        agent: Option<&str>,
+        state: Option<TaskState>,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+                 FROM tasks WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR state = ?2)
+                 ORDER BY id DESC LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(
+                params![agent, state.map(TaskState::as_str), limit as i64],
+                |r| {
+                    Ok(TaskRow {
+                        id: r.get(0)?,
+                        agent: r.get(1)?,
+                        message_id: r.get(2)?,
+                        sender: r.get(3)?,
+                        task_id: r.get(4)?,
+                        state: r.get(5)?,
+                        reason: r.get(6)?,
+                        runs: r.get(7)?,
+                        received_at_ms: r.get(8)?,
+                        updated_at_ms: r.get(9)?,
+                    })
+                },
+            )?;
+            rows.collect()
+        })
+    }
+
+    /// Forgets finished tasks (and their sent mails) last touched before `before`. Returns
+    /// how many tasks were removed.
+    pub fn prune(&self, before: SystemTime) -> Result<usize, JournalError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired')
+                 AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.sent_at IS NULL AND o.failed_at IS NULL)",
+                params![millis(before)],
+            )?;
+            tx.execute(
+                "DELETE FROM outbox WHERE task IS NULL AND created_at < ?1 AND (sent_at IS NOT NULL OR failed_at IS NOT NULL)",
+                params![millis(before)],
+            )?;
+            tx.commit()?;
+            Ok(n)
+        })
+    }
+}
+
+fn insert_outgoing(
+    c: &Connection,
+    agent: &str,
+    task: Option<i64>,
+    mail: &Outgoing,
+    now: i64,
+) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO outbox (agent, task, intent, message_id, sender, recipients, bytes, created_at, next_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)
+         ON CONFLICT (message_id) DO NOTHING",
+        params![
+            agent,
+            task,
+            mail.intent,
+            mail.mail.message_id,
+            mail.mail.from,
+            serde_json::to_string(&mail.mail.to).expect("strings serialize"),
+            mail.mail.bytes,
+            now
+        ],
+    )
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {
+        NewTask {
+            agent: "coder",
+            message_key: key,
+            sender: "A@x.test",
+            task_id,
+            state: if admitted {
+                TaskState::Received
+            } else {
+                TaskState::Rejected
+            },
+            admitted,
+            mail: "{}",
+            reason: None,
+        }
+    }
+
+    fn mail(intent: &str, id: &str) -> Outgoing {
+        Outgoing {
+            intent: intent.into(),
+            mail: RenderedMail {
+                message_id: id.into(),
+                from: "coder@x.test".into(),
+                to: vec!["a@x.test".into()],
+                bytes: b"bytes".to_vec(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_message_is_recorded_once_and_its_task_key_held_only_when_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+        let id = j
+            .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+            .unwrap()
+            .expect("recorded");
+        assert!(j.knows_message("coder", "<m1>").unwrap());
+        assert!(!j.knows_message("other", "<m1>").unwrap());
+        assert_eq!(
+            j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+                .unwrap(),
+            None,
+            "a second delivery is a duplicate"
+        );
+        assert_eq!(
+            j.admitted_task("coder", "a@X.test", "t1").unwrap(),
+            Some((id, TaskState::Received))
+        );
+        j.record(
+            &task("<m2>", "t2", false),
+            Some(&mail("task.result", "<r2>")),
+        )
+        .unwrap();
+        assert_eq!(j.admitted_task("coder", "a@x.test", "t2").unwrap(), None);
+        assert_eq!(j.unsent("coder").unwrap(), 2);
+    }
+
+    #[test]
+    fn the_outbox_sends_a_tasks_mails_in_order_and_marks_the_ack() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+        let id = j
+            .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+            .unwrap()
+            .unwrap();
+        j.finish(
+            "coder",
+            id,
+            TaskState::Answered,
+            None,
+            Some(&mail("task.result", "<r1>")),
+        )
+        .unwrap();
+        let due = j.due("coder", 10).unwrap();
+        assert_eq!(due.len(), 1, "the result waits for the ack");
+        assert_eq!(due[0].mail.intent, "task.ack");
+        j.retry_at(&due[0], SystemTime::now() + Duration::from_secs(60), "down")
+            .unwrap();
+        assert!(j.due("coder", 10).unwrap().is_empty());
+        assert!(j.next_due("coder").unwrap().is_some());
+        j.mark_sent(&due[0]).unwrap();
+        let due = j.due("coder", 10).unwrap();
+        assert_eq!(due[0].mail.intent, "task.result");
+        j.mark_sent(&due[0]).unwrap();
+        assert_eq!(j.unsent("coder").unwrap(), 0);
+        assert!(j.unfinished("coder").unwrap().is_empty());
+    }
+
+    #[test]
+    fn unfinished_tasks_survive_reopening_with_their_runs_and_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite3");
+        {
+            let j = Journal::open(&path).unwrap();
+            let id = j.record(&task("<m1>", "t1", true), None).unwrap().unwrap();
+            assert_eq!(j.start_run(id).unwrap(), 1);
+            j.set_pgid(id, 4242).unwrap();
+            j.set_session("coder", "k", "s1").unwrap();
+            j.set_session("coder", "k", "s2").unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        let left = j.unfinished("coder").unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(
+            (left[0].state, left[0].runs, left[0].pgid),
+            (TaskState::Running, 1, Some(4242))
+        );
+        assert_eq!(j.recorded_pgids().unwrap(), vec![4242]);
+        assert_eq!(j.session("coder", "k").unwrap().as_deref(), Some("s2"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn pruning_keeps_unfinished_tasks_and_unsent_mail() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+        let done = j.record(&task("<m1>", "t1", true), None).unwrap().unwrap();
+        j.finish("coder", done, TaskState::Answered, None, None)
+            .unwrap();
+        let waiting = j.record(&task("<m2>", "t2", true), None).unwrap().unwrap();
+        j.finish(
+            "coder",
+            waiting,
+            TaskState::Answered,
+            None,
+            Some(&mail("task.result", "<r2>")),
+        )
+        .unwrap();
+        j.record(&task("<m3>", "t3", true), None).unwrap();
+        let removed = j.prune(SystemTime::now() + Duration::from_secs(1)).unwrap();
+        assert_eq!(removed, 1);
+        assert!(!j.knows_message("coder", "<m1>").unwrap());
+        assert!(j.knows_message("coder", "<m2>").unwrap());
+        assert!(j.knows_message("coder", "<m3>").unwrap());
+    }
+}

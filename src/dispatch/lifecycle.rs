@@ -1,0 +1,341 @@
+//! One admitted task from its slot to its recorded answer: wait for a slot (one task at a time
+//! per Session-Key, at most `max_concurrent` at once), run the agent in a fresh workspace,
+//! feed its stream, relay its questions, and record the result for the outbox. A task
+//! stopped because the bridge stops is not answered: it stays in the journal for the next
+//! start.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::journal::TaskState;
+use super::questions::PendingQuestion;
+use super::{prompt, task_key, workspace, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR};
+use crate::mailbox::Attachment;
+use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
+use crate::runner::{self, RunError, SpawnHook, TaskInput};
+
+/// Stream events buffered between an agent and their consumer.
+const STREAM_BUFFER: usize = 256;
+/// The largest attachment a task takes.
+const MAX_ATTACHMENT: u64 = 25 << 20;
+
+impl<O: Outbox> Dispatcher<O> {
+    pub(super) async fn lifecycle(self, task: Task, cancel: CancellationToken) {
+        let inner = &self.inner;
+        let started = Instant::now();
+        let session_lock = task.dispatch.session_key.as_ref().map(|key| {
+            let mut locks = inner.session_locks.lock().expect("session locks");
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            locks.entry(key.clone()).or_default().clone()
+        });
+        let slot = async {
+            let session = match &session_lock {
+                Some(lock) => Some(lock.clone().lock_owned().await),
+                None => None,
+            };
+            let permit = inner.permits.clone().acquire_owned().await.ok()?;
+            Some((session, permit))
+        };
+        let slot = tokio::select! {
+            slot = slot => slot,
+            _ = cancel.cancelled() => None,
+        };
+        let outcome = match slot {
+            Some(_held) => match inner.journal.start_run(task.row) {
+                Ok(runs) => self.run(&task, runs, &cancel).await,
+                Err(e) => Err(RunError::Prepare(format!(
+                    "the task journal could not record the run: {e}"
+                ))),
+            },
+            None => Err(RunError::Cancelled),
+        };
+        inner
+            .running
+            .lock()
+            .expect("running lock")
+            .remove(&task_key(&task.env.from, &task.env.task_id));
+        if matches!(outcome, Err(RunError::Cancelled)) && inner.abort.is_cancelled() {
+            tracing::info!("the bridge is stopping: the task stays in the journal and is picked up at the next start");
+            inner.events.emit(
+                "task.interrupted",
+                json!({"agent": inner.spec.name, "taskId": task.env.task_id}),
+            );
+            return;
+        }
+        let (state, status, output, error) = match outcome {
+            Ok(out) => {
+                let mut text = out.output;
+                if out.truncated {
+                    text.push_str(&format!(
+                        "\n[output cut at {} bytes]",
+                        inner.spec.profile.output.max_bytes
+                    ));
+                }
+                (TaskState::Answered, Status::Completed, text, None)
+            }
+            Err(RunError::Cancelled) => (
+                TaskState::Cancelled,
+                Status::Rejected,
+                String::new(),
+                Some("cancelled by the dispatcher".to_string()),
+            ),
+            Err(e) => (
+                TaskState::Rejected,
+                Status::Rejected,
+                String::new(),
+                Some(e.to_string()),
+            ),
+        };
+        let result = TaskResult {
+            status,
+            output,
+            error: error.clone(),
+            structured_result: None,
+        };
+        let reply = self.compose(&task.env, &task.key, Body::Result(result), 0);
+        tracing::info!(status = status.as_str(), result_message_id = %reply.mail.message_id, "result recorded");
+        self.finish(&task, state, error.as_deref(), reply);
+        inner.events.emit(
+            "task.completed",
+            json!({"agent": inner.spec.name, "taskId": task.env.task_id, "status": status.as_str(),
+                   "error": error, "durationMs": started.elapsed().as_millis() as u64}),
+        );
+    }
+
+    async fn run(
+        &self,
+        task: &Task,
+        runs: u32,
+        cancel: &CancellationToken,
+    ) -> Result<runner::RunOutput, RunError> {
+        let spec = &self.inner.spec;
+        let journal = &self.inner.journal;
+        let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
+        let workspace = workspace::path(&spec.workspace_root, &env.task_id, task.row);
+        workspace::fresh(&workspace)?;
+        let files = match self.save_attachments(&workspace, &extras.attachments).await {
+            Ok(files) => files,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&workspace);
+                return Err(e);
+            }
+        };
+        let history = match &dispatch.parent_task_id {
+            Some(parent) => self.inner.outbox.thread(parent).await,
+            None => Vec::new(),
+        };
+        let key = dispatch.session_key.as_deref();
+        let resume_id = match key {
+            Some(k) => journal.session(&spec.name, k).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the agent's session id; starting a new session");
+                None
+            }),
+            None => None,
+        };
+        let run_tag = uuid::Uuid::new_v4().simple().to_string();
+        let on_spawn = {
+            let (journal, row) = (journal.clone(), task.row);
+            SpawnHook(Arc::new(move |pgid| {
+                if let Err(e) = journal.set_pgid(row, pgid) {
+                    tracing::warn!(error = %e, "could not record the agent's process group");
+                }
+            }))
+        };
+        let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
+        let input = TaskInput {
+            agent: spec.name.clone(),
+            task_id: env.task_id.clone(),
+            prompt: prompt::build(
+                &spec.name,
+                env,
+                dispatch,
+                &prompt::PromptExtras {
+                    truncated: extras.truncated,
+                    files,
+                    history,
+                },
+            ),
+            session_key: dispatch.session_key.clone(),
+            resume_id,
+            workspace: workspace.clone(),
+            questions: Some(questions_tx),
+            env: vec![
+                (OWNER_VAR.to_string(), self.inner.settings.owner_tag.clone()),
+                (RUN_VAR.to_string(), run_tag.clone()),
+            ],
+            on_spawn: Some(on_spawn),
+        };
+        self.inner.events.emit(
+            "task.started",
+            json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
+        );
+        // A live stream for the dispatcher, when the mailbox has an AAMP service: created, then
+        // announced by mail, then fed while the agent runs, and closed before the result.
+        let stream = self.inner.outbox.open_stream(&env.task_id, &env.from).await;
+        if let Some(stream_id) = &stream {
+            let opened = self.compose(
+                env,
+                &task.key,
+                Body::StreamOpened {
+                    stream_id: stream_id.clone(),
+                },
+                runs,
+            );
+            match self.enqueue(task, &opened) {
+                Ok(()) => self.inner.events.emit(
+                    "task.stream.opened",
+                    json!({"agent": spec.name, "taskId": env.task_id, "streamId": stream_id}),
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
+            }
+        }
+        let (to_stream, from_run) =
+            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        let events = self.inner.events;
+        let streaming = stream.is_some();
+        let observe = async move {
+            while let Some(event) = rx.recv().await {
+                let (kind, payload) = event.to_aamp();
+                events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                if streaming {
+                    let _ = to_stream.send((kind, payload)).await;
+                }
+            }
+        };
+        let pump = async {
+            match &stream {
+                Some(stream_id) => self.inner.outbox.pump_stream(stream_id, from_run).await,
+                None => 0,
+            }
+        };
+        let run = async {
+            let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
+            drop(tx);
+            // What the agent started and left behind, even outside its process group.
+            let left = runner::process::kill_tagged(RUN_VAR, &run_tag);
+            if left > 0 {
+                tracing::info!(processes = left, "stopped processes the agent left behind");
+            }
+            outcome
+        };
+        let asking = async {
+            while let Some(question) = questions_rx.recv().await {
+                self.ask_dispatcher(task, question).await;
+            }
+        };
+        let (outcome, (), (), appends) = tokio::join!(run, observe, asking, pump);
+        if let Some(stream_id) = &stream {
+            let status = if outcome.is_ok() {
+                "completed"
+            } else {
+                "rejected"
+            };
+            self.inner
+                .outbox
+                .close_stream(
+                    stream_id,
+                    json!({"reason": "task.result", "status": status}),
+                )
+                .await;
+            tracing::debug!(appends, "stream closed");
+        }
+        self.inner
+            .questions
+            .lock()
+            .expect("questions lock")
+            .remove(&task_key(&env.from, &env.task_id));
+        if let (Some(key), Ok(out)) = (key, &outcome) {
+            if let Some(id) = &out.session_id {
+                if let Err(e) = journal.set_session(&spec.name, key, id) {
+                    tracing::warn!(error = %e, "could not save the agent's session id");
+                }
+            }
+        }
+        if let Err(e) = std::fs::remove_dir_all(&workspace) {
+            tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
+        }
+        outcome
+    }
+
+    /// Downloads the mail's attachments into `workspace/attachments/`, under safe and
+    /// distinct names; returns (relative path, content type, size) for the prompt.
+    async fn save_attachments(
+        &self,
+        workspace: &std::path::Path,
+        attachments: &[Attachment],
+    ) -> Result<Vec<prompt::File>, RunError> {
+        if attachments.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dir = workspace.join("attachments");
+        workspace::make_private_dir(&dir)?;
+        let mut files = Vec::new();
+        let mut taken = HashSet::new();
+        for attachment in attachments {
+            let bytes = self
+                .inner
+                .outbox
+                .download(attachment, MAX_ATTACHMENT)
+                .await
+                .map_err(|e| {
+                    RunError::Prepare(format!(
+                        "could not download the attachment {:?}: {e}",
+                        attachment.name
+                    ))
+                })?;
+            let name =
+                workspace::unique_name(&workspace::safe_file_name(&attachment.name), &mut taken);
+            std::fs::write(dir.join(&name), &bytes)?;
+            files.push(prompt::File {
+                path: format!("attachments/{name}"),
+                content_type: attachment.content_type.clone(),
+                size: bytes.len() as u64,
+            });
+        }
+        Ok(files)
+    }
+
+    /// Queues the agent's question to the dispatcher as `task.help_needed` and keeps its
+    /// answer channel until a reply comes.
+    async fn ask_dispatcher(&self, task: &Task, question: runner::Question) {
+        let inner = &self.inner;
+        let help = HelpNeeded {
+            question: question.text,
+            blocked_reason: question.reason,
+            suggested_options: question.options.clone(),
+        };
+        let n = inner
+            .journal
+            .count_outgoing(task.row, "task.help_needed")
+            .unwrap_or(0);
+        let mail = self.compose(&task.env, &task.key, Body::HelpNeeded(help), n);
+        let queued = self
+            .enqueue(task, &mail)
+            .and_then(|()| inner.journal.set_state(task.row, TaskState::HelpNeeded));
+        match queued {
+            Ok(()) => {
+                inner.events.emit("task.help_needed", json!({"agent": inner.spec.name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
+                let pending = PendingQuestion {
+                    help_message_id: mail.mail.message_id.clone(),
+                    options: question.options,
+                    answer: question.answer,
+                    task_row: task.row,
+                };
+                inner
+                    .questions
+                    .lock()
+                    .expect("questions lock")
+                    .insert(task_key(&task.env.from, &task.env.task_id), pending);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not queue task.help_needed; the question goes unanswered");
+                let _ = question.answer.send(None);
+            }
+        }
+    }
+}

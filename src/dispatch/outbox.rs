@@ -1,0 +1,145 @@
+//! The outbox worker: sends the acks, questions and results the journal holds, oldest first
+//! (a task's mails in order), each exactly as recorded. A mail is marked sent only once the
+//! mail server accepted it; until then it is retried with capped, jittered backoff, across
+//! restarts, for `retry_for` (default a day). A refusal that will not change (the server
+//! rejects the recipient) is given up at once. Sending never blocks the tasks: it is its own
+//! loop, woken whenever something is queued.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::journal::Pending;
+use super::{Dispatcher, Outbox};
+use crate::backoff::Backoff;
+use crate::error::{Classify, ErrorClass};
+
+/// Mails read from the journal per round.
+const BATCH: usize = 32;
+/// How long the worker sleeps when nothing is due.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// What became of one attempt.
+enum Sent {
+    Yes,
+    /// Not now; the round stops (the server is likely down for every mail).
+    Later,
+}
+
+impl<O: Outbox> Dispatcher<O> {
+    /// Sends what is due until `stop`; then makes one last round (bounded by `last_round`) so
+    /// answers recorded during the shutdown still leave when the server is up.
+    pub async fn send_outbox(self, stop: CancellationToken, last_round: Duration) {
+        let inner = &self.inner;
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+        loop {
+            let wait = match self.round(&mut backoff).await {
+                Ok(Some(wait)) => wait,
+                Ok(None) => self.until_next_due(),
+                Err(e) => {
+                    tracing::error!(error = %e, "the outbox cannot read the journal; retrying");
+                    backoff.next_delay()
+                }
+            };
+            tokio::select! {
+                _ = inner.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => break,
+            }
+        }
+        let unsent = inner.journal.unsent(&inner.spec.name).unwrap_or(0);
+        if unsent > 0 {
+            backoff.reset();
+            let _ = tokio::time::timeout(last_round, self.round(&mut backoff)).await;
+            let left = inner.journal.unsent(&inner.spec.name).unwrap_or(0);
+            if left > 0 {
+                tracing::warn!(
+                    unsent = left,
+                    "mails still waiting to be sent; they go out at the next start"
+                );
+            }
+        }
+    }
+
+    /// How long until the next mail is due.
+    fn until_next_due(&self) -> Duration {
+        match self.inner.journal.next_due(&self.inner.spec.name) {
+            Ok(Some(at)) => at
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+                .max(Duration::from_millis(10)),
+            _ => IDLE,
+        }
+    }
+
+    /// Sends every due mail. `Some(wait)` when the round stopped on a failure and the worker
+    /// should wait that long.
+    async fn round(&self, backoff: &mut Backoff) -> Result<Option<Duration>, super::JournalError> {
+        loop {
+            let due = self.inner.journal.due(&self.inner.spec.name, BATCH)?;
+            if due.is_empty() {
+                return Ok(None);
+            }
+            for pending in &due {
+                match self.send_one(pending, backoff).await? {
+                    Sent::Yes => backoff.reset(),
+                    Sent::Later => return Ok(Some(self.until_next_due())),
+                }
+            }
+        }
+    }
+
+    async fn send_one(
+        &self,
+        pending: &Pending,
+        backoff: &mut Backoff,
+    ) -> Result<Sent, super::JournalError> {
+        let inner = &self.inner;
+        let journal = &inner.journal;
+        let mail = &pending.mail;
+        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
+            intent = %mail.intent, message_id = %mail.mail.message_id);
+        let _enter = span.enter();
+        let event = json!({"agent": inner.spec.name, "taskId": pending.task_id, "intent": mail.intent,
+                           "messageId": mail.mail.message_id, "attempt": pending.attempts + 1});
+        match inner.outbox.submit(&mail.mail).await {
+            Ok(()) => {
+                journal.mark_sent(pending)?;
+                tracing::info!(attempt = pending.attempts + 1, "sent");
+                if mail.intent == "task.ack" {
+                    inner.events.emit("task.acked", event.clone());
+                }
+                inner.events.emit("mail.sent", event);
+                Ok(Sent::Yes)
+            }
+            Err(e) => {
+                let waited = SystemTime::now()
+                    .duration_since(pending.created_at)
+                    .unwrap_or_default();
+                let error = e.to_string();
+                if e.class() == ErrorClass::Permanent || waited >= inner.settings.retry_for {
+                    let why = if e.class() == ErrorClass::Permanent {
+                        "the server refused it for good".to_string()
+                    } else {
+                        format!("retried for {}s", waited.as_secs())
+                    };
+                    tracing::error!(error = %e, attempts = pending.attempts + 1, "could not send {}; giving up ({why})", mail.intent);
+                    journal.give_up(pending, &error)?;
+                    inner.events.emit("mail.failed", event);
+                    Ok(Sent::Yes)
+                } else {
+                    let delay = if e.class() == ErrorClass::Auth {
+                        Duration::from_secs(300)
+                    } else {
+                        backoff.next_delay()
+                    };
+                    tracing::warn!(error = %e, attempts = pending.attempts + 1, retry_in_s = delay.as_secs(), "could not send {}; it stays in the outbox", mail.intent);
+                    journal.retry_at(pending, SystemTime::now() + delay, &error)?;
+                    inner.events.emit("mail.retrying", event);
+                    Ok(Sent::Later)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Files the bridge keeps: one way to write a file atomically, and the lock that makes a
+//! state directory belong to one running bridge.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a mix:
+/// a temporary file of this writer's own beside it (so concurrent writers never share one),
+/// written with `mode`, flushed to disk, renamed over `path`, and the folder flushed so the
+/// rename itself survives a power loss. Missing folders are made.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // Flushing a folder is not supported everywhere; the rename is done either way.
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Holds a state directory for this process: a second bridge on the same directory is
+/// refused with the holder's pid. The OS drops the lock when the process ends, however it
+/// ends, so a crash never leaves a stale lock behind.
+#[derive(Debug)]
+pub struct StateLock {
+    _file: File,
+    pub path: PathBuf,
+}
+
+/// Why a state directory could not be locked.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("another aamp-bridge (pid {pid}) is running on the state directory {dir}; stop it first, or give this one another state_dir")]
+    Held { pid: String, dir: PathBuf },
+    #[error("cannot lock the state directory {dir}: {source}")]
+    Io { dir: PathBuf, source: io::Error },
+}
+
+impl StateLock {
+    pub fn acquire(state_dir: &Path) -> Result<StateLock, LockError> {
+        let io = |source| LockError::Io {
+            dir: state_dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(state_dir).map_err(io)?;
+        let path = state_dir.join("bridge.lock");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(LockError::Held {
+                    pid: if pid.is_empty() {
+                        "unknown".into()
+                    } else {
+                        pid.into()
+                    },
+                    dir: state_dir.to_path_buf(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        writeln!(file, "{}", std::process::id()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        Ok(StateLock { _file: file, path })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn atomic_writes_replace_whole_files_with_their_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/file.json");
+        write_atomic(&path, b"one", 0o600).unwrap();
+        write_atomic(&path, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "no temporary file is left behind");
+    }
+
+    #[test]
+    fn concurrent_writers_never_corrupt_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.json");
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let path = &path;
+                s.spawn(move || {
+                    for j in 0..50 {
+                        let body = format!("{{\"writer\":{i},\"n\":{j}}}");
+                        write_atomic(path, body.as_bytes(), 0o600).unwrap();
+                    }
+                });
+            }
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).expect("one whole write");
+    }
+
+    #[test]
+    fn a_second_lock_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = StateLock::acquire(dir.path()).unwrap();
+        let second = StateLock::acquire(dir.path()).unwrap_err();
+        let text = second.to_string();
+        assert!(text.contains(&std::process::id().to_string()), "{text}");
+        drop(first);
+        StateLock::acquire(dir.path()).expect("free again once the holder is gone");
+    }
+}
