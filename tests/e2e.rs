@@ -634,7 +634,7 @@ async fn a_lost_cursor_is_recovered_from_the_inbox_without_running_anything_twic
     );
     let log = bridge.log();
     assert!(
-        log.contains("scanning the Inbox from the last mail handled"),
+        log.contains("the server cannot list changes since our state; scanning the Inbox"),
         "{log}"
     );
 }

@@ -213,8 +213,11 @@ impl<O: Outbox> Dispatcher<O> {
                 None => 0,
             }
         };
-        let run = async {
+        // Owns the input, so the question sender in it drops when the run ends, which ends
+        // `asking`.
+        let run = async move {
             let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
+            drop(input);
             drop(tx);
             // What the agent started and left behind, even outside its process group.
             let left = runner::process::kill_tagged(RUN_VAR, &run_tag);

@@ -317,6 +317,14 @@ impl Drop for Bridge {
         if self.child.try_wait().ok().flatten().is_none() {
             self.terminate();
         }
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
+            eprintln!("--- the bridge's log ends with:");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 
