@@ -125,6 +125,9 @@ t1searchpartition-default: $DIR/cyrus/search
 sync_log: yes
 sync_log_channels: squatter
 umask: 077
+# Every delivery is kept, a second one of the same Message-ID too: the tests check that the
+# bridge itself sends each answer once and runs a mail delivered twice once.
+duplicatesuppression: 0
 CONF
   # Cyrus' master does not hand its -C to the services: each command names the config itself.
   cat >"$DIR/cyrus.conf" <<CONF

@@ -295,6 +295,16 @@ impl Bridge {
         self.terminate()
     }
 
+    /// SIGKILL, as a crash or an out-of-memory kill would: no chance to clean up.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
@@ -397,7 +407,17 @@ impl Peer {
 
     /// Waits until a message of `intent` for `task_id` has arrived and returns it.
     pub async fn wait_for(&mut self, task_id: &str, intent: Intent) -> Inbound {
-        let deadline = Instant::now() + WAIT;
+        self.wait_for_within(task_id, intent, WAIT).await
+    }
+
+    /// [`Peer::wait_for`] with a deadline of its own.
+    pub async fn wait_for_within(
+        &mut self,
+        task_id: &str,
+        intent: Intent,
+        wait: Duration,
+    ) -> Inbound {
+        let deadline = Instant::now() + wait;
         loop {
             if let Some(found) = self
                 .inbox
@@ -408,7 +428,7 @@ impl Peer {
             }
             assert!(
                 Instant::now() < deadline,
-                "no {intent} for {task_id} within {WAIT:?}; got: {:#?}",
+                "no {intent} for {task_id} within {wait:?}; got: {:#?}",
                 self.inbox
                     .iter()
                     .map(|i| (i.message.intent(), i.message.task_id().to_string()))
@@ -425,6 +445,47 @@ impl Peer {
             }
             self.inbox.extend(new);
         }
+    }
+
+    /// Waits until everything sent to this peer before now has arrived: `via` (another
+    /// account) mails a marker, and when it is in, the mails submitted before it are too
+    /// (the one Postfix queue delivers in order). For checking that nothing more comes.
+    pub async fn settle(&mut self, via: &Account) {
+        let sender = Sender::new(via).unwrap();
+        let marker = format!("marker-{}", uuid::Uuid::new_v4());
+        let mut msg = AampMessage {
+            envelope: Envelope {
+                version: protocol::VERSION.into(),
+                task_id: marker.clone(),
+                from: via.email.clone(),
+                to: vec![self.account.email.clone()],
+                message_id: String::new(),
+                subject: String::new(),
+                in_reply_to: None,
+                references: vec![],
+                received_body: None,
+            },
+            body: Body::CardQuery {
+                text: "marker".into(),
+            },
+        };
+        msg.envelope.subject = msg.subject();
+        sender.send(&msg).await.expect("the marker is sent");
+        self.wait_for(&marker, Intent::CardQuery).await;
+    }
+
+    /// Sends raw RFC 5322 bytes from this peer's account to `to`.
+    pub async fn send_raw(&self, to: &str, message_id: &str, bytes: Vec<u8>) {
+        let mail = protocol::RenderedMail {
+            from: self.account.email.clone(),
+            to: vec![to.to_string()],
+            message_id: message_id.to_string(),
+            bytes,
+        };
+        self.sender
+            .submit(&mail)
+            .await
+            .expect("peer sends raw mail");
     }
 
     /// Everything received so far for `task_id`, as intents in arrival order.
@@ -585,5 +646,105 @@ pub fn text_of(events: &[aamp_bridge::runner::StreamEvent]) -> String {
             aamp_bridge::runner::StreamEvent::TextDelta(t) => Some(t.as_str()),
             _ => None,
         })
+        .collect()
+}
+
+/// A TCP port in front of the mail host's submission port that a test can close (new
+/// connections are refused, as when the server is down) and open again.
+pub struct Gate {
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    pub fn new(target: u16) -> Gate {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(AtomicBool::new(true));
+        let done = Arc::new(AtomicBool::new(false));
+        let (open2, done2) = (open.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut listener = Some(listener);
+            while !done2.load(Ordering::SeqCst) {
+                match (&listener, open2.load(Ordering::SeqCst)) {
+                    (Some(_), false) => listener = None, // closed: connections are refused
+                    (None, true) => {
+                        listener = std::net::TcpListener::bind(("127.0.0.1", port)).ok();
+                    }
+                    _ => {}
+                }
+                let Some(l) = &listener else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                l.set_nonblocking(true).unwrap();
+                match l.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                            continue;
+                        };
+                        let (mut c2, mut s2) =
+                            (client.try_clone().unwrap(), server.try_clone().unwrap());
+                        let (mut c, mut s) = (client, server);
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut c, &mut s);
+                            let _ = s.shutdown(std::net::Shutdown::Both);
+                        });
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut s2, &mut c2);
+                            let _ = c2.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Gate { port, open, done }
+    }
+
+    pub fn close(&self) {
+        self.open.store(false, Ordering::SeqCst);
+    }
+
+    pub fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Whether a process is still running (a zombie waiting for its parent counts as gone).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to WAIT for `cond`, looking every 50 ms.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The lines of a file (none when it does not exist).
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
         .collect()
 }

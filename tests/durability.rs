@@ -1,0 +1,617 @@
+//! Exactly once, across crashes and outages: a real `aamp-bridge start` over the real mail
+//! host, killed with SIGKILL, cut off from its submission port, fed the same mail again and a
+//! hostile header; every task gets one ack and one answer, and runs once (or, killed while it
+//! ran, once more by its profile's choice).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use aamp_bridge::config::Account;
+use aamp_bridge::protocol::{Body, Intent, Status};
+use support::{alive, lines, mailhost, wait_until, Bridge, ConfigDir, Gate, MailHost, Peer};
+
+fn fault_agent() -> String {
+    format!("{}/tests/agents/fault_agent.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A profile running the fault agent with `args`, written into the config folder.
+fn profile(dir: &ConfigDir, name: &str, args: &[&str], extra: &str) -> String {
+    let args: Vec<String> = std::iter::once(fault_agent())
+        .chain(args.iter().map(|a| a.to_string()))
+        .map(|a| format!("{a:?}"))
+        .collect();
+    dir.write(
+        name,
+        &format!(
+            "command = \"python3\"\nargs = [{}]\n{extra}\n",
+            args.join(", ")
+        ),
+    );
+    name.to_string()
+}
+
+/// The config for one agent; `smtp_port` lets a test put a [`Gate`] in front of Postfix.
+fn config(
+    host: &MailHost,
+    agent: &Account,
+    profile: &str,
+    allow: &str,
+    smtp_port: u16,
+    agent_extra: &str,
+) -> String {
+    let mailbox = host.mailbox_toml("agent", agent).replace(
+        &format!("smtp_port = {}", host.smtp_port),
+        &format!("smtp_port = {smtp_port}"),
+    );
+    format!(
+        "shutdown_grace_secs = 5\n{mailbox}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"{profile}\"\nallow_from = [\"{allow}\"]\n{agent_extra}\n"
+    )
+}
+
+fn path(dir: &ConfigDir, name: &str) -> PathBuf {
+    dir.dir.path().join(name)
+}
+
+fn path_arg(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn count(intents: &[Intent], intent: Intent) -> usize {
+    intents.iter().filter(|i| **i == intent).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_mid_task_runs_it_again_once_and_answers_once() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let (runs, left, release) = (
+        path(&dir, "runs"),
+        path(&dir, "left"),
+        path(&dir, "release"),
+    );
+    let p = profile(
+        &dir,
+        "fault.toml",
+        &[
+            "--runs",
+            path_arg(&runs),
+            "--leave",
+            path_arg(&left),
+            "--wait-for",
+            path_arg(&release),
+        ],
+        "",
+    );
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, &p, &boss.email, host.smtp_port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Crash", "work that is interrupted"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
+    peer.wait_for(task.task_id(), Intent::TaskAck).await;
+    wait_until("the agent runs and left a process behind", || {
+        lines(&left).len() == 1
+    });
+    let first_agent: i32 = lines(&runs)[0].parse().unwrap();
+    let first_left: i32 = lines(&left)[0].parse().unwrap();
+    bridge.kill();
+
+    // The agent dies with the bridge (parent-death signal); what it started in a session of
+    // its own is still there until the next start.
+    wait_until("the agent dies with the bridge", || !alive(first_agent));
+    assert!(alive(first_left), "the escaped process outlives the crash");
+
+    std::fs::write(&release, "").unwrap();
+    let mut bridge = Bridge::start(&dir, 1);
+    assert!(
+        !alive(first_left),
+        "the first life's leftover is stopped at start"
+    );
+    bridge.wait_event("task.recovered", |e| e["taskId"] == task.task_id());
+    bridge.wait_event("task.completed", |e| e["taskId"] == task.task_id());
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(
+        peer.intents_for(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult],
+        "one ack (sent before the crash, not again) and one result"
+    );
+    assert_eq!(lines(&runs).len(), 2, "run once more after the crash");
+    for pid in lines(&left) {
+        assert!(
+            !alive(pid.parse().unwrap()),
+            "no process of either run is left"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_profile_must_not_run_twice_is_answered_interrupted() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let runs = path(&dir, "runs");
+    let p = profile(
+        &dir,
+        "once.toml",
+        &["--runs", path_arg(&runs), "--sleep", "600"],
+        "rerun_interrupted = false",
+    );
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, &p, &boss.email, host.smtp_port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Once", "not twice"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
+    wait_until("the agent runs", || lines(&runs).len() == 1);
+    bridge.kill();
+
+    let bridge = Bridge::start(&dir, 1);
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected);
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("interrupted by a bridge restart"),
+        "{:?}",
+        r.error
+    );
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(count(&peer.intents_for(task.task_id()), Intent::TaskAck), 1);
+    assert_eq!(
+        count(&peer.intents_for(task.task_id()), Intent::TaskResult),
+        1
+    );
+    assert_eq!(lines(&runs).len(), 1, "run once only");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_before_its_ack_went_out_acks_once_after_the_restart() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let gate = Gate::new(host.smtp_port);
+    let (runs, release) = (path(&dir, "runs"), path(&dir, "release"));
+    let p = profile(
+        &dir,
+        "fault.toml",
+        &["--runs", path_arg(&runs), "--wait-for", path_arg(&release)],
+        "",
+    );
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, &p, &boss.email, gate.port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    gate.close();
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Unacked", "the ack cannot leave yet"))
+        .await;
+    bridge.wait_event("task.received", |e| e["taskId"] == task.task_id());
+    bridge.wait_event("mail.retrying", |e| e["intent"] == "task.ack");
+    bridge.kill();
+
+    gate.open();
+    std::fs::write(&release, "").unwrap();
+    let bridge = Bridge::start(&dir, 1);
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(
+        peer.intents_for(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+    assert!(lines(&runs).len() <= 2, "{:?}", lines(&runs));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_waits_out_a_minute_without_the_submission_port() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let gate = Gate::new(host.smtp_port);
+    let release = path(&dir, "release");
+    let p = profile(&dir, "fault.toml", &["--wait-for", path_arg(&release)], "");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, &p, &boss.email, gate.port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Outage", "answer across an outage"))
+        .await;
+    peer.wait_for(task.task_id(), Intent::TaskAck).await;
+
+    gate.close();
+    let closed_at = std::time::Instant::now();
+    std::fs::write(&release, "").unwrap();
+    bridge.wait_event("task.completed", |e| e["taskId"] == task.task_id());
+    bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
+    std::thread::sleep(std::time::Duration::from_secs(60).saturating_sub(closed_at.elapsed()));
+    gate.open();
+    // The outbox retries with backoff (capped at 5 minutes), so the next try comes within
+    // about a minute and a quarter of the last failure.
+    let result = peer
+        .wait_for_within(
+            task.task_id(),
+            Intent::TaskResult,
+            std::time::Duration::from_secs(120),
+        )
+        .await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(
+        peer.intents_for(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_mail_five_times_and_the_same_task_after_a_restart_run_once() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let runs = path(&dir, "runs");
+    let p = profile(&dir, "fault.toml", &["--runs", path_arg(&runs)], "");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, &p, &boss.email, host.smtp_port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let bridge = Bridge::start(&dir, 1);
+    let mut task = peer.dispatch_to(&agent.email, "Again", "the same mail five times");
+    task.envelope.message_id = format!("<five-{}@example.test>", uuid::Uuid::new_v4());
+    for _ in 0..5 {
+        peer.send(task.clone()).await;
+    }
+    peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+
+    // The same sender and TaskId under a new Message-ID, after a restart: a duplicate.
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut again = task.clone();
+    again.envelope.message_id = String::new();
+    peer.send(again).await;
+    bridge.wait_event("task.duplicate", |e| e["taskId"] == task.task_id());
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(
+        peer.intents_for(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+    assert_eq!(lines(&runs).len(), 1, "run once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_refused_as_busy_runs_when_sent_again() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let (runs, release) = (path(&dir, "runs"), path(&dir, "release"));
+    let p = profile(
+        &dir,
+        "fault.toml",
+        &["--runs", path_arg(&runs), "--wait-for", path_arg(&release)],
+        "",
+    );
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(
+                host,
+                &agent,
+                &p,
+                &boss.email,
+                host.smtp_port,
+                "max_queued_tasks = 1"
+            )
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "keeps the agent busy"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == first.task_id());
+    let mut second = peer.dispatch_to(&agent.email, "Second", "comes while busy");
+    let sent = peer.send(second.clone()).await;
+    let refused = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &refused.message.body else {
+        panic!("not a result")
+    };
+    assert!(
+        r.error.as_deref().unwrap_or_default().contains("busy"),
+        "{:?}",
+        r.error
+    );
+    std::fs::write(&release, "").unwrap();
+    peer.wait_for(first.task_id(), Intent::TaskResult).await;
+
+    // The retry the refusal asked for: same TaskId, a new mail.
+    peer.inbox.clear();
+    second.envelope.message_id = String::new();
+    peer.send(second.clone()).await;
+    let answer = peer.wait_for(second.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &answer.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert!(bridge.stop().success());
+    assert_eq!(lines(&runs).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_of_150_after_a_lost_state_is_answered_once_each() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(
+                host,
+                &agent,
+                "echo",
+                &boss.email,
+                host.smtp_port,
+                "max_concurrent_tasks = 4\nmax_queued_tasks = 200"
+            )
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    assert!(Bridge::start(&dir, 1).stop().success());
+    let cursor_path = dir.dir.path().join("state/agents/agent/jmap-email-state");
+    let mut cursor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cursor_path).unwrap()).unwrap();
+    cursor["state"] = serde_json::json!("a-state-the-server-lost");
+    std::fs::write(&cursor_path, cursor.to_string()).unwrap();
+
+    let mut tasks = Vec::new();
+    for i in 0..150 {
+        let sent = peer
+            .send(peer.dispatch_to(&agent.email, &format!("Backlog {i}"), "waiting"))
+            .await;
+        tasks.push(sent.task_id().to_string());
+    }
+    let mut bridge = Bridge::start(&dir, 1);
+    for task in &tasks {
+        peer.wait_for_within(
+            task,
+            Intent::TaskResult,
+            std::time::Duration::from_secs(180),
+        )
+        .await;
+    }
+    assert!(bridge.log().contains("scanning the Inbox"));
+    bridge.wait_event("task.completed", |e| e["taskId"] == tasks[149].as_str());
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    for task in &tasks {
+        assert_eq!(
+            peer.intents_for(task),
+            vec![Intent::TaskAck, Intent::TaskResult],
+            "task {task}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_whose_child_holds_its_pipe_ends_at_its_deadline_on_cancel_and_when_done() {
+    let host = mailhost();
+    let boss = host.user("boss");
+    let dir = ConfigDir::new(host, "");
+    let left = path(&dir, "left");
+    let release = path(&dir, "release");
+    // Three agents: one that hangs past its 3 s deadline, one that hangs until cancelled,
+    // one that answers at once; each leaves `setsid sleep 1000` holding its output.
+    profile(
+        &dir,
+        "hangs.toml",
+        &["--leave", path_arg(&left), "--wait-for", path_arg(&release)],
+        "timeout_secs = 3",
+    );
+    profile(&dir, "answers.toml", &["--leave", path_arg(&left)], "");
+    let mailboxes = [
+        ("deadline", host.user("deadline")),
+        ("cancel", host.user("cancel")),
+        ("done", host.user("done")),
+    ];
+    let mut text = String::from("state_dir = \"state\"\nshutdown_grace_secs = 5\n");
+    for (name, account) in &mailboxes {
+        text.push_str(&host.mailbox_toml(name, account));
+        let p = if *name == "done" {
+            "answers.toml"
+        } else {
+            "hangs.toml"
+        };
+        text.push_str(&format!(
+            "[[agents]]\nname = \"{name}\"\nmailbox = \"{name}\"\nprofile = \"{p}\"\nallow_from = [\"{}\"]\n",
+            boss.email
+        ));
+    }
+    dir.write("config.toml", &text);
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 3);
+
+    let deadline = peer
+        .send(peer.dispatch_to(&mailboxes[0].1.email, "Deadline", "hang"))
+        .await;
+    let cancel = peer
+        .send(peer.dispatch_to(&mailboxes[1].1.email, "Cancel", "hang"))
+        .await;
+    let done = peer
+        .send(peer.dispatch_to(&mailboxes[2].1.email, "Done", "answer"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == cancel.task_id());
+    peer.wait_for(cancel.task_id(), Intent::TaskAck).await;
+    let mut stop = aamp_bridge::protocol::AampMessage::reply(
+        &cancel.envelope,
+        &peer.account.email,
+        Body::Cancel {
+            reason: "stop".into(),
+        },
+    );
+    stop.envelope.to = vec![mailboxes[1].1.email.clone()];
+    peer.send(stop).await;
+
+    let expect = [
+        (&deadline, Status::Rejected, "did not finish within 3s"),
+        (&cancel, Status::Rejected, "cancelled"),
+        (&done, Status::Completed, ""),
+    ];
+    for (task, status, error) in expect {
+        let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, status, "{}: {:?}", task.envelope.subject, r.error);
+        assert!(
+            r.error.as_deref().unwrap_or_default().contains(error),
+            "{:?}",
+            r.error
+        );
+        if status == Status::Completed {
+            assert_eq!(r.output, "done");
+        }
+    }
+    assert!(bridge.stop().success());
+    let pids = lines(&left);
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    for pid in pids {
+        assert!(
+            !alive(pid.parse().unwrap()),
+            "the escaped process {pid} is stopped"
+        );
+    }
+}
+
+/// A dispatch whose References holds a run of 980 blanks inside an id: it froze the daemon
+/// before (the reply's header folding underflowed), from any sender.
+fn hostile_dispatch(from: &str, to: &str, task_id: &str, message_id: &str) -> Vec<u8> {
+    format!(
+        "From: {from}\r\nTo: {to}\r\nMessage-ID: {message_id}\r\nSubject: [AAMP Task] hostile\r\nReferences: <a{}b@x.test> <c@x.test>\r\nX-AAMP-Version: 1.1\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: {task_id}\r\nContent-Type: text/plain\r\n\r\nTask: hostile\r\n",
+        " ".repeat(980)
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_with_a_hostile_references_header_is_answered_from_anyone() {
+    let host = mailhost();
+    let (agent, boss, stranger) = (host.user("agent"), host.user("boss"), host.user("stranger"));
+    let dir = ConfigDir::new(host, "");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, "echo", &boss.email, host.smtp_port, "")
+        ),
+    );
+    let mut peer = Peer::new(boss).await;
+    let mut outsider = Peer::new(stranger).await;
+    let bridge = Bridge::start(&dir, 1);
+    let (t1, t2) = ("hostile-allowed", "hostile-unknown");
+    let id1 = format!("<{}@example.test>", uuid::Uuid::new_v4());
+    let id2 = format!("<{}@example.test>", uuid::Uuid::new_v4());
+    let raw = hostile_dispatch(&peer.account.email, &agent.email, t1, &id1);
+    assert!(String::from_utf8_lossy(&raw)
+        .lines()
+        .any(|l| l.len() >= 994));
+    peer.send_raw(&agent.email, &id1, raw).await;
+    outsider
+        .send_raw(
+            &agent.email,
+            &id2,
+            hostile_dispatch(&outsider.account.email, &agent.email, t2, &id2),
+        )
+        .await;
+    let answered = peer.wait_for(t1, Intent::TaskResult).await;
+    let Body::Result(r) = &answered.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    let refused = outsider.wait_for(t2, Intent::TaskResult).await;
+    let Body::Result(r) = &refused.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected);
+    // Still responsive afterwards, and it stops on SIGTERM.
+    let normal = peer
+        .send(peer.dispatch_to(&agent.email, "After", "still there?"))
+        .await;
+    peer.wait_for(normal.task_id(), Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_start_on_the_same_state_directory_is_refused_with_the_holders_pid() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}",
+            config(host, &agent, "echo", &boss.email, host.smtp_port, "")
+        ),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let second = std::process::Command::new(support::bin())
+        .args(["--config", dir.config().to_str().unwrap(), "start"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!("pid {}", bridge.pid())),
+        "{stderr}"
+    );
+    assert!(bridge.stop().success());
+}
