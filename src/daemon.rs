@@ -135,6 +135,7 @@ pub async fn run(
     let outbox_stop = CancellationToken::new();
     let agents = config.agents(&opts.agents)?;
     let mut names = Vec::new();
+    let mut dispatchers = Vec::new();
     for agent in agents {
         let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
         if let Some(registration) = config.registration(&mailbox_name) {
@@ -160,29 +161,9 @@ pub async fn run(
             );
         }
         let account = config.account(&mailbox_name)?;
-        let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
-            .with_context(|| {
-                format!(
-                    "{}: agent {:?}: profile {:?}",
-                    config.path.display(),
-                    agent.name,
-                    agent.profile
-                )
-            })?;
         let agent_dir = state_dir.join("agents").join(&agent.name);
         import_sessions(&journal, &agent.name, &agent_dir.join("sessions.json"));
-        let spec = AgentSpec {
-            name: agent.name.clone(),
-            email: account.email.clone(),
-            policy: SenderPolicy::new(&agent.allow_from),
-            max_concurrent: agent.max_concurrent_tasks,
-            max_queued: agent.max_queued_tasks,
-            profile,
-            workspace_root: agent_dir.join("tasks"),
-        };
-        if spec.policy.is_empty() {
-            tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
-        }
+        let spec = agent_spec(&config, &agent)?;
         let sender =
             Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
         publish_card(&config, &agent, &sender, events).await;
@@ -197,6 +178,7 @@ pub async fn run(
             tasks.clone(),
             abort.clone(),
         );
+        dispatchers.push(dispatcher.clone());
         let span = tracing::info_span!("agent", agent = %agent.name);
         {
             let _enter = span.enter();
@@ -240,6 +222,24 @@ pub async fn run(
         "bridge.running",
         json!({"agents": names, "pid": std::process::id()}),
     );
+
+    // SIGHUP: read the config and profiles again.
+    {
+        let (path, finished) = (config.path.clone(), stop.clone());
+        services.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("cannot listen for SIGHUP; config changes need a restart");
+                return;
+            };
+            loop {
+                tokio::select! {
+                    Some(()) = hup.recv() => reload(&path, &dispatchers, events),
+                    _ = finished.cancelled() => return,
+                }
+            }
+        });
+    }
 
     // First signal: stop (drain); second: abort.
     let finished = CancellationToken::new();
@@ -293,6 +293,82 @@ pub async fn run(
     }
     events.emit("bridge.stopped", json!({}));
     Ok(())
+}
+
+/// What dispatch needs of an agent's config: its address, policy, limits and profile.
+fn agent_spec(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+) -> anyhow::Result<AgentSpec> {
+    let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let account = config.account(&mailbox_name)?;
+    let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
+        .with_context(|| {
+            format!(
+                "{}: agent {:?}: profile {:?}",
+                config.path.display(),
+                agent.name,
+                agent.profile
+            )
+        })?;
+    let spec = AgentSpec {
+        name: agent.name.clone(),
+        email: account.email.clone(),
+        policy: SenderPolicy::new(&agent.allow_from),
+        max_concurrent: agent.max_concurrent_tasks,
+        max_queued: agent.max_queued_tasks,
+        profile,
+        workspace_root: config
+            .state_dir
+            .join("agents")
+            .join(&agent.name)
+            .join("tasks"),
+    };
+    if spec.policy.is_empty() {
+        tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
+    }
+    Ok(spec)
+}
+
+/// Reads the config and profiles again and hands each running agent its new settings. A
+/// config that does not load changes nothing (and says why); agents added or removed wait
+/// for a restart.
+fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], events: Events) {
+    tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
+    let config = match LoadedConfig::load(path) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!("the config was not reloaded: {e}");
+            events.emit("bridge.reload_failed", json!({"error": e.to_string()}));
+            return;
+        }
+    };
+    let mut reloaded = Vec::new();
+    for dispatcher in dispatchers {
+        let name = dispatcher.name();
+        let Some(agent) = config.config.agents.iter().find(|a| a.name == name) else {
+            tracing::warn!(agent = %name, "the agent is no longer in the config; it stops at the next restart");
+            continue;
+        };
+        match agent_spec(&config, agent) {
+            Ok(spec) => {
+                dispatcher.reload(spec);
+                reloaded.push(name);
+            }
+            Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),
+        }
+    }
+    let added: Vec<&str> = config
+        .config
+        .agents
+        .iter()
+        .filter(|a| !dispatchers.iter().any(|d| d.name() == a.name))
+        .map(|a| a.name.as_str())
+        .collect();
+    if !added.is_empty() {
+        tracing::warn!(?added, "new agents start at the next restart");
+    }
+    events.emit("bridge.reloaded", json!({"agents": reloaded}));
 }
 
 /// How long the outbox may try to send at a stop before leaving the rest for the next start.

@@ -615,3 +615,150 @@ async fn a_second_start_on_the_same_state_directory_is_refused_with_the_holders_
     );
     assert!(bridge.stop().success());
 }
+
+/// Two agents, each running the fault agent until its own release file exists.
+fn two_waiting_agents(
+    host: &MailHost,
+    dir: &ConfigDir,
+    boss: &Account,
+    grace: u64,
+) -> [(String, Account, PathBuf, PathBuf); 2] {
+    let mut text = format!("state_dir = \"state\"\nshutdown_grace_secs = {grace}\n");
+    let agents = ["first", "second"].map(|name| {
+        let account = host.user(name);
+        let (runs, release) = (path(dir, &format!("{name}.runs")), path(dir, &format!("{name}.release")));
+        let p = profile(
+            dir,
+            &format!("{name}.toml"),
+            &["--runs", path_arg(&runs), "--wait-for", path_arg(&release)],
+            "",
+        );
+        text.push_str(&host.mailbox_toml(name, &account));
+        text.push_str(&format!(
+            "[[agents]]\nname = \"{name}\"\nmailbox = \"{name}\"\nprofile = \"{p}\"\nallow_from = [\"{}\"]\n",
+            boss.email
+        ));
+        (name.to_string(), account, runs, release)
+    });
+    dir.write("config.toml", &text);
+    agents
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_lets_tasks_finish_within_the_grace_and_keeps_the_rest_for_the_next_start() {
+    let host = mailhost();
+    let boss = host.user("boss");
+    let dir = ConfigDir::new(host, "");
+    let [(_, quick, _, quick_release), (_, slow, slow_runs, slow_release)] =
+        two_waiting_agents(host, &dir, &boss, 5);
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 2);
+    let a = peer
+        .send(peer.dispatch_to(&quick.email, "Quick", "finishes during the stop"))
+        .await;
+    let b = peer
+        .send(peer.dispatch_to(&slow.email, "Slow", "outlasts the stop"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == a.task_id());
+    bridge.wait_event("task.started", |e| e["taskId"] == b.task_id());
+
+    bridge.signal(nix::sys::signal::Signal::SIGTERM);
+    bridge.wait_event("bridge.stopping", |_| true);
+    std::fs::write(&quick_release, "").unwrap();
+    assert!(bridge.wait_exit().success());
+    assert!(bridge
+        .seen
+        .iter()
+        .any(|e| e["event"] == "task.completed" && e["taskId"] == a.task_id()));
+    assert!(
+        bridge
+            .seen
+            .iter()
+            .any(|e| e["event"] == "task.interrupted" && e["taskId"] == b.task_id()),
+        "{:#?}",
+        bridge.seen
+    );
+    peer.wait_for(a.task_id(), Intent::TaskResult).await;
+
+    std::fs::write(&slow_release, "").unwrap();
+    let bridge = Bridge::start(&dir, 2);
+    let result = peer.wait_for(b.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert!(bridge.stop().success());
+    peer.settle(&quick).await;
+    for task in [&a, &b] {
+        assert_eq!(
+            peer.intents_for(task.task_id()),
+            vec![Intent::TaskAck, Intent::TaskResult]
+        );
+    }
+    assert_eq!(
+        lines(&slow_runs).len(),
+        2,
+        "the interrupted task ran again after the restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_signal_stops_the_tasks_at_once() {
+    let host = mailhost();
+    let boss = host.user("boss");
+    let dir = ConfigDir::new(host, "");
+    let [(_, first, _, _), _] = two_waiting_agents(host, &dir, &boss, 600);
+    let peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 2);
+    let task = peer
+        .send(peer.dispatch_to(&first.email, "Hangs", "until stopped"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
+    bridge.signal(nix::sys::signal::Signal::SIGTERM);
+    bridge.wait_event("bridge.stopping", |_| true);
+    bridge.signal(nix::sys::signal::Signal::SIGTERM);
+    let started = std::time::Instant::now();
+    assert!(bridge.wait_exit().success());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "not the 600 s grace"
+    );
+    assert!(bridge
+        .seen
+        .iter()
+        .any(|e| e["event"] == "task.interrupted" && e["taskId"] == task.task_id()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_sender_policy_without_a_restart() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let write = |allow: &str| {
+        dir.write(
+            "config.toml",
+            &format!(
+                "state_dir = \"state\"\n{}",
+                config(host, &agent, "echo", allow, host.smtp_port, "")
+            ),
+        )
+    };
+    write("someone-else@example.test");
+    let mut peer = Peer::new(boss).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let refused = peer
+        .send(peer.dispatch_to(&agent.email, "Before", "not yet allowed"))
+        .await;
+    let r = peer.wait_for(refused.task_id(), Intent::TaskResult).await;
+    assert!(matches!(&r.message.body, Body::Result(r) if r.status == Status::Rejected));
+
+    write(&peer.account.email.clone());
+    bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    bridge.wait_event("bridge.reloaded", |e| e["agents"][0] == "agent");
+    let allowed = peer
+        .send(peer.dispatch_to(&agent.email, "After", "allowed now"))
+        .await;
+    let r = peer.wait_for(allowed.task_id(), Intent::TaskResult).await;
+    assert!(matches!(&r.message.body, Body::Result(r) if r.status == Status::Completed));
+    assert!(bridge.stop().success());
+}

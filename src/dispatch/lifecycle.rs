@@ -62,7 +62,7 @@ impl<O: Outbox> Dispatcher<O> {
             tracing::info!("the bridge is stopping: the task stays in the journal and is picked up at the next start");
             inner.events.emit(
                 "task.interrupted",
-                json!({"agent": inner.spec.name, "taskId": task.env.task_id}),
+                json!({"agent": self.spec().name, "taskId": task.env.task_id}),
             );
             return;
         }
@@ -72,7 +72,7 @@ impl<O: Outbox> Dispatcher<O> {
                 if out.truncated {
                     text.push_str(&format!(
                         "\n[output cut at {} bytes]",
-                        inner.spec.profile.output.max_bytes
+                        self.spec().profile.output.max_bytes
                     ));
                 }
                 (TaskState::Answered, Status::Completed, text, None)
@@ -101,7 +101,7 @@ impl<O: Outbox> Dispatcher<O> {
         self.finish(&task, state, error.as_deref(), reply);
         inner.events.emit(
             "task.completed",
-            json!({"agent": inner.spec.name, "taskId": task.env.task_id, "status": status.as_str(),
+            json!({"agent": self.spec().name, "taskId": task.env.task_id, "status": status.as_str(),
                    "error": error, "durationMs": started.elapsed().as_millis() as u64}),
         );
     }
@@ -112,7 +112,8 @@ impl<O: Outbox> Dispatcher<O> {
         runs: u32,
         cancel: &CancellationToken,
     ) -> Result<runner::RunOutput, RunError> {
-        let spec = &self.inner.spec;
+        let spec_now = self.spec();
+        let spec = &*spec_now;
         let journal = &self.inner.journal;
         let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
         let workspace = workspace::path(&spec.workspace_root, &env.task_id, task.row);
@@ -322,7 +323,7 @@ impl<O: Outbox> Dispatcher<O> {
             .and_then(|()| inner.journal.set_state(task.row, TaskState::HelpNeeded));
         match queued {
             Ok(()) => {
-                inner.events.emit("task.help_needed", json!({"agent": inner.spec.name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
+                inner.events.emit("task.help_needed", json!({"agent": self.spec().name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
                 let pending = PendingQuestion {
                     help_message_id: mail.mail.message_id.clone(),
                     options: question.options,

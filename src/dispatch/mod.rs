@@ -127,7 +127,8 @@ pub struct MailExtras {
 }
 
 struct Inner<O> {
-    spec: AgentSpec,
+    /// Replaced whole on a reload (policy, profile, queue bound).
+    spec: std::sync::RwLock<Arc<AgentSpec>>,
     outbox: O,
     journal: Arc<Journal>,
     events: Events,
@@ -200,7 +201,7 @@ impl<O: Outbox> Dispatcher<O> {
         let permits = Arc::new(Semaphore::new(spec.max_concurrent.max(1)));
         Dispatcher {
             inner: Arc::new(Inner {
-                spec,
+                spec: std::sync::RwLock::new(Arc::new(spec)),
                 outbox,
                 journal,
                 events,
@@ -216,8 +217,36 @@ impl<O: Outbox> Dispatcher<O> {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.inner.spec.name
+    /// The agent as it is now.
+    fn spec(&self) -> Arc<AgentSpec> {
+        self.inner
+            .spec
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn name(&self) -> String {
+        self.spec().name.clone()
+    }
+
+    /// Takes a reloaded config for this agent: its sender policy, profile and queue bound
+    /// apply to tasks admitted from now on; tasks under way keep what they started with.
+    /// The agent's name, address and concurrency stay as they were (say so, and restart).
+    pub fn reload(&self, new: AgentSpec) {
+        let old = self.spec();
+        if new.email != old.email || new.max_concurrent != old.max_concurrent {
+            tracing::warn!(agent = %old.name, "the mailbox address and max_concurrent_tasks change at the next start, not on reload");
+        }
+        let spec = AgentSpec {
+            name: old.name.clone(),
+            email: old.email.clone(),
+            max_concurrent: old.max_concurrent,
+            workspace_root: old.workspace_root.clone(),
+            ..new
+        };
+        *self.inner.spec.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(spec);
+        tracing::info!(agent = %old.name, "config reloaded");
     }
 
     /// Takes one inbound message: records it in the journal (with the ack or rejection it is
@@ -225,14 +254,10 @@ impl<O: Outbox> Dispatcher<O> {
     /// the message was not recorded; the caller must offer it again later.
     pub fn deliver(&self, inbound: Inbound) -> Result<(), JournalError> {
         let key = inbound.message_key();
-        let span = tracing::info_span!("task", agent = %self.inner.spec.name,
+        let span = tracing::info_span!("task", agent = %self.spec().name,
             task_id = %inbound.message.envelope.task_id, message_id = %key, email_id = %inbound.email_id);
         let _enter = span.enter();
-        if self
-            .inner
-            .journal
-            .knows_message(&self.inner.spec.name, &key)?
-        {
+        if self.inner.journal.knows_message(&self.spec().name, &key)? {
             tracing::debug!("this mail is in the journal already; a second delivery is ignored");
             return Ok(());
         }
@@ -256,7 +281,8 @@ impl<O: Outbox> Dispatcher<O> {
         span: tracing::Span,
     ) -> Result<(), JournalError> {
         let inner = &self.inner;
-        let name = &inner.spec.name;
+        let spec = self.spec();
+        let name = &spec.name;
         let mail = inbound.to_json();
         let Inbound {
             message,
@@ -293,14 +319,7 @@ impl<O: Outbox> Dispatcher<O> {
             .admitted_task(name, &env.from, &env.task_id)?
             .is_some();
         let active = inner.running.lock().expect("running lock").len();
-        let decision = admit(
-            &inner.spec,
-            &env,
-            &dispatch,
-            duplicate,
-            active,
-            SystemTime::now(),
-        );
+        let decision = admit(&spec, &env, &dispatch, duplicate, active, SystemTime::now());
         match decision {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
@@ -405,7 +424,8 @@ impl<O: Outbox> Dispatcher<O> {
     /// answered rejected. Returns how many tasks were picked up.
     pub fn recover(&self) -> Result<usize, JournalError> {
         let inner = &self.inner;
-        let name = &inner.spec.name;
+        let spec = self.spec();
+        let name = &spec.name;
         let unfinished = inner.journal.unfinished(name)?;
         for left in &unfinished {
             let inbound = match Inbound::from_json(&left.mail) {
@@ -430,8 +450,8 @@ impl<O: Outbox> Dispatcher<O> {
             let span = tracing::info_span!("task", agent = %name, task_id = %env.task_id, message_id = %key, email_id = %inbound.email_id);
             let _enter = span.enter();
             let interrupted = matches!(left.state, TaskState::Running | TaskState::HelpNeeded);
-            if interrupted && (!inner.spec.profile.rerun_interrupted || left.runs >= MAX_RUNS) {
-                let reason = if inner.spec.profile.rerun_interrupted {
+            if interrupted && (!spec.profile.rerun_interrupted || left.runs >= MAX_RUNS) {
+                let reason = if spec.profile.rerun_interrupted {
                     format!("interrupted by a bridge restart {} times; not run again; dispatch it again", left.runs)
                 } else {
                     "interrupted by a bridge restart; this agent's tasks are not run twice; dispatch it again".to_string()
@@ -482,8 +502,8 @@ impl<O: Outbox> Dispatcher<O> {
     /// task (`n` tells apart several mails of one intent).
     fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
         let intent = body.intent().as_str();
-        let mut msg = AampMessage::reply(env, &self.inner.spec.email, body);
-        msg.envelope.message_id = derived_message_id(&self.inner.spec.email, key, intent, n);
+        let mut msg = AampMessage::reply(env, &self.spec().email, body);
+        msg.envelope.message_id = derived_message_id(&self.spec().email, key, intent, n);
         Outgoing {
             intent: intent.to_string(),
             mail: crate::protocol::render(&msg, SystemTime::now()),
@@ -525,7 +545,7 @@ impl<O: Outbox> Dispatcher<O> {
             .or_else(|| choose(&question.options, &dispatch.title));
         inner.events.emit(
             "task.answered",
-            json!({"agent": inner.spec.name, "answerTaskId": env.task_id, "choice": choice.map(|i| question.options[i].clone())}),
+            json!({"agent": self.spec().name, "answerTaskId": env.task_id, "choice": choice.map(|i| question.options[i].clone())}),
         );
         if choice.is_none() {
             tracing::warn!("the answer names none of the options; the agent's request is rejected");
@@ -545,7 +565,7 @@ impl<O: Outbox> Dispatcher<O> {
         let inner = &self.inner;
         match inner
             .journal
-            .finish(&inner.spec.name, task.row, state, reason, Some(&reply))
+            .finish(&self.spec().name, task.row, state, reason, Some(&reply))
         {
             Ok(()) => inner.wake.notify_one(),
             Err(e) => {
@@ -564,7 +584,7 @@ impl<O: Outbox> Dispatcher<O> {
     fn enqueue(&self, task: &Task, mail: &Outgoing) -> Result<(), JournalError> {
         self.inner
             .journal
-            .enqueue(&self.inner.spec.name, Some(task.row), mail)?;
+            .enqueue(&self.spec().name, Some(task.row), mail)?;
         self.inner.wake.notify_one();
         Ok(())
     }

@@ -48,11 +48,11 @@ impl<O: Outbox> Dispatcher<O> {
                 _ = stop.cancelled() => break,
             }
         }
-        let unsent = inner.journal.unsent(&inner.spec.name).unwrap_or(0);
+        let unsent = inner.journal.unsent(&self.spec().name).unwrap_or(0);
         if unsent > 0 {
             backoff.reset();
             let _ = tokio::time::timeout(last_round, self.round(&mut backoff)).await;
-            let left = inner.journal.unsent(&inner.spec.name).unwrap_or(0);
+            let left = inner.journal.unsent(&self.spec().name).unwrap_or(0);
             if left > 0 {
                 tracing::warn!(
                     unsent = left,
@@ -64,7 +64,7 @@ impl<O: Outbox> Dispatcher<O> {
 
     /// How long until the next mail is due.
     fn until_next_due(&self) -> Duration {
-        match self.inner.journal.next_due(&self.inner.spec.name) {
+        match self.inner.journal.next_due(&self.spec().name) {
             Ok(Some(at)) => at
                 .duration_since(SystemTime::now())
                 .unwrap_or(Duration::ZERO)
@@ -77,7 +77,7 @@ impl<O: Outbox> Dispatcher<O> {
     /// should wait that long.
     async fn round(&self, backoff: &mut Backoff) -> Result<Option<Duration>, super::JournalError> {
         loop {
-            let due = self.inner.journal.due(&self.inner.spec.name, BATCH)?;
+            let due = self.inner.journal.due(&self.spec().name, BATCH)?;
             if due.is_empty() {
                 return Ok(None);
             }
@@ -101,7 +101,7 @@ impl<O: Outbox> Dispatcher<O> {
         let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
             intent = %mail.intent, message_id = %mail.mail.message_id);
         let _enter = span.enter();
-        let event = json!({"agent": inner.spec.name, "taskId": pending.task_id, "intent": mail.intent,
+        let event = json!({"agent": self.spec().name, "taskId": pending.task_id, "intent": mail.intent,
                            "messageId": mail.mail.message_id, "attempt": pending.attempts + 1});
         match inner.outbox.submit(&mail.mail).await {
             Ok(()) => {

@@ -305,6 +305,34 @@ impl Bridge {
         self.child.id()
     }
 
+    /// Sends `signal` and returns at once.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// Waits (up to WAIT) for the bridge to exit on its own, reading its events meanwhile.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            while let Ok(e) = self.events.try_recv() {
+                self.seen.push(e);
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(e) = self.events.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(e);
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the bridge did not exit within {WAIT:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
