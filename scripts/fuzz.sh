@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the mail parser for N seconds (default 60) with cargo-fuzz, starting from fuzz/seeds.
+# Fuzzes each target for N seconds (default 60) with cargo-fuzz, starting from fuzz/seeds:
+# parse_mail (the mail reader and AAMP parser) and render_reply (the renderer fed with hostile
+# inbound values). Crashes land in fuzz/artifacts/TARGET; add them to fuzz/seeds.
 # cargo-fuzz needs nightly compiler flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +10,8 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "fuzz: installing cargo-fuzz" >&2
   cargo install --locked cargo-fuzz
 fi
-mkdir -p fuzz/corpus/parse_mail
-RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none parse_mail fuzz/corpus/parse_mail fuzz/seeds \
-  -- -max_total_time="$seconds" -max_len=65536
+for target in parse_mail render_reply; do
+  mkdir -p "fuzz/corpus/$target"
+  RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none "$target" "fuzz/corpus/$target" fuzz/seeds \
+    -- -max_total_time="$seconds" -max_len=65536
+done

@@ -11,31 +11,38 @@
 //!     mail server (JMAP + push in, SMTP out)      AAMP service (helper API: streams, ...)
 //!                 │                     ▲                      ▲
 //!                 ▼                     │                      │
-//!   mailbox ── Inbound (parsed AAMP) ─┐ │  mailbox::Sender (implements dispatch::Outbox:
-//!                                     │ │  mail out, attachments, streams, thread)
-//!                                     ▼ │
-//!   dispatch ── admit (policy, duplicates, expiry, queue) → ack → run → result
-//!                                     │ ▲ stream events, questions (help_needed)
-//!                                     ▼ │
+//!   mailbox::intake ── Inbound ──┐      │  mailbox::Sender (implements dispatch::Outbox:
+//!     (a page at a time; the     │      │  rendered mail out, attachments, streams, thread)
+//!      cursor saved after)       ▼      │
+//!   dispatch ── record in the journal → admit → lifecycle → record the answer → outbox
+//!                                │ ▲ stream events, questions (help_needed)
+//!                                ▼ │
 //!   runner ── agent in its own process group: ACP session or CLI profile → answer or RunError
 //! ```
 //!
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates,
 //!   RFC 5322 rendering/reading (with attachments), timestamps. Shared vocabulary of `mailbox`
 //!   and `dispatch`.
-//! - [`mailbox`]: the only code that knows mail and the AAMP service: JMAP session and
-//!   `Email/changes` from a persisted cursor (with recovery when the server lost the state),
-//!   push over WebSocket or EventSource, Inbox and address filtering, attachments, SMTP
+//! - [`mailbox`]: the only code that knows mail and the AAMP service: the intake
+//!   (`mailbox::intake`: `Email/changes` from a persisted cursor, a page at a time, handed to a
+//!   `deliver` callback before the cursor moves; an Inbox scan when the server lost the state;
+//!   push over WebSocket or EventSource), Inbox and address filtering, attachments, SMTP
 //!   submission with Sent copies, the helper API (streams, registration, thread, directory),
-//!   and the link state a status command reads.
-//! - [`dispatch`]: what to do with a message: sender policy, de-duplication, expiry, a bounded
-//!   queue, one task at a time per Session-Key, the ack → run → result lifecycle, cancel,
-//!   questions to the dispatcher, the prompt. Pure where it can be ([`dispatch::admit`]).
+//!   and the link state a status command reads. It never imports `dispatch`.
+//! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
+//!   what was received, decided, run and answered, and the outbox of mail to send), sender
+//!   policy, de-duplication, expiry, a bounded queue, one task at a time per Session-Key, the
+//!   lifecycle, recovery at start, cancel, questions to the dispatcher, the prompt. Pure where
+//!   it can be ([`dispatch::admit`]); answers leave as rendered bytes through
+//!   [`dispatch::Outbox`].
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
-//!   and their stream formats (`runner::stream`), templates, process groups, the agent scan.
-//! - [`daemon`]: wires the layers per agent under one cancellation token and task tracker.
+//!   and their stream formats (`runner::stream`), templates, process groups and tagged
+//!   leftovers (`runner::process`), the agent scan.
+//! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
+//!   a dispatcher and its outbox worker; the stop (drain), abort and reload signals.
 //! - [`cli`], [`telemetry`]: thin shells.
-//! - [`config`], [`error`], [`events`]: the config file, error classes, JSON-lines events.
+//! - [`config`], [`error`], [`events`], [`fsio`], [`backoff`]: the config file, error classes,
+//!   JSON-lines events, atomic files and the state lock, the one retry schedule.
 
 pub mod backoff;
 pub mod cli;

@@ -1,8 +1,8 @@
 //! What happens to an AAMP message addressed to an agent. Every message is first recorded in
 //! the [`journal`] (so it is never lost, and a second delivery of it is recognised); then
 //! sender policy, duplicates, the queue's bound and expiry decide whether a dispatch runs
-//! (pure, in [`admission`]); the task [`lifecycle`] waits for a slot, runs it through
-//! `runner`, and records the answer; the [`outbox`] worker sends acks and results, retrying
+//! (pure, in [`admission`]); the task lifecycle waits for a slot, runs it through
+//! `runner`, and records the answer; the outbox worker sends acks and results, retrying
 //! until the mail server takes them. Cancels stop the matching task. Nothing here knows SMTP
 //! or JMAP: answers leave as rendered bytes through the [`Outbox`] seam.
 
@@ -420,7 +420,7 @@ impl<O: Outbox> Dispatcher<O> {
 
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
     /// queued again; tasks that were running are run again (workspace emptied first) when
-    /// the profile allows it and they have not been run [`MAX_RUNS`] times, and otherwise
+    /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise
     /// answered rejected. Returns how many tasks were picked up.
     pub fn recover(&self) -> Result<usize, JournalError> {
         let inner = &self.inner;

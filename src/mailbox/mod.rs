@@ -607,6 +607,41 @@ mod tests {
         assert_eq!(p.last_ids, vec!["b", "c"]);
     }
 
+    fn inbound(raw: &str, email_id: &str) -> Inbound {
+        let view = protocol::parse_raw(raw.as_bytes()).unwrap();
+        Inbound {
+            email_id: email_id.into(),
+            message: AampMessage::parse(&view).unwrap(),
+            view,
+            truncated: false,
+            attachments: vec![Attachment {
+                name: "a.txt".into(),
+                content_type: "text/plain".into(),
+                size: 3,
+                url: "http://x/a".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_mail_without_message_id_is_known_by_its_server_id_and_stores_whole() {
+        let raw = "From: a@x.test\r\nTo: b@x.test\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: t1\r\n\r\nTask: hi\r\n";
+        let (one, two) = (inbound(raw, "E1"), inbound(raw, "E2"));
+        assert_eq!(one.message_key(), "email-id:E1");
+        assert_ne!(
+            one.message_key(),
+            two.message_key(),
+            "two such mails are two tasks"
+        );
+        let with_id = inbound(&format!("Message-ID: <m@x.test>\r\n{raw}"), "E3");
+        assert_eq!(with_id.message_key(), "<m@x.test>");
+        let back = Inbound::from_json(&with_id.to_json()).unwrap();
+        assert_eq!(back.message, with_id.message);
+        assert_eq!(back.attachments, with_id.attachments);
+        assert_eq!(back.email_id, "E3");
+        assert!(Inbound::from_json("{\"not\": \"a mail\"}").is_err());
+    }
+
     #[test]
     fn cursors_read_old_and_new_files() {
         let dir = tempfile::tempdir().unwrap();
