@@ -215,6 +215,26 @@ fn generic_ndjson_and_sse() {
     );
 }
 
+#[test]
+fn the_answer_kept_from_a_stream_is_capped_while_it_grows() {
+    let mut parser = StreamParser::with_limit(StreamFormat::Ndjson, 100);
+    let mut deltas = 0;
+    for _ in 0..1000 {
+        let line = serde_json::json!({"type": "delta", "text": "é".repeat(30)}).to_string();
+        deltas += parser.line(&line).len();
+    }
+    parser.finish();
+    let text = parser.end.final_text.unwrap_or_default();
+    assert!(text.len() <= 100, "{} bytes kept", text.len());
+    assert!(parser.text_cut);
+    assert_eq!(deltas, 1000, "every delta still streams");
+    let mut sse = StreamParser::with_limit(StreamFormat::Sse, 100);
+    for _ in 0..1000 {
+        sse.line(&format!("data: {}", "x".repeat(50)));
+    }
+    assert!(sse.text_cut, "an event's data is capped too");
+}
+
 // --- through the runner, with the scripted CLI -------------------------------------------
 
 fn scripted(format: &str, script_args: &[&str], extra: &str) -> Profile {

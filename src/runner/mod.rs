@@ -257,7 +257,7 @@ pub async fn run_cli(
         } else {
             let parser = read_stream(
                 stdout,
-                StreamParser::new(profile.stream),
+                StreamParser::with_limit(profile.stream, profile.output.max_bytes),
                 events,
                 &finished,
                 &stop_reading,
@@ -355,7 +355,7 @@ pub async fn run_cli(
                 opts.trim,
             );
             let (text, truncated) = cap(text, opts.max_bytes);
-            (text, truncated, parser.session_id)
+            (text, truncated || parser.text_cut, parser.session_id)
         }
     };
     if opts.include_stderr && !stderr_text.is_empty() {

@@ -104,8 +104,11 @@ pub struct StreamEnd {
 #[derive(Debug)]
 pub struct StreamParser {
     format: StreamFormat,
-    /// Text of all deltas so far (the answer when the format has no final text).
+    /// Text of all deltas so far (the answer when the format has no final text), at most
+    /// `max_text` bytes; `text_cut` says more came.
     text: String,
+    max_text: usize,
+    pub text_cut: bool,
     /// Codex: the last `agent_message`.
     last_message: Option<String>,
     /// The CLI's own session/thread id.
@@ -116,8 +119,13 @@ pub struct StreamParser {
     /// SSE framing state.
     sse_event: Option<String>,
     sse_data: Vec<String>,
+    /// Bytes in `sse_data`.
+    sse_held: usize,
     tool_names: std::collections::HashMap<String, String>,
 }
+
+/// Answer text kept by a parser made with [`StreamParser::new`].
+const DEFAULT_MAX_TEXT: usize = 8 << 20;
 
 /// Longest text kept for a tool's input or output in an event.
 const TOOL_TEXT: usize = 4000;
@@ -147,15 +155,24 @@ fn str_of<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a str> {
 
 impl StreamParser {
     pub fn new(format: StreamFormat) -> StreamParser {
+        StreamParser::with_limit(format, DEFAULT_MAX_TEXT)
+    }
+
+    /// A parser that keeps at most `max_text` bytes of answer text (and of one SSE event's
+    /// data), however much the agent sends.
+    pub fn with_limit(format: StreamFormat, max_text: usize) -> StreamParser {
         StreamParser {
             format,
             text: String::new(),
+            max_text,
+            text_cut: false,
             last_message: None,
             session_id: None,
             end: StreamEnd::default(),
             saw_partial: false,
             sse_event: None,
             sse_data: Vec::new(),
+            sse_held: 0,
             tool_names: Default::default(),
         }
     }
@@ -234,7 +251,17 @@ impl StreamParser {
         if text.is_empty() {
             return Vec::new();
         }
-        self.text.push_str(text);
+        let room = self.max_text.saturating_sub(self.text.len());
+        if text.len() <= room {
+            self.text.push_str(text);
+        } else {
+            let mut end = room;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.text.push_str(&text[..end]);
+            self.text_cut = true;
+        }
         vec![StreamEvent::TextDelta(text.to_string())]
     }
 
@@ -251,7 +278,14 @@ impl StreamParser {
             .unwrap_or((line, ""));
         match field {
             "event" => self.sse_event = Some(value.to_string()),
-            "data" => self.sse_data.push(value.to_string()),
+            "data" => {
+                if self.sse_held + value.len() < self.max_text {
+                    self.sse_held += value.len() + 1;
+                    self.sse_data.push(value.to_string());
+                } else {
+                    self.text_cut = true;
+                }
+            }
             _ => {}
         }
         Vec::new()
@@ -262,6 +296,7 @@ impl StreamParser {
             self.sse_event = None;
             return Vec::new();
         }
+        self.sse_held = 0;
         let data = std::mem::take(&mut self.sse_data).join("\n");
         let event = self
             .sse_event
