@@ -187,6 +187,7 @@ CONF
 127.0.0.1:$SUBMIT_PORT inet n - n - - smtpd
   -o syslog_name=postfix/submission
   -o smtpd_sasl_auth_enable=yes
+  -o smtpd_sasl_authenticated_header=yes
   -o smtpd_client_restrictions=permit_sasl_authenticated,reject
   -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
 pickup    unix  n - n 60 1 pickup

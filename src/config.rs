@@ -64,6 +64,23 @@ pub enum PushTransport {
     Eventsource,
 }
 
+/// The evidence a mailbox needs before it believes a mail's `From:`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SenderAuth {
+    /// Authenticated submission on this server, or (with `authserv_id`) its
+    /// Authentication-Results.
+    #[default]
+    Auto,
+    /// Only: this server accepted the mail from an authenticated submission by that address.
+    Submission,
+    /// Only: this server's Authentication-Results (`authserv_id`) pass for the From domain.
+    AuthenticationResults,
+    /// Believe the From header as it is. Anyone who can put mail in the Inbox can then act
+    /// as any allowed sender.
+    None,
+}
+
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SmtpSecurity {
@@ -129,6 +146,14 @@ pub struct MailboxConfig {
     /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
     #[serde(default = "default_true")]
     pub save_sent: bool,
+    /// What makes a `From:` believable (see the README's security model): `auto` (the
+    /// default: this server's authenticated submission, or `Authentication-Results` from
+    /// `authserv_id` when set), `submission`, `authentication-results`, or `none`.
+    #[serde(default)]
+    pub sender_auth: SenderAuth,
+    /// The receiving server's RFC 8601 authserv-id, whose `Authentication-Results` are
+    /// believed (dmarc=pass, or dkim/spf pass aligned with the From domain).
+    pub authserv_id: Option<String>,
     /// While push is up, seconds between safety polls (a missed push costs at most this).
     #[serde(default = "default_reconcile_secs")]
     pub reconcile_interval_secs: u64,
@@ -224,6 +249,8 @@ pub struct Account {
     pub reconcile_interval: std::time::Duration,
     pub save_sent: bool,
     pub aamp_url: Option<url::Url>,
+    pub sender_auth: SenderAuth,
+    pub authserv_id: Option<String>,
 }
 
 impl fmt::Debug for Account {
@@ -483,7 +510,16 @@ impl LoadedConfig {
                 "set it to 1 or more seconds",
             ));
         }
+        if m.sender_auth == SenderAuth::AuthenticationResults && m.authserv_id.is_none() {
+            return Err(self.error(
+                format!("{key}.authserv_id"),
+                "sender_auth = \"authentication-results\" needs the server's authserv-id",
+                "set authserv_id to the name your mail server writes first in its Authentication-Results headers",
+            ));
+        }
         Ok(Account {
+            sender_auth: m.sender_auth,
+            authserv_id: m.authserv_id.clone(),
             name: name.to_string(),
             email: email.clone(),
             jmap_url,

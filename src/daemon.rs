@@ -161,6 +161,9 @@ pub async fn run(
             );
         }
         let account = config.account(&mailbox_name)?;
+        if account.sender_auth == crate::config::SenderAuth::None {
+            tracing::warn!(agent = %agent.name, mailbox = %mailbox_name, "sender_auth = \"none\": the From header is believed as it is, so anyone who can put mail in this Inbox can act as an allowed sender");
+        }
         let agent_dir = state_dir.join("agents").join(&agent.name);
         import_sessions(&journal, &agent.name, &agent_dir.join("sessions.json"));
         let spec = agent_spec(&config, &agent)?;

@@ -60,7 +60,11 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         .collect();
     let field = |i: usize| fields.get(i).cloned().unwrap_or_default();
     let task_id = field(0);
-    if task_id.trim().is_empty() || task_id.chars().any(char::is_control) {
+    // What the parser admits as a TaskId (longer ones are refused when a mail is read).
+    if task_id.trim().is_empty()
+        || task_id.chars().any(char::is_control)
+        || task_id.trim().len() > aamp_bridge::protocol::message::MAX_TASK_ID
+    {
         return;
     }
     let env = Envelope {

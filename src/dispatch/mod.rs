@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::events::Events;
+use crate::mailbox::auth::SenderCheck;
 use crate::mailbox::{Attachment, Inbound, MailboxError};
 use crate::protocol::{AampMessage, Body, Dispatch, Envelope, RenderedMail, Status, TaskResult};
 use crate::runner::Profile;
@@ -253,10 +254,21 @@ impl<O: Outbox> Dispatcher<O> {
     /// answered with) before returning, then starts its work on the tracker. An error means
     /// the message was not recorded; the caller must offer it again later.
     pub fn deliver(&self, inbound: Inbound) -> Result<(), JournalError> {
-        let key = inbound.message_key();
+        let env = &inbound.message.envelope;
         let span = tracing::info_span!("task", agent = %self.spec().name,
-            task_id = %inbound.message.envelope.task_id, message_id = %key, email_id = %inbound.email_id);
+            task_id = %env.task_id, message_id = %inbound.message_key(), email_id = %inbound.email_id);
         let _enter = span.enter();
+        if let SenderCheck::Unverified(why) = &inbound.sender_check {
+            tracing::warn!(from = %env.from, reason = %why, "ignored: nothing shows this mail comes from its From address");
+            self.ignored(&inbound, &format!("sender not authenticated: {why}"));
+            return Ok(());
+        }
+        // A Message-ID counts per sender, so nobody can use up another sender's ids.
+        let key = format!(
+            "{}|{}",
+            env.from.to_ascii_lowercase(),
+            inbound.message_key()
+        );
         if self.inner.journal.knows_message(&self.spec().name, &key)? {
             tracing::debug!("this mail is in the journal already; a second delivery is ignored");
             return Ok(());
@@ -272,6 +284,17 @@ impl<O: Outbox> Dispatcher<O> {
                 Ok(())
             }
         }
+    }
+
+    /// A message the bridge does not act on: one log line (by the caller) and one event.
+    fn ignored(&self, inbound: &Inbound, reason: &str) {
+        let env = &inbound.message.envelope;
+        self.inner.events.emit(
+            "message.ignored",
+            json!({"agent": self.spec().name, "from": env.from, "taskId": env.task_id,
+                   "intent": inbound.message.intent().as_str(), "messageId": env.message_id,
+                   "reason": reason}),
+        );
     }
 
     fn on_dispatch(

@@ -2,6 +2,7 @@
 //! Inbox mail addressed to an agent into parsed AAMP messages for `dispatch`, and sends the
 //! AAMP messages `dispatch` hands back.
 
+pub mod auth;
 mod error;
 pub mod helper;
 pub mod intake;
@@ -28,6 +29,8 @@ pub struct Inbound {
     pub message: AampMessage,
     /// The mail as read, from which `message` was parsed (kept to store it).
     pub view: protocol::MailView,
+    /// Whether the From address is believed, under the mailbox's `sender_auth`.
+    pub sender_check: auth::SenderCheck,
     /// The text body was longer than we fetch and was cut.
     pub truncated: bool,
     pub attachments: Vec<Attachment>,
@@ -73,6 +76,8 @@ impl Inbound {
             email_id: stored.email_id,
             message,
             view: stored.view,
+            // Only mail that passed the check was stored to be run.
+            sender_check: auth::SenderCheck::Verified("checked when it arrived".into()),
             truncated: stored.truncated,
             attachments: stored.attachments,
         })
@@ -279,10 +284,17 @@ impl Mailbox {
                         url: jmap::download_url(&session.download_url, &session.account_id, blob),
                     })
                     .collect();
+                let sender_check = auth::check_sender(
+                    &email.view.headers,
+                    &message.envelope.from,
+                    self.account.sender_auth,
+                    self.account.authserv_id.as_deref(),
+                );
                 Some(Inbound {
                     email_id: email.id,
                     message,
                     view: email.view,
+                    sender_check,
                     truncated: email.truncated,
                     attachments,
                 })
@@ -613,6 +625,7 @@ mod tests {
             email_id: email_id.into(),
             message: AampMessage::parse(&view).unwrap(),
             view,
+            sender_check: auth::SenderCheck::Trusted,
             truncated: false,
             attachments: vec![Attachment {
                 name: "a.txt".into(),

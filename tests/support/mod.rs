@@ -22,6 +22,8 @@ pub struct MailHost {
     pub password: String,
     pub jmap_url: String,
     pub smtp_port: u16,
+    /// The inbound (MX) port: plain SMTP from other servers, no authentication.
+    pub mx_port: u16,
     /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
     env: Vec<(String, String)>,
 }
@@ -61,6 +63,7 @@ pub fn mailhost() -> &'static MailHost {
             password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
             jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
             smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
+            mx_port: port("MAILHOST_MX_PORT", 12525),
             env: Vec::new(),
         }
     })
@@ -92,6 +95,7 @@ impl PrivateHost {
             password: "secret".into(),
             jmap_url: format!("http://127.0.0.1:{port_base}/.well-known/jmap"),
             smtp_port: port_base + 2,
+            mx_port: port_base + 3,
             env,
         })
     }
@@ -157,6 +161,8 @@ impl MailHost {
             reconcile_interval: Duration::from_secs(60),
             save_sent: false,
             aamp_url: None,
+            sender_auth: aamp_bridge::config::SenderAuth::Auto,
+            authserv_id: None,
         }
     }
 
@@ -775,4 +781,36 @@ pub fn lines(path: &Path) -> Vec<String> {
         .lines()
         .map(str::to_string)
         .collect()
+}
+
+/// Hands `data` to the mail host's inbound (MX) port as another server would: plain SMTP, no
+/// login, any envelope and headers. What a forger can do.
+pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
+    use std::io::{BufRead, Write};
+    let stream = std::net::TcpStream::connect(("127.0.0.1", host.mx_port)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let expect = |code: &str, reader: &mut BufReader<std::net::TcpStream>| loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with(code), "expected {code}, got {line:?}");
+        if line.as_bytes().get(3) != Some(&b'-') {
+            break;
+        }
+    };
+    expect("220", &mut reader);
+    for (command, code) in [
+        ("EHLO forger.test".to_string(), "250"),
+        (format!("MAIL FROM:<{from}>"), "250"),
+        (format!("RCPT TO:<{to}>"), "250"),
+        ("DATA".to_string(), "354"),
+    ] {
+        write!(writer, "{command}\r\n").unwrap();
+        expect(code, &mut reader);
+    }
+    let body = data.replace("\r\n", "\n").replace('\n', "\r\n");
+    write!(writer, "{body}\r\n.\r\n").unwrap();
+    expect("250", &mut reader);
+    write!(writer, "QUIT\r\n").unwrap();
 }
