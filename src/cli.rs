@@ -49,11 +49,50 @@ pub enum Command {
         #[arg(long)]
         probe: bool,
     },
+    /// Who may send an agent tasks: list the policy, or allow, deny or forget a sender. The
+    /// rules are kept in the state directory and apply at once, also to a running bridge.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Show the agent's rules: from the config, and those added here or by pairing.
+    List {
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allow a sender: an address, a glob (`disp-*@example.com`) or `@domain`.
+    Allow {
+        #[arg(long)]
+        agent: String,
+        sender: String,
+        /// Only dispatches whose X-AAMP-Dispatch-Context has KEY=VALUE (repeatable; several
+        /// values of one key are alternatives).
+        #[arg(long = "context", value_name = "KEY=VALUE")]
+        context: Vec<String>,
+    },
+    /// Refuse a sender, whatever else allows it.
+    Deny {
+        #[arg(long)]
+        agent: String,
+        sender: String,
+    },
+    /// Forget the rules added here (or by pairing) for a sender.
+    Remove {
+        #[arg(long)]
+        agent: String,
+        sender: String,
     },
 }
 
@@ -98,6 +137,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
         Command::Inspect { file, json } => inspect(&file, json),
+        Command::Policy { action } => policy(&LoadedConfig::load(&config_path)?, action),
         Command::Agents { json, probe } => agents(&config_path, json, probe).await,
     }
 }
@@ -307,6 +347,123 @@ async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyho
             status,
             details.join("; ")
         );
+    }
+    Ok(0)
+}
+
+fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Result<i32> {
+    use crate::dispatch::policy::{normalize, Rule};
+    let agent_name = match &action {
+        PolicyAction::List { agent, .. }
+        | PolicyAction::Allow { agent, .. }
+        | PolicyAction::Deny { agent, .. }
+        | PolicyAction::Remove { agent, .. } => agent.clone(),
+    };
+    let Some(agent) = config.config.agents.iter().find(|a| a.name == agent_name) else {
+        bail!(
+            "no agent {agent_name:?} in {}; the agents are: {}",
+            config.path.display(),
+            config
+                .config
+                .agents
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let check_sender = |sender: &str| {
+        if sender.contains('@') {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "{sender:?} is not an address or a pattern: write a@b.com, disp-*@b.com or @b.com"
+            ))
+        }
+    };
+    match action {
+        PolicyAction::List { json, .. } => {
+            let from_config = agent.sender_policy();
+            let (allow, deny) = journal.policy(&agent.name)?;
+            let mut rows = Vec::new();
+            for rule in from_config.rules() {
+                rows.push(serde_json::json!({"kind": "allow", "sender": rule.sender, "context": rule.context, "source": "config"}));
+            }
+            for pattern in from_config.denied() {
+                rows.push(
+                    serde_json::json!({"kind": "deny", "sender": pattern, "source": "config"}),
+                );
+            }
+            for (rule, source) in allow {
+                rows.push(serde_json::json!({"kind": "allow", "sender": rule.sender, "context": rule.context, "source": source}));
+            }
+            for (pattern, source) in deny {
+                rows.push(serde_json::json!({"kind": "deny", "sender": pattern, "source": source}));
+            }
+            if json {
+                println!("{}", serde_json::Value::Array(rows));
+            } else if rows.is_empty() {
+                println!("agent {}: nobody may send tasks yet (aamp-bridge policy allow --agent {} ADDRESS)", agent.name, agent.name);
+            } else {
+                for row in rows {
+                    let context = match row["context"].as_object() {
+                        Some(c) if !c.is_empty() => {
+                            format!(" when {}", serde_json::Value::Object(c.clone()))
+                        }
+                        _ => String::new(),
+                    };
+                    println!(
+                        "{:<5} {}{context}  ({})",
+                        row["kind"].as_str().unwrap_or_default(),
+                        row["sender"].as_str().unwrap_or_default(),
+                        row["source"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+        }
+        PolicyAction::Allow {
+            sender, context, ..
+        } => {
+            check_sender(&sender)?;
+            let mut rule = Rule::sender(&sender);
+            for pair in context {
+                let (k, v) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--context {pair:?}: write KEY=VALUE"))?;
+                rule.context
+                    .entry(k.trim().to_string())
+                    .or_default()
+                    .push(v.trim().to_string());
+            }
+            journal.add_policy(&agent.name, false, &rule, "cli")?;
+            println!(
+                "agent {}: {} may send tasks",
+                agent.name,
+                normalize(&sender)
+            );
+        }
+        PolicyAction::Deny { sender, .. } => {
+            check_sender(&sender)?;
+            journal.add_policy(&agent.name, true, &Rule::sender(&sender), "cli")?;
+            println!("agent {}: {} is refused", agent.name, normalize(&sender));
+        }
+        PolicyAction::Remove { sender, .. } => {
+            let n = journal.remove_policy(&agent.name, &sender)?;
+            if n == 0 {
+                println!(
+                    "agent {}: no rule for {} was added here (rules in the config are changed there)",
+                    agent.name,
+                    normalize(&sender)
+                );
+                return Ok(1);
+            }
+            println!(
+                "agent {}: forgot {n} rule(s) for {}",
+                agent.name,
+                normalize(&sender)
+            );
+        }
     }
     Ok(0)
 }

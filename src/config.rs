@@ -181,6 +181,18 @@ impl fmt::Debug for MailboxConfig {
     }
 }
 
+fn default_refusals() -> u32 {
+    20
+}
+
+fn default_per_sender() -> u32 {
+    120
+}
+
+fn default_turns() -> u32 {
+    100
+}
+
 fn default_grace_secs() -> u64 {
     30
 }
@@ -229,6 +241,33 @@ pub struct AgentConfig {
     /// Tasks running or waiting at most; further dispatches are answered "busy".
     #[serde(default = "default_queue")]
     pub max_queued_tasks: usize,
+    /// Allow rules with dispatch-context conditions (`[[agents.senders]]`).
+    #[serde(default)]
+    pub senders: Vec<crate::dispatch::policy::Rule>,
+    /// Allow rules in the reference bridges' text form (`allow_from: ...` and
+    /// `context_equals: key=value` lines).
+    pub sender_policy: Option<String>,
+    /// Senders refused whatever else allows them.
+    #[serde(default)]
+    pub deny_from: Vec<String>,
+    /// What a sender the policy refuses hears: `reject` (a rejected result) or `ignore`.
+    #[serde(default)]
+    pub unknown_senders: crate::dispatch::UnknownSenders,
+    /// Rejections sent to refused senders per hour at most (the rest get nothing), so the
+    /// bridge cannot be used to send mail to addresses of someone else's choosing.
+    #[serde(default = "default_refusals")]
+    pub max_refusals_per_hour: u32,
+    /// Tasks one sender may dispatch to this agent per hour.
+    #[serde(default = "default_per_sender")]
+    pub max_tasks_per_sender_per_hour: u32,
+    /// Tasks this agent takes per 24 hours at most (no limit when unset).
+    pub daily_task_budget: Option<u32>,
+    /// Turns one conversation (Session-Key) may take.
+    #[serde(default = "default_turns")]
+    pub max_turns_per_session: u32,
+    /// How a cancelled task is answered: `result` (rejected, "cancelled") or `silent`.
+    #[serde(default)]
+    pub cancel_reply: crate::dispatch::CancelReply,
 }
 
 /// A mailbox with its password resolved.
@@ -270,6 +309,21 @@ pub struct LoadedConfig {
     pub path: PathBuf,
     pub config: Config,
     pub state_dir: PathBuf,
+}
+
+impl AgentConfig {
+    /// The agent's sender policy from the config (rules added with `aamp-bridge policy` or by
+    /// pairing live in the journal and are added by the dispatcher).
+    pub fn sender_policy(&self) -> crate::dispatch::SenderPolicy {
+        let text_rules = self
+            .sender_policy
+            .as_deref()
+            .and_then(|t| crate::dispatch::policy::parse_text(t).ok())
+            .unwrap_or_default();
+        crate::dispatch::SenderPolicy::new(&self.allow_from)
+            .with_rules(self.senders.iter().cloned().chain(text_rules))
+            .with_denied(self.deny_from.iter().cloned())
+    }
 }
 
 impl LoadedConfig {
@@ -367,12 +421,40 @@ impl LoadedConfig {
                     "set it to 1 or more",
                 ));
             }
-            for (j, pattern) in agent.allow_from.iter().enumerate() {
+            let patterns = agent
+                .allow_from
+                .iter()
+                .enumerate()
+                .map(|(j, p)| (format!("{key}.allow_from[{j}]"), p))
+                .chain(
+                    agent
+                        .deny_from
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| (format!("{key}.deny_from[{j}]"), p)),
+                )
+                .chain(
+                    agent
+                        .senders
+                        .iter()
+                        .enumerate()
+                        .map(|(j, r)| (format!("{key}.senders[{j}].sender"), &r.sender)),
+                );
+            for (k, pattern) in patterns {
                 if !pattern.contains('@') {
                     return Err(self.error(
-                        format!("{key}.allow_from[{j}]"),
-                        format!("{pattern:?} is not an address or a domain pattern"),
-                        "write an address (a@b.com), '*@b.com' or '@b.com'",
+                        k,
+                        format!("{pattern:?} is not an address or a pattern"),
+                        "write an address (a@b.com), a glob ('disp-*@b.com', '*@b.com') or '@b.com'",
+                    ));
+                }
+            }
+            if let Some(text) = &agent.sender_policy {
+                if let Err(e) = crate::dispatch::policy::parse_text(text) {
+                    return Err(self.error(
+                        format!("{key}.sender_policy"),
+                        e,
+                        "write `allow_from: a@x, *@y` lines, each optionally followed by `context_equals: key=value, ...` lines",
                     ));
                 }
             }

@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, SenderPolicy, Settings, OWNER_VAR};
+use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, Settings, OWNER_VAR};
 use crate::events::Events;
 use crate::fsio::StateLock;
 use crate::mailbox::{intake, Attachment, Cursor, Mailbox, MailboxError, Sender};
@@ -314,10 +314,36 @@ fn agent_spec(
                 agent.profile
             )
         })?;
+    let card = match (&agent.card, &agent.card_file) {
+        (Some(card), _) => Some(card.clone()),
+        (None, Some(file)) => std::fs::read_to_string(
+            config
+                .path
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join(file),
+        )
+        .ok(),
+        (None, None) => None,
+    };
     let spec = AgentSpec {
         name: agent.name.clone(),
         email: account.email.clone(),
-        policy: SenderPolicy::new(&agent.allow_from),
+        policy: agent.sender_policy(),
+        limits: crate::dispatch::admission::Limits {
+            per_sender_per_hour: Some(agent.max_tasks_per_sender_per_hour),
+            daily_budget: agent.daily_task_budget,
+            turns_per_session: Some(agent.max_turns_per_session),
+        },
+        unknown_senders: agent.unknown_senders,
+        refusals_per_hour: agent.max_refusals_per_hour,
+        cancel_reply: agent.cancel_reply,
+        card: (agent.summary.is_some() || card.is_some()).then(|| {
+            (
+                agent.summary.clone().unwrap_or_else(|| agent.name.clone()),
+                card.unwrap_or_default(),
+            )
+        }),
         max_concurrent: agent.max_concurrent_tasks,
         max_queued: agent.max_queued_tasks,
         profile,

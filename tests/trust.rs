@@ -106,3 +106,276 @@ async fn with_sender_auth_none_the_from_header_is_believed() {
     assert!(matches!(&result.message.body, Body::Result(r) if r.status == Status::Completed));
     assert!(bridge.stop().success());
 }
+
+fn result_of(msg: &aamp_bridge::mailbox::Inbound) -> (Status, String) {
+    match &msg.message.body {
+        Body::Result(r) => (r.status, r.error.clone().unwrap_or_default()),
+        other => panic!("not a result: {other:?}"),
+    }
+}
+
+fn policy_cmd(dir: &ConfigDir, args: &[&str]) -> String {
+    let out = std::process::Command::new(support::bin())
+        .args(["--config", dir.config().to_str().unwrap(), "policy"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn globs_context_rules_and_the_policy_command_decide_who_runs_tasks() {
+    let host = mailhost();
+    let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
+    // Nobody in allow_from; a glob with a context rule in the config; the rest by command.
+    let extra = "";
+    let text = format!(
+        "{}{extra}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\n\n[[agents.senders]]\nsender = \"boss-*@{}\"\ncontext = {{ project = [\"alpha\", \"beta\"] }}\n",
+        host.mailbox_toml("agent", &agent),
+        host.domain
+    );
+    let dir = ConfigDir::new(host, &text);
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut outsider = Peer::new(other.clone()).await;
+    let bridge = Bridge::start(&dir, 1);
+
+    let with_context = |peer: &Peer, project: &str| {
+        let mut msg = peer.dispatch_to(&agent.email, "Ctx", "hello");
+        if let Body::Dispatch(d) = &mut msg.body {
+            d.dispatch_context.insert("project".into(), project.into());
+        }
+        msg
+    };
+    let yes = peer.send(with_context(&peer, "beta")).await;
+    let no = peer.send(with_context(&peer, "gamma")).await;
+    assert_eq!(
+        result_of(&peer.wait_for(yes.task_id(), Intent::TaskResult).await).0,
+        Status::Completed
+    );
+    let (status, why) = result_of(&peer.wait_for(no.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("Dispatch-Context"), "{why}");
+
+    // `other` is refused, then allowed by the command, then denied.
+    let first = outsider
+        .send(outsider.dispatch_to(&agent.email, "1", "x"))
+        .await;
+    let (status, why) = result_of(&outsider.wait_for(first.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.starts_with("Unauthorized sender policy"), "{why}");
+    policy_cmd(&dir, &["allow", "--agent", "agent", &other.email]);
+    let second = outsider
+        .send(outsider.dispatch_to(&agent.email, "2", "x"))
+        .await;
+    assert_eq!(
+        result_of(
+            &outsider
+                .wait_for(second.task_id(), Intent::TaskResult)
+                .await
+        )
+        .0,
+        Status::Completed
+    );
+    policy_cmd(
+        &dir,
+        &["deny", "--agent", "agent", &format!("@{}", host.domain)],
+    );
+    let third = outsider
+        .send(outsider.dispatch_to(&agent.email, "3", "x"))
+        .await;
+    let (status, why) = result_of(&outsider.wait_for(third.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("denied"), "{why}");
+    let list: serde_json::Value =
+        serde_json::from_str(&policy_cmd(&dir, &["list", "--agent", "agent", "--json"])).unwrap();
+    let kinds: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["kind"].as_str().unwrap(), r["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![("allow", "config"), ("allow", "cli"), ("deny", "cli")]
+    );
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_are_rate_limited_or_silent_and_sessions_belong_to_their_sender() {
+    let host = mailhost();
+    let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
+    let (quiet, stranger) = (host.user("quiet"), host.user("stranger"));
+    let text = format!(
+        "{}{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\", \"{}\"]\nmax_refusals_per_hour = 1\n\n[[agents]]\nname = \"quiet\"\nmailbox = \"quiet\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\nunknown_senders = \"ignore\"\n",
+        host.mailbox_toml("agent", &agent),
+        host.mailbox_toml("quiet", &quiet),
+        boss.email,
+        other.email,
+        boss.email
+    );
+    let dir = ConfigDir::new(host, &text);
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut second = Peer::new(other.clone()).await;
+    let mut outsider = Peer::new(stranger.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+
+    // Two refusals, one answer: the bridge is no relay for someone else's mail.
+    let a = outsider
+        .send(outsider.dispatch_to(&agent.email, "a", "x"))
+        .await;
+    let b = outsider
+        .send(outsider.dispatch_to(&agent.email, "b", "x"))
+        .await;
+    for t in [&a, &b] {
+        bridge.wait_event("task.rejected", |e| e["taskId"] == t.task_id());
+    }
+    // The quiet agent answers refused senders nothing at all.
+    let c = outsider
+        .send(outsider.dispatch_to(&quiet.email, "c", "x"))
+        .await;
+    bridge.wait_event("task.rejected", |e| {
+        e["taskId"] == c.task_id() && e["answered"] == false
+    });
+
+    // A Session-Key is its first sender's.
+    let mut mine = peer.dispatch_to(&agent.email, "Mine", "first turn");
+    if let Body::Dispatch(d) = &mut mine.body {
+        d.session_key = Some("shared-key".into());
+    }
+    let mine = peer.send(mine).await;
+    peer.wait_for(mine.task_id(), Intent::TaskResult).await;
+    let mut theirs = second.dispatch_to(&agent.email, "Theirs", "same key");
+    if let Body::Dispatch(d) = &mut theirs.body {
+        d.session_key = Some("shared-key".into());
+    }
+    let theirs = second.send(theirs).await;
+    let (status, why) = result_of(&second.wait_for(theirs.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("another sender"), "{why}");
+
+    assert!(bridge.stop().success());
+    outsider.settle(&agent).await;
+    let answered = [&a, &b]
+        .iter()
+        .filter(|t| !outsider.intents_for(t.task_id()).is_empty())
+        .count();
+    assert_eq!(
+        answered, 1,
+        "one refusal answered within the hour's allowance"
+    );
+    assert!(outsider.intents_for(c.task_id()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
+    let host = mailhost();
+    let (agent, boss, slow) = (host.user("agent"), host.user("boss"), host.user("slow"));
+    let dir = ConfigDir::new(host, "");
+    dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");
+    let text = format!(
+        "state_dir = \"state\"\n{}{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\nsummary = \"Echoes tasks\"\ncard = \"# Echo\\nSays back what it is told.\"\n\n[[agents]]\nname = \"slow\"\nmailbox = \"slow\"\nprofile = \"slow.toml\"\nallow_from = [\"{}\"]\ncancel_reply = \"silent\"\n",
+        host.mailbox_toml("agent", &agent),
+        host.mailbox_toml("slow", &slow),
+        boss.email,
+        boss.email
+    );
+    dir.write("config.toml", &text);
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+
+    // card.query → card.response.
+    let mut query = peer.dispatch_to(&agent.email, "card", "");
+    query.body = Body::CardQuery {
+        text: "what can you do?".into(),
+    };
+    query.envelope.subject = query.subject();
+    let query = peer.send(query).await;
+    let card = peer.wait_for(query.task_id(), Intent::CardResponse).await;
+    match &card.message.body {
+        Body::CardResponse { summary, text } => {
+            assert_eq!(summary, "Echoes tasks");
+            assert!(text.contains("Says back"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A cancel that comes before its dispatch: the dispatch is answered, not run.
+    let early = peer.dispatch_to(&agent.email, "Early", "never runs");
+    let mut cancel = aamp_bridge::protocol::AampMessage::reply(
+        &early.envelope,
+        &peer.account.email,
+        Body::Cancel {
+            reason: "changed my mind".into(),
+        },
+    );
+    cancel.envelope.to = vec![agent.email.clone()];
+    cancel.envelope.in_reply_to = None;
+    cancel.envelope.references.clear();
+    peer.send(cancel).await;
+    // The cancel is read before the dispatch is sent.
+    support::wait_until("the bridge reads the cancel", || {
+        bridge.log().contains("cancel before its dispatch")
+    });
+    let early = peer.send(early).await;
+    let (status, why) = result_of(&peer.wait_for(early.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("before it started"), "{why}");
+    assert!(!bridge
+        .seen
+        .iter()
+        .any(|e| e["event"] == "task.started" && e["taskId"] == early.task_id()));
+
+    // cancel_reply = "silent": the agent stops, and nothing is answered.
+    let long = peer
+        .send(peer.dispatch_to(&slow.email, "Long", "takes forever"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == long.task_id());
+    let mut stop = aamp_bridge::protocol::AampMessage::reply(
+        &long.envelope,
+        &peer.account.email,
+        Body::Cancel {
+            reason: "stop".into(),
+        },
+    );
+    stop.envelope.to = vec![slow.email.clone()];
+    peer.send(stop).await;
+    bridge.wait_event("task.completed", |e| e["taskId"] == long.task_id());
+
+    // Mail marked Auto-Submitted never starts a task.
+    let auto = format!("auto-{}", uuid::Uuid::new_v4());
+    let id = format!("<{auto}@example.test>");
+    let raw = format!(
+        "From: {}\r\nTo: {}\r\nMessage-ID: {id}\r\nAuto-Submitted: auto-generated\r\nSubject: [AAMP Task] auto\r\nX-AAMP-Version: 1.1\r\nX-AAMP-Intent: task.dispatch\r\nX-AAMP-TaskId: {auto}\r\n\r\nTask: loop\r\n",
+        peer.account.email, agent.email
+    );
+    peer.send_raw(&agent.email, &id, raw.into_bytes()).await;
+    let ignored = bridge.wait_event("message.ignored", |e| e["taskId"] == auto.as_str());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap()
+            .contains("Auto-Submitted"),
+        "{ignored}"
+    );
+
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert_eq!(
+        peer.intents_for(long.task_id()),
+        vec![Intent::TaskAck],
+        "no result after a silent cancel"
+    );
+    assert!(peer.intents_for(&auto).is_empty());
+    let raw_ack = peer.wait_for(early.task_id(), Intent::TaskResult).await;
+    let headers = peer.raw_headers(&raw_ack.email_id).await;
+    assert_eq!(
+        support::header(&headers, "Auto-Submitted").map(str::trim),
+        Some("auto-replied")
+    );
+}

@@ -4,6 +4,7 @@
 use std::time::SystemTime;
 
 use super::journal::TaskState;
+use super::policy::{SenderPolicy, Verdict};
 use super::AgentSpec;
 use crate::protocol::{Dispatch, Envelope};
 
@@ -13,6 +14,11 @@ pub enum Admission {
     Run,
     /// A task with this sender and TaskId was let in before: do nothing.
     Duplicate,
+    /// The sender policy refuses the sender: answered `rejected`, or not at all, by the agent's
+    /// `unknown_senders` (and never more often than the refusal rate allows).
+    Refuse {
+        reason: String,
+    },
     /// Answer with a rejected result saying `reason`, record the message in `state`, and do
     /// not run. The sender may dispatch again (after fixing what the reason says).
     Reject {
@@ -21,35 +27,98 @@ pub enum Admission {
     },
 }
 
-/// The admission decision. `active` is the number of tasks running or waiting for a slot.
+/// What the journal and the queue say about this dispatch's sender and session.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Tasks running or waiting for a slot.
+    pub active: usize,
+    /// Tasks admitted from this sender in the last hour.
+    pub sender_last_hour: u32,
+    /// Tasks admitted for this agent in the last 24 hours.
+    pub agent_last_day: u32,
+    /// Tasks admitted with this dispatch's Session-Key so far.
+    pub session_turns: u32,
+    /// The sender whose task first used this Session-Key.
+    pub session_owner: Option<String>,
+    /// A cancel for this (sender, TaskId) came before the dispatch.
+    pub cancelled_before: bool,
+}
+
+/// Limits on how much one sender, one session or the whole agent may ask.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub per_sender_per_hour: Option<u32>,
+    pub daily_budget: Option<u32>,
+    pub turns_per_session: Option<u32>,
+}
+
+/// The admission decision, made before anything is acknowledged.
 pub fn admit(
     spec: &AgentSpec,
+    policy: &SenderPolicy,
     env: &Envelope,
     dispatch: &Dispatch,
     duplicate: bool,
-    active: usize,
+    load: &Load,
     now: SystemTime,
 ) -> Admission {
     if duplicate {
         return Admission::Duplicate;
     }
-    if !spec.policy.allows(&env.from) {
-        return Admission::Reject {
+    if let Verdict::Refused(why) = policy.check(&env.from, &dispatch.dispatch_context) {
+        return Admission::Refuse {
             reason: format!(
-                "sender {} is not allowed to dispatch tasks to agent {}; the agent's owner can add it to allow_from",
-                env.from, spec.name
-            ),
-            state: TaskState::Rejected,
-        };
-    }
-    if active >= spec.max_queued {
-        return Admission::Reject {
-            reason: format!(
-                "agent {} is busy with {active} tasks; dispatch again later",
+                "Unauthorized sender policy: {why} to dispatch tasks to agent {}; the agent's owner can allow it (aamp-bridge policy allow, or pairing)",
                 spec.name
             ),
-            state: TaskState::Rejected,
         };
+    }
+    let reject = |reason: String| Admission::Reject {
+        reason,
+        state: TaskState::Rejected,
+    };
+    if load.cancelled_before {
+        return Admission::Reject {
+            reason: "cancelled by the dispatcher before it started".into(),
+            state: TaskState::Cancelled,
+        };
+    }
+    if let (Some(key), Some(owner)) = (&dispatch.session_key, &load.session_owner) {
+        if !owner.eq_ignore_ascii_case(&env.from) {
+            return reject(format!(
+                "the Session-Key {key:?} belongs to another sender's conversation; choose another key"
+            ));
+        }
+    }
+    if load.active >= spec.max_queued {
+        return reject(format!(
+            "agent {} is busy with {} tasks; dispatch again later",
+            spec.name, load.active
+        ));
+    }
+    let limits = &spec.limits;
+    if let Some(max) = limits.per_sender_per_hour {
+        if load.sender_last_hour >= max {
+            return reject(format!(
+                "sender {} has dispatched {} tasks to agent {} in the last hour (at most {max}); dispatch again later",
+                env.from, load.sender_last_hour, spec.name
+            ));
+        }
+    }
+    if let Some(max) = limits.daily_budget {
+        if load.agent_last_day >= max {
+            return reject(format!(
+                "agent {} has used its budget of {max} tasks for the last 24 hours; dispatch again later",
+                spec.name
+            ));
+        }
+    }
+    if let (Some(max), Some(_)) = (limits.turns_per_session, &dispatch.session_key) {
+        if load.session_turns >= max {
+            return reject(format!(
+                "this conversation has reached its limit of {max} turns; start a new Session-Key"
+            ));
+        }
     }
     if let Some(expires) = &dispatch.expires_at {
         match crate::protocol::time::parse(expires) {
@@ -83,6 +152,15 @@ mod tests {
             max_queued: 2,
             profile: Profile::find("echo", &[]).unwrap(),
             workspace_root: PathBuf::from("/nonexistent"),
+            limits: Limits {
+                per_sender_per_hour: Some(5),
+                daily_budget: Some(10),
+                turns_per_session: Some(3),
+            },
+            unknown_senders: crate::dispatch::UnknownSenders::Reject,
+            cancel_reply: crate::dispatch::CancelReply::Result,
+            card: None,
+            refusals_per_hour: 20,
         }
     }
 
@@ -112,31 +190,34 @@ mod tests {
     #[test]
     fn admission_checks_duplicates_policy_the_queue_and_expiry() {
         let spec = spec();
+        let policy = spec.policy.clone();
         let now = SystemTime::now();
         let ok = env("a@x.test");
+        let idle = Load::default();
+        let admit = |env: &Envelope, d: &Dispatch, dup: bool, load: &Load| {
+            admit(&spec, &policy, env, d, dup, load, now)
+        };
+        assert_eq!(admit(&ok, &dispatch(None), false, &idle), Admission::Run);
         assert_eq!(
-            admit(&spec, &ok, &dispatch(None), false, 0, now),
-            Admission::Run
-        );
-        assert_eq!(
-            admit(&spec, &ok, &dispatch(None), true, 0, now),
+            admit(&ok, &dispatch(None), true, &idle),
             Admission::Duplicate
         );
-        let refused = admit(&spec, &env("a@evil.test"), &dispatch(None), false, 0, now);
+        let refused = admit(&env("a@evil.test"), &dispatch(None), false, &idle);
         assert!(
-            matches!(&refused, Admission::Reject { reason, state: TaskState::Rejected } if reason.contains("a@evil.test") && reason.contains("allow_from")),
+            matches!(&refused, Admission::Refuse { reason } if reason.contains("a@evil.test") && reason.starts_with("Unauthorized sender policy")),
             "{refused:?}"
         );
-        let busy = admit(&spec, &ok, &dispatch(None), false, 2, now);
-        assert!(matches!(&busy, Admission::Reject { reason, .. } if reason.contains("busy")));
-        let expired = admit(
-            &spec,
+        let busy = admit(
             &ok,
-            &dispatch(Some("2020-01-01T00:00:00Z")),
+            &dispatch(None),
             false,
-            0,
-            now,
+            &Load {
+                active: 2,
+                ..Load::default()
+            },
         );
+        assert!(matches!(&busy, Admission::Reject { reason, .. } if reason.contains("busy")));
+        let expired = admit(&ok, &dispatch(Some("2020-01-01T00:00:00Z")), false, &idle);
         assert!(matches!(
             &expired,
             Admission::Reject {
@@ -145,12 +226,89 @@ mod tests {
             }
         ));
         assert_eq!(
+            admit(&ok, &dispatch(Some("2999-01-01T00:00:00Z")), false, &idle),
+            Admission::Run
+        );
+    }
+
+    #[test]
+    fn limits_sessions_and_early_cancels() {
+        let spec = spec();
+        let policy = spec.policy.clone();
+        let now = SystemTime::now();
+        let ok = env("a@x.test");
+        let mut keyed = dispatch(None);
+        keyed.session_key = Some("k".into());
+        let check = |d: &Dispatch, load: Load, needle: &str| {
+            let got = admit(&spec, &policy, &ok, d, false, &load, now);
+            assert!(
+                matches!(&got, Admission::Reject { reason, .. } if reason.contains(needle)),
+                "{needle}: {got:?}"
+            );
+        };
+        check(
+            &dispatch(None),
+            Load {
+                sender_last_hour: 5,
+                ..Load::default()
+            },
+            "last hour",
+        );
+        check(
+            &dispatch(None),
+            Load {
+                agent_last_day: 10,
+                ..Load::default()
+            },
+            "budget",
+        );
+        check(
+            &keyed,
+            Load {
+                session_turns: 3,
+                ..Load::default()
+            },
+            "turns",
+        );
+        check(
+            &keyed,
+            Load {
+                session_owner: Some("b@x.test".into()),
+                ..Load::default()
+            },
+            "another sender",
+        );
+        let early = admit(
+            &spec,
+            &policy,
+            &ok,
+            &dispatch(None),
+            false,
+            &Load {
+                cancelled_before: true,
+                ..Load::default()
+            },
+            now,
+        );
+        assert!(matches!(
+            early,
+            Admission::Reject {
+                state: TaskState::Cancelled,
+                ..
+            }
+        ));
+        assert_eq!(
             admit(
                 &spec,
+                &policy,
                 &ok,
-                &dispatch(Some("2999-01-01T00:00:00Z")),
+                &keyed,
                 false,
-                0,
+                &Load {
+                    session_owner: Some("A@x.test".into()),
+                    session_turns: 2,
+                    ..Load::default()
+                },
                 now
             ),
             Admission::Run

@@ -108,6 +108,7 @@ pub struct NewTask<'a> {
     pub message_key: &'a str,
     pub sender: &'a str,
     pub task_id: &'a str,
+    pub session_key: Option<&'a str>,
     pub state: TaskState,
     /// True when the task was let in to run: it then holds its (sender, TaskId), and a later
     /// dispatch with the same pair is a duplicate. Refusals (busy, expired, unknown sender)
@@ -182,6 +183,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     message_key TEXT NOT NULL,
     sender      TEXT NOT NULL,
     task_id     TEXT NOT NULL,
+    session_key TEXT,
     state       TEXT NOT NULL,
     admitted    INTEGER NOT NULL,
     mail        TEXT NOT NULL,
@@ -194,6 +196,24 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_by_task ON tasks (agent, sender, task_id);
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (agent, state);
+CREATE INDEX IF NOT EXISTS tasks_by_session ON tasks (agent, session_key);
+CREATE TABLE IF NOT EXISTS policy (
+    id         INTEGER PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    kind       TEXT NOT NULL CHECK (kind IN ('allow', 'deny')),
+    sender     TEXT NOT NULL,
+    context    TEXT NOT NULL DEFAULT '{}',
+    source     TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    UNIQUE (agent, kind, sender)
+);
+CREATE TABLE IF NOT EXISTS cancels (
+    agent      TEXT NOT NULL,
+    sender     TEXT NOT NULL,
+    task_id    TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (agent, sender, task_id)
+);
 CREATE TABLE IF NOT EXISTS outbox (
     id         INTEGER PRIMARY KEY,
     agent      TEXT NOT NULL,
@@ -325,8 +345,8 @@ impl Journal {
         self.with(|c| {
             let tx = c.transaction()?;
             let inserted = tx.execute(
-                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)
+                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at, session_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
                  ON CONFLICT (agent, message_key) DO NOTHING",
                 params![
                     task.agent,
@@ -337,7 +357,8 @@ impl Journal {
                     task.admitted,
                     task.mail,
                     task.reason,
-                    now
+                    now,
+                    task.session_key
                 ],
             )?;
             if inserted == 0 {
@@ -627,6 +648,137 @@ impl Journal {
         })
     }
 
+    /// Admitted tasks of `agent` received since `since`, of one sender and/or one Session-Key
+    /// when given.
+    pub fn count_admitted(
+        &self,
+        agent: &str,
+        sender: Option<&str>,
+        session_key: Option<&str>,
+        since: SystemTime,
+    ) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
+                 AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)",
+                params![
+                    agent,
+                    millis(since),
+                    sender.map(str::to_ascii_lowercase),
+                    session_key
+                ],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// The sender whose task first used `session_key` with `agent`: the session is theirs.
+    pub fn session_owner(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<Option<String>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT sender FROM tasks WHERE agent = ?1 AND session_key = ?2 AND admitted = 1 ORDER BY id LIMIT 1",
+                params![agent, session_key],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    /// Adds an allow rule or a deny pattern for `agent` (replacing one for the same sender).
+    pub fn add_policy(
+        &self,
+        agent: &str,
+        deny: bool,
+        rule: &super::policy::Rule,
+        source: &str,
+    ) -> Result<(), JournalError> {
+        let context = serde_json::to_string(&rule.context).expect("a map serializes");
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO policy (agent, kind, sender, context, source, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (agent, kind, sender) DO UPDATE SET context = excluded.context, source = excluded.source, created_at = excluded.created_at",
+                params![agent, if deny { "deny" } else { "allow" }, super::policy::normalize(&rule.sender), context, source, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Removes the rules for `sender` (allow and deny); returns how many there were.
+    pub fn remove_policy(&self, agent: &str, sender: &str) -> Result<usize, JournalError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM policy WHERE agent = ?1 AND sender = ?2",
+                params![agent, super::policy::normalize(sender)],
+            )
+        })
+    }
+
+    /// The allow rules and deny patterns kept for `agent`, with where each came from.
+    #[allow(clippy::type_complexity)]
+    pub fn policy(
+        &self,
+        agent: &str,
+    ) -> Result<(Vec<(super::policy::Rule, String)>, Vec<(String, String)>), JournalError> {
+        let rows: Vec<(String, String, String, String)> = self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT kind, sender, context, source FROM policy WHERE agent = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![agent], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?;
+            rows.collect()
+        })?;
+        let mut allow = Vec::new();
+        let mut deny = Vec::new();
+        for (kind, sender, context, source) in rows {
+            if kind == "deny" {
+                deny.push((sender, source));
+            } else {
+                let context = serde_json::from_str(&context).unwrap_or_default();
+                allow.push((super::policy::Rule { sender, context }, source));
+            }
+        }
+        Ok((allow, deny))
+    }
+
+    /// Remembers a cancel that came before its dispatch.
+    pub fn remember_cancel(
+        &self,
+        agent: &str,
+        sender: &str,
+        task_id: &str,
+    ) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO cancels (agent, sender, task_id, created_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                params![agent, sender.to_ascii_lowercase(), task_id, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Whether the dispatch (sender, TaskId) was cancelled before it came.
+    pub fn was_cancelled(
+        &self,
+        agent: &str,
+        sender: &str,
+        task_id: &str,
+    ) -> Result<bool, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT 1 FROM cancels WHERE agent = ?1 AND sender = ?2 AND task_id = ?3",
+                params![agent, sender.to_ascii_lowercase(), task_id],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+        })
+    }
+
     /// Forgets finished tasks (and their sent mails) last touched before `before`. Returns
     /// how many tasks were removed.
     pub fn prune(&self, before: SystemTime) -> Result<usize, JournalError> {
@@ -639,6 +791,10 @@ impl Journal {
             )?;
             tx.execute(
                 "DELETE FROM outbox WHERE task IS NULL AND created_at < ?1 AND (sent_at IS NOT NULL OR failed_at IS NOT NULL)",
+                params![millis(before)],
+            )?;
+            tx.execute(
+                "DELETE FROM cancels WHERE created_at < ?1",
                 params![millis(before)],
             )?;
             tx.commit()?;
@@ -682,6 +838,7 @@ mod tests {
             message_key: key,
             sender: "A@x.test",
             task_id,
+            session_key: Some("s1"),
             state: if admitted {
                 TaskState::Received
             } else {

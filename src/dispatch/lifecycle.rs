@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::journal::TaskState;
 use super::questions::PendingQuestion;
-use super::{prompt, task_key, workspace, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR};
+use super::{
+    prompt, task_key, workspace, CancelReply, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR,
+};
 use crate::mailbox::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, RunError, SpawnHook, TaskInput};
@@ -96,8 +98,15 @@ impl<O: Outbox> Dispatcher<O> {
             error: error.clone(),
             structured_result: None,
         };
-        let reply = self.compose(&task.env, &task.key, Body::Result(result), 0);
-        tracing::info!(status = status.as_str(), result_message_id = %reply.mail.message_id, "result recorded");
+        let silent =
+            state == TaskState::Cancelled && self.spec().cancel_reply == CancelReply::Silent;
+        let reply = (!silent).then(|| self.compose(&task.env, &task.key, Body::Result(result), 0));
+        match &reply {
+            Some(reply) => {
+                tracing::info!(status = status.as_str(), result_message_id = %reply.mail.message_id, "result recorded")
+            }
+            None => tracing::info!("cancelled; not answered (cancel_reply = \"silent\")"),
+        }
         self.finish(&task, state, error.as_deref(), reply);
         inner.events.emit(
             "task.completed",
@@ -126,7 +135,22 @@ impl<O: Outbox> Dispatcher<O> {
             }
         };
         let history = match &dispatch.parent_task_id {
-            Some(parent) => self.inner.outbox.thread(parent).await,
+            Some(parent) => {
+                let thread = self.inner.outbox.thread(parent).await;
+                // A thread is this sender's only when they dispatched in it: nobody pulls
+                // another sender's conversation into their prompt by naming its TaskId.
+                let theirs = thread
+                    .iter()
+                    .any(|e| e.intent == "task.dispatch" && e.from.eq_ignore_ascii_case(&env.from));
+                if theirs {
+                    thread
+                } else {
+                    if !thread.is_empty() {
+                        tracing::warn!(parent = %parent, "the ParentTaskId names another sender's thread; it is left out of the prompt");
+                    }
+                    Vec::new()
+                }
+            }
             None => Vec::new(),
         };
         let key = dispatch.session_key.as_deref();

@@ -87,6 +87,35 @@ pub struct AgentSpec {
     pub profile: Profile,
     /// Task workspaces are made below this folder.
     pub workspace_root: PathBuf,
+    pub limits: admission::Limits,
+    pub unknown_senders: UnknownSenders,
+    pub cancel_reply: CancelReply,
+    /// Answered to `card.query`: (summary, card text).
+    pub card: Option<(String, String)>,
+    /// Rejections sent to refused senders per hour at most.
+    pub refusals_per_hour: u32,
+}
+
+/// What a sender the policy refuses hears back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownSenders {
+    /// A `rejected` result saying why (at most `max_refusals_per_hour` of them).
+    #[default]
+    Reject,
+    /// Nothing at all.
+    Ignore,
+}
+
+/// How a task cancelled by its dispatcher is answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelReply {
+    /// `task.result` rejected with `X-AAMP-ErrorMsg: cancelled`.
+    #[default]
+    Result,
+    /// No answer.
+    Silent,
 }
 
 /// How the dispatcher lives with the rest of the bridge.
@@ -128,6 +157,8 @@ pub struct MailExtras {
 }
 
 struct Inner<O> {
+    /// When rejections were last sent to refused senders (for `refusals_per_hour`).
+    refusals: Mutex<std::collections::VecDeque<std::time::Instant>>,
     /// Replaced whole on a reload (policy, profile, queue bound).
     spec: std::sync::RwLock<Arc<AgentSpec>>,
     outbox: O,
@@ -164,6 +195,29 @@ impl<O> Clone for Dispatcher<O> {
 
 fn task_key(from: &str, task_id: &str) -> String {
     format!("{}\n{}", from.to_ascii_lowercase(), task_id)
+}
+
+/// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
+/// it is: such mail never starts a task, so two automatons cannot keep each other busy.
+fn automatic(inbound: &Inbound) -> Option<&'static str> {
+    let view = &inbound.view;
+    if view
+        .header("Auto-Submitted")
+        .is_some_and(|v| !v.eq_ignore_ascii_case("no"))
+    {
+        return Some("marked Auto-Submitted");
+    }
+    let from = view.from.to_ascii_lowercase();
+    if from.starts_with("mailer-daemon@") || from.starts_with("postmaster@") || from.is_empty() {
+        return Some("a bounce (from the mail system)");
+    }
+    if view
+        .header("Content-Type")
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/report"))
+    {
+        return Some("a delivery or disposition report");
+    }
+    None
 }
 
 /// The Message-ID of the `n`th mail of `intent` answering the message `key`: the same every
@@ -203,6 +257,7 @@ impl<O: Outbox> Dispatcher<O> {
         Dispatcher {
             inner: Arc::new(Inner {
                 spec: std::sync::RwLock::new(Arc::new(spec)),
+                refusals: Mutex::new(std::collections::VecDeque::new()),
                 outbox,
                 journal,
                 events,
@@ -275,12 +330,14 @@ impl<O: Outbox> Dispatcher<O> {
         }
         match &inbound.message.body {
             Body::Dispatch(_) => self.on_dispatch(inbound, key, span.clone()),
-            Body::Cancel { .. } => {
-                self.on_cancel(&inbound.message.envelope);
-                Ok(())
-            }
+            Body::Cancel { .. } => self.on_cancel(&inbound.message.envelope),
+            Body::CardQuery { .. } => self.on_card_query(&inbound, &key),
             other => {
                 tracing::debug!(intent = %other.intent(), "not for an executor; ignored");
+                self.ignored(
+                    &inbound,
+                    &format!("{} is not for an executor", other.intent()),
+                );
                 Ok(())
             }
         }
@@ -297,6 +354,32 @@ impl<O: Outbox> Dispatcher<O> {
         );
     }
 
+    /// The sender policy in force: the config's rules and those kept in the journal (added
+    /// with `aamp-bridge policy` or by pairing).
+    fn policy(&self, spec: &AgentSpec) -> Result<SenderPolicy, JournalError> {
+        let (allow, deny) = self.inner.journal.policy(&spec.name)?;
+        Ok(spec
+            .policy
+            .clone()
+            .with_rules(allow.into_iter().map(|(rule, _)| rule))
+            .with_denied(deny.into_iter().map(|(p, _)| p)))
+    }
+
+    /// Whether another refusal may be answered now (at most `refusals_per_hour`).
+    fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
+        let mut sent = self.inner.refusals.lock().expect("refusals lock");
+        let hour_ago = std::time::Instant::now() - Duration::from_secs(3600);
+        while sent.front().is_some_and(|t| *t < hour_ago) {
+            sent.pop_front();
+        }
+        if sent.len() < spec.refusals_per_hour as usize {
+            sent.push_back(std::time::Instant::now());
+            true
+        } else {
+            false
+        }
+    }
+
     fn on_dispatch(
         &self,
         inbound: Inbound,
@@ -307,6 +390,11 @@ impl<O: Outbox> Dispatcher<O> {
         let spec = self.spec();
         let name = &spec.name;
         let mail = inbound.to_json();
+        if let Some(why) = automatic(&inbound) {
+            tracing::info!(reason = why, "ignored: automatic mail never starts a task");
+            self.ignored(&inbound, why);
+            return Ok(());
+        }
         let Inbound {
             message,
             truncated,
@@ -317,19 +405,28 @@ impl<O: Outbox> Dispatcher<O> {
         let Body::Dispatch(dispatch) = message.body else {
             return Ok(());
         };
+        let record =
+            |state: TaskState, admitted: bool, reason: Option<&str>, reply: Option<&Outgoing>| {
+                inner.journal.record(
+                    &journal::NewTask {
+                        agent: name,
+                        message_key: &key,
+                        sender: &env.from,
+                        task_id: &env.task_id,
+                        session_key: dispatch.session_key.as_deref(),
+                        state,
+                        admitted,
+                        mail: &mail,
+                        reason,
+                    },
+                    reply,
+                )
+            };
         if let Some(waiting) = self.question_answered_by(&env, &dispatch) {
-            let reason = "an answer to a question of an earlier task";
-            let recorded = inner.journal.record(
-                &journal::NewTask {
-                    agent: name,
-                    message_key: &key,
-                    sender: &env.from,
-                    task_id: &env.task_id,
-                    state: TaskState::Answered,
-                    admitted: false,
-                    mail: &mail,
-                    reason: Some(reason),
-                },
+            let recorded = record(
+                TaskState::Answered,
+                false,
+                Some("an answer to a question of an earlier task"),
                 None,
             )?;
             if recorded.is_some() {
@@ -337,63 +434,74 @@ impl<O: Outbox> Dispatcher<O> {
             }
             return Ok(());
         }
-        let duplicate = inner
-            .journal
+        let journal = &inner.journal;
+        let duplicate = journal
             .admitted_task(name, &env.from, &env.task_id)?
             .is_some();
-        let active = inner.running.lock().expect("running lock").len();
-        let decision = admit(&spec, &env, &dispatch, duplicate, active, SystemTime::now());
-        match decision {
+        let now = SystemTime::now();
+        let load = admission::Load {
+            active: inner.running.lock().expect("running lock").len(),
+            sender_last_hour: journal.count_admitted(
+                name,
+                Some(&env.from),
+                None,
+                now - Duration::from_secs(3600),
+            )?,
+            agent_last_day: journal.count_admitted(
+                name,
+                None,
+                None,
+                now - Duration::from_secs(86_400),
+            )?,
+            session_turns: match &dispatch.session_key {
+                Some(k) => journal.count_admitted(name, None, Some(k), SystemTime::UNIX_EPOCH)?,
+                None => 0,
+            },
+            session_owner: match &dispatch.session_key {
+                Some(k) => journal.session_owner(name, k)?,
+                None => None,
+            },
+            cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
+        };
+        let policy = self.policy(&spec)?;
+        let rejected = |reason: &str| {
+            let result = TaskResult {
+                status: Status::Rejected,
+                output: String::new(),
+                error: Some(reason.to_string()),
+                structured_result: None,
+            };
+            self.compose(&env, &key, Body::Result(result), 0)
+        };
+        match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
-                inner.events.emit("task.duplicate", json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": key}));
+                inner.events.emit("task.duplicate", json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+            }
+            Admission::Refuse { reason } => {
+                let answer = spec.unknown_senders == UnknownSenders::Reject
+                    && self.may_answer_refusal(&spec);
+                let reply = answer.then(|| rejected(&reason));
+                if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
+                    tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
+                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
+                    inner.wake.notify_one();
+                }
             }
             Admission::Reject { reason, state } => {
-                let result = TaskResult {
-                    status: Status::Rejected,
-                    output: String::new(),
-                    error: Some(reason.clone()),
-                    structured_result: None,
-                };
-                let reply = self.compose(&env, &key, Body::Result(result), 0);
-                let recorded = inner.journal.record(
-                    &journal::NewTask {
-                        agent: name,
-                        message_key: &key,
-                        sender: &env.from,
-                        task_id: &env.task_id,
-                        state,
-                        admitted: false,
-                        mail: &mail,
-                        reason: Some(&reason),
-                    },
-                    Some(&reply),
-                )?;
-                if recorded.is_some() {
+                let reply = rejected(&reason);
+                if record(state, false, Some(&reason), Some(&reply))?.is_some() {
                     tracing::info!(%reason, "dispatch refused");
-                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason}));
+                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
                     inner.wake.notify_one();
                 }
             }
             Admission::Run => {
                 let ack = self.compose(&env, &key, Body::Ack, 0);
-                let recorded = inner.journal.record(
-                    &journal::NewTask {
-                        agent: name,
-                        message_key: &key,
-                        sender: &env.from,
-                        task_id: &env.task_id,
-                        state: TaskState::Received,
-                        admitted: true,
-                        mail: &mail,
-                        reason: None,
-                    },
-                    Some(&ack),
-                )?;
-                let Some(row) = recorded else {
+                let Some(row) = record(TaskState::Received, true, None, Some(&ack))? else {
                     return Ok(());
                 };
-                inner.events.emit("task.received", json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": key}));
+                inner.events.emit("task.received", json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
                 inner.wake.notify_one();
                 self.start(
                     Task {
@@ -413,18 +521,76 @@ impl<O: Outbox> Dispatcher<O> {
         Ok(())
     }
 
-    fn on_cancel(&self, env: &Envelope) {
-        // Only the sender of the dispatch can cancel it: the key includes the sender.
-        let running = self.inner.running.lock().expect("running lock");
-        match running.get(&task_key(&env.from, &env.task_id)) {
-            Some(cancel) => {
-                tracing::info!(from = %env.from, "cancel received; stopping the task");
-                cancel.cancel();
+    /// `card.query`: the agent's card, to senders the policy allows.
+    fn on_card_query(&self, inbound: &Inbound, key: &str) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let env = &inbound.message.envelope;
+        if !matches!(
+            self.policy(&spec)?.check(&env.from, &Default::default()),
+            policy::Verdict::Allowed(_)
+        ) {
+            tracing::info!(from = %env.from, "card query from a sender the policy refuses; not answered");
+            self.ignored(inbound, "card.query from a sender the policy refuses");
+            return Ok(());
+        }
+        let (summary, text) = spec.card.clone().unwrap_or_else(|| {
+            (
+                spec.name.clone(),
+                format!("Agent {} (no card configured).", spec.name),
+            )
+        });
+        let reply = self.compose(env, key, Body::CardResponse { summary, text }, 0);
+        let recorded = self.inner.journal.record(
+            &journal::NewTask {
+                agent: &spec.name,
+                message_key: key,
+                sender: &env.from,
+                task_id: &env.task_id,
+                session_key: None,
+                state: TaskState::Answered,
+                admitted: false,
+                mail: &inbound.to_json(),
+                reason: Some("card.query"),
+            },
+            Some(&reply),
+        )?;
+        if recorded.is_some() {
+            self.inner.events.emit(
+                "card.answered",
+                json!({"agent": spec.name, "taskId": env.task_id, "from": env.from}),
+            );
+            self.inner.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// A cancel stops the sender's own task (the key includes the sender, so nobody else's);
+    /// one that comes before its dispatch is remembered, and the dispatch is then answered
+    /// cancelled without running.
+    fn on_cancel(&self, env: &Envelope) -> Result<(), JournalError> {
+        let spec = self.spec();
+        if let Some(cancel) = self
+            .inner
+            .running
+            .lock()
+            .expect("running lock")
+            .get(&task_key(&env.from, &env.task_id))
+        {
+            tracing::info!(from = %env.from, "cancel received; stopping the task");
+            cancel.cancel();
+            return Ok(());
+        }
+        let journal = &self.inner.journal;
+        match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
+            Some(_) => {
+                tracing::info!(from = %env.from, "cancel for a task that already ended; nothing to stop")
             }
             None => {
-                tracing::info!(from = %env.from, "cancel for no running task of this sender; ignored")
+                tracing::info!(from = %env.from, "cancel before its dispatch; the dispatch will not run");
+                journal.remember_cancel(&spec.name, &env.from, &env.task_id)?;
             }
         }
+        Ok(())
     }
 
     /// Starts the work on an admitted task.
@@ -584,14 +750,16 @@ impl<O: Outbox> Dispatcher<O> {
 
     /// Records a final state with its answer and wakes the outbox. A journal failure is
     /// logged; the answer then goes out directly, once.
-    fn finish(&self, task: &Task, state: TaskState, reason: Option<&str>, reply: Outgoing) {
+    fn finish(&self, task: &Task, state: TaskState, reason: Option<&str>, reply: Option<Outgoing>) {
         let inner = &self.inner;
         match inner
             .journal
-            .finish(&self.spec().name, task.row, state, reason, Some(&reply))
+            .finish(&self.spec().name, task.row, state, reason, reply.as_ref())
         {
             Ok(()) => inner.wake.notify_one(),
+            Err(_) if reply.is_none() => {}
             Err(e) => {
+                let reply = reply.expect("checked above");
                 tracing::error!(error = %e, "could not record the task's answer in the journal; sending it once without the journal");
                 let this = self.clone();
                 inner.tracker.spawn(async move {

@@ -70,7 +70,7 @@ pub async fn run(
         let mut auth_reported = false;
         loop {
             let poll = tokio::select! {
-                result = poll_once(&mut mailbox, &cursor, &mut state, &mut deliver) => result,
+                result = poll_once(&name, events, &mut mailbox, &cursor, &mut state, &mut deliver) => result,
                 _ = stop.cancelled() => return,
             };
             let wait = match poll {
@@ -236,6 +236,8 @@ pub async fn run(
 /// Reads everything new, page by page: each page's mails are delivered, then the cursor is
 /// saved after them.
 async fn poll_once(
+    name: &str,
+    events: Events,
     mailbox: &mut Mailbox,
     cursor: &Cursor,
     state: &mut Option<Position>,
@@ -260,6 +262,13 @@ async fn poll_once(
     let mut position = since;
     loop {
         let page = mailbox.next_page(&position, PAGE).await?;
+        for ignored in &page.ignored {
+            events.emit(
+                "message.ignored",
+                json!({"agent": name, "from": ignored.from, "messageId": ignored.message_id,
+                       "emailId": ignored.email_id, "reason": ignored.reason}),
+            );
+        }
         for inbound in page.inbound {
             deliver(inbound).map_err(IntakeError::Deliver)?;
         }

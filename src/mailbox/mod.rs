@@ -217,6 +217,7 @@ impl Mailbox {
                     });
                     return Ok(Page {
                         inbound: Vec::new(),
+                        ignored: Vec::new(),
                         position: next,
                         more: true,
                     });
@@ -232,8 +233,18 @@ impl Mailbox {
         for email in &emails {
             next.saw(&email.id, &email.received_at);
         }
+        let mut inbound = Vec::new();
+        let mut ignored = Vec::new();
+        for email in emails {
+            match self.accept(email) {
+                Ok(mail) => inbound.push(mail),
+                Err(Some(skipped)) => ignored.push(skipped),
+                Err(None) => {}
+            }
+        }
         Ok(Page {
-            inbound: emails.into_iter().filter_map(|e| self.accept(e)).collect(),
+            inbound,
+            ignored,
             position: next,
             more,
         })
@@ -259,7 +270,9 @@ impl Mailbox {
     }
 
     /// Keeps Inbox mail addressed to this mailbox and not sent by it, and parses it as AAMP.
-    fn accept(&self, email: Email) -> Option<Inbound> {
+    /// `Err(None)` for mail that is not the agent's at all (its own Sent copies, other
+    /// folders); `Err(Some(_))` for mail to the agent that the bridge does not act on.
+    fn accept(&self, email: Email) -> Result<Inbound, Option<Ignored>> {
         let me = &self.account.email;
         let in_inbox = self
             .inbox_id
@@ -269,11 +282,11 @@ impl Mailbox {
         let from_me = email.view.from.eq_ignore_ascii_case(me);
         if !in_inbox || !to_me || from_me {
             tracing::debug!(email_id = %email.id, in_inbox, to_me, from_me, "mail skipped");
-            return None;
+            return Err(None);
         }
         match AampMessage::parse(&email.view) {
             Ok(message) => {
-                let session = self.jmap.session()?;
+                let session = self.jmap.session().ok_or(None)?;
                 let attachments = email
                     .attachments
                     .iter()
@@ -290,7 +303,7 @@ impl Mailbox {
                     self.account.sender_auth,
                     self.account.authserv_id.as_deref(),
                 );
-                Some(Inbound {
+                Ok(Inbound {
                     email_id: email.id,
                     message,
                     view: email.view,
@@ -300,8 +313,13 @@ impl Mailbox {
                 })
             }
             Err(reason) => {
-                tracing::debug!(email_id = %email.id, %reason, "not an AAMP mail");
-                None
+                tracing::info!(email_id = %email.id, from = %email.view.from, %reason, "ignored: not an AAMP message this bridge can act on");
+                Err(Some(Ignored {
+                    email_id: email.id,
+                    from: email.view.from,
+                    message_id: email.view.message_id,
+                    reason: reason.to_string(),
+                }))
             }
         }
     }
@@ -516,10 +534,20 @@ pub struct Scan {
     pub resume_state: String,
 }
 
+/// A mail to the agent that is not acted on, and why.
+#[derive(Clone, Debug)]
+pub struct Ignored {
+    pub email_id: String,
+    pub from: String,
+    pub message_id: String,
+    pub reason: String,
+}
+
 /// One page of new mail.
 #[derive(Debug)]
 pub struct Page {
     pub inbound: Vec<Inbound>,
+    pub ignored: Vec<Ignored>,
     pub position: Position,
     pub more: bool,
 }

@@ -62,6 +62,19 @@ impl Intent {
     pub fn parse(text: &str) -> Option<Intent> {
         Intent::ALL.into_iter().find(|i| i.as_str() == text)
     }
+
+    /// An executor's answer to a message (as opposed to a request someone starts).
+    pub fn is_reply(self) -> bool {
+        matches!(
+            self,
+            Intent::TaskAck
+                | Intent::TaskHelpNeeded
+                | Intent::TaskResult
+                | Intent::TaskStreamOpened
+                | Intent::PairRespond
+                | Intent::CardResponse
+        )
+    }
 }
 
 impl fmt::Display for Intent {

@@ -62,6 +62,10 @@ pub fn render_with(msg: &AampMessage, date: SystemTime, files: &[OutgoingFile]) 
     if !env.references.is_empty() {
         write_header(&mut out, "References", &env.references.join(" "));
     }
+    if msg.intent().is_reply() {
+        // RFC 3834: an automatic answer, so other automatons do not answer it in turn.
+        write_header(&mut out, "Auto-Submitted", "auto-replied");
+    }
     write_header(&mut out, "MIME-Version", "1.0");
     for (name, value) in msg.headers() {
         write_text_header(&mut out, name, &value);
