@@ -148,11 +148,12 @@ fn write_header(out: &mut String, name: &str, value: &str) {
 }
 
 /// A free-text field: plain when ASCII, RFC 2047 encoded-words otherwise. ASCII values
-/// (TaskIds, base64url payloads) are never written as encoded-words: a reader that does not
-/// decode them would lose the value.
+/// (TaskIds, base64url payloads) are not written as encoded-words, since a reader that does
+/// not decode them would lose the value; except one holding `=?`, which a reader that does
+/// decode would take for an encoded-word and change (a fuzzer found it).
 fn write_text_header(out: &mut String, name: &str, value: &str) {
     let value = clean_header_text(value);
-    if value.is_ascii() {
+    if value.is_ascii() && !value.contains("=?") {
         fold_into(out, name, &value);
     } else {
         fold_into(out, name, &encode_word(&value));
