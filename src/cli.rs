@@ -55,6 +55,17 @@ pub enum Command {
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Make a one-time pairing code for an agent: whoever sends it back in a `pair.request`
+    /// (from an app scanning the QR code, or `aamp-cli pair`) may then send the agent tasks.
+    Pair {
+        #[arg(long)]
+        agent: String,
+        /// How long the code is valid.
+        #[arg(long, default_value_t = 300)]
+        ttl_secs: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
@@ -138,6 +149,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
         Command::Inspect { file, json } => inspect(&file, json),
         Command::Policy { action } => policy(&LoadedConfig::load(&config_path)?, action),
+        Command::Pair {
+            agent,
+            ttl_secs,
+            json,
+        } => pair(&LoadedConfig::load(&config_path)?, &agent, ttl_secs, json),
         Command::Agents { json, probe } => agents(&config_path, json, probe).await,
     }
 }
@@ -465,5 +481,42 @@ fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Result<i32> {
             );
         }
     }
+    Ok(0)
+}
+
+fn pair(config: &LoadedConfig, agent_name: &str, ttl_secs: u64, json: bool) -> anyhow::Result<i32> {
+    let Some(agent) = config.config.agents.iter().find(|a| a.name == agent_name) else {
+        bail!("no agent {agent_name:?} in {}", config.path.display());
+    };
+    let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let email = config.account(&mailbox)?.email;
+    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let code = crate::dispatch::new_pair_code();
+    let expires = journal.add_pair_code(&agent.name, &code, Duration::from_secs(ttl_secs))?;
+    let url = format!(
+        "aamp://connect?mailbox={}&pair_code={}",
+        protocol::codec::encode_uri_component(&email),
+        code
+    );
+    let expires_at = protocol::time::format_utc(expires);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"agent": agent.name, "mailbox": email, "code": code, "url": url, "expiresAt": expires_at})
+        );
+        return Ok(0);
+    }
+    let qr = qrcode::QrCode::new(url.as_bytes())
+        .map(|q| {
+            q.render::<qrcode::render::unicode::Dense1x2>()
+                .quiet_zone(true)
+                .build()
+        })
+        .unwrap_or_default();
+    println!("{qr}");
+    println!("Pair with agent {} ({email}):", agent.name);
+    println!("  {url}");
+    println!("  code {code}, valid until {expires_at} (once)");
+    println!("The bridge must be running to answer the pair request.");
     Ok(0)
 }

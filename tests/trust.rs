@@ -379,3 +379,117 @@ async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
         Some("auto-replied")
     );
 }
+
+fn pair_code(dir: &ConfigDir, ttl: &str) -> String {
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "pair",
+            "--agent",
+            "agent",
+            "--json",
+            "--ttl-secs",
+            ttl,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["url"]
+        .as_str()
+        .unwrap()
+        .starts_with("aamp://connect?mailbox="));
+    v["code"].as_str().unwrap().to_string()
+}
+
+fn pair_request(peer: &Peer, to: &str, code: &str) -> aamp_bridge::protocol::AampMessage {
+    let mut msg = peer.dispatch_to(to, "pair", "");
+    msg.body = Body::PairRequest {
+        pair_code: code.into(),
+        rules: None,
+    };
+    msg.envelope.subject = msg.subject();
+    msg
+}
+
+async fn pair_status(
+    peer: &mut Peer,
+    msg: &aamp_bridge::protocol::AampMessage,
+) -> (Status, String) {
+    let answer = peer.wait_for(msg.task_id(), Intent::PairRespond).await;
+    match &answer.message.body {
+        Body::PairRespond { status, reason } => (*status, reason.clone().unwrap_or_default()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pairing_lets_a_new_sender_in_once_with_a_live_code() {
+    let host = mailhost();
+    let (agent, phone, pest) = (host.user("agent"), host.user("phone"), host.user("pest"));
+    let text = format!(
+        "{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\n",
+        host.mailbox_toml("agent", &agent)
+    );
+    let dir = ConfigDir::new(host, &text);
+    let mut peer = Peer::new(phone.clone()).await;
+    let mut other = Peer::new(pest.clone()).await;
+    let bridge = Bridge::start(&dir, 1);
+
+    // Not paired yet: refused.
+    let before = peer
+        .send(peer.dispatch_to(&agent.email, "Before", "x"))
+        .await;
+    assert_eq!(
+        result_of(&peer.wait_for(before.task_id(), Intent::TaskResult).await).0,
+        Status::Rejected
+    );
+
+    let expired = pair_code(&dir, "0");
+    let code = pair_code(&dir, "300");
+    for (attempt, expect) in [
+        ("WRONGWRONG12", Status::Rejected),
+        (expired.as_str(), Status::Rejected),
+        (code.as_str(), Status::Completed),
+        (code.as_str(), Status::Rejected),
+    ] {
+        let sent = peer.send(pair_request(&peer, &agent.email, attempt)).await;
+        let (status, reason) = pair_status(&mut peer, &sent).await;
+        assert_eq!(status, expect, "{attempt}: {reason}");
+        if status == Status::Rejected {
+            assert!(reason.contains("invalid or expired"), "{reason}");
+        }
+    }
+    let after = peer
+        .send(peer.dispatch_to(&agent.email, "After", "paired now"))
+        .await;
+    assert_eq!(
+        result_of(&peer.wait_for(after.task_id(), Intent::TaskResult).await).0,
+        Status::Completed
+    );
+
+    // Five wrong codes lock a sender out: a right one is then refused too.
+    for i in 0..5 {
+        let sent = other
+            .send(pair_request(&other, &agent.email, &format!("guess{i:07}")))
+            .await;
+        assert_eq!(pair_status(&mut other, &sent).await.0, Status::Rejected);
+    }
+    let fresh = pair_code(&dir, "300");
+    let sent = other.send(pair_request(&other, &agent.email, &fresh)).await;
+    let (status, reason) = pair_status(&mut other, &sent).await;
+    assert_eq!(status, Status::Rejected);
+    assert!(reason.contains("too many"), "{reason}");
+    let list = policy_cmd(&dir, &["list", "--agent", "agent"]);
+    assert!(
+        list.contains(&phone.email) && list.contains("pairing"),
+        "{list}"
+    );
+    assert!(!list.contains(&pest.email), "{list}");
+    assert!(bridge.stop().success());
+}

@@ -207,6 +207,20 @@ CREATE TABLE IF NOT EXISTS policy (
     created_at INTEGER NOT NULL,
     UNIQUE (agent, kind, sender)
 );
+CREATE TABLE IF NOT EXISTS pair_codes (
+    id         INTEGER PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    code       TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    used_at    INTEGER,
+    used_by    TEXT
+);
+CREATE TABLE IF NOT EXISTS pair_failures (
+    agent  TEXT NOT NULL,
+    sender TEXT NOT NULL,
+    at     INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS cancels (
     agent      TEXT NOT NULL,
     sender     TEXT NOT NULL,
@@ -239,6 +253,43 @@ CREATE TABLE IF NOT EXISTS sessions (
     PRIMARY KEY (agent, key)
 );
 ";
+
+/// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
+/// 2: tasks.session_key, policy, pair codes and failures, early cancels.
+const SCHEMA_VERSION: i64 = 2;
+
+/// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "written by a newer aamp-bridge (schema {version}, this one knows {SCHEMA_VERSION}); upgrade aamp-bridge"
+        )));
+    }
+    let has_tasks: bool = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if has_tasks {
+        let has_session_key: bool = conn
+            .query_row(
+                "SELECT 1 FROM pragma_table_info('tasks') WHERE name = 'session_key'",
+                [],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some();
+        if !has_session_key {
+            conn.execute_batch("ALTER TABLE tasks ADD COLUMN session_key TEXT")?;
+        }
+    }
+    conn.execute_batch(SCHEMA)?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+}
 
 fn millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
@@ -281,7 +332,7 @@ impl Journal {
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
+        migrate(&conn).map_err(err)?;
         Ok(Journal {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
@@ -745,6 +796,73 @@ impl Journal {
         Ok((allow, deny))
     }
 
+    /// Keeps a new pairing code for `agent`, valid for `ttl`.
+    pub fn add_pair_code(
+        &self,
+        agent: &str,
+        code: &str,
+        ttl: Duration,
+    ) -> Result<SystemTime, JournalError> {
+        let now = SystemTime::now();
+        let expires = now + ttl;
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO pair_codes (agent, code, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+                params![agent, code, millis(now), millis(expires)],
+            )
+            .map(drop)
+        })?;
+        Ok(expires)
+    }
+
+    /// The pairing codes of `agent` that are unused and unexpired: (id, code).
+    pub fn live_pair_codes(&self, agent: &str) -> Result<Vec<(i64, String)>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, code FROM pair_codes WHERE agent = ?1 AND used_at IS NULL AND expires_at > ?2",
+            )?;
+            let rows = stmt.query_map(params![agent, now_ms()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })
+    }
+
+    /// Uses up a pairing code; false when it was used meanwhile.
+    pub fn consume_pair_code(&self, id: i64, sender: &str) -> Result<bool, JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE pair_codes SET used_at = ?2, used_by = ?3 WHERE id = ?1 AND used_at IS NULL",
+                params![id, now_ms(), sender.to_ascii_lowercase()],
+            )
+            .map(|n| n == 1)
+        })
+    }
+
+    pub fn pair_failure(&self, agent: &str, sender: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO pair_failures (agent, sender, at) VALUES (?1, ?2, ?3)",
+                params![agent, sender.to_ascii_lowercase(), now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Failed pairing attempts since `since`, by one sender or by all.
+    pub fn pair_failures(
+        &self,
+        agent: &str,
+        sender: Option<&str>,
+        since: SystemTime,
+    ) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM pair_failures WHERE agent = ?1 AND at >= ?2 AND (?3 IS NULL OR sender = ?3)",
+                params![agent, millis(since), sender.map(str::to_ascii_lowercase)],
+                |r| r.get(0),
+            )
+        })
+    }
+
     /// Remembers a cancel that came before its dispatch.
     pub fn remember_cancel(
         &self,
@@ -797,6 +915,8 @@ impl Journal {
                 "DELETE FROM cancels WHERE created_at < ?1",
                 params![millis(before)],
             )?;
+            tx.execute("DELETE FROM pair_codes WHERE expires_at < ?1", params![millis(before)])?;
+            tx.execute("DELETE FROM pair_failures WHERE at < ?1", params![millis(before)])?;
             tx.commit()?;
             Ok(n)
         })
@@ -946,6 +1066,39 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn a_journal_of_the_first_schema_is_brought_up_to_date() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.sqlite3");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE tasks (id INTEGER PRIMARY KEY, agent TEXT NOT NULL, message_key TEXT NOT NULL,
+                   sender TEXT NOT NULL, task_id TEXT NOT NULL, state TEXT NOT NULL, admitted INTEGER NOT NULL,
+                   mail TEXT NOT NULL, reason TEXT, runs INTEGER NOT NULL DEFAULT 0, pgid INTEGER,
+                   received_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, UNIQUE (agent, message_key));
+                 INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, received_at, updated_at)
+                   VALUES ('coder', '<old>', 'a@x.test', 't0', 'running', 1, '{}', 1, 1);",
+            )
+            .unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        assert!(j.knows_message("coder", "<old>").unwrap());
+        assert_eq!(j.unfinished("coder").unwrap().len(), 1);
+        j.record(&task("<new>", "t1", true), None).unwrap();
+        assert_eq!(
+            j.session_owner("coder", "s1").unwrap().as_deref(),
+            Some("a@x.test")
+        );
+        drop(j);
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let newer = Journal::open(&path).unwrap_err().to_string();
+        assert!(newer.contains("newer aamp-bridge"), "{newer}");
     }
 
     #[test]

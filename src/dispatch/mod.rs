@@ -197,6 +197,29 @@ fn task_key(from: &str, task_id: &str) -> String {
     format!("{}\n{}", from.to_ascii_lowercase(), task_id)
 }
 
+/// Equal bytes, compared in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A new pairing code: 9 bytes from the OS's random source, base64url (12 characters).
+pub fn new_pair_code() -> String {
+    use base64::Engine as _;
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    // A v4 UUID's bytes come from the OS random source; bytes 6 and 8 carry version bits.
+    let random: Vec<u8> = bytes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 6 && *i != 8)
+        .map(|(_, b)| *b)
+        .take(9)
+        .collect();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
+}
+
 /// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
 /// it is: such mail never starts a task, so two automatons cannot keep each other busy.
 fn automatic(inbound: &Inbound) -> Option<&'static str> {
@@ -332,6 +355,7 @@ impl<O: Outbox> Dispatcher<O> {
             Body::Dispatch(_) => self.on_dispatch(inbound, key, span.clone()),
             Body::Cancel { .. } => self.on_cancel(&inbound.message.envelope),
             Body::CardQuery { .. } => self.on_card_query(&inbound, &key),
+            Body::PairRequest { .. } => self.on_pair_request(&inbound, &key),
             other => {
                 tracing::debug!(intent = %other.intent(), "not for an executor; ignored");
                 self.ignored(
@@ -518,6 +542,103 @@ impl<O: Outbox> Dispatcher<O> {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// `pair.request`, the one intent the sender policy does not gate: a valid pairing code
+    /// (unexpired, unused, compared in constant time) adds the sender to the agent's allowed
+    /// senders, with the dispatch-context rules it asked for, and is used up. Repeated wrong
+    /// codes lock the sender (5 in 15 minutes) and the agent (20) out for a while.
+    fn on_pair_request(&self, inbound: &Inbound, key: &str) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let journal = &self.inner.journal;
+        let env = &inbound.message.envelope;
+        let Body::PairRequest { pair_code, rules } = &inbound.message.body else {
+            return Ok(());
+        };
+        let window = SystemTime::now() - Duration::from_secs(15 * 60);
+        let locked = journal.pair_failures(&spec.name, Some(&env.from), window)? >= 5
+            || journal.pair_failures(&spec.name, None, window)? >= 20;
+        let paired = if locked {
+            Err("too many wrong pair codes; try again in 15 minutes")
+        } else {
+            let codes = journal.live_pair_codes(&spec.name)?;
+            let found = codes.iter().fold(None, |hit, (id, code)| {
+                match constant_time_eq(code.as_bytes(), pair_code.trim().as_bytes()) {
+                    true => Some(*id),
+                    false => hit,
+                }
+            });
+            match found {
+                Some(id) if journal.consume_pair_code(id, &env.from)? => Ok(()),
+                _ => {
+                    journal.pair_failure(&spec.name, &env.from)?;
+                    Err("invalid or expired pair code")
+                }
+            }
+        };
+        let (status, reason, state) = match paired {
+            Ok(()) => {
+                let mut rule = policy::Rule::sender(&env.from);
+                if let Some(serde_json::Value::Object(map)) = rules {
+                    for (k, v) in map {
+                        let values: Vec<String> = match v {
+                            serde_json::Value::Array(a) => a
+                                .iter()
+                                .filter_map(|x| x.as_str().map(str::to_string))
+                                .collect(),
+                            serde_json::Value::String(s) => vec![s.clone()],
+                            _ => Vec::new(),
+                        };
+                        if !values.is_empty() {
+                            rule.context.insert(k.clone(), values);
+                        }
+                    }
+                }
+                journal.add_policy(&spec.name, false, &rule, "pairing")?;
+                tracing::info!(from = %env.from, "paired: the sender may now dispatch tasks");
+                self.inner.events.emit(
+                    "sender.paired",
+                    json!({"agent": spec.name, "from": env.from, "context": rule.context}),
+                );
+                (Status::Completed, None, TaskState::Answered)
+            }
+            Err(why) => {
+                tracing::warn!(from = %env.from, reason = why, "pairing refused");
+                self.inner.events.emit(
+                    "pair.refused",
+                    json!({"agent": spec.name, "from": env.from, "reason": why}),
+                );
+                (Status::Rejected, Some(why.to_string()), TaskState::Rejected)
+            }
+        };
+        let answer = status == Status::Completed || self.may_answer_refusal(&spec);
+        let reply = answer.then(|| {
+            self.compose(
+                env,
+                key,
+                Body::PairRespond {
+                    status,
+                    reason: reason.clone(),
+                },
+                0,
+            )
+        });
+        self.inner.journal.record(
+            &journal::NewTask {
+                agent: &spec.name,
+                message_key: key,
+                sender: &env.from,
+                task_id: &env.task_id,
+                session_key: None,
+                state,
+                admitted: false,
+                mail: &inbound.to_json(),
+                reason: reason.as_deref().or(Some("pair.request")),
+            },
+            reply.as_ref(),
+        )?;
+        self.inner.wake.notify_one();
         Ok(())
     }
 
