@@ -38,6 +38,9 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// Extra folder of profile files, searched before the user's and the built-in ones.
     pub profiles_dir: Option<PathBuf>,
+    /// Tasks running at once across all agents (each agent also has its own limit); no
+    /// limit when unset. Waiting tasks go by X-AAMP-Priority, then by arrival.
+    pub max_concurrent_tasks: Option<usize>,
     /// After SIGTERM/SIGINT, how long running tasks get to finish before they are stopped
     /// and left in the journal for the next start.
     #[serde(default = "default_grace_secs")]

@@ -124,6 +124,7 @@ pub async fn run(
     let settings = Settings {
         retry_for: Duration::from_secs(config.config.outbox_retry_hours * 3600),
         owner_tag,
+        slots: crate::dispatch::slots::Slots::new(config.config.max_concurrent_tasks),
     };
     let grace = Duration::from_secs(config.config.shutdown_grace_secs);
 

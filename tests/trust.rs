@@ -493,3 +493,64 @@ async fn pairing_lets_a_new_sender_in_once_with_a_live_code() {
     assert!(!list.contains(&pest.email), "{list}");
     assert!(bridge.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_tasks_start_by_priority_then_by_arrival() {
+    use aamp_bridge::protocol::Priority;
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let release = dir.dir.path().join("release");
+    dir.write(
+        "waits.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, \"--wait-for\", {:?}]\n",
+            format!("{}/tests/agents/fault_agent.py", env!("CARGO_MANIFEST_DIR")),
+            release.to_str().unwrap()
+        ),
+    );
+    let text = format!(
+        "state_dir = \"state\"\nmax_concurrent_tasks = 1\n{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"waits.toml\"\nallow_from = [\"{}\"]\nmax_concurrent_tasks = 2\n",
+        host.mailbox_toml("agent", &agent),
+        boss.email
+    );
+    dir.write("config.toml", &text);
+    let peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    // The bridge-wide limit of 1 holds everything behind the first task.
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "holds the slot"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == first.task_id());
+    let mut sent = Vec::new();
+    for (title, priority) in [
+        ("normal", Priority::Normal),
+        ("high", Priority::High),
+        ("urgent", Priority::Urgent),
+        ("high-2", Priority::High),
+    ] {
+        let mut msg = peer.dispatch_to(&agent.email, title, "waits");
+        if let Body::Dispatch(d) = &mut msg.body {
+            d.priority = priority;
+        }
+        let msg = peer.send(msg).await;
+        bridge.wait_event("task.received", |e| e["taskId"] == msg.task_id());
+        sent.push((title, msg.task_id().to_string()));
+    }
+    std::fs::write(&release, "").unwrap();
+    for (_, id) in &sent {
+        bridge.wait_event("task.completed", |e| e["taskId"] == id.as_str());
+    }
+    let started: Vec<&str> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.started")
+        .filter_map(|e| {
+            sent.iter()
+                .find(|(_, id)| e["taskId"] == id.as_str())
+                .map(|(t, _)| *t)
+        })
+        .collect();
+    assert_eq!(started, vec!["urgent", "high", "high-2", "normal"]);
+    assert!(bridge.stop().success());
+}

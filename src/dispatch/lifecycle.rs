@@ -34,13 +34,15 @@ impl<O: Outbox> Dispatcher<O> {
             locks.retain(|_, lock| Arc::strong_count(lock) > 1);
             locks.entry(key.clone()).or_default().clone()
         });
+        let priority = task.dispatch.priority;
+        let name = self.spec().name.clone();
         let slot = async {
             let session = match &session_lock {
                 Some(lock) => Some(lock.clone().lock_owned().await),
                 None => None,
             };
-            let permit = inner.permits.clone().acquire_owned().await.ok()?;
-            Some((session, permit))
+            let slot = inner.settings.slots.acquire(&name, priority).await;
+            Some((session, slot))
         };
         let slot = tokio::select! {
             slot = slot => slot,

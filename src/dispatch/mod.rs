@@ -13,6 +13,7 @@ mod outbox;
 pub mod policy;
 pub mod prompt;
 pub mod questions;
+pub mod slots;
 mod workspace;
 
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -126,6 +127,9 @@ pub struct Settings {
     /// Carried by every agent process this bridge starts (and their children) as
     /// [`OWNER_VAR`], so leftovers of a crashed bridge are found at the next start.
     pub owner_tag: String,
+    /// The bridge's one scheduler of slots (each agent's `max_concurrent_tasks`, and the
+    /// top-level one for all agents together).
+    pub slots: Arc<slots::Slots>,
 }
 
 /// The environment variable naming the bridge (its state directory) an agent belongs to.
@@ -167,7 +171,6 @@ struct Inner<O> {
     settings: Settings,
     /// Tasks admitted and not finished (running or waiting for a slot), by sender + TaskId.
     running: Mutex<HashMap<String, CancellationToken>>,
-    permits: Arc<Semaphore>,
     /// One task at a time per Session-Key: an agent session takes one prompt at a time.
     session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Questions mailed to dispatchers (`task.help_needed`), by task, awaiting an answer.
@@ -276,7 +279,7 @@ impl<O: Outbox> Dispatcher<O> {
         tracker: TaskTracker,
         abort: CancellationToken,
     ) -> Self {
-        let permits = Arc::new(Semaphore::new(spec.max_concurrent.max(1)));
+        settings.slots.add_agent(&spec.name, spec.max_concurrent);
         Dispatcher {
             inner: Arc::new(Inner {
                 spec: std::sync::RwLock::new(Arc::new(spec)),
@@ -286,7 +289,6 @@ impl<O: Outbox> Dispatcher<O> {
                 events,
                 settings,
                 running: Mutex::new(HashMap::new()),
-                permits,
                 session_locks: Mutex::new(HashMap::new()),
                 questions: Mutex::new(HashMap::new()),
                 tracker,
