@@ -219,6 +219,11 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
             title: args.title.clone(),
             priority: Priority::Normal,
             session_key: args.session_key.clone(),
+            // Run by an agent while it works on a task: one more hop than that task had.
+            hop_count: std::env::var(crate::dispatch::HOPS_VAR)
+                .ok()
+                .and_then(|h| h.trim().parse::<u32>().ok())
+                .map(|h| h.saturating_add(1)),
             body_text: text,
             ..Dispatch::default()
         }),

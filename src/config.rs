@@ -192,6 +192,10 @@ fn default_per_sender() -> u32 {
     120
 }
 
+fn default_hops() -> u32 {
+    8
+}
+
 fn default_turns() -> u32 {
     100
 }
@@ -268,6 +272,10 @@ pub struct AgentConfig {
     /// Turns one conversation (Session-Key) may take.
     #[serde(default = "default_turns")]
     pub max_turns_per_session: u32,
+    /// A dispatch that agents passed on this many times (`X-AAMP-Hop-Count`) is rejected
+    /// instead of run: two agents handing each other work stop there.
+    #[serde(default = "default_hops")]
+    pub max_hops: u32,
     /// How a cancelled task is answered: `result` (rejected, "cancelled") or `silent`.
     #[serde(default)]
     pub cancel_reply: crate::dispatch::CancelReply,

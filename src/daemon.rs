@@ -338,6 +338,7 @@ fn agent_spec(
         },
         unknown_senders: agent.unknown_senders,
         refusals_per_hour: agent.max_refusals_per_hour,
+        max_hops: agent.max_hops,
         cancel_reply: agent.cancel_reply,
         card: (agent.summary.is_some() || card.is_some()).then(|| {
             (

@@ -69,6 +69,7 @@ fn every_intent() -> Vec<Body> {
             session_key: Some("thread-9".into()),
             dispatch_context: context,
             parent_task_id: Some("t-parent".into()),
+            hop_count: Some(2),
             body_text: "Line one.\nLine two.".into(),
         }),
         Body::Cancel {
@@ -232,6 +233,7 @@ proptest! {
                 session_key: Some(session.clone()),
                 dispatch_context: ctx.clone(),
                 parent_task_id: None,
+                hop_count: None,
                 body_text: body_text.clone(),
             }),
         };

@@ -554,3 +554,71 @@ async fn waiting_tasks_start_by_priority_then_by_arrival() {
     assert_eq!(started, vec!["urgent", "high", "high-2", "normal"]);
     assert!(bridge.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_bridges_whose_agents_hand_each_other_work_are_stopped_by_the_hop_limit() {
+    let host = mailhost();
+    let (a, b, boss) = (
+        host.user("relay-a"),
+        host.user("relay-b"),
+        host.user("boss"),
+    );
+    let relay = format!("{}/tests/agents/relay_agent.py", env!("CARGO_MANIFEST_DIR"));
+    let dir_a = ConfigDir::new(host, "");
+    let dir_b = ConfigDir::new(host, "");
+    let runs_a = dir_a.dir.path().join("runs");
+    let runs_b = dir_b.dir.path().join("runs");
+    for (dir, me, other, runs, allow) in [
+        (
+            &dir_a,
+            &a,
+            &b,
+            &runs_a,
+            format!("[\"{}\", \"{}\"]", boss.email, b.email),
+        ),
+        (&dir_b, &b, &a, &runs_b, format!("[\"{}\"]", a.email)),
+    ] {
+        dir.write(
+            "relay.toml",
+            &format!(
+                "command = \"python3\"\nargs = [{relay:?}, {:?}, {:?}, \"me\", {:?}, {:?}]\n",
+                support::bin(),
+                dir.config().to_str().unwrap(),
+                other.email,
+                runs.to_str().unwrap()
+            ),
+        );
+        dir.write(
+            "config.toml",
+            &format!(
+                "state_dir = \"state\"\n{}\n[[agents]]\nname = \"relay\"\nmailbox = \"me\"\nprofile = \"relay.toml\"\nallow_from = {allow}\nmax_hops = 3\n",
+                host.mailbox_toml("me", me)
+            ),
+        );
+    }
+    let peer = Peer::new(boss.clone()).await;
+    let mut bridge_a = Bridge::start(&dir_a, 1);
+    let mut bridge_b = Bridge::start(&dir_b, 1);
+    peer.send(peer.dispatch_to(&a.email, "Start", "hand it on"))
+        .await;
+
+    // boss → A (hop 0) → B (1) → A (2) → B: the third hand-on is refused, with a dead letter.
+    let refused = bridge_b.wait_event("task.rejected", |e| {
+        e["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("loop guard")
+    });
+    assert_eq!(refused["from"], a.email.as_str());
+    bridge_a.wait_event("message.ignored", |e| {
+        e["intent"] == "task.result" && e["from"] == b.email.as_str()
+    });
+    assert!(bridge_a.stop().success());
+    assert!(bridge_b.stop().success());
+    assert_eq!(lines(&runs_a), vec!["0", "2"]);
+    assert_eq!(lines(&runs_b), vec!["1"]);
+}
+
+fn lines(path: &std::path::Path) -> Vec<String> {
+    support::lines(path)
+}

@@ -77,6 +77,14 @@ pub fn admit(
         reason,
         state: TaskState::Rejected,
     };
+    if let Some(hops) = dispatch.hop_count {
+        if hops >= spec.max_hops {
+            return reject(format!(
+                "loop guard: this task was passed on between agents {hops} times (at most {}); it is not run",
+                spec.max_hops
+            ));
+        }
+    }
     if load.cancelled_before {
         return Admission::Reject {
             reason: "cancelled by the dispatcher before it started".into(),
@@ -161,6 +169,7 @@ mod tests {
             cancel_reply: crate::dispatch::CancelReply::Result,
             card: None,
             refusals_per_hour: 20,
+            max_hops: 4,
         }
     }
 
@@ -262,6 +271,9 @@ mod tests {
             },
             "budget",
         );
+        let mut relayed = dispatch(None);
+        relayed.hop_count = Some(4);
+        check(&relayed, Load::default(), "loop guard");
         check(
             &keyed,
             Load {

@@ -193,6 +193,10 @@ impl<O: Outbox> Dispatcher<O> {
             env: vec![
                 (OWNER_VAR.to_string(), self.inner.settings.owner_tag.clone()),
                 (RUN_VAR.to_string(), run_tag.clone()),
+                (
+                    super::HOPS_VAR.to_string(),
+                    dispatch.hop_count.unwrap_or(0).to_string(),
+                ),
             ],
             on_spawn: Some(on_spawn),
         };

@@ -95,6 +95,8 @@ pub struct AgentSpec {
     pub card: Option<(String, String)>,
     /// Rejections sent to refused senders per hour at most.
     pub refusals_per_hour: u32,
+    /// A dispatch passed on by agents this many times is not run (a loop between agents).
+    pub max_hops: u32,
 }
 
 /// What a sender the policy refuses hears back.
@@ -136,6 +138,9 @@ pub struct Settings {
 pub const OWNER_VAR: &str = "AAMP_BRIDGE_OWNER";
 /// The environment variable naming one run of one task.
 pub const RUN_VAR: &str = "AAMP_BRIDGE_RUN";
+/// The environment variable telling an agent how many hops its task has had;
+/// `aamp-bridge dispatch` run by the agent sends one more.
+pub const HOPS_VAR: &str = "AAMP_BRIDGE_HOPS";
 
 /// Runs at most this many times for one task; after that a crash answers it rejected.
 const MAX_RUNS: u32 = 2;

@@ -136,6 +136,8 @@ pub mod header {
     pub const SESSION_KEY: &str = "X-AAMP-Session-Key";
     pub const DISPATCH_CONTEXT: &str = "X-AAMP-Dispatch-Context";
     pub const PARENT_TASK_ID: &str = "X-AAMP-ParentTaskId";
+    /// aamp-bridge's extension: how many agents a task has been passed through.
+    pub const HOP_COUNT: &str = "X-AAMP-Hop-Count";
     pub const STATUS: &str = "X-AAMP-Status";
     pub const ERROR_MSG: &str = "X-AAMP-ErrorMsg";
     pub const STRUCTURED_RESULT: &str = "X-AAMP-StructuredResult";
@@ -211,6 +213,9 @@ pub struct Dispatch {
     pub session_key: Option<String>,
     pub dispatch_context: BTreeMap<String, String>,
     pub parent_task_id: Option<String>,
+    /// How many agents passed this task on before (a dispatch an agent sends while it works
+    /// on a task carries that task's count plus one); `None` from people and workflows.
+    pub hop_count: Option<u32>,
     pub body_text: String,
 }
 
@@ -339,6 +344,9 @@ impl AampMessage {
                     .map(|c| codec::parse_dispatch_context(&c))
                     .unwrap_or_default(),
                 parent_task_id: mail.non_empty(header::PARENT_TASK_ID),
+                hop_count: mail
+                    .header(header::HOP_COUNT)
+                    .and_then(|h| h.trim().parse().ok()),
                 body_text: mail.body_text.clone(),
             }),
             Intent::TaskCancel => Body::Cancel {
@@ -494,6 +502,9 @@ impl AampMessage {
                     header::PARENT_TASK_ID,
                     d.parent_task_id.as_deref(),
                 );
+                if let Some(hops) = d.hop_count {
+                    out.push((header::HOP_COUNT, hops.to_string()));
+                }
             }
             Body::Result(r) => {
                 out.push((header::STATUS, r.status.as_str().to_string()));
