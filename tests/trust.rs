@@ -622,3 +622,76 @@ async fn two_bridges_whose_agents_hand_each_other_work_are_stopped_by_the_hop_li
 fn lines(path: &std::path::Path) -> Vec<String> {
     support::lines(path)
 }
+
+/// An ACP test agent that asks permission to edit, under `permissions = "ask"`.
+fn asking_agent(dir: &ConfigDir, ask_timeout: u64) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = serde_json::json!({"steps": [
+        {"say": "Need to edit. "},
+        {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
+        {"say": "Done."}
+    ]});
+    dir.write("asking-script.json", &script.to_string());
+    dir.write(
+        "asking.toml",
+        &format!(
+            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\nask_timeout_secs = {ask_timeout}\n",
+            repo.join("tests/agents/acp_agent.py").display(),
+            dir.dir.path().join("asking-script.json").display()
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_is_answered_by_a_plain_reply_and_an_unanswered_one_rejects_the_task() {
+    let host = mailhost();
+    let (agent, slowpoke, boss) = (host.user("agent"), host.user("slowpoke"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    asking_agent(&dir, 600);
+    dir.write(
+        "impatient.toml",
+        &std::fs::read_to_string(dir.dir.path().join("asking.toml"))
+            .unwrap()
+            .replace("ask_timeout_secs = 600", "ask_timeout_secs = 2"),
+    );
+    let text = format!(
+        "state_dir = \"state\"\n{}{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"asking.toml\"\nallow_from = [\"{}\"]\n\n[[agents]]\nname = \"slowpoke\"\nmailbox = \"slowpoke\"\nprofile = \"impatient.toml\"\nallow_from = [\"{}\"]\n",
+        host.mailbox_toml("agent", &agent),
+        host.mailbox_toml("slowpoke", &slowpoke),
+        boss.email,
+        boss.email
+    );
+    dir.write("config.toml", &text);
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Fix the README", "Please fix the typo."))
+        .await;
+    let help = peer.wait_for(task.task_id(), Intent::TaskHelpNeeded).await;
+    // A person answers from a mail client: no AAMP headers, just a reply to the question.
+    let id = format!("<reply-{}@example.test>", uuid::Uuid::new_v4());
+    let reply = format!(
+        "From: {}\r\nTo: {}\r\nMessage-ID: {id}\r\nIn-Reply-To: {}\r\nReferences: {}\r\nSubject: Re: {}\r\n\r\nAllow\r\n\r\n> Which option do you choose?\r\n",
+        peer.account.email,
+        agent.email,
+        help.message.envelope.message_id,
+        help.message.envelope.message_id,
+        help.message.envelope.subject
+    );
+    peer.send_raw(&agent.email, &id, reply.into_bytes()).await;
+    let (status, why) = result_of(&peer.wait_for(task.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Completed, "{why}");
+    let answered = bridge.wait_event("task.answered", |e| e["choice"] == "Allow");
+    assert_eq!(answered["answerTaskId"], task.task_id());
+
+    // Nobody answers the impatient agent's question: the task is rejected, saying so.
+    let late = peer
+        .send(peer.dispatch_to(&slowpoke.email, "Fix it", "Please."))
+        .await;
+    peer.wait_for(late.task_id(), Intent::TaskHelpNeeded).await;
+    let (status, why) = result_of(&peer.wait_for(late.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("no answer within 2s"), "{why}");
+    assert!(bridge.stop().success());
+}

@@ -30,7 +30,7 @@ use tracing::Instrument;
 
 use crate::events::Events;
 use crate::mailbox::auth::SenderCheck;
-use crate::mailbox::{Attachment, Inbound, MailboxError};
+use crate::mailbox::{Attachment, Inbound, Mail, MailboxError, Reply};
 use crate::protocol::{AampMessage, Body, Dispatch, Envelope, RenderedMail, Status, TaskResult};
 use crate::runner::Profile;
 pub use admission::{admit, Admission};
@@ -338,7 +338,85 @@ impl<O: Outbox> Dispatcher<O> {
     /// Takes one inbound message: records it in the journal (with the ack or rejection it is
     /// answered with) before returning, then starts its work on the tracker. An error means
     /// the message was not recorded; the caller must offer it again later.
-    pub fn deliver(&self, inbound: Inbound) -> Result<(), JournalError> {
+    pub fn deliver(&self, mail: Mail) -> Result<(), JournalError> {
+        match mail {
+            Mail::Aamp(inbound) => self.deliver_aamp(*inbound),
+            Mail::Reply(reply) => self.on_reply(reply),
+        }
+    }
+
+    /// A plain reply answers a waiting question when it replies to the question's mail and
+    /// comes from the task's dispatcher; anything else is left alone.
+    fn on_reply(&self, reply: Reply) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let span = tracing::info_span!("reply", agent = %spec.name, message_id = %reply.message_id, email_id = %reply.email_id);
+        let _enter = span.enter();
+        let ignore = |reason: String| {
+            tracing::info!(from = %reply.from, %reason, "plain reply ignored");
+            self.inner.events.emit(
+                "message.ignored",
+                json!({"agent": spec.name, "from": reply.from, "messageId": reply.message_id, "intent": null, "reason": reason}),
+            );
+            Ok(())
+        };
+        if let SenderCheck::Unverified(why) = &reply.sender_check {
+            return ignore(format!("sender not authenticated: {why}"));
+        }
+        if reply.auto_submitted {
+            return ignore("an automatic reply (Auto-Submitted)".into());
+        }
+        let waiting = {
+            let pending = self.inner.questions.lock().expect("questions lock");
+            let sender = format!("{}\n", reply.from.to_ascii_lowercase());
+            pending
+                .iter()
+                .find(|(k, q)| {
+                    k.starts_with(&sender)
+                        && (reply.in_reply_to.as_deref() == Some(q.help_message_id.as_str())
+                            || reply.references.contains(&q.help_message_id))
+                })
+                .map(|(k, q)| (k.clone(), q.task_row))
+        };
+        let Some((waiting, row)) = waiting else {
+            return ignore(
+                "a plain mail that answers no open question (AAMP needs X-AAMP-Intent)".into(),
+            );
+        };
+        let key = format!(
+            "{}|{}",
+            reply.from.to_ascii_lowercase(),
+            if reply.message_id.is_empty() {
+                format!("email-id:{}", reply.email_id)
+            } else {
+                reply.message_id.clone()
+            }
+        );
+        let task_id = waiting
+            .split_once('\n')
+            .map(|(_, t)| t.to_string())
+            .unwrap_or_default();
+        let recorded = self.inner.journal.record(
+            &journal::NewTask {
+                agent: &spec.name,
+                message_key: &key,
+                sender: &reply.from,
+                task_id: &task_id,
+                session_key: None,
+                state: TaskState::Answered,
+                admitted: false,
+                mail: &json!({"reply": {"from": reply.from, "messageId": reply.message_id, "text": reply.text}}).to_string(),
+                reason: Some("a plain reply to a question"),
+            },
+            None,
+        )?;
+        if recorded.is_some() {
+            tracing::info!(row, "a plain reply answers the agent's question");
+            self.answer_question(&waiting, &task_id, &reply.text, "");
+        }
+        Ok(())
+    }
+
+    fn deliver_aamp(&self, inbound: Inbound) -> Result<(), JournalError> {
         let env = &inbound.message.envelope;
         let span = tracing::info_span!("task", agent = %self.spec().name,
             task_id = %env.task_id, message_id = %inbound.message_key(), email_id = %inbound.email_id);
@@ -461,7 +539,7 @@ impl<O: Outbox> Dispatcher<O> {
                 None,
             )?;
             if recorded.is_some() {
-                self.answer_question(&waiting, &env, &dispatch);
+                self.answer_question(&waiting, &env.task_id, &dispatch.body_text, &dispatch.title);
             }
             return Ok(());
         }
@@ -847,8 +925,8 @@ impl<O: Outbox> Dispatcher<O> {
         }
     }
 
-    /// Hands the answer in `dispatch` to the question waiting under `waiting`.
-    fn answer_question(&self, waiting: &str, env: &Envelope, dispatch: &Dispatch) {
+    /// Hands the answer in `text` (or else `title`) to the question waiting under `waiting`.
+    fn answer_question(&self, waiting: &str, answer_task_id: &str, text: &str, title: &str) {
         let inner = &self.inner;
         let Some(question) = inner
             .questions
@@ -858,11 +936,10 @@ impl<O: Outbox> Dispatcher<O> {
         else {
             return;
         };
-        let choice = choose(&question.options, &dispatch.body_text)
-            .or_else(|| choose(&question.options, &dispatch.title));
+        let choice = choose(&question.options, text).or_else(|| choose(&question.options, title));
         inner.events.emit(
             "task.answered",
-            json!({"agent": self.spec().name, "answerTaskId": env.task_id, "choice": choice.map(|i| question.options[i].clone())}),
+            json!({"agent": self.spec().name, "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
         );
         if choice.is_none() {
             tracing::warn!("the answer names none of the options; the agent's request is rejected");

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{Link, Reach};
 use super::push::{self, PushTarget};
-use super::{Cursor, Inbound, Mailbox, MailboxError, Position};
+use super::{Cursor, Mail, Mailbox, MailboxError, Position};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
@@ -53,7 +53,7 @@ pub async fn run(
     mut mailbox: Mailbox,
     cursor: Cursor,
     link: Link,
-    mut deliver: impl FnMut(Inbound) -> Result<(), DeliverError> + Send,
+    mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     stop: CancellationToken,
 ) {
@@ -241,7 +241,7 @@ async fn poll_once(
     mailbox: &mut Mailbox,
     cursor: &Cursor,
     state: &mut Option<Position>,
-    deliver: &mut (impl FnMut(Inbound) -> Result<(), DeliverError> + Send),
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
 ) -> Result<(), IntakeError> {
     if !mailbox.is_connected() {
         mailbox.connect().await?;

@@ -36,6 +36,29 @@ pub struct Inbound {
     pub attachments: Vec<Attachment>,
 }
 
+/// A mail to an agent, as the intake hands it on.
+#[derive(Clone, Debug)]
+pub enum Mail {
+    Aamp(Box<Inbound>),
+    /// A plain reply from a mail client (no AAMP headers) to a mail the bridge sent.
+    Reply(Reply),
+}
+
+/// A plain reply: a person answering, say, a `task.help_needed` question from their mail
+/// client, which writes no AAMP headers but names the mail it answers.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub email_id: String,
+    pub from: String,
+    pub message_id: String,
+    pub in_reply_to: Option<String>,
+    pub references: Vec<String>,
+    /// The text as written, quoted lines (`>`) included.
+    pub text: String,
+    pub sender_check: auth::SenderCheck,
+    pub auto_submitted: bool,
+}
+
 /// An inbound mail as stored: enough to parse it again.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -261,7 +284,10 @@ impl Mailbox {
         let mut position = position.clone();
         loop {
             let next = self.next_page(&position, page).await?;
-            all.extend(next.inbound);
+            all.extend(next.inbound.into_iter().filter_map(|m| match m {
+                Mail::Aamp(inbound) => Some(*inbound),
+                Mail::Reply(_) => None,
+            }));
             position = next.position;
             if !next.more {
                 return Ok((all, position));
@@ -272,7 +298,7 @@ impl Mailbox {
     /// Keeps Inbox mail addressed to this mailbox and not sent by it, and parses it as AAMP.
     /// `Err(None)` for mail that is not the agent's at all (its own Sent copies, other
     /// folders); `Err(Some(_))` for mail to the agent that the bridge does not act on.
-    fn accept(&self, email: Email) -> Result<Inbound, Option<Ignored>> {
+    fn accept(&self, email: Email) -> Result<Mail, Option<Ignored>> {
         let me = &self.account.email;
         let in_inbox = self
             .inbox_id
@@ -303,14 +329,45 @@ impl Mailbox {
                     self.account.sender_auth,
                     self.account.authserv_id.as_deref(),
                 );
-                Ok(Inbound {
+                Ok(Mail::Aamp(Box::new(Inbound {
                     email_id: email.id,
                     message,
                     view: email.view,
                     sender_check,
                     truncated: email.truncated,
                     attachments,
-                })
+                })))
+            }
+            Err(protocol::NotAamp::NoIntent) if email.view.header("In-Reply-To").is_some() => {
+                let view = &email.view;
+                let ids = |name: &str| -> Vec<String> {
+                    view.header(name)
+                        .map(|v| {
+                            v.split_whitespace()
+                                .map(protocol::message::normalize_message_id)
+                                .filter(|id| !id.is_empty() && id.len() <= 250)
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                let sender_check = auth::check_sender(
+                    &view.headers,
+                    &view.from,
+                    self.account.sender_auth,
+                    self.account.authserv_id.as_deref(),
+                );
+                Ok(Mail::Reply(Reply {
+                    email_id: email.id.clone(),
+                    from: protocol::address(&view.from),
+                    message_id: protocol::message::normalize_message_id(&view.message_id),
+                    in_reply_to: ids("In-Reply-To").pop(),
+                    references: ids("References"),
+                    text: view.body_text.clone(),
+                    sender_check,
+                    auto_submitted: view
+                        .header("Auto-Submitted")
+                        .is_some_and(|v| !v.eq_ignore_ascii_case("no")),
+                }))
             }
             Err(reason) => {
                 tracing::info!(email_id = %email.id, from = %email.view.from, %reason, "ignored: not an AAMP message this bridge can act on");
@@ -546,7 +603,7 @@ pub struct Ignored {
 /// One page of new mail.
 #[derive(Debug)]
 pub struct Page {
-    pub inbound: Vec<Inbound>,
+    pub inbound: Vec<Mail>,
     pub ignored: Vec<Ignored>,
     pub position: Position,
     pub more: bool,

@@ -83,6 +83,9 @@ struct Shared {
     replaying: AtomicBool,
     /// After `session/cancel`, pending permission requests are answered "cancelled".
     cancelling: AtomicBool,
+    /// A question to the dispatcher went unanswered for this many seconds: the task is then
+    /// answered rejected, saying so.
+    unanswered: Mutex<Option<u64>>,
 }
 
 /// Runs one task on an ACP agent.
@@ -124,6 +127,7 @@ pub async fn run_acp(
         titles: Mutex::new(HashMap::new()),
         replaying: AtomicBool::new(false),
         cancelling: AtomicBool::new(false),
+        unanswered: Mutex::new(None),
     });
     let policy = profile.permissions;
     let on_update = {
@@ -156,7 +160,7 @@ pub async fn run_acp(
                     // the answer is given from a task of its own.
                     let (questions, shared) = (questions.clone(), shared.clone());
                     cx.spawn(async move {
-                        let outcome = ask(&questions, &req, ask_timeout).await;
+                        let outcome = ask(&questions, &req, ask_timeout, &shared).await;
                         let outcome = if shared.cancelling.load(Ordering::SeqCst) { RequestPermissionOutcome::Cancelled } else { outcome };
                         tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by the dispatcher");
                         responder.respond(RequestPermissionResponse::new(outcome))
@@ -233,6 +237,13 @@ pub async fn run_acp(
             stderr: stderr_text.clone(),
         }
     };
+    if let Some(secs) = *shared.unanswered.lock().expect("unanswered lock") {
+        if !matches!(driven, Ok(Driven::Cancelled) | Ok(Driven::TimedOut)) {
+            return Err(RunError::Reported(format!(
+                "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
+            )));
+        }
+    }
     match driven {
         Ok(Driven::Stopped { stop, session_id }) => match stop {
             StopReason::EndTurn => {
@@ -810,6 +821,7 @@ async fn ask(
     questions: &mpsc::Sender<super::Question>,
     req: &RequestPermissionRequest,
     wait: std::time::Duration,
+    shared: &Shared,
 ) -> RequestPermissionOutcome {
     let title = req
         .tool_call
@@ -848,6 +860,7 @@ async fn ask(
                 seconds = wait.as_secs(),
                 "no answer to the permission question in time; rejecting"
             );
+            *shared.unanswered.lock().expect("unanswered lock") = Some(wait.as_secs());
             decide(PermissionPolicy::Deny, req)
         }
     }
