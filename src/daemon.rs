@@ -238,7 +238,7 @@ pub async fn run(
             };
             loop {
                 tokio::select! {
-                    Some(()) = hup.recv() => reload(&path, &dispatchers, events),
+                    Some(()) = hup.recv() => reload(&path, &dispatchers, events).await,
                     _ = finished.cancelled() => return,
                 }
             }
@@ -364,7 +364,7 @@ fn agent_spec(
 /// Reads the config and profiles again and hands each running agent its new settings. A
 /// config that does not load changes nothing (and says why); agents added or removed wait
 /// for a restart.
-fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], events: Events) {
+async fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], events: Events) {
     tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,
@@ -384,6 +384,7 @@ fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], events: Ev
         match agent_spec(&config, agent) {
             Ok(spec) => {
                 dispatcher.reload(spec);
+                publish_card(&config, agent, dispatcher.outbox(), events).await;
                 reloaded.push(name);
             }
             Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),

@@ -545,7 +545,10 @@ async fn under_the_ask_policy_permission_requests_become_questions() {
             first.text
         );
         assert_eq!(first.options, vec!["Allow", "Always allow", "Reject"]);
-        first.answer.send(Some(1)).unwrap();
+        first
+            .answer
+            .send(aamp_bridge::runner::Answer::Chosen(1))
+            .unwrap();
         let second = qrx.recv().await.unwrap();
         second
     };

@@ -440,3 +440,54 @@ async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_f
         "Last-Event-ID resumes after that event"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_publishes_the_changed_card_and_card_queries_see_it() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
+    let config = |card: &str| {
+        format!(
+            "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\nsummary = \"Reviews code\"\ncard = \"{card}\"\n",
+            host.mailbox_toml_with("agent", &agent, &settings),
+            boss.email
+        )
+    };
+    let dir = ConfigDir::new(host, &config("first card"));
+    let mut bridge = Bridge::start(&dir, 1);
+    bridge.wait_event("agent.card", |_| true);
+    dir.write(
+        "config.toml",
+        &format!("state_dir = \"state\"\n{}", config("second card")),
+    );
+    bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    bridge.wait_event("bridge.reloaded", |_| true);
+    let cards: Vec<String> = aamp
+        .actions()
+        .into_iter()
+        .filter(|a| a["action"] == "aamp.directory.upsert")
+        .map(|a| {
+            a["body"]["cardText"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(cards, vec!["first card", "second card"]);
+
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut query = peer.dispatch_to(&agent.email, "card", "");
+    query.body = Body::CardQuery {
+        text: "who are you?".into(),
+    };
+    query.envelope.subject = query.subject();
+    let query = peer.send(query).await;
+    let card = peer.wait_for(query.task_id(), Intent::CardResponse).await;
+    assert!(
+        matches!(&card.message.body, Body::CardResponse { text, .. } if text.trim() == "second card"),
+        "{:?}",
+        card.message.body
+    );
+    assert!(bridge.stop().success());
+}

@@ -695,3 +695,106 @@ async fn a_question_is_answered_by_a_plain_reply_and_an_unanswered_one_rejects_t
     assert!(why.contains("no answer within 2s"), "{why}");
     assert!(bridge.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cli_agent_asks_with_a_help_line_and_gets_an_option_or_free_text() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, ""));
+    dir.write(
+        "echo.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}]\nhelp_lines = true\n",
+            format!("{}/tests/agents/asking_cli.py", env!("CARGO_MANIFEST_DIR"))
+        ),
+    );
+    let text = std::fs::read_to_string(dir.config())
+        .unwrap()
+        .replace("profile = \"echo\"", "profile = \"echo.toml\"");
+    dir.write("config.toml", &text);
+    let mut peer = Peer::new(boss.clone()).await;
+    let bridge = Bridge::start(&dir, 1);
+
+    for (answer, expected) in [
+        ("blue", "chose blue"),
+        ("green, please\n\n> Which colour?", "chose green, please"),
+    ] {
+        let task = peer
+            .send(peer.dispatch_to(&agent.email, "Paint", "paint the shed"))
+            .await;
+        let help = peer.wait_for(task.task_id(), Intent::TaskHelpNeeded).await;
+        let Body::HelpNeeded(h) = &help.message.body else {
+            panic!("not help_needed")
+        };
+        assert_eq!(h.question, "Which colour?");
+        assert_eq!(h.suggested_options, vec!["red", "blue"]);
+        let id = format!("<reply-{}@example.test>", uuid::Uuid::new_v4());
+        let reply = format!(
+            "From: {}\r\nTo: {}\r\nMessage-ID: {id}\r\nIn-Reply-To: {}\r\nSubject: Re: paint\r\n\r\n{}\r\n",
+            peer.account.email,
+            agent.email,
+            help.message.envelope.message_id,
+            answer.replace('\n', "\r\n")
+        );
+        peer.send_raw(&agent.email, &id, reply.into_bytes()).await;
+        let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+        assert_eq!(r.output, expected);
+    }
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_from_anyone_but_the_dispatcher_stops_nothing() {
+    let host = mailhost();
+    let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
+    let dir = ConfigDir::new(host, "");
+    dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");
+    dir.write(
+        "config.toml",
+        &format!(
+            "state_dir = \"state\"\n{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"slow.toml\"\nallow_from = [\"{}\", \"{}\"]\n",
+            host.mailbox_toml("agent", &agent),
+            boss.email,
+            other.email
+        ),
+    );
+    let mut peer = Peer::new(boss.clone()).await;
+    let meddler = Peer::new(other.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Long", "keep going"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
+    let cancel = |from: &Peer| {
+        let mut c = aamp_bridge::protocol::AampMessage::reply(
+            &task.envelope,
+            &from.account.email,
+            Body::Cancel {
+                reason: "stop".into(),
+            },
+        );
+        c.envelope.to = vec![agent.email.clone()];
+        c
+    };
+    meddler.send(cancel(&meddler)).await;
+    support::wait_until("the bridge reads the foreign cancel", || {
+        bridge.log().contains("cancel before its dispatch")
+    });
+    assert!(
+        !bridge.log().contains("cancel received; stopping the task"),
+        "another sender's cancel stops nothing"
+    );
+    // Only its dispatcher's cancel stops it.
+    peer.send(cancel(&peer)).await;
+    let completed = bridge.wait_event("task.completed", |e| e["taskId"] == task.task_id());
+    assert_eq!(completed["status"], "rejected");
+    assert!(bridge.log().contains("cancel received; stopping the task"));
+    let (status, why) = result_of(&peer.wait_for(task.task_id(), Intent::TaskResult).await);
+    assert_eq!(status, Status::Rejected);
+    assert!(why.contains("cancelled"), "{why}");
+    assert!(bridge.stop().success());
+}

@@ -368,7 +368,7 @@ impl<O: Outbox> Dispatcher<O> {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not queue task.help_needed; the question goes unanswered");
-                let _ = question.answer.send(None);
+                let _ = question.answer.send(runner::Answer::None);
             }
         }
     }

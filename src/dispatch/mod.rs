@@ -312,6 +312,11 @@ impl<O: Outbox> Dispatcher<O> {
             .clone()
     }
 
+    /// Where this agent's answers go (its mailbox's sender).
+    pub fn outbox(&self) -> &O {
+        &self.inner.outbox
+    }
+
     pub fn name(&self) -> String {
         self.spec().name.clone()
     }
@@ -593,6 +598,11 @@ impl<O: Outbox> Dispatcher<O> {
                 let reply = answer.then(|| rejected(&reason));
                 if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
                     tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
+                    inner.events.emit(
+                        "message.ignored",
+                        json!({"agent": name, "from": env.from, "taskId": env.task_id,
+                        "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
+                    );
                     inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
                     inner.wake.notify_one();
                 }
@@ -942,7 +952,9 @@ impl<O: Outbox> Dispatcher<O> {
             json!({"agent": self.spec().name, "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
         );
         if choice.is_none() {
-            tracing::warn!("the answer names none of the options; the agent's request is rejected");
+            tracing::info!(
+                "the answer names none of the options; it goes to the agent as free text"
+            );
         }
         if let Err(e) = inner
             .journal
@@ -950,7 +962,14 @@ impl<O: Outbox> Dispatcher<O> {
         {
             tracing::warn!(error = %e, "could not record that the question was answered");
         }
-        let _ = question.answer.send(choice);
+        let answer = match choice {
+            Some(i) => crate::runner::Answer::Chosen(i),
+            None => match questions::own_words(text) {
+                Some(words) => crate::runner::Answer::Text(words),
+                None => crate::runner::Answer::None,
+            },
+        };
+        let _ = question.answer.send(answer);
     }
 
     /// Records a final state with its answer and wakes the outbox. A journal failure is

@@ -5,9 +5,20 @@ pub(super) struct PendingQuestion {
     /// The Message-ID of the help_needed mail, which a reply may name in In-Reply-To.
     pub help_message_id: String,
     pub options: Vec<String>,
-    pub answer: tokio::sync::oneshot::Sender<Option<usize>>,
+    pub answer: tokio::sync::oneshot::Sender<crate::runner::Answer>,
     /// The journal row of the task that asked.
     pub task_row: i64,
+}
+
+/// The answer's own words: its lines up to the first quoted one (`>`), trimmed; `None` when
+/// empty.
+pub fn own_words(text: &str) -> Option<String> {
+    let words: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim_start().starts_with('>'))
+        .collect();
+    let words = words.join("\n").trim().to_string();
+    (!words.is_empty()).then_some(words)
 }
 
 /// Which option an answer names: a number (`2`), an option's name, or text containing one

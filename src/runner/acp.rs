@@ -851,9 +851,11 @@ async fn ask(
         return decide(PermissionPolicy::Deny, req);
     }
     match tokio::time::timeout(wait, chosen).await {
-        Ok(Ok(Some(i))) if i < req.options.len() => RequestPermissionOutcome::Selected(
-            SelectedPermissionOutcome::new(req.options[i].option_id.clone()),
-        ),
+        Ok(Ok(super::Answer::Chosen(i))) if i < req.options.len() => {
+            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(
+                req.options[i].option_id.clone(),
+            ))
+        }
         Ok(_) => decide(PermissionPolicy::Deny, req),
         Err(_) => {
             tracing::warn!(

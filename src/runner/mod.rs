@@ -53,6 +53,17 @@ pub struct TaskInput {
     pub on_spawn: Option<SpawnHook>,
 }
 
+/// What came back for a question.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// One of the options, by index.
+    Chosen(usize),
+    /// Words that name no option (for agents that take free text).
+    Text(String),
+    /// No answer.
+    None,
+}
+
 /// A callback given the agent's process group id when it starts.
 #[derive(Clone)]
 pub struct SpawnHook(pub std::sync::Arc<dyn Fn(i32) + Send + Sync>);
@@ -80,7 +91,7 @@ pub struct Question {
     /// The choices, by name.
     pub options: Vec<String>,
     /// The index of the chosen option. Dropping it, or `None`, means no answer.
-    pub answer: tokio::sync::oneshot::Sender<Option<usize>>,
+    pub answer: tokio::sync::oneshot::Sender<Answer>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,7 +219,7 @@ pub async fn run_cli(
         })
         .env("AAMP_AGENT", &task.agent)
         .env("AAMP_TASK_ID", &task.task_id)
-        .stdin(if profile.stdin.is_some() {
+        .stdin(if profile.stdin.is_some() || profile.help_lines {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -237,12 +248,32 @@ pub async fn run_cli(
 
     // Feed stdin, drain stdout and stderr, and wait, all at once: doing them in turn can
     // deadlock on a full pipe.
+    // With `help_lines`, stdin stays open after the prompt: each answer to a `HELP:` line goes
+    // in as one line.
+    let (answers_tx, mut answers_rx) = mpsc::channel::<String>(1);
+    let asker = profile.help_lines.then(|| Asker {
+        questions: task.questions.clone(),
+        answers: std::sync::Mutex::new(Some(answers_tx)),
+        wait: profile.ask_timeout,
+        unanswered: std::sync::Mutex::new(None),
+    });
+    let help_lines = profile.help_lines;
     let feed = async move {
-        if let (Some(mut pipe), Some(text)) = (stdin, stdin_text) {
-            // An agent that exits without reading all of its input is not an error here.
+        let Some(mut pipe) = stdin else { return };
+        // An agent that exits without reading all of its input is not an error here.
+        if let Some(text) = stdin_text {
             let _ = pipe.write_all(text.as_bytes()).await;
-            let _ = pipe.shutdown().await;
+            if help_lines && !text.ends_with('\n') {
+                let _ = pipe.write_all(b"\n").await;
+            }
         }
+        if help_lines {
+            while let Some(line) = answers_rx.recv().await {
+                let _ = pipe.write_all(format!("{line}\n").as_bytes()).await;
+                let _ = pipe.flush().await;
+            }
+        }
+        let _ = pipe.shutdown().await;
     };
     let finished = Notify::new();
     // Once the agent has exited or been stopped, its pipes get GRACE to reach their end; a
@@ -251,8 +282,13 @@ pub async fn run_cli(
     let stop_reading = CancellationToken::new();
     let read_stdout = async {
         if profile.stream == StreamFormat::None {
-            let (bytes, truncated) =
-                read_capped(stdout, profile.output.max_bytes, &stop_reading).await?;
+            let (bytes, truncated) = read_capped(
+                stdout,
+                profile.output.max_bytes,
+                &stop_reading,
+                asker.as_ref(),
+            )
+            .await?;
             Ok::<_, std::io::Error>(Stdout::Text(bytes, truncated))
         } else {
             let parser = read_stream(
@@ -261,6 +297,7 @@ pub async fn run_cli(
                 events,
                 &finished,
                 &stop_reading,
+                asker.as_ref(),
             )
             .await?;
             Ok(Stdout::Stream(Box::new(parser)))
@@ -303,7 +340,25 @@ pub async fn run_cli(
         ended.notify_one();
         outcome
     };
+    let reads = async {
+        let out = reads.await;
+        // No more questions: the answers channel closes, and with it the agent's stdin.
+        if let Some(asker) = &asker {
+            asker.close();
+        }
+        out
+    };
     let ((), (out, err), ended) = tokio::join!(feed, reads, waiting);
+    if let Some(secs) = asker
+        .as_ref()
+        .and_then(|a| *a.unanswered.lock().expect("unanswered lock"))
+    {
+        if !matches!(ended, Err(RunError::Cancelled) | Err(RunError::TimedOut(_))) {
+            return Err(RunError::Reported(format!(
+                "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
+            )));
+        }
+    }
     let ended = ended?;
     let stdout = out?;
     let stderr_text = clean(&String::from_utf8_lossy(&err?), true, true);
@@ -406,6 +461,70 @@ pub(crate) async fn drain_until_stopped<F: std::future::Future>(
     }
 }
 
+/// Relays `HELP:` lines of a CLI agent to the dispatcher and their answers back to its stdin.
+struct Asker {
+    questions: Option<mpsc::Sender<Question>>,
+    /// To the agent's stdin; taken (closing stdin) once its output has ended.
+    answers: std::sync::Mutex<Option<mpsc::Sender<String>>>,
+    wait: Duration,
+    /// Set when a question went unanswered for this many seconds.
+    unanswered: std::sync::Mutex<Option<u64>>,
+}
+
+impl Asker {
+    /// `HELP: question | option | option`: asks, waits, and writes the answer (the option's
+    /// name, or the free text on one line; an empty line when none came) to the agent.
+    async fn ask(&self, line: &str) {
+        let body = line.trim_start_matches("HELP:").trim();
+        let mut parts = body.split('|').map(str::trim);
+        let text = parts.next().unwrap_or_default().to_string();
+        let options: Vec<String> = parts
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        let reply = match &self.questions {
+            Some(questions) => {
+                let (answer, chosen) = tokio::sync::oneshot::channel();
+                let question = Question {
+                    text,
+                    reason: "The agent asks for a decision.".into(),
+                    options: options.clone(),
+                    answer,
+                };
+                if questions.send(question).await.is_err() {
+                    String::new()
+                } else {
+                    match tokio::time::timeout(self.wait, chosen).await {
+                        Ok(Ok(Answer::Chosen(i))) => options.get(i).cloned().unwrap_or_default(),
+                        Ok(Ok(Answer::Text(words))) => {
+                            words.split_whitespace().collect::<Vec<_>>().join(" ")
+                        }
+                        Ok(_) => String::new(),
+                        Err(_) => {
+                            tracing::warn!(
+                                seconds = self.wait.as_secs(),
+                                "no answer to the agent's question in time"
+                            );
+                            *self.unanswered.lock().expect("unanswered lock") =
+                                Some(self.wait.as_secs());
+                            String::new()
+                        }
+                    }
+                }
+            }
+            None => String::new(),
+        };
+        let answers = self.answers.lock().expect("answers lock").clone();
+        if let Some(answers) = answers {
+            let _ = answers.send(reply).await;
+        }
+    }
+
+    fn close(&self) {
+        self.answers.lock().expect("answers lock").take();
+    }
+}
+
 /// One read, or 0 (as at the end) once `stop` is cancelled.
 async fn read_or_stop(
     pipe: &mut (impl AsyncRead + Unpin),
@@ -426,6 +545,7 @@ async fn read_stream(
     events: &mpsc::Sender<StreamEvent>,
     finished: &Notify,
     stop: &CancellationToken,
+    asker: Option<&Asker>,
 ) -> std::io::Result<StreamParser> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut line: Vec<u8> = Vec::new();
@@ -458,6 +578,13 @@ async fn read_stream(
                 }
             }
             if complete {
+                if let (Some(asker), false) = (asker, skipping) {
+                    if line.starts_with(b"HELP:") {
+                        asker.ask(&String::from_utf8_lossy(&line)).await;
+                        line.clear();
+                        continue;
+                    }
+                }
                 if !skipping {
                     for event in take_line(&line, &mut parser) {
                         let _ = events.send(event).await;
@@ -488,18 +615,41 @@ async fn read_capped(
     mut pipe: impl AsyncRead + Unpin,
     max: usize,
     stop: &CancellationToken,
+    asker: Option<&Asker>,
 ) -> std::io::Result<(Vec<u8>, bool)> {
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buf = vec![0u8; 16 * 1024];
+    // With an asker, text is looked at line by line, so `HELP:` lines can be taken out.
+    let mut line: Vec<u8> = Vec::new();
+    let mut keep = |bytes: &[u8], kept: &mut Vec<u8>| {
+        let room = max.saturating_sub(kept.len());
+        kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        truncated |= bytes.len() > room;
+    };
     loop {
         let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
         if n == 0 {
+            keep(&line, &mut kept);
             return Ok((kept, truncated));
         }
-        let room = max.saturating_sub(kept.len());
-        kept.extend_from_slice(&buf[..n.min(room)]);
-        truncated |= n > room;
+        let Some(asker) = asker else {
+            keep(&buf[..n], &mut kept);
+            continue;
+        };
+        for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
+            if line.len() < MAX_LINE {
+                line.extend_from_slice(chunk);
+            }
+            if chunk.last() == Some(&b'\n') {
+                if line.starts_with(b"HELP:") {
+                    asker.ask(String::from_utf8_lossy(&line).trim_end()).await;
+                } else {
+                    keep(&line, &mut kept);
+                }
+                line.clear();
+            }
+        }
     }
 }
 

@@ -114,6 +114,10 @@ struct ProfileFile {
     /// happen twice: such a task is answered rejected, "interrupted by a bridge restart".
     #[serde(default = "default_true")]
     rerun_interrupted: bool,
+    /// CLI: the agent may ask its dispatcher by printing `HELP: question | option | ...`
+    /// on a line of its own; stdin stays open and the answer comes in as one line.
+    #[serde(default)]
+    help_lines: bool,
 }
 
 fn default_true() -> bool {
@@ -200,6 +204,8 @@ pub struct Profile {
     pub requires_node: Option<u32>,
     /// Run a task again after a crash interrupted it (see the profile file's key).
     pub rerun_interrupted: bool,
+    /// CLI: `HELP:` lines ask the dispatcher (see the profile file's key).
+    pub help_lines: bool,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
 }
@@ -271,6 +277,7 @@ impl Profile {
             install: file.install,
             requires_node: file.requires_node,
             rerun_interrupted: file.rerun_interrupted,
+            help_lines: file.help_lines,
             origin: origin.to_string(),
         })
     }
