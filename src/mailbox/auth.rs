@@ -98,6 +98,43 @@ pub fn check_sender(
     SenderCheck::Unverified(why.join("; "))
 }
 
+/// Which evidence a server wrote on one of its delivered mails: whether its own Received
+/// field records the authenticated login, and the authserv-ids of Authentication-Results it
+/// added. For `doctor` and `init`: what `sender_auth` can rely on with this server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evidence {
+    pub authenticated_submission: bool,
+    pub authserv_ids: Vec<String>,
+}
+
+pub fn evidence(headers: &[(String, String)]) -> Evidence {
+    let fields: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), unfold(v)))
+        .collect();
+    let Some(top) = fields
+        .iter()
+        .position(|(n, v)| n == "received" && received_over_smtp(v))
+    else {
+        return Evidence::default();
+    };
+    let mut authserv_ids: Vec<String> = fields[..top]
+        .iter()
+        .filter(|(n, _)| n == "authentication-results")
+        .filter_map(|(_, v)| {
+            strip_comments(v)
+                .split(';')
+                .next()
+                .and_then(|id| id.split_whitespace().next().map(str::to_string))
+        })
+        .collect();
+    authserv_ids.dedup();
+    Evidence {
+        authenticated_submission: authenticated_sender(&fields[top].1).is_some(),
+        authserv_ids,
+    }
+}
+
 fn unfold(value: &str) -> String {
     value
         .split(['\r', '\n'])
@@ -227,6 +264,23 @@ mod tests {
             matches!(&other, SenderCheck::Unverified(w) if w.contains("submitted by boss@example.test")),
             "{other:?}"
         );
+    }
+
+    #[test]
+    fn the_evidence_a_server_writes_is_read_for_doctor() {
+        let mut headers = h(&[
+            LMTP,
+            ("Authentication-Results", "mx.example.test; spf=none"),
+        ]);
+        headers.push(submission("boss@example.test"));
+        assert_eq!(
+            evidence(&headers),
+            Evidence {
+                authenticated_submission: true,
+                authserv_ids: vec!["mx.example.test".into()]
+            }
+        );
+        assert_eq!(evidence(&h(&[LMTP])), Evidence::default());
     }
 
     #[test]
