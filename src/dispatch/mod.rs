@@ -13,6 +13,7 @@ mod outbox;
 pub mod policy;
 pub mod prompt;
 pub mod questions;
+pub mod results;
 pub mod slots;
 mod workspace;
 

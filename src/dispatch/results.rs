@@ -1,0 +1,444 @@
+//! What a result carries beyond text: structured fields (`X-AAMP-StructuredResult`) and
+//! files, read from the agent's **final answer only** (never from the prompt the bridge
+//! wrote), and files gathered from the task's own workspace and nowhere else.
+//!
+//! An answer hands things back in one of three ways (the reference bridges' conventions):
+//! - a line `AAMP_RESULT_JSON:` followed by one JSON object (on the same line, on the next
+//!   lines, or in a ```` ``` ```` fence) with `output`, `structuredResult` (an array of
+//!   `{fieldKey, fieldTypeKey, value, ...}`) and `attachments` (`[{path, filename?,
+//!   contentType?}]`);
+//! - lines `FILE: path`;
+//! - the whole answer being such a JSON object.
+//!
+//! What remains (or the object's `output`) is the output text.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+const MARKER: &str = "AAMP_RESULT_JSON:";
+
+/// A file an answer names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileRef {
+    pub path: String,
+    pub filename: Option<String>,
+    pub content_type: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extracted {
+    pub output: String,
+    pub structured: Option<Value>,
+    pub files: Vec<FileRef>,
+}
+
+fn as_object_result(value: &Value) -> Option<&serde_json::Map<String, Value>> {
+    let obj = value.as_object()?;
+    ["output", "structuredResult", "attachments"]
+        .iter()
+        .any(|k| obj.contains_key(*k))
+        .then_some(obj)
+}
+
+fn file_refs(obj: &serde_json::Map<String, Value>) -> Vec<FileRef> {
+    obj.get("attachments")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|a| match a {
+                    Value::String(path) => Some(FileRef {
+                        path: path.clone(),
+                        filename: None,
+                        content_type: None,
+                    }),
+                    Value::Object(o) => Some(FileRef {
+                        path: o.get("path")?.as_str()?.to_string(),
+                        filename: o.get("filename").and_then(Value::as_str).map(str::to_string),
+                        content_type: o
+                            .get("contentType")
+                            .and_then(Value::as_str)
+                            .map(str::to_string),
+                    }),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first JSON value in `text` (after white space and an optional fence), and how many
+/// bytes of `text` it took (fence included).
+fn leading_json(text: &str) -> Option<(Value, usize)> {
+    let start = text.len() - text.trim_start().len();
+    let rest = &text[start..];
+    if let Some(fenced) = rest.strip_prefix("```") {
+        let body_start = fenced.find('\n')? + 1;
+        let body = &fenced[body_start..];
+        let end = body.find("```")?;
+        let value: Value = serde_json::from_str(body[..end].trim()).ok()?;
+        return Some((value, start + 3 + body_start + end + 3));
+    }
+    if !rest.starts_with('{') {
+        return None;
+    }
+    let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+    let value = stream.next()?.ok()?;
+    Some((value, start + stream.byte_offset()))
+}
+
+/// Reads an agent's final answer.
+pub fn extract(answer: &str) -> Extracted {
+    let trimmed = answer.trim();
+    if let Ok(value) = serde_json::from_str::<Value>(trimmed) {
+        if let Some(obj) = as_object_result(&value) {
+            return Extracted {
+                output: obj
+                    .get("output")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                structured: obj.get("structuredResult").cloned().filter(|v| !v.is_null()),
+                files: file_refs(obj),
+            };
+        }
+    }
+    let mut text = answer.to_string();
+    let mut structured = None;
+    let mut files = Vec::new();
+    let mut json_output = None;
+    if let Some(at) = find_marker(&text) {
+        let after = at + MARKER.len();
+        if let Some((value, used)) = leading_json(&text[after..]) {
+            if let Some(obj) = as_object_result(&value) {
+                structured = obj.get("structuredResult").cloned().filter(|v| !v.is_null());
+                files.extend(file_refs(obj));
+                json_output = obj.get("output").and_then(Value::as_str).map(str::to_string);
+                text.replace_range(at..after + used, "");
+            }
+        }
+    }
+    let mut kept = Vec::new();
+    for line in text.lines() {
+        match line.trim_start().strip_prefix("FILE:") {
+            Some(path) if !path.trim().is_empty() => files.push(FileRef {
+                path: path.trim().to_string(),
+                filename: None,
+                content_type: None,
+            }),
+            _ => kept.push(line),
+        }
+    }
+    let rest = kept.join("\n").trim().to_string();
+    Extracted {
+        output: match json_output {
+            Some(out) if rest.is_empty() => out,
+            Some(out) => format!("{rest}\n\n{out}"),
+            None => rest,
+        },
+        structured,
+        files,
+    }
+}
+
+/// Where the marker starts a line (after white space).
+fn find_marker(text: &str) -> Option<usize> {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let lead = line.len() - line.trim_start().len();
+        if line[lead..].starts_with(MARKER) {
+            return Some(offset + lead);
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// A file read from the workspace, ready to attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    pub filename: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// Limits on what a result attaches.
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    pub per_file: u64,
+    pub total: u64,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            per_file: 10 << 20,
+            total: 20 << 20,
+        }
+    }
+}
+
+/// Reads the named files from `workspace` (relative paths are taken from it; a path that
+/// resolves, symbolic links followed, outside it is refused). Returns the files and, for
+/// each one not attached, `path: why`.
+pub fn gather(workspace: &Path, refs: &[FileRef], caps: Caps) -> (Vec<Attached>, Vec<String>) {
+    let root = match workspace.canonicalize() {
+        Ok(root) => root,
+        Err(e) => {
+            return (
+                Vec::new(),
+                refs.iter()
+                    .map(|r| format!("{}: the workspace is gone ({e})", r.path))
+                    .collect(),
+            )
+        }
+    };
+    let mut attached: Vec<Attached> = Vec::new();
+    let mut refused = Vec::new();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut names: HashSet<String> = HashSet::new();
+    let mut total = 0u64;
+    for r in refs {
+        let given = Path::new(r.path.trim());
+        let joined = if given.is_absolute() {
+            given.to_path_buf()
+        } else {
+            root.join(given)
+        };
+        let resolved = match joined.canonicalize() {
+            Ok(p) => p,
+            Err(_) => {
+                refused.push(format!("{}: not found", r.path));
+                continue;
+            }
+        };
+        if !resolved.starts_with(&root) {
+            refused.push(format!(
+                "{}: outside the task's workspace (only files the agent made there are sent)",
+                r.path
+            ));
+            continue;
+        }
+        if !seen.insert(resolved.clone()) {
+            continue;
+        }
+        let meta = match std::fs::metadata(&resolved) {
+            Ok(m) if m.is_file() => m,
+            Ok(_) => {
+                refused.push(format!("{}: not a file", r.path));
+                continue;
+            }
+            Err(e) => {
+                refused.push(format!("{}: {e}", r.path));
+                continue;
+            }
+        };
+        if meta.len() > caps.per_file {
+            refused.push(format!(
+                "{}: {} bytes, more than the {} a file may have",
+                r.path,
+                meta.len(),
+                caps.per_file
+            ));
+            continue;
+        }
+        if total + meta.len() > caps.total {
+            refused.push(format!(
+                "{}: the result's files would pass {} bytes in all",
+                r.path, caps.total
+            ));
+            continue;
+        }
+        let bytes = match std::fs::read(&resolved) {
+            Ok(b) => b,
+            Err(e) => {
+                refused.push(format!("{}: {e}", r.path));
+                continue;
+            }
+        };
+        total += bytes.len() as u64;
+        let base = r.filename.clone().unwrap_or_else(|| {
+            resolved
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "file".into())
+        });
+        let filename =
+            super::workspace::unique_name(&super::workspace::safe_file_name(&base), &mut names);
+        let content_type = r
+            .content_type
+            .clone()
+            .filter(|t| t.contains('/') && !t.chars().any(|c| c.is_control()))
+            .unwrap_or_else(|| content_type(&filename, &bytes));
+        attached.push(Attached {
+            filename,
+            content_type,
+            bytes,
+        });
+    }
+    (attached, refused)
+}
+
+/// A content type from the file name, else from the content (text or not).
+pub fn content_type(name: &str, bytes: &[u8]) -> String {
+    let ext = name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    let known = match ext.as_str() {
+        "txt" | "log" => "text/plain",
+        "md" => "text/markdown",
+        "csv" => "text/csv",
+        "html" | "htm" => "text/html",
+        "json" => "application/json",
+        "xml" => "application/xml",
+        "yaml" | "yml" => "application/yaml",
+        "toml" => "application/toml",
+        "pdf" => "application/pdf",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "svg" => "image/svg+xml",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        "tar" => "application/x-tar",
+        "diff" | "patch" => "text/x-diff",
+        "rs" | "py" | "js" | "ts" | "go" | "c" | "h" | "java" | "sh" => "text/plain",
+        _ => "",
+    };
+    if !known.is_empty() {
+        return known.to_string();
+    }
+    if std::str::from_utf8(bytes).is_ok() && !bytes.contains(&0) {
+        "text/plain".into()
+    } else {
+        "application/octet-stream".into()
+    }
+}
+
+/// Fills `attachmentFilenames` of file-typed fields (`fieldTypeKey` naming an attachment or
+/// a file) with what was really attached, where the agent left it out.
+pub fn fill_attachment_names(structured: &mut Value, attached: &[Attached]) {
+    let Some(fields) = structured.as_array_mut() else {
+        return;
+    };
+    let names: Vec<Value> = attached
+        .iter()
+        .map(|a| Value::String(a.filename.clone()))
+        .collect();
+    for field in fields.iter_mut().filter_map(Value::as_object_mut) {
+        let kind = field
+            .get("fieldTypeKey")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let has_names = field
+            .get("attachmentFilenames")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if (kind.contains("attachment") || kind.contains("file")) && !has_names {
+            field.insert("attachmentFilenames".into(), Value::Array(names.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_marked_block_gives_fields_files_and_the_text() {
+        let answer = "Done, see the report.\n\nAAMP_RESULT_JSON:\n```json\n{\"output\": \"Report ready\", \"structuredResult\": [{\"fieldKey\": \"summary\", \"fieldTypeKey\": \"text\", \"value\": \"ok\"}], \"attachments\": [{\"path\": \"out/report.md\", \"filename\": \"report.md\"}]}\n```\nFILE: data.csv\n";
+        let e = extract(answer);
+        assert_eq!(e.output, "Done, see the report.\n\nReport ready");
+        assert_eq!(e.structured.unwrap()[0]["value"], "ok");
+        assert_eq!(
+            e.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            vec!["out/report.md", "data.csv"]
+        );
+        let bare = extract("AAMP_RESULT_JSON: {\"output\": \"x\", \"structuredResult\": []}\ntail");
+        assert_eq!(bare.output, "tail\n\nx");
+        assert_eq!(bare.structured, Some(json!([])));
+    }
+
+    #[test]
+    fn a_whole_json_answer_and_plain_text() {
+        let e = extract("{\"output\": \"hi\", \"attachments\": [\"a.txt\"]}");
+        assert_eq!(e.output, "hi");
+        assert_eq!(e.files[0].path, "a.txt");
+        let plain = extract("{\"some\": \"json the agent was asked for\"}");
+        assert_eq!(plain.output, "{\"some\": \"json the agent was asked for\"}");
+        assert!(plain.structured.is_none() && plain.files.is_empty());
+    }
+
+    #[test]
+    fn echoed_instructions_give_no_structured_result() {
+        let echoed = "To return fields, end your answer with a line AAMP_RESULT_JSON: followed by one JSON object.\nAAMP_RESULT_JSON: followed by one JSON object with \"output\"";
+        let e = extract(echoed);
+        assert!(e.structured.is_none());
+        assert!(e.files.is_empty());
+        assert_eq!(e.output, echoed);
+    }
+
+    #[test]
+    fn files_come_only_from_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("out")).unwrap();
+        std::fs::write(ws.join("out/report.md"), "# r").unwrap();
+        std::fs::write(ws.join("big.bin"), vec![0u8; 2000]).unwrap();
+        std::fs::write(dir.path().join("secret"), "s").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), ws.join("link")).unwrap();
+        let refs: Vec<FileRef> = ["out/report.md", "../secret", "/etc/passwd", "link", "missing", "out", "big.bin", "out/../out/report.md"]
+            .iter()
+            .map(|p| FileRef {
+                path: p.to_string(),
+                filename: None,
+                content_type: None,
+            })
+            .collect();
+        let (files, refused) = gather(
+            &ws,
+            &refs,
+            Caps {
+                per_file: 1000,
+                total: 5000,
+            },
+        );
+        assert_eq!(files.len(), 1, "{refused:?}");
+        assert_eq!(files[0].filename, "report.md");
+        assert_eq!(files[0].content_type, "text/markdown");
+        let said = refused.join("\n");
+        for needle in [
+            "../secret: outside",
+            "/etc/passwd: outside",
+            "link: outside",
+            "missing: not found",
+            "out: not a file",
+            "big.bin: 2000 bytes",
+        ] {
+            assert!(said.contains(needle), "{needle}: {said}");
+        }
+    }
+
+    #[test]
+    fn file_fields_get_the_attached_names() {
+        let mut s = json!([
+            {"fieldKey": "report", "fieldTypeKey": "attachment", "value": ""},
+            {"fieldKey": "summary", "fieldTypeKey": "text", "value": "ok"},
+            {"fieldKey": "files", "fieldTypeKey": "multi_file", "attachmentFilenames": ["kept.txt"]}
+        ]);
+        let attached = vec![Attached {
+            filename: "report.md".into(),
+            content_type: "text/markdown".into(),
+            bytes: vec![],
+        }];
+        fill_attachment_names(&mut s, &attached);
+        assert_eq!(s[0]["attachmentFilenames"], json!(["report.md"]));
+        assert!(s[1].get("attachmentFilenames").is_none());
+        assert_eq!(s[2]["attachmentFilenames"], json!(["kept.txt"]));
+    }
+}
