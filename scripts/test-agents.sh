@@ -4,6 +4,7 @@
 #   - the real Gemini CLI (`gemini --acp`), from npm
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
+#   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${AAMP_TEST_AGENTS:-$PWD/target/test-agents}
@@ -16,9 +17,10 @@ if [ ! -x "$dir/npm/node_modules/.bin/gemini" ] || [ ! -d "$dir/npm/node_modules
   npm install --prefix "$dir/npm" --no-audit --no-fund --loglevel=error \
     @google/gemini-cli@0.61.0 @agentclientprotocol/sdk@2.4.0 >&2
 fi
-if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp' 2>/dev/null; then
-  echo "test-agents: installing agent-client-protocol (PyPI) into a venv" >&2
+if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
+  echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2
   python3 -m venv "$dir/venv"
-  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check agent-client-protocol==0.12.1 >&2
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check \
+    agent-client-protocol==0.12.1 aamp-sdk==0.1.2 >&2
 fi
 echo "$dir"

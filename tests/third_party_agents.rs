@@ -6,7 +6,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use aamp_bridge::runner::acp::probe;
 use aamp_bridge::runner::stream::{StreamEvent, ToolStatus};
@@ -17,21 +16,8 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where the third-party agents are installed (installing them the first time).
 fn agents_dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = std::process::Command::new("bash")
-            .arg(repo().join("scripts/test-agents.sh"))
-            .output()
-            .expect("bash runs scripts/test-agents.sh");
-        assert!(
-            out.status.success(),
-            "installing the test agents failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
+    support::test_agents()
 }
 
 fn acp_profile(command: &Path, args: &[&Path], env: &[(&str, &str)]) -> Profile {

@@ -14,11 +14,67 @@ use tokio_util::sync::CancellationToken;
 use super::journal::TaskState;
 use super::questions::PendingQuestion;
 use super::{
-    prompt, task_key, workspace, CancelReply, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR,
+    prompt, results, task_key, workspace, CancelReply, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR,
 };
 use crate::mailbox::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, RunError, SpawnHook, TaskInput};
+
+/// A successful run as it is answered: the text, and what goes with it.
+pub(super) struct Answer {
+    pub output: String,
+    pub truncated: bool,
+    pub session_id: Option<String>,
+    pub structured: Option<serde_json::Value>,
+    pub files: Vec<results::Attached>,
+}
+
+/// Reads what the agent handed back: fields and files named in its final answer, and files
+/// it handed over otherwise; every file from `workspace` only, and every one refused named at
+/// the end of the output.
+fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
+    let extracted = results::extract(&out.output);
+    let mut refs = extracted.files.clone();
+    let mut inline = Vec::new();
+    for file in out.files {
+        match file {
+            runner::OutputFile::Path(path) => refs.push(results::FileRef {
+                path: path.display().to_string(),
+                filename: None,
+                content_type: None,
+            }),
+            runner::OutputFile::Inline {
+                name,
+                content_type,
+                bytes,
+            } => inline.push((name, content_type, bytes)),
+        }
+    }
+    let caps = results::Caps::default();
+    let (mut files, mut refused) = results::gather(workspace, &refs, caps);
+    for (name, content_type, bytes) in inline {
+        results::attach_inline(&mut files, &mut refused, &name, content_type, bytes, caps);
+    }
+    let mut output = extracted.output;
+    if !refused.is_empty() {
+        output.push_str("\n\nFiles not attached:");
+        for why in &refused {
+            output.push_str(&format!("\n- {why}"));
+        }
+        tracing::warn!(refused = ?refused, "files the agent named were not attached");
+    }
+    let structured = extracted.structured.map(|mut s| {
+        results::fill_attachment_names(&mut s, &files);
+        s
+    });
+    Answer {
+        output,
+        truncated: out.truncated,
+        session_id: out.session_id,
+        structured,
+        files,
+    }
+}
 
 /// Stream events buffered between an agent and their consumer.
 const STREAM_BUFFER: usize = 256;
@@ -70,15 +126,19 @@ impl<O: Outbox> Dispatcher<O> {
             );
             return;
         }
+        let mut structured = None;
+        let mut files = Vec::new();
         let (state, status, output, error) = match outcome {
-            Ok(out) => {
-                let mut text = out.output;
-                if out.truncated {
+            Ok(answer) => {
+                let mut text = answer.output;
+                if answer.truncated {
                     text.push_str(&format!(
                         "\n[output cut at {} bytes]",
                         self.spec().profile.output.max_bytes
                     ));
                 }
+                structured = answer.structured;
+                files = answer.files;
                 (TaskState::Answered, Status::Completed, text, None)
             }
             Err(RunError::Cancelled) => (
@@ -98,11 +158,12 @@ impl<O: Outbox> Dispatcher<O> {
             status,
             output,
             error: error.clone(),
-            structured_result: None,
+            structured_result: structured,
         };
         let silent =
             state == TaskState::Cancelled && self.spec().cancel_reply == CancelReply::Silent;
-        let reply = (!silent).then(|| self.compose(&task.env, &task.key, Body::Result(result), 0));
+        let reply = (!silent)
+            .then(|| self.compose_with(&task.env, &task.key, Body::Result(result), 0, &files));
         match &reply {
             Some(reply) => {
                 tracing::info!(status = status.as_str(), result_message_id = %reply.mail.message_id, "result recorded")
@@ -122,7 +183,7 @@ impl<O: Outbox> Dispatcher<O> {
         task: &Task,
         runs: u32,
         cancel: &CancellationToken,
-    ) -> Result<runner::RunOutput, RunError> {
+    ) -> Result<Answer, RunError> {
         let spec_now = self.spec();
         let spec = &*spec_now;
         let journal = &self.inner.journal;
@@ -246,9 +307,25 @@ impl<O: Outbox> Dispatcher<O> {
         };
         // Owns the input, so the question sender in it drops when the run ends, which ends
         // `asking`.
+        let workspace_now = workspace.clone();
         let run = async move {
             let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
             drop(input);
+            // Fields and files from the final answer; files only from the workspace, each
+            // announced on the stream before the result.
+            let outcome = outcome.map(|out| hand_back(out, &workspace_now));
+            if let Ok(answer) = &outcome {
+                for file in &answer.files {
+                    let _ = tx
+                        .send(runner::StreamEvent::Artifact {
+                            label: file.filename.clone(),
+                            filename: file.filename.clone(),
+                            content_type: file.content_type.clone(),
+                            size: file.bytes.len() as u64,
+                        })
+                        .await;
+                }
+            }
             drop(tx);
             // What the agent started and left behind, even outside its process group.
             let left = runner::process::kill_tagged(RUN_VAR, &run_tag);

@@ -907,12 +907,32 @@ impl<O: Outbox> Dispatcher<O> {
     /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
     /// task (`n` tells apart several mails of one intent).
     fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
+        self.compose_with(env, key, body, n, &[])
+    }
+
+    /// [`Dispatcher::compose`] with files attached.
+    fn compose_with(
+        &self,
+        env: &Envelope,
+        key: &str,
+        body: Body,
+        n: u32,
+        files: &[results::Attached],
+    ) -> Outgoing {
         let intent = body.intent().as_str();
         let mut msg = AampMessage::reply(env, &self.spec().email, body);
         msg.envelope.message_id = derived_message_id(&self.spec().email, key, intent, n);
+        let files: Vec<crate::protocol::OutgoingFile> = files
+            .iter()
+            .map(|f| crate::protocol::OutgoingFile {
+                filename: f.filename.clone(),
+                content_type: f.content_type.clone(),
+                bytes: f.bytes.clone(),
+            })
+            .collect();
         Outgoing {
             intent: intent.to_string(),
-            mail: crate::protocol::render(&msg, SystemTime::now()),
+            mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
         }
     }
 

@@ -100,12 +100,71 @@ pub fn build(
         p.push('\n');
     }
     p.push_str("Your final answer is sent back to the sender as the task's result.\n");
+    // Worded so that an agent repeating these lines hands nothing back by it: no line of
+    // them starts with a marker, and the shape below is not JSON.
+    p.push_str(
+        "To send files back, save them in your working directory and end your answer with one line per \
+         file that starts with FILE: and then the file's path. To return structured fields, end your \
+         answer with a line that starts with AAMP_RESULT_JSON: and then one JSON object with \"output\" \
+         (your answer's text), \"structuredResult\" (a list of fields, each with \"fieldKey\", \
+         \"fieldTypeKey\" and \"value\") and \"attachments\" (a list of files, each with \"path\").\n",
+    );
+    if let Some(fields) = dispatch.dispatch_context.get("resultFields") {
+        let fields: Vec<String> = fields
+            .split(',')
+            .map(|f| one_line(f.trim()))
+            .filter(|f| !f.is_empty())
+            .collect();
+        if !fields.is_empty() {
+            p.push_str(&format!(
+                "The sender asks for these fields in structuredResult: {}.\n",
+                fields.join(", ")
+            ));
+        }
+    }
     p
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prompt_echoed_back_hands_nothing_back() {
+        let env = crate::protocol::Envelope {
+            version: "1.1".into(),
+            task_id: "t".into(),
+            from: "a@x.test".into(),
+            to: vec!["b@x.test".into()],
+            message_id: "<m@x.test>".into(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        };
+        let mut dispatch = crate::protocol::Dispatch {
+            title: "t".into(),
+            body_text: "do it".into(),
+            ..Default::default()
+        };
+        dispatch
+            .dispatch_context
+            .insert("resultFields".into(), "summary, report".into());
+        let prompt = build(
+            "coder",
+            &env,
+            &dispatch,
+            &PromptExtras {
+                truncated: false,
+                files: vec![],
+                history: vec![],
+            },
+        );
+        assert!(prompt.contains("summary, report"), "{prompt}");
+        let echoed = crate::dispatch::results::extract(&prompt);
+        assert!(echoed.structured.is_none(), "{prompt}");
+        assert!(echoed.files.is_empty(), "{:?}", echoed.files);
+    }
 
     #[test]
     fn frame_fields_cannot_forge_lines() {

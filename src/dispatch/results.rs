@@ -56,7 +56,10 @@ fn file_refs(obj: &serde_json::Map<String, Value>) -> Vec<FileRef> {
                     }),
                     Value::Object(o) => Some(FileRef {
                         path: o.get("path")?.as_str()?.to_string(),
-                        filename: o.get("filename").and_then(Value::as_str).map(str::to_string),
+                        filename: o
+                            .get("filename")
+                            .and_then(Value::as_str)
+                            .map(str::to_string),
                         content_type: o
                             .get("contentType")
                             .and_then(Value::as_str)
@@ -100,7 +103,10 @@ pub fn extract(answer: &str) -> Extracted {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string(),
-                structured: obj.get("structuredResult").cloned().filter(|v| !v.is_null()),
+                structured: obj
+                    .get("structuredResult")
+                    .cloned()
+                    .filter(|v| !v.is_null()),
                 files: file_refs(obj),
             };
         }
@@ -113,9 +119,15 @@ pub fn extract(answer: &str) -> Extracted {
         let after = at + MARKER.len();
         if let Some((value, used)) = leading_json(&text[after..]) {
             if let Some(obj) = as_object_result(&value) {
-                structured = obj.get("structuredResult").cloned().filter(|v| !v.is_null());
+                structured = obj
+                    .get("structuredResult")
+                    .cloned()
+                    .filter(|v| !v.is_null());
                 files.extend(file_refs(obj));
-                json_output = obj.get("output").and_then(Value::as_str).map(str::to_string);
+                json_output = obj
+                    .get("output")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 text.replace_range(at..after + used, "");
             }
         }
@@ -202,11 +214,20 @@ pub fn gather(workspace: &Path, refs: &[FileRef], caps: Caps) -> (Vec<Attached>,
     let mut total = 0u64;
     for r in refs {
         let given = Path::new(r.path.trim());
-        let joined = if given.is_absolute() {
+        let joined = lexical(&if given.is_absolute() {
             given.to_path_buf()
         } else {
             root.join(given)
-        };
+        });
+        // Outside by its very words (`..`, an absolute path elsewhere): refused before
+        // anything is looked up there.
+        if !joined.starts_with(&root) {
+            refused.push(format!(
+                "{}: outside the task's workspace (only files the agent made there are sent)",
+                r.path
+            ));
+            continue;
+        }
         let resolved = match joined.canonicalize() {
             Ok(p) => p,
             Err(_) => {
@@ -279,6 +300,61 @@ pub fn gather(workspace: &Path, refs: &[FileRef], caps: Caps) -> (Vec<Attached>,
         });
     }
     (attached, refused)
+}
+
+/// `path` with `.` and `..` taken out by their words alone (no link is followed).
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Adds a file the agent sent itself (not from the disk), under the same caps and with a
+/// name of its own.
+pub fn attach_inline(
+    files: &mut Vec<Attached>,
+    refused: &mut Vec<String>,
+    name: &str,
+    content_type: Option<String>,
+    bytes: Vec<u8>,
+    caps: Caps,
+) {
+    let total: u64 = files.iter().map(|f| f.bytes.len() as u64).sum();
+    let size = bytes.len() as u64;
+    if size > caps.per_file {
+        refused.push(format!(
+            "{name}: {size} bytes, more than the {} a file may have",
+            caps.per_file
+        ));
+        return;
+    }
+    if total + size > caps.total {
+        refused.push(format!(
+            "{name}: the result's files would pass {} bytes in all",
+            caps.total
+        ));
+        return;
+    }
+    let mut taken: HashSet<String> = files.iter().map(|f| f.filename.clone()).collect();
+    let filename =
+        super::workspace::unique_name(&super::workspace::safe_file_name(name), &mut taken);
+    let content_type = content_type
+        .filter(|t| t.contains('/') && !t.chars().any(|c| c.is_control()))
+        .unwrap_or_else(|| self::content_type(&filename, &bytes));
+    files.push(Attached {
+        filename,
+        content_type,
+        bytes,
+    });
 }
 
 /// A content type from the file name, else from the content (text or not).
@@ -392,14 +468,23 @@ mod tests {
         std::fs::write(ws.join("big.bin"), vec![0u8; 2000]).unwrap();
         std::fs::write(dir.path().join("secret"), "s").unwrap();
         std::os::unix::fs::symlink(dir.path().join("secret"), ws.join("link")).unwrap();
-        let refs: Vec<FileRef> = ["out/report.md", "../secret", "/etc/passwd", "link", "missing", "out", "big.bin", "out/../out/report.md"]
-            .iter()
-            .map(|p| FileRef {
-                path: p.to_string(),
-                filename: None,
-                content_type: None,
-            })
-            .collect();
+        let refs: Vec<FileRef> = [
+            "out/report.md",
+            "../secret",
+            "/etc/passwd",
+            "link",
+            "missing",
+            "out",
+            "big.bin",
+            "out/../out/report.md",
+        ]
+        .iter()
+        .map(|p| FileRef {
+            path: p.to_string(),
+            filename: None,
+            content_type: None,
+        })
+        .collect();
         let (files, refused) = gather(
             &ws,
             &refs,

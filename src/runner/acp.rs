@@ -16,12 +16,13 @@ use std::time::Instant;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AuthMethod, AuthenticateRequest, CancelNotification, ClientCapabilities, ContentBlock,
-    FileSystemCapabilities, Implementation, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PlanEntryStatus, PromptRequest,
-    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
-    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallContent, ToolCallStatus,
-    ToolKind, WriteTextFileRequest, WriteTextFileResponse,
+    EmbeddedResourceResource, FileSystemCapabilities, Implementation, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, NewSessionRequest, PermissionOptionKind,
+    PlanEntryStatus, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    ResumeSessionRequest, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
+    StopReason, TextContent, ToolCallContent, ToolCallStatus, ToolKind, WriteTextFileRequest,
+    WriteTextFileResponse,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
@@ -86,6 +87,9 @@ struct Shared {
     /// A question to the dispatcher went unanswered for this many seconds: the task is then
     /// answered rejected, saying so.
     unanswered: Mutex<Option<u64>>,
+    /// Files handed over: resources in the agent's messages, and (with the profile's
+    /// `attach_written_files`) files it wrote.
+    files: Mutex<Vec<super::OutputFile>>,
 }
 
 /// Runs one task on an ACP agent.
@@ -128,6 +132,7 @@ pub async fn run_acp(
         replaying: AtomicBool::new(false),
         cancelling: AtomicBool::new(false),
         unanswered: Mutex::new(None),
+        files: Mutex::new(Vec::new()),
     });
     let policy = profile.permissions;
     let on_update = {
@@ -188,10 +193,20 @@ pub async fn run_acp(
     };
     let on_write = {
         let root = workspace.clone();
+        let (shared, attach) = (shared.clone(), profile.attach_written_files);
         async move |req: WriteTextFileRequest,
                     responder: agent_client_protocol::v1::Responder<WriteTextFileResponse>,
                     _cx| match write_confined(&root, &req) {
-            Ok(()) => responder.respond(WriteTextFileResponse::new()),
+            Ok(()) => {
+                if attach {
+                    let mut files = shared.files.lock().expect("files lock");
+                    let path = super::OutputFile::Path(req.path.clone());
+                    if !files.contains(&path) {
+                        files.push(path);
+                    }
+                }
+                responder.respond(WriteTextFileResponse::new())
+            }
             Err(message) => responder.respond_with_error(agent_client_protocol::Error::new(
                 ErrorCode::INVALID_PARAMS,
                 message,
@@ -258,6 +273,7 @@ pub async fn run_acp(
                     truncated,
                     duration: started.elapsed(),
                     session_id: Some(session_id),
+                    files: std::mem::take(&mut *shared.files.lock().expect("files lock")),
                 })
             }
             StopReason::Cancelled => Err(RunError::Cancelled),
@@ -749,12 +765,60 @@ impl Shared {
     }
 }
 
+/// An embedded resource as a file: named after the last part of its URI.
+fn embedded_file(resource: &EmbeddedResourceResource) -> Option<super::OutputFile> {
+    use base64::Engine as _;
+    let name_of = |uri: &str| {
+        uri.rsplit('/')
+            .find(|s| !s.is_empty())
+            .unwrap_or("resource")
+            .to_string()
+    };
+    match resource {
+        EmbeddedResourceResource::TextResourceContents(t) => Some(super::OutputFile::Inline {
+            name: name_of(&t.uri),
+            content_type: t.mime_type.clone(),
+            bytes: t.text.clone().into_bytes(),
+        }),
+        EmbeddedResourceResource::BlobResourceContents(b) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b.blob.trim())
+                .ok()?;
+            Some(super::OutputFile::Inline {
+                name: name_of(&b.uri),
+                content_type: b.mime_type.clone(),
+                bytes,
+            })
+        }
+        _ => None,
+    }
+}
+
 fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
     match update {
         SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
             ContentBlock::Text(t) if !t.text.is_empty() => {
                 shared.append_text(&t.text);
                 vec![StreamEvent::TextDelta(t.text.clone())]
+            }
+            ContentBlock::ResourceLink(link) => {
+                match link.uri.strip_prefix("file://") {
+                    Some(path) => shared
+                        .files
+                        .lock()
+                        .expect("files lock")
+                        .push(super::OutputFile::Path(PathBuf::from(path))),
+                    None => {
+                        tracing::info!(uri = %link.uri, "a resource link that is not a file is not attached")
+                    }
+                }
+                Vec::new()
+            }
+            ContentBlock::Resource(embedded) => {
+                if let Some(file) = embedded_file(&embedded.resource) {
+                    shared.files.lock().expect("files lock").push(file);
+                }
+                Vec::new()
             }
             _ => Vec::new(),
         },

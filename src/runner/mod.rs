@@ -102,6 +102,21 @@ pub struct RunOutput {
     pub duration: Duration,
     /// The agent's own session id, when its stream named one (to resume it later).
     pub session_id: Option<String>,
+    /// Files the agent handed over beside its text (ACP resources, files it wrote).
+    pub files: Vec<OutputFile>,
+}
+
+/// A file an agent handed over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutputFile {
+    /// A path, as the agent named it (checked against the workspace by whoever attaches it).
+    Path(PathBuf),
+    /// Content the agent sent itself.
+    Inline {
+        name: String,
+        content_type: Option<String>,
+        bytes: Vec<u8>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -424,6 +439,7 @@ pub async fn run_cli(
         truncated,
         duration: started.elapsed(),
         session_id,
+        files: Vec::new(),
     })
 }
 

@@ -118,6 +118,9 @@ struct ProfileFile {
     /// on a line of its own; stdin stays open and the answer comes in as one line.
     #[serde(default)]
     help_lines: bool,
+    /// ACP: files the agent writes (fs/write_text_file) in its workspace go with the result.
+    #[serde(default)]
+    attach_written_files: bool,
 }
 
 fn default_true() -> bool {
@@ -206,6 +209,8 @@ pub struct Profile {
     pub rerun_interrupted: bool,
     /// CLI: `HELP:` lines ask the dispatcher (see the profile file's key).
     pub help_lines: bool,
+    /// ACP: files the agent writes are attached to the result.
+    pub attach_written_files: bool,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
 }
@@ -278,6 +283,7 @@ impl Profile {
             requires_node: file.requires_node,
             rerun_interrupted: file.rerun_interrupted,
             help_lines: file.help_lines,
+            attach_written_files: file.attach_written_files,
             origin: origin.to_string(),
         })
     }

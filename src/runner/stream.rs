@@ -58,12 +58,29 @@ pub enum StreamEvent {
         output: Option<String>,
     },
     Todo(Vec<TodoItem>),
+    /// A file that goes with the result.
+    Artifact {
+        label: String,
+        filename: String,
+        content_type: String,
+        size: u64,
+    },
 }
 
 impl StreamEvent {
     /// The AAMP event type and payload.
     pub fn to_aamp(&self) -> (&'static str, Value) {
         match self {
+            StreamEvent::Artifact {
+                label,
+                filename,
+                content_type,
+                size,
+            } => (
+                "artifact",
+                serde_json::json!({"label": label, "artifactId": filename, "filename": filename,
+                                   "contentType": content_type, "size": size, "kind": "file"}),
+            ),
             StreamEvent::TextDelta(text) => ("text.delta", serde_json::json!({ "text": text })),
             StreamEvent::ToolCall {
                 id,

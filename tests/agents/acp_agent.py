@@ -16,6 +16,7 @@ Steps: {"say": text} {"think": text} {"plan": [[content, status], ...]}
   {"tool": {"id", "title", "kind", "input"}} {"tool_done": {"id", "output", "failed"}}
   {"diff": {"id", "path", "old", "new"}} {"permission": {"id", "title", "kind"}}
   {"read": path} {"write": [path, content]} {"sleep": seconds} {"crash": exit_code}
+  {"write_here": [name, content]} {"resource_link": name} {"resource": [name, text]}
   {"big_line": bytes} {"unknown_update": true} {"stderr": text} {"stop": reason}
 {"say_prompt": true} says the prompt's text back. "ignore_eof": true keeps the process alive
 after stdin closes.
@@ -135,6 +136,23 @@ def run_prompt(rid, params):
             path, content = step["write"]
             answer = request("fs/write_text_file", {"sessionId": sid, "path": path, "content": content})
             say(sid, "write: %s " % ("ok" if "result" in answer else "refused: " + answer["error"]["message"]))
+        elif "write_here" in step:
+            # fs/write_text_file of a file in the agent's working directory (its workspace).
+            name, content = step["write_here"]
+            path = os.path.join(os.getcwd(), name)
+            answer = request("fs/write_text_file", {"sessionId": sid, "path": path, "content": content})
+            say(sid, "wrote %s. " % name if "result" in answer else "write refused. ")
+        elif "resource_link" in step:
+            # A link to a file: a resource_link content block with a file:// URI.
+            name = step["resource_link"]
+            path = name if os.path.isabs(name) else os.path.join(os.getcwd(), name)
+            update(sid, {"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "resource_link", "name": os.path.basename(name), "uri": "file://" + path}})
+        elif "resource" in step:
+            # An embedded text resource: the content itself.
+            name, text = step["resource"]
+            update(sid, {"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "resource", "resource": {"uri": "file:///virtual/" + name, "text": text, "mimeType": "text/plain"}}})
         elif "sleep" in step:
             deadline = time.time() + step["sleep"]
             while time.time() < deadline:

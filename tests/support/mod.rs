@@ -814,3 +814,21 @@ pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
     expect("250", &mut reader);
     write!(writer, "QUIT\r\n").unwrap();
 }
+
+/// Where `scripts/test-agents.sh` installs the third-party agents and SDKs (installing them
+/// the first time).
+pub fn test_agents() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo().join("scripts/test-agents.sh"))
+            .output()
+            .expect("bash runs scripts/test-agents.sh");
+        assert!(
+            out.status.success(),
+            "installing the test agents failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
