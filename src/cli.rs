@@ -16,7 +16,7 @@ use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, Priority, Sta
 #[derive(Debug, Parser)]
 #[command(
     name = "aamp-bridge",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("AAMP_BRIDGE_COMMIT"), ")"),
     about = "Hands tasks that arrive by mail (AAMP) to the coding agents on this machine, and mails back their results."
 )]
 pub struct Cli {
@@ -66,9 +66,45 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
+    /// (read from the state directory; works whether the bridge runs or not).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The tasks the bridge received, newest first.
+    Tasks {
+        #[arg(long)]
+        agent: Option<String>,
+        /// received, acked, running, help_needed, answered, rejected, cancelled or expired.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One task's timeline, from the inbound mail to the reply.
+    Task {
+        #[command(subcommand)]
+        action: TaskAction,
+    },
+    /// Print a shell completion script: `aamp-bridge completions bash > ~/.local/share/bash-completion/completions/aamp-bridge`.
+    Completions { shell: clap_complete::Shell },
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskAction {
+    /// Everything the journal knows of a task: ids, state, runs and each step with its time.
+    Show {
+        /// The TaskId, the inbound Message-ID, or the journal's row number.
+        id: String,
         #[arg(long)]
         json: bool,
     },
@@ -149,6 +185,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
         Command::Inspect { file, json } => inspect(&file, json),
         Command::Policy { action } => policy(&LoadedConfig::load(&config_path)?, action),
+        Command::Status { json } => status(&LoadedConfig::load(&config_path)?, json),
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "aamp-bridge",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Tasks {
+            agent,
+            state,
+            limit,
+            json,
+        } => tasks(
+            &LoadedConfig::load(&config_path)?,
+            agent,
+            state,
+            limit,
+            json,
+        ),
+        Command::Task {
+            action: TaskAction::Show { id, json },
+        } => task_show(&LoadedConfig::load(&config_path)?, &id, json),
         Command::Pair {
             agent,
             ttl_secs,
@@ -523,5 +585,227 @@ fn pair(config: &LoadedConfig, agent_name: &str, ttl_secs: u64, json: bool) -> a
     println!("  {url}");
     println!("  code {code}, valid until {expires_at} (once)");
     println!("The bridge must be running to answer the pair request.");
+    Ok(0)
+}
+
+fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {
+    let path = config.state_dir.join("journal.sqlite3");
+    if !path.exists() {
+        bail!(
+            "no task journal at {} yet: the bridge has not run with this state directory (aamp-bridge start)",
+            path.display()
+        );
+    }
+    Ok(crate::dispatch::Journal::open(&path)?)
+}
+
+fn ms_time(ms: i64) -> String {
+    protocol::time::format_utc_ms(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+fn tasks(
+    config: &LoadedConfig,
+    agent: Option<String>,
+    state: Option<String>,
+    limit: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::dispatch::TaskState;
+    let state = match state {
+        Some(s) => Some(TaskState::parse(&s).with_context(|| {
+            format!(
+                "--state {s:?}: one of {}",
+                TaskState::ALL.map(TaskState::as_str).join(", ")
+            )
+        })?),
+        None => None,
+    };
+    let rows = open_journal(config)?.tasks(agent.as_deref(), state, limit)?;
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(0);
+    }
+    if rows.is_empty() {
+        println!("no tasks");
+    }
+    for t in rows {
+        println!(
+            "{:>5}  {}  {:<10} {:<11} {}  from {}{}",
+            t.id,
+            ms_time(t.received_at_ms),
+            t.agent,
+            t.state,
+            t.task_id,
+            t.sender,
+            t.reason
+                .map(|r| format!("  ({})", r.chars().take(80).collect::<String>()))
+                .unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
+fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::Result<i32> {
+    let journal = open_journal(config)?;
+    let found = journal.find_tasks(id)?;
+    if found.is_empty() {
+        eprintln!(
+            "no task {id:?} in {} (aamp-bridge tasks lists them)",
+            journal.path().display()
+        );
+        return Ok(1);
+    }
+    let mut shown = Vec::new();
+    for task in found {
+        let steps = journal.timeline(task.id)?;
+        shown.push(serde_json::json!({"task": task, "timeline": steps}));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(shown));
+        return Ok(0);
+    }
+    for item in shown {
+        let t = &item["task"];
+        println!(
+            "task {} (journal row {})",
+            t["taskId"].as_str().unwrap_or_default(),
+            t["id"]
+        );
+        println!("  agent       {}", t["agent"].as_str().unwrap_or_default());
+        println!("  from        {}", t["sender"].as_str().unwrap_or_default());
+        println!(
+            "  message id  {}",
+            t["messageId"].as_str().unwrap_or_default()
+        );
+        println!(
+            "  state       {} after {} run(s)",
+            t["state"].as_str().unwrap_or_default(),
+            t["runs"]
+        );
+        if let Some(reason) = t["reason"].as_str() {
+            println!("  reason      {reason}");
+        }
+        let start = item["timeline"][0]["atMs"].as_i64().unwrap_or(0);
+        for step in item["timeline"].as_array().into_iter().flatten() {
+            let at = step["atMs"].as_i64().unwrap_or(0);
+            println!(
+                "  {}  +{:>7} ms  {}{}",
+                ms_time(at),
+                at - start,
+                step["what"].as_str().unwrap_or_default(),
+                step["detail"]
+                    .as_str()
+                    .map(|d| format!(": {}", d.replace('\n', "\n        ")))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
+    let running = crate::fsio::StateLock::holder(&config.state_dir);
+    let journal_path = config.state_dir.join("journal.sqlite3");
+    let journal = journal_path
+        .exists()
+        .then(|| crate::dispatch::Journal::open(&journal_path))
+        .transpose()?;
+    let counts = match &journal {
+        Some(j) => j.counts()?,
+        None => Vec::new(),
+    };
+    let now = std::time::SystemTime::now();
+    let mut agents = Vec::new();
+    for agent in &config.config.agents {
+        let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        let email = config
+            .account(&mailbox)
+            .map(|a| a.email)
+            .unwrap_or_default();
+        let link: serde_json::Value = std::fs::read(
+            config
+                .state_dir
+                .join("agents")
+                .join(&agent.name)
+                .join("link.json"),
+        )
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+        let count = |state: &str| {
+            counts
+                .iter()
+                .find(|(a, s, _)| *a == agent.name && s == state)
+                .map_or(0, |(_, _, n)| *n)
+        };
+        let running_tasks = match &journal {
+            Some(j) => j
+                .tasks(Some(&agent.name), Some(crate::dispatch::TaskState::Running), 100)?
+                .into_iter()
+                .chain(j.tasks(Some(&agent.name), Some(crate::dispatch::TaskState::HelpNeeded), 100)?)
+                .map(|t| {
+                    let age = now
+                        .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(t.updated_at_ms.max(0) as u64))
+                        .unwrap_or_default();
+                    serde_json::json!({"taskId": t.task_id, "state": t.state, "from": t.sender, "ageSecs": age.as_secs()})
+                })
+                .collect::<Vec<_>>(),
+            None => Vec::new(),
+        };
+        agents.push(serde_json::json!({
+            "agent": agent.name, "mailbox": email, "link": link,
+            "queued": count("received") + count("acked"), "running": running_tasks,
+            "unsent": count("unsent"),
+        }));
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir, "agents": agents})
+        );
+        return Ok(0);
+    }
+    match &running {
+        Some(pid) => println!(
+            "aamp-bridge is running (pid {pid}), state in {}",
+            config.state_dir.display()
+        ),
+        None => println!(
+            "aamp-bridge is not running (state in {}); what it last knew:",
+            config.state_dir.display()
+        ),
+    }
+    for a in &agents {
+        let link = &a["link"];
+        let reach = link["mailbox"].as_str().unwrap_or("never connected");
+        println!(
+            "{}  <{}>  mailbox {reach} since {}, {}",
+            a["agent"].as_str().unwrap_or_default(),
+            a["mailbox"].as_str().unwrap_or_default(),
+            link["since"].as_str().unwrap_or("-"),
+            match link["push"].as_str() {
+                Some("polling") | None => "polling".to_string(),
+                Some(p) => format!("push over {p}"),
+            }
+        );
+        if let Some(error) = link["lastError"].as_str() {
+            println!("    last error: {error}");
+        }
+        println!(
+            "    {} queued, {} running, {} answers waiting to be sent",
+            a["queued"],
+            a["running"].as_array().map_or(0, Vec::len),
+            a["unsent"]
+        );
+        for t in a["running"].as_array().into_iter().flatten() {
+            println!(
+                "    - {} ({}, {} s, from {})",
+                t["taskId"].as_str().unwrap_or_default(),
+                t["state"].as_str().unwrap_or_default(),
+                t["ageSecs"],
+                t["from"].as_str().unwrap_or_default()
+            );
+        }
+    }
     Ok(0)
 }

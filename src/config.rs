@@ -189,7 +189,7 @@ fn default_refusals() -> u32 {
 }
 
 fn default_per_sender() -> u32 {
-    120
+    1000
 }
 
 fn default_hops() -> u32 {

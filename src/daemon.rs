@@ -296,6 +296,7 @@ pub async fn run(
         tracing::warn!("the mailbox loops did not end in time");
     }
     events.emit("bridge.stopped", json!({}));
+    crate::events::flush(Duration::from_secs(2));
     Ok(())
 }
 

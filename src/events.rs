@@ -3,6 +3,8 @@
 
 use std::io::Write;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde_json::{Map, Value};
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,17 +26,84 @@ impl Events {
         }
         let mut line = Map::new();
         line.insert("event".into(), Value::from(event));
-        line.insert("time".into(), Value::from(now_rfc3339()));
+        line.insert(
+            "time".into(),
+            Value::from(crate::protocol::time::format_utc_ms(
+                std::time::SystemTime::now(),
+            )),
+        );
         if let Value::Object(map) = fields {
             line.extend(map);
         }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", Value::Object(line));
-        let _ = out.flush();
+        writer().send(Value::Object(line).to_string());
     }
 }
 
-/// `2026-11-29T10:02:18Z`.
+/// Event lines waiting for stdout at most; past that they are dropped (and counted), so a
+/// consumer that stops reading never stops the daemon.
+const QUEUE: usize = 4096;
+
+/// Writes event lines to stdout from a thread of its own.
+struct Writer {
+    lines: std::sync::mpsc::SyncSender<String>,
+    queued: std::sync::Arc<AtomicU64>,
+    written: std::sync::Arc<AtomicU64>,
+    dropped: AtomicU64,
+}
+
+impl Writer {
+    fn send(&self, line: String) {
+        if self.lines.try_send(line).is_ok() {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        } else {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    dropped = n,
+                    "stdout is not being read; JSON events are being dropped"
+                );
+            }
+        }
+    }
+}
+
+fn writer() -> &'static Writer {
+    static WRITER: std::sync::OnceLock<Writer> = std::sync::OnceLock::new();
+    WRITER.get_or_init(|| {
+        let (lines, queue) = std::sync::mpsc::sync_channel::<String>(QUEUE);
+        let written = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = written.clone();
+        std::thread::Builder::new()
+            .name("events-stdout".into())
+            .spawn(move || {
+                for line in queue {
+                    let mut out = std::io::stdout().lock();
+                    // A closed stdout only means nobody reads the events any more.
+                    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .expect("a thread for stdout");
+        Writer {
+            lines,
+            queued: std::sync::Arc::new(AtomicU64::new(0)),
+            written,
+            dropped: AtomicU64::new(0),
+        }
+    })
+}
+
+/// Waits (up to `max`) until the event lines emitted so far are written, for a clean exit.
+pub fn flush(max: std::time::Duration) {
+    let w = writer();
+    let target = w.queued.load(Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + max;
+    while w.written.load(Ordering::SeqCst) < target && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// `2026-11-29T10:02:18.123Z`.
 pub fn now_rfc3339() -> String {
-    crate::protocol::time::format_utc(std::time::SystemTime::now())
+    crate::protocol::time::format_utc_ms(std::time::SystemTime::now())
 }

@@ -67,6 +67,20 @@ pub enum LockError {
 }
 
 impl StateLock {
+    /// The pid of the bridge holding `state_dir`, if one runs (without taking the lock).
+    pub fn holder(state_dir: &Path) -> Option<String> {
+        let mut file = File::open(state_dir.join("bridge.lock")).ok()?;
+        match file.try_lock_shared() {
+            Ok(()) => None,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                Some(pid.trim().to_string())
+            }
+            Err(std::fs::TryLockError::Error(_)) => None,
+        }
+    }
+
     pub fn acquire(state_dir: &Path) -> Result<StateLock, LockError> {
         let io = |source| LockError::Io {
             dir: state_dir.to_path_buf(),

@@ -26,6 +26,48 @@ fn config(
     )
 }
 
+/// A dispatcher's side on the PyPI AAMP SDK, watching `boss`'s mailbox for `task_id`'s
+/// result; ready once this returns.
+struct SdkDispatcher {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl SdkDispatcher {
+    fn watch(
+        host: &support::MailHost,
+        boss: &aamp_bridge::config::Account,
+        task_id: &str,
+    ) -> SdkDispatcher {
+        let python = support::test_agents().join("venv/bin/python");
+        let mut child = std::process::Command::new(python)
+            .arg(repo().join("tests/agents/sdk_dispatcher.py"))
+            .args([
+                &boss.email,
+                &boss.password,
+                host.jmap_url.trim_end_matches("/.well-known/jmap"),
+                task_id,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        SdkDispatcher { child, out }
+    }
+
+    /// What the SDK read: {status, output, structuredResult, files: {name: text}}.
+    fn result(mut self) -> serde_json::Value {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert!(self.child.wait().unwrap().success(), "{line}");
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cli_agent_returns_fields_and_files_to_an_sdk_dispatcher_and_nothing_from_outside() {
     let host = mailhost();
@@ -43,29 +85,9 @@ async fn a_cli_agent_returns_fields_and_files_to_an_sdk_dispatcher_and_nothing_f
 
     // The dispatcher's side runs on the PyPI SDK: it watches the mailbox before the task goes.
     let task = peer.dispatch_to(&agent.email, "Report", "Write the report.");
-    let python = support::test_agents().join("venv/bin/python");
-    let mut sdk = std::process::Command::new(python)
-        .arg(repo().join("tests/agents/sdk_dispatcher.py"))
-        .args([
-            &boss.email,
-            &boss.password,
-            host.jmap_url.trim_end_matches("/.well-known/jmap"),
-            task.task_id(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(sdk.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let sdk = SdkDispatcher::watch(host, &boss, task.task_id());
     peer.send(task.clone()).await;
-
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert!(sdk.wait().unwrap().success(), "{line}");
-    let seen: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let seen = sdk.result();
     assert_eq!(seen["status"], "completed", "{seen}");
     let fields = seen["structuredResult"]
         .as_array()

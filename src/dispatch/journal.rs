@@ -149,6 +149,15 @@ pub struct Unfinished {
     pub pgid: Option<i32>,
 }
 
+/// One step of a task's timeline.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    pub at_ms: i64,
+    pub what: String,
+    pub detail: Option<String>,
+}
+
 /// One task as `status` and `tasks` show it.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -221,6 +230,13 @@ CREATE TABLE IF NOT EXISTS pair_failures (
     sender TEXT NOT NULL,
     at     INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS timeline (
+    task   INTEGER NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+    at     INTEGER NOT NULL,
+    what   TEXT NOT NULL,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS timeline_by_task ON timeline (task, at);
 CREATE TABLE IF NOT EXISTS cancels (
     agent      TEXT NOT NULL,
     sender     TEXT NOT NULL,
@@ -255,8 +271,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 ";
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
-/// 2: tasks.session_key, policy, pair codes and failures, early cancels.
-const SCHEMA_VERSION: i64 = 2;
+/// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline.
+const SCHEMA_VERSION: i64 = 3;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
@@ -680,21 +696,72 @@ impl Journal {
             )?;
             let rows = stmt.query_map(
                 params![agent, state.map(TaskState::as_str), limit as i64],
-                |r| {
-                    Ok(TaskRow {
-                        id: r.get(0)?,
-                        agent: r.get(1)?,
-                        message_id: r.get(2)?,
-                        sender: r.get(3)?,
-                        task_id: r.get(4)?,
-                        state: r.get(5)?,
-                        reason: r.get(6)?,
-                        runs: r.get(7)?,
-                        received_at_ms: r.get(8)?,
-                        updated_at_ms: r.get(9)?,
-                    })
-                },
+                task_row,
             )?;
+            rows.collect()
+        })
+    }
+
+    /// Notes a step of a task's life for its timeline (`aamp-bridge task show`).
+    pub fn note(&self, task: i64, what: &str, detail: Option<&str>) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO timeline (task, at, what, detail) VALUES (?1, ?2, ?3, ?4)",
+                params![task, now_ms(), what, detail],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A task's timeline: its steps, and the mails sent for it, oldest first.
+    pub fn timeline(&self, task: i64) -> Result<Vec<Step>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT received_at, 'received from ' || sender, message_key FROM tasks WHERE id = ?1
+                 UNION ALL
+                 SELECT at, what, detail FROM timeline WHERE task = ?1
+                 UNION ALL
+                 SELECT created_at, 'queued ' || intent, message_id FROM outbox WHERE task = ?1
+                 UNION ALL
+                 SELECT sent_at, 'sent ' || intent, message_id || ' (attempt ' || attempts || ')' FROM outbox WHERE task = ?1 AND sent_at IS NOT NULL
+                 UNION ALL
+                 SELECT failed_at, 'gave up sending ' || intent, last_error FROM outbox WHERE task = ?1 AND failed_at IS NOT NULL
+                 ORDER BY 1",
+            )?;
+            let rows = stmt.query_map(params![task], |r| {
+                Ok(Step {
+                    at_ms: r.get(0)?,
+                    what: r.get(1)?,
+                    detail: r.get(2)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Tasks whose TaskId or Message-ID is `id` (a journal row number also finds its task).
+    pub fn find_tasks(&self, id: &str) -> Result<Vec<TaskRow>, JournalError> {
+        let row: Option<i64> = id.parse().ok();
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+                 FROM tasks WHERE task_id = ?1 OR message_key LIKE '%|' || ?1 OR message_key = ?1 OR id = ?2
+                 ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![id, row], task_row)?;
+            rows.collect()
+        })
+    }
+
+    /// Unsent mails per agent, and unfinished tasks per agent and state.
+    pub fn counts(&self) -> Result<Vec<(String, String, u32)>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT agent, state, COUNT(*) FROM tasks WHERE admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed') GROUP BY agent, state
+                 UNION ALL
+                 SELECT agent, 'unsent', COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY agent",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect()
         })
     }
@@ -921,6 +988,25 @@ impl Journal {
             Ok(n)
         })
     }
+}
+
+fn task_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
+    let key: String = r.get(2)?;
+    Ok(TaskRow {
+        id: r.get(0)?,
+        agent: r.get(1)?,
+        // The key is "sender|Message-ID"; show the Message-ID.
+        message_id: key
+            .split_once('|')
+            .map_or(key.clone(), |(_, id)| id.to_string()),
+        sender: r.get(3)?,
+        task_id: r.get(4)?,
+        state: r.get(5)?,
+        reason: r.get(6)?,
+        runs: r.get(7)?,
+        received_at_ms: r.get(8)?,
+        updated_at_ms: r.get(9)?,
+    })
 }
 
 fn insert_outgoing(

@@ -106,7 +106,10 @@ impl<O: Outbox> Dispatcher<O> {
         };
         let outcome = match slot {
             Some(_held) => match inner.journal.start_run(task.row) {
-                Ok(runs) => self.run(&task, runs, &cancel).await,
+                Ok(runs) => {
+                    self.note(task.row, &format!("run {runs} started"), None);
+                    self.run(&task, runs, &cancel).await
+                }
                 Err(e) => Err(RunError::Prepare(format!(
                     "the task journal could not record the run: {e}"
                 ))),
@@ -120,6 +123,11 @@ impl<O: Outbox> Dispatcher<O> {
             .remove(&task_key(&task.env.from, &task.env.task_id));
         if matches!(outcome, Err(RunError::Cancelled)) && inner.abort.is_cancelled() {
             tracing::info!("the bridge is stopping: the task stays in the journal and is picked up at the next start");
+            self.note(
+                task.row,
+                "stopped by the bridge's shutdown",
+                Some("picked up at the next start"),
+            );
             inner.events.emit(
                 "task.interrupted",
                 json!({"agent": self.spec().name, "taskId": task.env.task_id}),
@@ -147,13 +155,36 @@ impl<O: Outbox> Dispatcher<O> {
                 String::new(),
                 Some("cancelled by the dispatcher".to_string()),
             ),
-            Err(e) => (
-                TaskState::Rejected,
-                Status::Rejected,
-                String::new(),
-                Some(e.to_string()),
-            ),
+            Err(e) => {
+                if let RunError::Failed { stderr, .. } = &e {
+                    let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    self.note(
+                        task.row,
+                        "agent stderr (last lines)",
+                        Some(&tail.join("\n")),
+                    );
+                }
+                (
+                    TaskState::Rejected,
+                    Status::Rejected,
+                    String::new(),
+                    Some(e.to_string()),
+                )
+            }
         };
+        self.note(
+            task.row,
+            &format!("finished: {}", state.as_str()),
+            Some(&format!(
+                "{} ms{}",
+                started.elapsed().as_millis(),
+                error
+                    .as_deref()
+                    .map(|e| format!("; {e}"))
+                    .unwrap_or_default()
+            )),
+        );
         let result = TaskResult {
             status,
             output,
@@ -231,6 +262,7 @@ impl<O: Outbox> Dispatcher<O> {
                 if let Err(e) = journal.set_pgid(row, pgid) {
                     tracing::warn!(error = %e, "could not record the agent's process group");
                 }
+                let _ = journal.note(row, "agent started", Some(&format!("process group {pgid}")));
             }))
         };
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
@@ -269,6 +301,7 @@ impl<O: Outbox> Dispatcher<O> {
         // announced by mail, then fed while the agent runs, and closed before the result.
         let stream = self.inner.outbox.open_stream(&env.task_id, &env.from).await;
         if let Some(stream_id) = &stream {
+            self.note(task.row, "stream opened", Some(stream_id));
             let opened = self.compose(
                 env,
                 &task.key,
@@ -430,6 +463,11 @@ impl<O: Outbox> Dispatcher<O> {
             .and_then(|()| inner.journal.set_state(task.row, TaskState::HelpNeeded));
         match queued {
             Ok(()) => {
+                self.note(
+                    task.row,
+                    "asked the dispatcher",
+                    Some(&mail.mail.message_id),
+                );
                 inner.events.emit("task.help_needed", json!({"agent": self.spec().name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
                 let pending = PendingQuestion {
                     help_message_id: mail.mail.message_id.clone(),

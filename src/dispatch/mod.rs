@@ -885,6 +885,15 @@ impl<O: Outbox> Dispatcher<O> {
                 runs = left.runs,
                 "picking up a task from the journal"
             );
+            self.note(
+                left.id,
+                "picked up at a restart",
+                Some(&format!(
+                    "was {} after {} run(s)",
+                    left.state.as_str(),
+                    left.runs
+                )),
+            );
             inner.events.emit("task.recovered", json!({"agent": name, "taskId": env.task_id, "state": left.state.as_str(), "runs": left.runs}));
             self.start(
                 Task {
@@ -1023,6 +1032,13 @@ impl<O: Outbox> Dispatcher<O> {
             .enqueue(&self.spec().name, Some(task.row), mail)?;
         self.inner.wake.notify_one();
         Ok(())
+    }
+
+    /// Notes a step in the task's timeline (a failure to note is only logged).
+    fn note(&self, row: i64, what: &str, detail: Option<&str>) {
+        if let Err(e) = self.inner.journal.note(row, what, detail) {
+            tracing::debug!(error = %e, "could not note a step in the task's timeline");
+        }
     }
 
     /// Tasks admitted and not finished.

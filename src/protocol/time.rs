@@ -52,6 +52,16 @@ pub fn parse(text: &str) -> Option<SystemTime> {
     }
 }
 
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time (milliseconds, UTC): for events and timelines.
+pub fn format_utc_ms(time: SystemTime) -> String {
+    let ms = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_millis())
+        .unwrap_or(0);
+    let whole = format_utc(time);
+    format!("{}.{ms:03}Z", whole.trim_end_matches('Z'))
+}
+
 /// `YYYY-MM-DDTHH:MM:SSZ` for a time (whole seconds, UTC).
 pub fn format_utc(time: SystemTime) -> String {
     let secs = time

@@ -248,9 +248,16 @@ impl Bridge {
         let stdout = child.stdout.take().unwrap();
         let (tx, events) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let event = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            // Every line is read to the end of the stream, whatever it holds: a reader that
+            // stopped would fill the pipe.
+            let mut reader = BufReader::new(stdout);
+            let mut bytes = Vec::new();
+            while reader.read_until(b'\n', &mut bytes).is_ok_and(|n| n > 0) {
+                let line = String::from_utf8_lossy(&bytes).trim_end().to_string();
+                bytes.clear();
+                let event = serde_json::from_str(&line).unwrap_or_else(
+                    |e| serde_json::json!({"event": "not-json", "line": line, "error": e.to_string()}),
+                );
                 if tx.send(event).is_err() {
                     break;
                 }
