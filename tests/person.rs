@@ -152,3 +152,91 @@ fn the_version_names_the_commit_and_completions_are_printed() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("aamp-bridge"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_names_each_problem_with_its_fix() {
+    let host = mailhost();
+    let (good, wrong) = (host.user("good"), host.user("wrong"));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = ConfigDir::new(host, "");
+    dir.write("wrong-password", "not-the-password");
+    dir.write(
+        "missing.toml",
+        "command = \"no-such-agent-binary\"\ninstall = \"npm install -g no-such-agent\"\n",
+    );
+    let wrong_box = host.mailbox_toml("wrong", &wrong).replace(
+        "password_file = \"password\"",
+        "password_file = \"wrong-password\"",
+    );
+    let unreachable = format!(
+        "[mailboxes.unreachable]\nemail = \"nobody@example.test\"\njmap_url = \"http://127.0.0.1:{closed}/.well-known/jmap\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {closed}\nsmtp_security = \"plain\"\n"
+    );
+    let text = format!(
+        "state_dir = \"state\"\n{}{wrong_box}{unreachable}\n[[agents]]\nname = \"good\"\nmailbox = \"good\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"wrong\"\nmailbox = \"wrong\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"far\"\nmailbox = \"unreachable\"\nprofile = \"missing.toml\"\n",
+        host.mailbox_toml_with("good", &good, "push = false\n")
+    );
+    dir.write("config.toml", &text);
+    for f in ["wrong-password"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.dir.path().join(f),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+    }
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "doctor",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed check fails the command"
+    );
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let find = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {checks:#?}"))
+            .clone()
+    };
+    assert_eq!(find("mailbox good: JMAP")["status"], "ok");
+    assert_eq!(find("mailbox good: SMTP")["status"], "ok");
+    let push = find("mailbox good: push");
+    assert_eq!(push["status"], "warn");
+    assert!(
+        push["detail"].as_str().unwrap().contains("polling"),
+        "{push}"
+    );
+    for part in ["JMAP", "SMTP"] {
+        let c = find(&format!("mailbox wrong: {part}"));
+        assert_eq!(c["status"], "fail", "{c}");
+        assert!(
+            c["fix"].as_str().unwrap().contains("fix the password"),
+            "{c}"
+        );
+        let c = find(&format!("mailbox unreachable: {part}"));
+        assert_eq!(c["status"], "fail", "{c}");
+        assert!(c["fix"].as_str().unwrap().contains("runs"), "{c}");
+    }
+    let agent = find("agent far");
+    assert_eq!(agent["status"], "fail");
+    assert!(
+        agent["fix"]
+            .as_str()
+            .unwrap()
+            .contains("npm install -g no-such-agent"),
+        "{agent}"
+    );
+    assert_eq!(find("agent good")["status"], "ok");
+}

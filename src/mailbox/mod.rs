@@ -179,6 +179,20 @@ impl Mailbox {
         })
     }
 
+    /// The header fields of the newest mail in the Inbox, if there is one (for `doctor`: which
+    /// sender evidence this server writes).
+    pub async fn newest_headers(&self) -> Result<Option<Vec<(String, String)>>, MailboxError> {
+        let inbox = self.inbox_id.as_deref().unwrap_or_default();
+        let ids = self.jmap.query_mailbox(inbox, 1).await?;
+        Ok(self
+            .jmap
+            .get_emails(&ids)
+            .await?
+            .into_iter()
+            .next()
+            .map(|e| e.view.headers))
+    }
+
     /// Forgets the session, so the next call discovers it again (after errors).
     pub fn disconnect(&mut self) {
         self.inbox_id = None;
@@ -417,6 +431,11 @@ impl Sender {
             ));
         }
         Ok(cached.clone())
+    }
+
+    /// See [`smtp::SmtpSender::check`].
+    pub async fn check_smtp(&self) -> Result<(), MailboxError> {
+        self.smtp.check().await
     }
 
     /// Downloads an inbound attachment (at most `max` bytes).

@@ -51,6 +51,24 @@ impl SmtpSender {
         Ok(SmtpSender { transport, server })
     }
 
+    /// Connects, says EHLO, upgrades to TLS as configured, logs in, and quits: what sending
+    /// needs, without sending anything.
+    pub async fn check(&self) -> Result<(), MailboxError> {
+        match self.transport.test_connection().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(MailboxError::Smtp {
+                server: self.server.clone(),
+                detail: "the server did not answer NOOP".into(),
+                class: ErrorClass::Transient,
+            }),
+            Err(e) => Err(MailboxError::Smtp {
+                server: self.server.clone(),
+                detail: e.to_string(),
+                class: classify(&e),
+            }),
+        }
+    }
+
     /// Submits one rendered mail.
     pub async fn send(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
         let parse = |a: &str| {
