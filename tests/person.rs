@@ -180,13 +180,10 @@ async fn doctor_names_each_problem_with_its_fix() {
         host.mailbox_toml_with("good", &good, "push = false\n")
     );
     dir.write("config.toml", &text);
-    for f in ["wrong-password"] {
+    {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            dir.dir.path().join(f),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
+        let file = dir.dir.path().join("wrong-password");
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     let out = std::process::Command::new(support::bin())
         .args([
