@@ -96,6 +96,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the bridge in the background: a systemd user service (Linux) or a launchd agent
+    /// (macOS) that starts at login and after a failure.
+    Service {
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
     /// Print a shell completion script: `aamp-bridge completions bash > ~/.local/share/bash-completion/completions/aamp-bridge`.
     Completions { shell: clap_complete::Shell },
     /// Read a mail file (.eml) and show it as AAMP.
@@ -103,6 +109,30 @@ pub enum Command {
         file: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServiceAction {
+    /// Write the unit (or plist) for this binary and config, and enable it. Installing again
+    /// changes nothing unless something changed.
+    Install,
+    /// Stop and remove the service (the config and the state stay).
+    Uninstall,
+    Start,
+    Stop,
+    /// Whether the installed service runs this binary with this config, and the fix if not.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The service's log (journalctl, or the launchd log file).
+    Logs,
+    /// Print the file `install` would write.
+    Render {
+        /// The macOS launchd agent, whatever this machine is.
+        #[arg(long)]
+        launchd: bool,
     },
 }
 
@@ -194,6 +224,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Policy { action } => policy(&LoadedConfig::load(&config_path)?, action),
         Command::Status { json } => status(&LoadedConfig::load(&config_path)?, json),
         Command::Doctor { json } => doctor(&config_path, json).await,
+        Command::Service { action } => service(&config_path, action),
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(
@@ -1065,4 +1096,97 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
         }
     }
     Ok(if failed { 1 } else { 0 })
+}
+
+fn service(config_path: &std::path::Path, action: ServiceAction) -> anyhow::Result<i32> {
+    use crate::service::{Kind, Service};
+    // The service runs `start` with this config: it must load.
+    let config = LoadedConfig::load(config_path)?;
+    let launchd = matches!(action, ServiceAction::Render { launchd: true });
+    let svc = Service::for_this_machine(&config.path, launchd)?;
+    match action {
+        ServiceAction::Render { .. } => print!("{}", svc.render()),
+        ServiceAction::Install => {
+            let changed = svc.install()?;
+            if changed {
+                println!(
+                    "installed {} (runs {} --config {})",
+                    svc.file.display(),
+                    svc.exe.display(),
+                    svc.config.display()
+                );
+            } else {
+                println!("already installed: {}", svc.file.display());
+            }
+            if svc.kind == Kind::Systemd {
+                println!("start it with `aamp-bridge service start`; to keep it running while you are logged out: `loginctl enable-linger $USER`");
+            } else {
+                println!("start it with `aamp-bridge service start`");
+            }
+        }
+        ServiceAction::Uninstall => {
+            if svc.uninstall()? {
+                println!(
+                    "removed {} (the config and the state directory stay)",
+                    svc.file.display()
+                );
+            } else {
+                println!("no service was installed");
+            }
+        }
+        ServiceAction::Start => svc.start()?,
+        ServiceAction::Stop => svc.stop()?,
+        ServiceAction::Status { json } => {
+            let problems = svc.problems();
+            if json {
+                let list: Vec<_> = problems
+                    .iter()
+                    .map(|(p, f)| serde_json::json!({"problem": p, "fix": f}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"file": svc.file, "ok": problems.is_empty(), "problems": list})
+                );
+            } else if problems.is_empty() {
+                println!(
+                    "{} runs this binary with {}",
+                    svc.file.display(),
+                    svc.config.display()
+                );
+                if svc.kind == Kind::Systemd {
+                    let _ = std::process::Command::new("systemctl")
+                        .args(["--user", "--no-pager", "status", "aamp-bridge.service"])
+                        .status();
+                }
+            } else {
+                for (problem, fix) in &problems {
+                    println!("{problem}\n  fix: {fix}");
+                }
+            }
+            return Ok(if problems.is_empty() { 0 } else { 1 });
+        }
+        ServiceAction::Logs => {
+            let status = match svc.kind {
+                Kind::Systemd => std::process::Command::new("journalctl")
+                    .args([
+                        "--user",
+                        "-u",
+                        "aamp-bridge.service",
+                        "-n",
+                        "200",
+                        "--no-pager",
+                    ])
+                    .status(),
+                Kind::Launchd => std::process::Command::new("tail")
+                    .args(["-n", "200"])
+                    .arg(
+                        std::path::Path::new(&std::env::var("HOME").unwrap_or_default())
+                            .join("Library/Logs/aamp-bridge/aamp-bridge.log"),
+                    )
+                    .status(),
+            };
+            return Ok(status.map(|s| s.code().unwrap_or(1)).unwrap_or(1));
+        }
+    }
+    Ok(0)
 }

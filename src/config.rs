@@ -364,7 +364,7 @@ impl LoadedConfig {
             err(
                 "",
                 format!("cannot read the config file: {e}"),
-                "create it with `aamp-bridge init`, or pass another file with --config",
+                "write one (the README's \"Config reference\" has a complete example), or pass another file with --config",
             )
         })?;
         let config: Config = toml::from_str(&text).map_err(|e| {
@@ -689,7 +689,7 @@ impl LoadedConfig {
             return Err(self.error(
                 "agents",
                 "no agents are configured",
-                "add an [[agents]] table (see the README), or run `aamp-bridge init`",
+                "add an [[agents]] table (see the README's \"Config reference\")",
             ));
         }
         Ok(agents)

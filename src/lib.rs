@@ -55,4 +55,5 @@ pub mod fsio;
 pub mod mailbox;
 pub mod protocol;
 pub mod runner;
+pub mod service;
 pub mod telemetry;

@@ -237,3 +237,133 @@ async fn doctor_names_each_problem_with_its_fix() {
     );
     assert_eq!(find("agent good")["status"], "ok");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_unit_verifies_and_its_exec_start_runs_the_bridge() {
+    let host = mailhost();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &format!(
+            "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\n",
+            host.mailbox_toml("agent", &agent),
+            boss.email
+        ),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let aamp = |args: &[&str]| {
+        std::process::Command::new(support::bin())
+            .args(["--config", dir.config().to_str().unwrap()])
+            .args(args)
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join(".config"))
+            .output()
+            .unwrap()
+    };
+    // Installing writes the unit; with no systemd user manager here, enabling it fails and
+    // says why.
+    let installed = aamp(&["service", "install"]);
+    let unit_path = home.path().join(".config/systemd/user/aamp-bridge.service");
+    let unit = std::fs::read_to_string(&unit_path).expect("the unit is written");
+    if !installed.status.success() {
+        let why = String::from_utf8_lossy(&installed.stderr);
+        assert!(why.contains("systemctl") && why.contains("linger"), "{why}");
+    }
+    // systemd-analyze checks the unit as the user manager would load it (it needs a runtime
+    // folder); it reports a bad line on stderr, so a clean unit says nothing at all.
+    let runtime = tempfile::tempdir().unwrap();
+    let verify = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--user"])
+        .arg(&unit_path)
+        .env("HOME", home.path())
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
+    // Installing again changes nothing.
+    let again = aamp(&["service", "install"]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("already installed"),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    let status = aamp(&["service", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["ok"], true, "{status}");
+
+    // What systemd would run: the ExecStart line, with the unit's PATH.
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap();
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    assert_eq!(words[0], support::bin());
+    let mut bridge = std::process::Command::new(words[0])
+        .args(&words[1..])
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(bridge.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("agent.ready") {
+        line.clear();
+    }
+    assert!(
+        line.contains("agent.ready"),
+        "the service's command starts the bridge"
+    );
+    let mut peer = Peer::new(boss.clone()).await;
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Via the unit", "hello"))
+        .await;
+    peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bridge.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(bridge.wait().unwrap().success());
+
+    // A unit left by another binary is reported with its fix.
+    std::fs::write(&unit_path, unit.replace(support::bin(), "/old/aamp-bridge")).unwrap();
+    let status = aamp(&["service", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["ok"], false);
+    assert!(
+        status["problems"][0]["fix"]
+            .as_str()
+            .unwrap()
+            .contains("service install"),
+        "{status}"
+    );
+
+    // The launchd agent is a valid property list with the keys launchd needs.
+    let plist = aamp(&["service", "render", "--launchd"]);
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import plistlib,sys; p=plistlib.loads(sys.stdin.buffer.read()); assert p['Label'] and p['ProgramArguments'][-1]=='start' and p['KeepAlive']=={'SuccessfulExit': False} and p['RunAtLoad'] and p['ThrottleInterval'] and 'PATH' in p['EnvironmentVariables'] and p['StandardErrorPath'].endswith('.log'), p"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    check
+        .stdin
+        .as_ref()
+        .unwrap()
+        .write_all(&plist.stdout)
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

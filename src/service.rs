@@ -1,0 +1,291 @@
+//! The bridge as a background service: a systemd user unit on Linux, a launchd agent on
+//! macOS, rendered from the top-level `systemd/` and `launchd/` templates with this binary,
+//! the config file and the installing shell's PATH. A thin shell over `systemctl` and
+//! `launchctl`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context as _};
+
+const UNIT: &str = include_str!("../systemd/aamp-bridge.service");
+const PLIST: &str = include_str!("../launchd/aamp-bridge.plist");
+const LABEL: &str = "com.aamp-bridge";
+
+/// Where and how the service is installed.
+#[derive(Clone, Debug)]
+pub struct Service {
+    pub kind: Kind,
+    /// The unit or plist file.
+    pub file: PathBuf,
+    pub exe: PathBuf,
+    pub config: PathBuf,
+    pub path_env: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Systemd,
+    Launchd,
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `value` with `{{key}}` replaced; values are paths and PATH, written as they are.
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    values.iter().fold(template.to_string(), |text, (k, v)| {
+        text.replace(&format!("{{{{{k}}}}}"), v)
+    })
+}
+
+/// XML text escaping for the plist.
+fn xml(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+impl Service {
+    /// The service for this machine (or, with `launchd`, the macOS agent whatever the
+    /// machine), this binary and `config`.
+    pub fn for_this_machine(config: &Path, launchd: bool) -> anyhow::Result<Service> {
+        let exe = std::env::current_exe().context("finding this program's own path")?;
+        let config = config
+            .canonicalize()
+            .with_context(|| format!("the config {} does not exist", config.display()))?;
+        let path_env =
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+        let (kind, file) = if cfg!(target_os = "macos") || launchd {
+            (
+                Kind::Launchd,
+                home()
+                    .join("Library/LaunchAgents")
+                    .join(format!("{LABEL}.plist")),
+            )
+        } else {
+            let base = std::env::var_os("XDG_CONFIG_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home().join(".config"));
+            (Kind::Systemd, base.join("systemd/user/aamp-bridge.service"))
+        };
+        Ok(Service {
+            kind,
+            file,
+            exe,
+            config,
+            path_env,
+        })
+    }
+
+    /// The unit or plist text.
+    pub fn render(&self) -> String {
+        let exe = self.exe.display().to_string();
+        let config = self.config.display().to_string();
+        match self.kind {
+            Kind::Systemd => fill(
+                UNIT,
+                &[
+                    ("exe", &systemd_quote(&exe)),
+                    ("config", &systemd_quote(&config)),
+                    ("path", &self.path_env),
+                ],
+            ),
+            Kind::Launchd => {
+                let logs = home()
+                    .join("Library/Logs/aamp-bridge")
+                    .display()
+                    .to_string();
+                fill(
+                    PLIST,
+                    &[
+                        ("label", LABEL),
+                        ("exe", &xml(&exe)),
+                        ("config", &xml(&config)),
+                        ("path", &xml(&self.path_env)),
+                        ("logs", &xml(&logs)),
+                    ],
+                )
+            }
+        }
+    }
+
+    /// Writes the file (unchanged when it is already the same) and registers it with the
+    /// service manager. Returns whether anything changed.
+    pub fn install(&self) -> anyhow::Result<bool> {
+        let text = self.render();
+        if std::fs::read_to_string(&self.file).is_ok_and(|t| t == text) {
+            return Ok(false);
+        }
+        crate::fsio::write_atomic(&self.file, text.as_bytes(), 0o644)
+            .with_context(|| format!("writing {}", self.file.display()))?;
+        match self.kind {
+            Kind::Systemd => {
+                manager(&["--user", "daemon-reload"])?;
+                manager(&["--user", "enable", "aamp-bridge.service"])?;
+            }
+            Kind::Launchd => std::fs::create_dir_all(home().join("Library/Logs/aamp-bridge"))?,
+        }
+        Ok(true)
+    }
+
+    pub fn uninstall(&self) -> anyhow::Result<bool> {
+        if !self.file.exists() {
+            return Ok(false);
+        }
+        if self.kind == Kind::Systemd {
+            let _ = manager(&["--user", "disable", "--now", "aamp-bridge.service"]);
+        } else {
+            let _ = self.launchctl("bootout");
+        }
+        std::fs::remove_file(&self.file)?;
+        if self.kind == Kind::Systemd {
+            let _ = manager(&["--user", "daemon-reload"]);
+        }
+        Ok(true)
+    }
+
+    pub fn start(&self) -> anyhow::Result<()> {
+        match self.kind {
+            Kind::Systemd => manager(&["--user", "start", "aamp-bridge.service"]),
+            Kind::Launchd => self.launchctl("bootstrap"),
+        }
+    }
+
+    pub fn stop(&self) -> anyhow::Result<()> {
+        match self.kind {
+            Kind::Systemd => manager(&["--user", "stop", "aamp-bridge.service"]),
+            Kind::Launchd => self.launchctl("bootout"),
+        }
+    }
+
+    fn launchctl(&self, verb: &str) -> anyhow::Result<()> {
+        let uid = nix::unistd::getuid();
+        let target = format!("gui/{uid}");
+        run(
+            "launchctl",
+            &[verb, &target, &self.file.display().to_string()],
+        )
+    }
+
+    /// What is wrong with the installed file, with the fix: missing, or pointing at another
+    /// binary or config than this one.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let Ok(text) = std::fs::read_to_string(&self.file) else {
+            return vec![(
+                format!(
+                    "no service is installed ({} is missing)",
+                    self.file.display()
+                ),
+                "aamp-bridge service install".into(),
+            )];
+        };
+        let mut problems = Vec::new();
+        if text != self.render() {
+            let exe = self.exe.display().to_string();
+            let config = self.config.display().to_string();
+            if !text.contains(&exe) {
+                problems.push((
+                    format!(
+                        "{} starts another aamp-bridge binary than {exe}",
+                        self.file.display()
+                    ),
+                    "aamp-bridge service install (it rewrites the file for this binary)".into(),
+                ));
+            }
+            if !text.contains(&config) {
+                problems.push((
+                    format!("{} uses another config than {config}", self.file.display()),
+                    format!("aamp-bridge --config {config} service install"),
+                ));
+            }
+            if problems.is_empty() {
+                problems.push((
+                    format!(
+                        "{} differs from what this version writes (PATH or settings)",
+                        self.file.display()
+                    ),
+                    "aamp-bridge service install".into(),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// A value quoted for a systemd command line when it holds spaces.
+fn systemd_quote(value: &str) -> String {
+    if value.contains([' ', '"', '\\']) {
+        format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+    } else {
+        value.to_string()
+    }
+}
+
+fn manager(args: &[&str]) -> anyhow::Result<()> {
+    run("systemctl", args)
+}
+
+fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let hint = if why.contains("bus") || why.contains("No medium") {
+            "; there is no systemd user manager in this session (log in normally, or run `loginctl enable-linger $USER` as root so it runs without a login)"
+        } else {
+            ""
+        };
+        bail!("{program} {} failed: {why}{hint}", args.join(" "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(kind: Kind) -> Service {
+        Service {
+            kind,
+            file: PathBuf::from("/nonexistent/unit"),
+            exe: PathBuf::from("/opt/aamp bridge/aamp-bridge"),
+            config: PathBuf::from("/home/a/.config/aamp-bridge/config.toml"),
+            path_env: "/home/a/.nvm/bin:/usr/bin".into(),
+        }
+    }
+
+    #[test]
+    fn the_unit_and_the_plist_are_filled_in() {
+        let unit = service(Kind::Systemd).render();
+        assert!(!unit.contains("{{"), "{unit}");
+        assert!(unit.contains(
+            "ExecStart=\"/opt/aamp bridge/aamp-bridge\" --config /home/a/.config/aamp-bridge/config.toml start"
+        ));
+        assert!(unit.contains("Environment=PATH=/home/a/.nvm/bin:/usr/bin"));
+        let plist = service(Kind::Launchd).render();
+        assert!(!plist.contains("{{"), "{plist}");
+        assert!(plist.contains("<string>/opt/aamp bridge/aamp-bridge</string>"));
+    }
+
+    #[test]
+    fn a_missing_or_foreign_unit_is_a_problem_with_its_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = service(Kind::Systemd);
+        s.file = dir.path().join("aamp-bridge.service");
+        assert!(s.problems()[0].1.contains("service install"));
+        std::fs::write(&s.file, s.render()).unwrap();
+        assert!(s.problems().is_empty());
+        std::fs::write(&s.file, s.render().replace("/opt/aamp bridge/", "/old/")).unwrap();
+        let problems = s.problems();
+        assert!(
+            problems[0].0.contains("another aamp-bridge binary"),
+            "{problems:?}"
+        );
+    }
+}
