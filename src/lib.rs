@@ -28,19 +28,23 @@
 //!   `deliver` callback before the cursor moves; an Inbox scan when the server lost the state;
 //!   push over WebSocket or EventSource), Inbox and address filtering, attachments, SMTP
 //!   submission with Sent copies, the helper API (streams, registration, thread, directory),
-//!   and the link state a status command reads. It never imports `dispatch`.
+//!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote), plain
+//!   replies, and the link state a status command reads. It never imports `dispatch`.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
 //!   what was received, decided, run and answered, and the outbox of mail to send), sender
-//!   policy, de-duplication, expiry, a bounded queue, one task at a time per Session-Key, the
-//!   lifecycle, recovery at start, cancel, questions to the dispatcher, the prompt. Pure where
-//!   it can be ([`dispatch::admit`]); answers leave as rendered bytes through
-//!   [`dispatch::Outbox`].
+//!   policy (globs, context rules, pairing), limits and loop guards, de-duplication, expiry,
+//!   a slot scheduler by priority, one task at a time per Session-Key, the lifecycle,
+//!   recovery at start, cancel, questions to the dispatcher, the prompt, and what a result
+//!   carries (`dispatch::results`: fields and files from the workspace only). Pure where it
+//!   can be ([`dispatch::admit`], [`dispatch::policy`], [`dispatch::results::extract`]);
+//!   answers leave as rendered bytes through [`dispatch::Outbox`].
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
 //!   and their stream formats (`runner::stream`), templates, process groups and tagged
 //!   leftovers (`runner::process`), the agent scan.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
 //!   a dispatcher and its outbox worker; the stop (drain), abort and reload signals.
-//! - [`cli`], [`telemetry`]: thin shells.
+//! - [`cli`], [`service`], [`telemetry`]: thin shells (the commands; the systemd unit and
+//!   launchd agent; logging).
 //! - [`config`], [`error`], [`events`], [`fsio`], [`backoff`]: the config file, error classes,
 //!   JSON-lines events, atomic files and the state lock, the one retry schedule.
 

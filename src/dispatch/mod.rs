@@ -720,9 +720,31 @@ impl<O: Outbox> Dispatcher<O> {
                 0,
             )
         });
+        self.record_answered(
+            inbound,
+            key,
+            state,
+            reason.as_deref().unwrap_or("pair.request"),
+            reply.as_ref(),
+        )?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Records a message that is answered but not run (a pair request, a card query), with
+    /// its answer.
+    fn record_answered(
+        &self,
+        inbound: &Inbound,
+        key: &str,
+        state: TaskState,
+        reason: &str,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let env = &inbound.message.envelope;
         self.inner.journal.record(
             &journal::NewTask {
-                agent: &spec.name,
+                agent: &self.spec().name,
                 message_key: key,
                 sender: &env.from,
                 task_id: &env.task_id,
@@ -730,12 +752,10 @@ impl<O: Outbox> Dispatcher<O> {
                 state,
                 admitted: false,
                 mail: &inbound.to_json(),
-                reason: reason.as_deref().or(Some("pair.request")),
+                reason: Some(reason),
             },
-            reply.as_ref(),
-        )?;
-        self.inner.wake.notify_one();
-        Ok(())
+            reply,
+        )
     }
 
     /// `card.query`: the agent's card, to senders the policy allows.
@@ -757,18 +777,11 @@ impl<O: Outbox> Dispatcher<O> {
             )
         });
         let reply = self.compose(env, key, Body::CardResponse { summary, text }, 0);
-        let recorded = self.inner.journal.record(
-            &journal::NewTask {
-                agent: &spec.name,
-                message_key: key,
-                sender: &env.from,
-                task_id: &env.task_id,
-                session_key: None,
-                state: TaskState::Answered,
-                admitted: false,
-                mail: &inbound.to_json(),
-                reason: Some("card.query"),
-            },
+        let recorded = self.record_answered(
+            inbound,
+            key,
+            TaskState::Answered,
+            "card.query",
             Some(&reply),
         )?;
         if recorded.is_some() {

@@ -47,14 +47,7 @@ pub fn check_sender(
     let Some((_, from_domain)) = from.rsplit_once('@') else {
         return SenderCheck::Unverified("the From address has no domain".into());
     };
-    let fields: Vec<(String, String)> = headers
-        .iter()
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), unfold(v)))
-        .collect();
-    let Some(top) = fields
-        .iter()
-        .position(|(n, v)| n == "received" && received_over_smtp(v))
-    else {
+    let Some((fields, top)) = written_by_server(headers) else {
         return SenderCheck::Unverified(
             "the mail has no Received field from an SMTP server (it was not sent through the mail server)".into(),
         );
@@ -108,14 +101,7 @@ pub struct Evidence {
 }
 
 pub fn evidence(headers: &[(String, String)]) -> Evidence {
-    let fields: Vec<(String, String)> = headers
-        .iter()
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), unfold(v)))
-        .collect();
-    let Some(top) = fields
-        .iter()
-        .position(|(n, v)| n == "received" && received_over_smtp(v))
-    else {
+    let Some((fields, top)) = written_by_server(headers) else {
         return Evidence::default();
     };
     let mut authserv_ids: Vec<String> = fields[..top]
@@ -133,6 +119,20 @@ pub fn evidence(headers: &[(String, String)]) -> Evidence {
         authenticated_submission: authenticated_sender(&fields[top].1).is_some(),
         authserv_ids,
     }
+}
+
+/// The fields (lower-case names, unfolded values) and the index of the topmost Received field
+/// that records the mail entering over SMTP: that field and those above it are the receiving
+/// server's. `None` when there is no such field.
+fn written_by_server(headers: &[(String, String)]) -> Option<(Vec<(String, String)>, usize)> {
+    let fields: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), unfold(v)))
+        .collect();
+    let top = fields
+        .iter()
+        .position(|(n, v)| n == "received" && received_over_smtp(v))?;
+    Some((fields, top))
 }
 
 fn unfold(value: &str) -> String {
