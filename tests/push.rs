@@ -104,7 +104,7 @@ async fn with_push_off_the_bridge_polls() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn no_dispatch_is_lost_when_the_mail_host_restarts_under_traffic() {
-    let private = PrivateHost::start("restart", 28080);
+    let private = PrivateHost::start("restart");
     let host = &private.0;
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(

@@ -74,15 +74,26 @@ pub fn mailhost() -> &'static MailHost {
 pub struct PrivateHost(pub MailHost);
 
 impl PrivateHost {
-    pub fn start(name: &str, port_base: u16) -> PrivateHost {
+    /// Starts an instance on four ports the OS says are free (the machine may run other
+    /// servers).
+    pub fn start(name: &str) -> PrivateHost {
         mailhost(); // the packages are installed and the shared instance's syslog sink runs
         let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
+        let listeners: Vec<std::net::TcpListener> = (0..4)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(listeners);
+        let (jmap, imap, submit, mx) = (ports[0], ports[1], ports[2], ports[3]);
         let env: Vec<(String, String)> = vec![
             ("MAILHOST_DIR".into(), dir),
-            ("MAILHOST_JMAP_PORT".into(), port_base.to_string()),
-            ("MAILHOST_IMAP_PORT".into(), (port_base + 1).to_string()),
-            ("MAILHOST_SUBMIT_PORT".into(), (port_base + 2).to_string()),
-            ("MAILHOST_MX_PORT".into(), (port_base + 3).to_string()),
+            ("MAILHOST_JMAP_PORT".into(), jmap.to_string()),
+            ("MAILHOST_IMAP_PORT".into(), imap.to_string()),
+            ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
+            ("MAILHOST_MX_PORT".into(), mx.to_string()),
         ];
         let out = script_with(&env, &["start"]);
         assert!(
@@ -93,9 +104,9 @@ impl PrivateHost {
         PrivateHost(MailHost {
             domain: "example.test".into(),
             password: "secret".into(),
-            jmap_url: format!("http://127.0.0.1:{port_base}/.well-known/jmap"),
-            smtp_port: port_base + 2,
-            mx_port: port_base + 3,
+            jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
+            smtp_port: submit,
+            mx_port: mx,
             env,
         })
     }
