@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes each target for N seconds (default 60) with cargo-fuzz, starting from fuzz/seeds:
-# parse_mail (the mail reader and AAMP parser) and render_reply (the renderer fed with hostile
-# inbound values). Crashes land in fuzz/artifacts/TARGET; add them to fuzz/seeds.
+# parse_mail (the mail reader and AAMP parser), render_reply (the renderer fed with hostile
+# inbound values), stream_lines (an agent's stdout through every stream format) and
+# profile_parse (profile files and text-form sender policies). Crashes land in
+# fuzz/artifacts/TARGET; add them to fuzz/seeds or tests/fixtures/fuzz-regressions.
 # cargo-fuzz needs nightly compiler flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +12,7 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "fuzz: installing cargo-fuzz" >&2
   cargo install --locked cargo-fuzz
 fi
-for target in parse_mail render_reply; do
+for target in parse_mail render_reply stream_lines profile_parse; do
   mkdir -p "fuzz/corpus/$target"
   RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none "$target" "fuzz/corpus/$target" fuzz/seeds \
     -- -max_total_time="$seconds" -max_len=65536

@@ -1,0 +1,15 @@
+//! Any text as a profile file, and as a sender policy in the reference bridges' text form:
+//! an error or a value, never a panic.
+#![no_main]
+
+use aamp_bridge::dispatch::policy::parse_text;
+use aamp_bridge::runner::Profile;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let _ = Profile::parse(&text, "fuzzed", "fuzz input");
+    if let Ok(rules) = parse_text(&text) {
+        let policy = aamp_bridge::dispatch::SenderPolicy::default().with_rules(rules);
+        let _ = policy.allows("someone@example.test");
+    }
+});
