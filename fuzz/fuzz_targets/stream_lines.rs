@@ -1,6 +1,6 @@
 //! Any bytes as an agent's stdout, line by line, through every stream format's adapter (the
-//! SSE and NDJSON framing and the Claude, Codex and Gemini readers): never a panic, and the
-//! answer kept never passes the parser's limit.
+//! SSE and NDJSON framing and the Claude, Codex and Gemini readers): never a panic, and every
+//! event they make turns into an AAMP stream event.
 #![no_main]
 
 use aamp_bridge::runner::stream::{StreamFormat, StreamParser};
@@ -15,16 +15,14 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         StreamFormat::Gemini,
     ] {
         let mut parser = StreamParser::with_limit(format, 256);
+        let mut events = Vec::new();
         for line in text.split('\n') {
-            let _ = parser.line(line);
+            events.extend(parser.line(line));
         }
-        let _ = parser.finish();
-        if let Some(answer) = &parser.end.final_text {
-            // A final text the stream names whole may be longer; deltas are capped.
-            let _ = answer.len();
-        }
-        for event in parser.line("") {
-            let _ = event.to_aamp();
+        events.extend(parser.finish());
+        for event in &events {
+            let (kind, payload) = event.to_aamp();
+            assert!(!kind.is_empty() && payload.is_object());
         }
     }
 });
