@@ -2,8 +2,9 @@
 # The whole test suite on a fresh machine: installs and starts the loopback mail host,
 # installs the third-party ACP agents the tests use (Gemini CLI, the TypeScript and Python
 # ACP SDKs), runs every test (unit, conformance, runners, agents, end to end over the mail host), then
-# fuzzes the mail parser briefly. Needs root for the mail host (apt-get, Cyrus' master).
-#   AAMP_FUZZ_SECONDS=0 scripts/test.sh   skips the fuzz run (default 30 s)
+# fuzzes briefly (each of the four fuzz targets for AAMP_FUZZ_SECONDS, default 15 s). Needs
+# root for the mail host (apt-get, Cyrus' master).
+#   AAMP_FUZZ_SECONDS=0 scripts/test.sh   skips the fuzz run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +39,6 @@ if [ -n "$leftover" ]; then
 fi
 echo "no test processes left behind" >&2
 
-if [ "${AAMP_FUZZ_SECONDS:-30}" != 0 ]; then
-  bash scripts/fuzz.sh "${AAMP_FUZZ_SECONDS:-30}"
+if [ "${AAMP_FUZZ_SECONDS:-15}" != 0 ]; then
+  bash scripts/fuzz.sh "${AAMP_FUZZ_SECONDS:-15}"
 fi
