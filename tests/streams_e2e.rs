@@ -327,12 +327,18 @@ async fn everything_can_go_through_the_aamp_service_alone() {
         panic!("not a result")
     };
     assert_eq!(r.status, Status::Completed);
+    // `echo` emits no stream events: no stream is opened for it, and no stream.opened mail
+    // is sent (a stream opens with the first event).
     assert!(
-        aamp.actions()
+        !aamp
+            .actions()
             .iter()
             .any(|a| a["action"] == "aamp.stream.create"),
-        "the task was streamed too"
+        "no stream for a task without events"
     );
+    assert!(!peer
+        .intents_for(dispatch.task_id())
+        .contains(&Intent::TaskStreamOpened));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -299,9 +299,29 @@ impl<O: Outbox> Dispatcher<O> {
         );
         // A live stream for the dispatcher, when the mailbox has an AAMP service: created, then
         // announced by mail, then fed while the agent runs, and closed before the result.
-        let stream = self.inner.outbox.open_stream(&env.task_id, &env.from).await;
-        if let Some(stream_id) = &stream {
-            self.note(task.row, "stream opened", Some(stream_id));
+        // A live stream for the dispatcher, when the mailbox has an AAMP service, opened with
+        // the agent's first event (a task that has none costs no stream and no mail), then
+        // announced by mail, fed while the agent runs, and closed before the result.
+        let (to_stream, mut from_run) =
+            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        let events = self.inner.events;
+        let observe = async move {
+            while let Some(event) = rx.recv().await {
+                let (kind, payload) = event.to_aamp();
+                events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                let _ = to_stream.send((kind, payload)).await;
+            }
+        };
+        let pump = async {
+            let first = from_run.recv().await?;
+            let Some(stream_id) = self.inner.outbox.open_stream(&env.task_id, &env.from).await
+            else {
+                // No stream service: the events only go to the log and `--json`.
+                while from_run.recv().await.is_some() {}
+                return None;
+            };
+            self.note(task.row, "stream opened", Some(&stream_id));
             let opened = self.compose(
                 env,
                 &task.key,
@@ -317,26 +337,21 @@ impl<O: Outbox> Dispatcher<O> {
                 ),
                 Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
             }
-        }
-        let (to_stream, from_run) =
-            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
-        let events = self.inner.events;
-        let streaming = stream.is_some();
-        let observe = async move {
-            while let Some(event) = rx.recv().await {
-                let (kind, payload) = event.to_aamp();
-                events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
-                if streaming {
-                    let _ = to_stream.send((kind, payload)).await;
+            // The first event goes first, then the rest as they come.
+            let (feed, fed) =
+                tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+            let forward = async move {
+                if feed.send(first).await.is_ok() {
+                    while let Some(event) = from_run.recv().await {
+                        if feed.send(event).await.is_err() {
+                            break;
+                        }
+                    }
                 }
-            }
-        };
-        let pump = async {
-            match &stream {
-                Some(stream_id) => self.inner.outbox.pump_stream(stream_id, from_run).await,
-                None => 0,
-            }
+            };
+            let ((), appends) =
+                tokio::join!(forward, self.inner.outbox.pump_stream(&stream_id, fed));
+            Some((stream_id, appends))
         };
         // Owns the input, so the question sender in it drops when the run ends, which ends
         // `asking`.
@@ -372,8 +387,8 @@ impl<O: Outbox> Dispatcher<O> {
                 self.ask_dispatcher(task, question).await;
             }
         };
-        let (outcome, (), (), appends) = tokio::join!(run, observe, asking, pump);
-        if let Some(stream_id) = &stream {
+        let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
+        if let Some((stream_id, appends)) = &streamed {
             let status = if outcome.is_ok() {
                 "completed"
             } else {
