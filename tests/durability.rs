@@ -84,13 +84,7 @@ async fn a_bridge_killed_mid_task_runs_it_again_once_and_answers_once() {
         ],
         "",
     );
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, &p, &boss.email, host.smtp_port, "")
-        ),
-    );
+    dir.write_config(&config(host, &agent, &p, &boss.email, host.smtp_port, ""));
     let mut peer = Peer::new(boss).await;
     let mut bridge = Bridge::start(&dir, 1);
     let task = peer
@@ -151,13 +145,7 @@ async fn a_task_whose_profile_must_not_run_twice_is_answered_interrupted() {
         &["--runs", path_arg(&runs), "--sleep", "600"],
         "rerun_interrupted = false",
     );
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, &p, &boss.email, host.smtp_port, "")
-        ),
-    );
+    dir.write_config(&config(host, &agent, &p, &boss.email, host.smtp_port, ""));
     let mut peer = Peer::new(boss).await;
     let mut bridge = Bridge::start(&dir, 1);
     let task = peer
@@ -204,13 +192,7 @@ async fn a_bridge_killed_before_its_ack_went_out_acks_once_after_the_restart() {
         &["--runs", path_arg(&runs), "--wait-for", path_arg(&release)],
         "",
     );
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, &p, &boss.email, gate.port, "")
-        ),
-    );
+    dir.write_config(&config(host, &agent, &p, &boss.email, gate.port, ""));
     let mut peer = Peer::new(boss).await;
     let mut bridge = Bridge::start(&dir, 1);
     gate.close();
@@ -246,13 +228,7 @@ async fn a_result_waits_out_a_minute_without_the_submission_port() {
     let gate = Gate::new(host.smtp_port);
     let release = path(&dir, "release");
     let p = profile(&dir, "fault.toml", &["--wait-for", path_arg(&release)], "");
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, &p, &boss.email, gate.port, "")
-        ),
-    );
+    dir.write_config(&config(host, &agent, &p, &boss.email, gate.port, ""));
     let mut peer = Peer::new(boss).await;
     let mut bridge = Bridge::start(&dir, 1);
     let task = peer
@@ -295,13 +271,7 @@ async fn the_same_mail_five_times_and_the_same_task_after_a_restart_run_once() {
     let dir = ConfigDir::new(host, "");
     let runs = path(&dir, "runs");
     let p = profile(&dir, "fault.toml", &["--runs", path_arg(&runs)], "");
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, &p, &boss.email, host.smtp_port, "")
-        ),
-    );
+    dir.write_config(&config(host, &agent, &p, &boss.email, host.smtp_port, ""));
     let mut peer = Peer::new(boss).await;
     let bridge = Bridge::start(&dir, 1);
     let mut task = peer.dispatch_to(&agent.email, "Again", "the same mail five times");
@@ -339,20 +309,14 @@ async fn a_dispatch_refused_as_busy_runs_when_sent_again() {
         &["--runs", path_arg(&runs), "--wait-for", path_arg(&release)],
         "",
     );
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(
-                host,
-                &agent,
-                &p,
-                &boss.email,
-                host.smtp_port,
-                "max_queued_tasks = 1"
-            )
-        ),
-    );
+    dir.write_config(&config(
+        host,
+        &agent,
+        &p,
+        &boss.email,
+        host.smtp_port,
+        "max_queued_tasks = 1",
+    ));
     let mut peer = Peer::new(boss).await;
     let mut bridge = Bridge::start(&dir, 1);
     let first = peer
@@ -391,20 +355,14 @@ async fn a_backlog_of_150_after_a_lost_state_is_answered_once_each() {
     let host = mailhost();
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(
-                host,
-                &agent,
-                "echo",
-                &boss.email,
-                host.smtp_port,
-                "max_concurrent_tasks = 4\nmax_queued_tasks = 200"
-            )
-        ),
-    );
+    dir.write_config(&config(
+        host,
+        &agent,
+        "echo",
+        &boss.email,
+        host.smtp_port,
+        "max_concurrent_tasks = 4\nmax_queued_tasks = 200",
+    ));
     let mut peer = Peer::new(boss).await;
     assert!(Bridge::start(&dir, 1).stop().success());
     let cursor_path = dir.dir.path().join("state/agents/agent/jmap-email-state");
@@ -491,15 +449,8 @@ async fn an_agent_whose_child_holds_its_pipe_ends_at_its_deadline_on_cancel_and_
         .await;
     bridge.wait_event("task.started", |e| e["taskId"] == cancel.task_id());
     peer.wait_for(cancel.task_id(), Intent::TaskAck).await;
-    let mut stop = aamp_bridge::protocol::AampMessage::reply(
-        &cancel.envelope,
-        &peer.account.email,
-        Body::Cancel {
-            reason: "stop".into(),
-        },
-    );
-    stop.envelope.to = vec![mailboxes[1].1.email.clone()];
-    peer.send(stop).await;
+    peer.send(peer.cancel_of(&cancel, &mailboxes[1].1.email))
+        .await;
 
     let expect = [
         (&deadline, Status::Rejected, "did not finish within 3s"),
@@ -547,13 +498,14 @@ async fn a_dispatch_with_a_hostile_references_header_is_answered_from_anyone() {
     let host = mailhost();
     let (agent, boss, stranger) = (host.user("agent"), host.user("boss"), host.user("stranger"));
     let dir = ConfigDir::new(host, "");
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, "echo", &boss.email, host.smtp_port, "")
-        ),
-    );
+    dir.write_config(&config(
+        host,
+        &agent,
+        "echo",
+        &boss.email,
+        host.smtp_port,
+        "",
+    ));
     let mut peer = Peer::new(boss).await;
     let mut outsider = Peer::new(stranger).await;
     let bridge = Bridge::start(&dir, 1);
@@ -595,13 +547,14 @@ async fn a_second_start_on_the_same_state_directory_is_refused_with_the_holders_
     let host = mailhost();
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
-    dir.write(
-        "config.toml",
-        &format!(
-            "state_dir = \"state\"\n{}",
-            config(host, &agent, "echo", &boss.email, host.smtp_port, "")
-        ),
-    );
+    dir.write_config(&config(
+        host,
+        &agent,
+        "echo",
+        &boss.email,
+        host.smtp_port,
+        "",
+    ));
     let bridge = Bridge::start(&dir, 1);
     let second = std::process::Command::new(support::bin())
         .args(["--config", dir.config().to_str().unwrap(), "start"])

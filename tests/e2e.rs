@@ -261,15 +261,7 @@ async fn a_cancel_from_the_dispatcher_stops_the_running_agent() {
         .await;
     let task_id = dispatch.task_id().to_string();
     bridge.wait_event("task.started", |e| e["taskId"] == task_id.as_str());
-    let mut cancel = aamp_bridge::protocol::AampMessage::reply(
-        &dispatch.envelope,
-        &peer.account.email,
-        Body::Cancel {
-            reason: "never mind".into(),
-        },
-    );
-    cancel.envelope.to = vec![agent.email.clone()];
-    peer.send(cancel).await;
+    peer.send(peer.cancel_of(&dispatch, &agent.email)).await;
 
     let result = peer.wait_for(&task_id, Intent::TaskResult).await;
     let Body::Result(r) = &result.message.body else {
@@ -464,21 +456,8 @@ async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_i
         host,
         &agent_config(host, &agent, "asking.toml", &boss.email),
     );
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = serde_json::json!({"steps": [
-        {"say": "Need to edit. "},
-        {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
-        {"say": "Done."}
-    ]});
-    dir.write("asking-script.json", &script.to_string());
-    dir.write(
-        "asking.toml",
-        &format!(
-            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\n",
-            repo.join("tests/agents/acp_agent.py").display(),
-            dir.dir.path().join("asking-script.json").display()
-        ),
-    );
+    // The e2e default: a person has 15 minutes to answer.
+    dir.write_asking_agent(900);
     let mut bridge = Bridge::start(&dir, 1);
     let mut peer = Peer::new(boss).await;
 

@@ -307,14 +307,7 @@ async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
 
     // A cancel that comes before its dispatch: the dispatch is answered, not run.
     let early = peer.dispatch_to(&agent.email, "Early", "never runs");
-    let mut cancel = aamp_bridge::protocol::AampMessage::reply(
-        &early.envelope,
-        &peer.account.email,
-        Body::Cancel {
-            reason: "changed my mind".into(),
-        },
-    );
-    cancel.envelope.to = vec![agent.email.clone()];
+    let mut cancel = peer.cancel_of(&early, &agent.email);
     cancel.envelope.in_reply_to = None;
     cancel.envelope.references.clear();
     peer.send(cancel).await;
@@ -336,15 +329,7 @@ async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
         .send(peer.dispatch_to(&slow.email, "Long", "takes forever"))
         .await;
     bridge.wait_event("task.started", |e| e["taskId"] == long.task_id());
-    let mut stop = aamp_bridge::protocol::AampMessage::reply(
-        &long.envelope,
-        &peer.account.email,
-        Body::Cancel {
-            reason: "stop".into(),
-        },
-    );
-    stop.envelope.to = vec![slow.email.clone()];
-    peer.send(stop).await;
+    peer.send(peer.cancel_of(&long, &slow.email)).await;
     bridge.wait_event("task.completed", |e| e["taskId"] == long.task_id());
 
     // Mail marked Auto-Submitted never starts a task.
@@ -623,31 +608,12 @@ fn lines(path: &std::path::Path) -> Vec<String> {
     support::lines(path)
 }
 
-/// An ACP test agent that asks permission to edit, under `permissions = "ask"`.
-fn asking_agent(dir: &ConfigDir, ask_timeout: u64) {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = serde_json::json!({"steps": [
-        {"say": "Need to edit. "},
-        {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
-        {"say": "Done."}
-    ]});
-    dir.write("asking-script.json", &script.to_string());
-    dir.write(
-        "asking.toml",
-        &format!(
-            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\nask_timeout_secs = {ask_timeout}\n",
-            repo.join("tests/agents/acp_agent.py").display(),
-            dir.dir.path().join("asking-script.json").display()
-        ),
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_question_is_answered_by_a_plain_reply_and_an_unanswered_one_rejects_the_task() {
     let host = mailhost();
     let (agent, slowpoke, boss) = (host.user("agent"), host.user("slowpoke"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
-    asking_agent(&dir, 600);
+    dir.write_asking_agent(600);
     dir.write(
         "impatient.toml",
         &std::fs::read_to_string(dir.dir.path().join("asking.toml"))
@@ -769,17 +735,7 @@ async fn a_cancel_from_anyone_but_the_dispatcher_stops_nothing() {
         .send(peer.dispatch_to(&agent.email, "Long", "keep going"))
         .await;
     bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
-    let cancel = |from: &Peer| {
-        let mut c = aamp_bridge::protocol::AampMessage::reply(
-            &task.envelope,
-            &from.account.email,
-            Body::Cancel {
-                reason: "stop".into(),
-            },
-        );
-        c.envelope.to = vec![agent.email.clone()];
-        c
-    };
+    let cancel = |from: &Peer| from.cancel_of(&task, &agent.email);
     meddler.send(cancel(&meddler)).await;
     support::wait_until("the bridge reads the foreign cancel", || {
         bridge.log().contains("cancel before its dispatch")

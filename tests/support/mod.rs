@@ -214,6 +214,30 @@ impl ConfigDir {
         ConfigDir { dir }
     }
 
+    /// Writes `config.toml`: `text` under `state_dir = "state"`.
+    pub fn write_config(&self, text: &str) {
+        self.write("config.toml", &format!("state_dir = \"state\"\n{text}"));
+    }
+
+    /// Writes `asking.toml`: the ACP test agent asking permission to edit README.md, under
+    /// `permissions = "ask"` with `ask_timeout_secs`.
+    pub fn write_asking_agent(&self, ask_timeout_secs: u64) {
+        let script = serde_json::json!({"steps": [
+            {"say": "Need to edit. "},
+            {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
+            {"say": "Done."}
+        ]});
+        self.write("asking-script.json", &script.to_string());
+        self.write(
+            "asking.toml",
+            &format!(
+                "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\nask_timeout_secs = {ask_timeout_secs}\n",
+                repo().join("tests/agents/acp_agent.py").display(),
+                self.dir.path().join("asking-script.json").display()
+            ),
+        );
+    }
+
     pub fn write(&self, name: &str, text: &str) {
         std::fs::write(self.dir.path().join(name), text).unwrap();
     }
@@ -524,6 +548,19 @@ impl Peer {
         msg.envelope.subject = msg.subject();
         sender.send(&msg).await.expect("the marker is sent");
         self.wait_for(&marker, Intent::CardQuery).await;
+    }
+
+    /// A `task.cancel` of `dispatch`, from this peer to `agent`.
+    pub fn cancel_of(&self, dispatch: &AampMessage, agent: &str) -> AampMessage {
+        let mut cancel = AampMessage::reply(
+            &dispatch.envelope,
+            &self.account.email,
+            Body::Cancel {
+                reason: "stop".into(),
+            },
+        );
+        cancel.envelope.to = vec![agent.to_string()];
+        cancel
     }
 
     /// Sends raw RFC 5322 bytes from this peer's account to `to`.
