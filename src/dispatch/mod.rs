@@ -579,15 +579,7 @@ impl<O: Outbox> Dispatcher<O> {
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
         let policy = self.policy(&spec)?;
-        let rejected = |reason: &str| {
-            let result = TaskResult {
-                status: Status::Rejected,
-                output: String::new(),
-                error: Some(reason.to_string()),
-                structured_result: None,
-            };
-            self.compose(&env, &key, Body::Result(result), 0)
-        };
+        let rejected = |reason: &str| self.rejection(&env, &key, reason);
         match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
@@ -876,13 +868,7 @@ impl<O: Outbox> Dispatcher<O> {
                     "interrupted by a bridge restart; this agent's tasks are not run twice; dispatch it again".to_string()
                 };
                 tracing::warn!(runs = left.runs, "{reason}");
-                let result = TaskResult {
-                    status: Status::Rejected,
-                    output: String::new(),
-                    error: Some(reason.clone()),
-                    structured_result: None,
-                };
-                let reply = self.compose(&env, &key, Body::Result(result), 0);
+                let reply = self.rejection(&env, &key, &reason);
                 inner.journal.finish(
                     name,
                     left.id,
@@ -930,6 +916,17 @@ impl<O: Outbox> Dispatcher<O> {
     /// task (`n` tells apart several mails of one intent).
     fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
         self.compose_with(env, key, body, n, &[])
+    }
+
+    /// The `task.result` rejected with `reason` that answers `env`.
+    fn rejection(&self, env: &Envelope, key: &str, reason: &str) -> Outgoing {
+        let result = TaskResult {
+            status: Status::Rejected,
+            output: String::new(),
+            error: Some(reason.to_string()),
+            structured_result: None,
+        };
+        self.compose(env, key, Body::Result(result), 0)
     }
 
     /// [`Dispatcher::compose`] with files attached.
