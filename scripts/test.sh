@@ -25,6 +25,9 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# tmux drives the init wizard as a person would (tests/wizard.rs).
+command -v tmux >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tmux >/dev/null
+
 # Third-party ACP agents (npm, PyPI) that the integration tests run against.
 bash scripts/test-agents.sh >/dev/null
 

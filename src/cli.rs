@@ -38,6 +38,36 @@ pub enum Command {
         #[arg(long = "agent", value_name = "NAME")]
         agents: Vec<String>,
     },
+    /// Set up the bridge: the AAMP service, which agents answer mail, their mailboxes (tested
+    /// live before anything is saved), who may send them tasks, and the background service.
+    /// Run again to change the config; your other settings stay.
+    Init {
+        /// Take the answers from a file (JSON or TOML; `-` for stdin) instead of asking.
+        #[arg(long, requires = "answers")]
+        non_interactive: bool,
+        #[arg(long, value_name = "FILE|-")]
+        answers: Option<PathBuf>,
+        /// Print what was done as JSON (with --non-interactive).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make this bridge's config from the reference bridges' (`~/.aamp/acp-bridge` and
+    /// `~/.aamp/cli-bridge`): agents, credentials, sender policies, pairing codes, profiles.
+    Import {
+        /// The folder holding acp-bridge/ and cli-bridge/ [default: ~/.aamp]
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Print what would be written, and write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Profiles: how a command-line agent is run. Make one for your own agent, and test it.
+    Profile {
+        #[command(subcommand)]
+        action: ProfileAction,
+    },
     /// Send a task to an agent from one of the config's mailboxes, and wait for its result.
     Dispatch(DispatchArgs),
     /// List the agents this machine has: every profile, whether its command is installed,
@@ -107,6 +137,67 @@ pub enum Command {
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfileAction {
+    /// Every profile the bridge can use: yours first, then the built-in ones.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A profile's file.
+    Show { name: String },
+    /// Make a profile for a command-line agent, find how its output is framed by running it
+    /// once, and smoke-test it. Asks for what is not given when run in a terminal.
+    New {
+        name: String,
+        /// The program (found on PATH; never run through a shell).
+        #[arg(long)]
+        command: Option<String>,
+        /// An argument (repeatable); `{{prompt}}` is the task's text as one argument.
+        #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+        args: Vec<String>,
+        /// How the prompt reaches the agent.
+        #[arg(long, value_enum, default_value = "stdin")]
+        prompt_via: crate::wizard::profile_maker::PromptVia,
+        /// The working directory [default: the task's own workspace].
+        #[arg(long)]
+        cwd: Option<String>,
+        /// How its stdout is framed: auto (run it once to see), none, ndjson, sse, claude,
+        /// codex, gemini.
+        #[arg(long, default_value = "auto")]
+        stream: String,
+        #[arg(long, default_value_t = 1800)]
+        timeout_secs: u64,
+        /// An ACP agent (speaks the Agent Client Protocol on stdio) instead of a CLI.
+        #[arg(long)]
+        acp: bool,
+        /// ACP: allow, read_only, deny or ask.
+        #[arg(long)]
+        permissions: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        /// The prompt for the detection run and the smoke test.
+        #[arg(long, default_value = "Reply with the word OK.")]
+        test_prompt: String,
+        /// Write it without running it.
+        #[arg(long)]
+        no_test: bool,
+        /// Replace a profile file of that name.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a profile once on a prompt, as the bridge would, and show what came back.
+    Test {
+        name: String,
+        #[arg(long, default_value = "Reply with the word OK.")]
+        prompt: String,
         #[arg(long)]
         json: bool,
     },
@@ -210,6 +301,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config_path = cli.config.clone().unwrap_or_else(default_config_path);
     match cli.command {
         Command::Start { json, agents } => {
+            if !config_path.exists() {
+                bail!(
+                    "no config at {}: run `aamp-bridge init` to make one (or `aamp-bridge import` from the reference bridges), or pass --config FILE",
+                    config_path.display()
+                );
+            }
             let config = LoadedConfig::load(&config_path)?;
             daemon::run(
                 config,
@@ -219,6 +316,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await?;
             Ok(0)
         }
+        Command::Init {
+            non_interactive,
+            answers,
+            json,
+        } => init(&config_path, non_interactive, answers, json).await,
+        Command::Import {
+            from,
+            dry_run,
+            json,
+        } => import(&config_path, from, dry_run, json),
+        Command::Profile { action } => profile(&config_path, action).await,
         Command::Dispatch(args) => dispatch(&LoadedConfig::load(&config_path)?, args).await,
         Command::Inspect { file, json } => inspect(&file, json),
         Command::Policy { action } => policy(&LoadedConfig::load(&config_path)?, action),
@@ -1189,4 +1297,291 @@ fn service(config_path: &std::path::Path, action: ServiceAction) -> anyhow::Resu
         }
     }
     Ok(0)
+}
+
+async fn init(
+    config_path: &std::path::Path,
+    non_interactive: bool,
+    answers: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::wizard::{self, prompt};
+    let answers = match (non_interactive, answers) {
+        (true, Some(file)) => {
+            let text = if file.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                s
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read the answers file {}", file.display()))?
+            };
+            wizard::Answers::parse(&text)?
+        }
+        (false, Some(_)) => bail!("--answers goes with --non-interactive"),
+        _ => match prompt::ask(config_path).await {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                println!("Nothing was written.");
+                return Ok(1);
+            }
+            Err(e) if e.is::<prompt::Cancelled>() => {
+                println!("{e}");
+                return Ok(130);
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    let spinner = prompt::Spinner::new();
+    let applied = wizard::apply(&answers, config_path, &spinner).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&applied)?);
+        return Ok(0);
+    }
+    wizard::print_applied(&applied);
+    if !non_interactive {
+        if let Some(done) = prompt::offer_service(config_path)? {
+            println!("service: {done}");
+        }
+        println!(
+            "Check everything with `aamp-bridge doctor`; see each task with `aamp-bridge tasks`."
+        );
+    }
+    Ok(0)
+}
+
+fn import(
+    config_path: &std::path::Path,
+    from: Option<PathBuf>,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::wizard::{self, import};
+    let from = from.unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".aamp")
+    });
+    let existing = wizard::existing(config_path)?.map(|c| c.config);
+    let plan = import::plan(&from, config_path, existing)?;
+    let text = crate::config::render(plan.config.as_ref().expect("a plan has a config"));
+    if !dry_run {
+        import::write(&plan, config_path)?;
+    }
+    if json {
+        let files: Vec<serde_json::Value> = plan
+            .files
+            .iter()
+            .map(|(p, _, mode)| serde_json::json!({"path": p, "mode": format!("{mode:o}")}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "config": config_path, "written": !dry_run, "sources": plan.sources,
+                "files": files, "pairCodes": plan.pair_codes.iter().map(|(a, _, _)| a).collect::<Vec<_>>(),
+                "notes": plan.notes, "text": text,
+            })
+        );
+        return Ok(0);
+    }
+    for source in &plan.sources {
+        println!("read {}", source.display());
+    }
+    if dry_run {
+        println!("\nwould write {}:\n", config_path.display());
+        print!("{text}");
+        for (path, bytes, mode) in &plan.files {
+            println!(
+                "\nwould write {} (mode {mode:o}, {} bytes)",
+                path.display(),
+                bytes.len()
+            );
+        }
+    } else {
+        println!("wrote {}", config_path.display());
+        for (path, _, mode) in &plan.files {
+            println!("wrote {} (mode {mode:o})", path.display());
+        }
+    }
+    for (agent, _, left) in &plan.pair_codes {
+        println!(
+            "pairing code of {agent} carried over (valid {} more minutes)",
+            left.as_secs() / 60
+        );
+    }
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+    if !dry_run {
+        println!("next: `aamp-bridge doctor`, then `aamp-bridge start`; stop the old bridges first, or both answer the same mail");
+    }
+    Ok(0)
+}
+
+async fn profile(config_path: &std::path::Path, action: ProfileAction) -> anyhow::Result<i32> {
+    use crate::runner::Profile;
+    use crate::wizard::profile_maker as maker;
+    let dirs = match crate::wizard::existing(config_path)? {
+        Some(c) => c.profile_dirs(),
+        None => vec![crate::config::default_config_dir().join("profiles")],
+    };
+    match action {
+        ProfileAction::List { json } => {
+            let (profiles, errors) = Profile::all(&dirs);
+            for e in &errors {
+                eprintln!("warning: {e}");
+            }
+            if json {
+                let list: Vec<serde_json::Value> = profiles
+                    .iter()
+                    .map(|p| serde_json::json!({"name": p.name, "kind": format!("{:?}", p.kind).to_lowercase(), "command": p.command.render(&Default::default()), "description": p.description, "origin": p.origin}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for p in &profiles {
+                    println!(
+                        "{:<14} {:<4} {:<12} {}  ({})",
+                        p.name,
+                        format!("{:?}", p.kind).to_lowercase(),
+                        p.command.render(&Default::default()),
+                        p.description,
+                        p.origin
+                    );
+                }
+            }
+            Ok(0)
+        }
+        ProfileAction::Show { name } => {
+            let p = Profile::find(&name, &dirs)?;
+            match crate::runner::profile::source_text(&name, &dirs) {
+                Some(text) => print!("{text}"),
+                None => bail!("profile {name} has no file to show ({})", p.origin),
+            }
+            Ok(0)
+        }
+        ProfileAction::Test { name, prompt, json } => {
+            let p = Profile::find(&name, &dirs)?;
+            let spinner = crate::wizard::prompt::Spinner::new();
+            use crate::wizard::Progress as _;
+            spinner.step(&format!("running {} on {prompt:?}", p.name));
+            let report = maker::smoke_test(&p, &prompt).await;
+            spinner.done(&format!("{} answered in {} ms", p.name, report.duration_ms));
+            print_report(&report, json)?;
+            Ok(if report.ok { 0 } else { 1 })
+        }
+        ProfileAction::New {
+            name,
+            command,
+            args,
+            prompt_via,
+            cwd,
+            stream,
+            timeout_secs,
+            acp,
+            permissions,
+            description,
+            test_prompt,
+            no_test,
+            force,
+            json,
+        } => {
+            if !crate::config::valid_name(&name) {
+                bail!("profile name {name:?}: use lower-case letters, digits, - and _");
+            }
+            let command = match command {
+                Some(c) => c,
+                None => bail!("give the agent's program with --command (and its arguments with --arg, `{{{{prompt}}}}` for the task's text)"),
+            };
+            let stream = match stream.as_str() {
+                "auto" => None,
+                other => Some(
+                    serde_json::from_value::<crate::runner::stream::StreamFormat>(serde_json::Value::String(other.into()))
+                        .map_err(|_| anyhow::anyhow!("--stream {other:?}: use auto, none, ndjson, sse, claude, codex or gemini"))?,
+                ),
+            };
+            let mut new = maker::NewProfile {
+                description: description
+                    .unwrap_or_else(|| format!("{command} (made with profile new)")),
+                name: name.clone(),
+                command,
+                args,
+                prompt_via,
+                cwd,
+                stream,
+                timeout_secs,
+                acp,
+                permissions,
+            };
+            let spinner = crate::wizard::prompt::Spinner::new();
+            use crate::wizard::Progress as _;
+            let format = match (new.stream, new.acp || no_test) {
+                (Some(f), _) => f,
+                (None, true) => crate::runner::stream::StreamFormat::None,
+                (None, false) => {
+                    spinner.step(&format!("running {} once to see its output", new.command));
+                    let f = maker::detect(&new, &test_prompt).await?;
+                    spinner.done(&format!("its output is framed as: {}", f.as_str()));
+                    f
+                }
+            };
+            new.stream = Some(format);
+            let text = maker::render(&new, format);
+            let path = maker::target(&dirs, &name);
+            maker::write(&path, &text, force)?;
+            let report = if no_test {
+                None
+            } else {
+                let p = Profile::find(&path.display().to_string(), &dirs)?;
+                spinner.step("smoke test");
+                let r = maker::smoke_test(&p, &test_prompt).await;
+                spinner.done(&format!(
+                    "smoke test: {}",
+                    if r.ok { "ok" } else { "failed" }
+                ));
+                Some(r)
+            };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"profile": name, "path": path, "stream": format.as_str(), "test": report})
+                );
+            } else {
+                println!("wrote {}:\n{text}", path.display());
+                if let Some(r) = &report {
+                    print_report(r, false)?;
+                }
+                println!("use it: `profile = \"{name}\"` in an [[agents]] table, or pick it in `aamp-bridge init`");
+            }
+            Ok(match report {
+                Some(r) if !r.ok => 1,
+                _ => 0,
+            })
+        }
+    }
+}
+
+fn print_report(report: &crate::wizard::profile_maker::Report, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+        return Ok(());
+    }
+    if report.ok {
+        println!("OK    answered in {} ms", report.duration_ms);
+    } else {
+        println!("FAIL  {}", report.error.as_deref().unwrap_or("no answer"));
+    }
+    if !report.events.is_empty() {
+        let events: Vec<String> = report
+            .events
+            .iter()
+            .map(|(k, v)| format!("{k} ×{v}"))
+            .collect();
+        println!("      stream events: {}", events.join(", "));
+    }
+    let shown: String = report.output.chars().take(500).collect();
+    if !shown.is_empty() {
+        println!("      answer: {}", shown.trim());
+    }
+    Ok(())
 }

@@ -61,3 +61,4 @@ pub mod protocol;
 pub mod runner;
 pub mod service;
 pub mod telemetry;
+pub mod wizard;

@@ -113,6 +113,20 @@ impl Service {
         }
     }
 
+    /// Whether this machine's service manager can be reached now (a systemd user manager, or
+    /// launchd), so offering to install makes sense.
+    pub fn available(&self) -> bool {
+        match self.kind {
+            Kind::Systemd => Command::new("systemctl")
+                .args(["--user", "show-environment"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
+            Kind::Launchd => true,
+        }
+    }
+
     /// Writes the file (unchanged when it is already the same) and registers it with the
     /// service manager. Returns whether anything changed.
     pub fn install(&self) -> anyhow::Result<bool> {

@@ -893,6 +893,26 @@ impl Journal {
         })
     }
 
+    /// The newest unused pairing code of `agent` with at least `left` to live, and its expiry.
+    pub fn fresh_pair_code(
+        &self,
+        agent: &str,
+        left: Duration,
+    ) -> Result<Option<(String, SystemTime)>, JournalError> {
+        let after = millis(SystemTime::now() + left);
+        self.with(|c| {
+            c.query_row(
+                "SELECT code, expires_at FROM pair_codes WHERE agent = ?1 AND used_at IS NULL AND expires_at > ?2 ORDER BY id DESC LIMIT 1",
+                params![agent, after],
+                |r| {
+                    let ms: i64 = r.get(1)?;
+                    Ok((r.get(0)?, UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)))
+                },
+            )
+            .optional()
+        })
+    }
+
     /// Uses up a pairing code; false when it was used meanwhile.
     pub fn consume_pair_code(&self, id: i64, sender: &str) -> Result<bool, JournalError> {
         self.with(|c| {

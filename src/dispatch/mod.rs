@@ -101,7 +101,7 @@ pub struct AgentSpec {
 }
 
 /// What a sender the policy refuses hears back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UnknownSenders {
     /// A `rejected` result saying why (at most `max_refusals_per_hour` of them).
@@ -112,7 +112,7 @@ pub enum UnknownSenders {
 }
 
 /// How a task cancelled by its dispatcher is answered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CancelReply {
     /// `task.result` rejected with `X-AAMP-ErrorMsg: cancelled`.

@@ -295,3 +295,70 @@ pub async fn register(
         smtp_password: field(&creds["smtp"]["password"], "smtp.password")?,
     })
 }
+
+/// What an AAMP service says of itself at `/.well-known/aamp`, for `init` and `doctor`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ServiceInfo {
+    pub version: Option<String>,
+    /// Live task streams (SSE).
+    pub streams: bool,
+    /// Mailbox registration (`aamp.mailbox.register`), when the document lists its actions;
+    /// assumed when it does not.
+    pub registration: bool,
+    pub directory: bool,
+}
+
+impl ServiceInfo {
+    /// One line for a person: "AAMP 1.1: task streams, mailbox registration".
+    pub fn describe(&self) -> String {
+        let mut offers = Vec::new();
+        if self.streams {
+            offers.push("live task streams");
+        }
+        if self.registration {
+            offers.push("mailbox registration");
+        }
+        if self.directory {
+            offers.push("agent directory");
+        }
+        format!(
+            "AAMP {}: {}",
+            self.version.as_deref().unwrap_or("(no version)"),
+            if offers.is_empty() {
+                "no optional features".to_string()
+            } else {
+                offers.join(", ")
+            }
+        )
+    }
+}
+
+/// Reads `{base}/.well-known/aamp` (no auth) and says what the service offers.
+pub async fn probe(base: &Url, insecure_tls: bool) -> Result<ServiceInfo, MailboxError> {
+    let http = super::http_client(insecure_tls, Some(Duration::from_secs(15)))?;
+    let discovery = base
+        .join("/.well-known/aamp")
+        .map_err(|e| MailboxError::Protocol {
+            what: base.to_string(),
+            detail: e.to_string(),
+        })?;
+    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
+    if body["api"]["url"].as_str().is_none() {
+        return Err(MailboxError::Protocol {
+            what: discovery.to_string(),
+            detail: "no api.url: this is not an AAMP service".into(),
+        });
+    }
+    let actions: Option<Vec<&str>> = body["api"]["actions"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect());
+    let has = |name: &str| actions.as_ref().is_none_or(|a| a.contains(&name));
+    Ok(ServiceInfo {
+        version: body["version"].as_str().map(str::to_string),
+        streams: body["capabilities"]["stream"]["transport"] == "sse",
+        registration: has("aamp.mailbox.register"),
+        directory: actions
+            .as_ref()
+            .is_some_and(|a| a.contains(&"aamp.directory.upsert")),
+    })
+}

@@ -36,6 +36,22 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("auggie-acp", include_str!("../../profiles/auggie-acp.toml")),
 ];
 
+/// The text of a profile as `find` would read it: its file, or the built-in's TOML.
+pub fn source_text(name_or_path: &str, dirs: &[PathBuf]) -> Option<String> {
+    if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+        return std::fs::read_to_string(name_or_path).ok();
+    }
+    for dir in dirs {
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("{name_or_path}.toml"))) {
+            return Some(text);
+        }
+    }
+    BUILT_IN
+        .iter()
+        .find(|(n, _)| *n == name_or_path)
+        .map(|(_, t)| t.to_string())
+}
+
 /// The names of the built-in profiles.
 pub fn built_in_names() -> impl Iterator<Item = &'static str> {
     BUILT_IN.iter().map(|(n, _)| *n)

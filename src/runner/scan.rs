@@ -28,6 +28,9 @@ pub struct Detected {
     pub configured: Vec<String>,
     pub warnings: Vec<String>,
     pub install: Option<String>,
+    /// Whether the agent has credentials: an API key in the environment or its login file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe: Option<Result<super::acp::ProbeInfo, String>>,
 }
@@ -152,6 +155,7 @@ pub async fn scan(
         if path.is_some() && version.is_none() {
             warnings.push("`--version` gave no answer within 5s".into());
         }
+        let login = path.as_ref().and_then(|_| login_state(&command));
         out.push(Detected {
             profile: profile.name.clone(),
             kind: match profile.kind {
@@ -169,8 +173,56 @@ pub async fn scan(
                 .collect(),
             warnings,
             install: profile.install.clone(),
+            login,
             probe: None,
         });
     }
     out
+}
+
+/// Where the well-known agents keep their login: (command prefix, API key variables, files
+/// under the home folder).
+const LOGINS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "claude",
+        &["ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"],
+        &[".claude/.credentials.json", ".claude.json"],
+    ),
+    (
+        "codex",
+        &["OPENAI_API_KEY", "CODEX_API_KEY"],
+        &[".codex/auth.json"],
+    ),
+    (
+        "gemini",
+        &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        &[".gemini/oauth_creds.json"],
+    ),
+    (
+        "qwen",
+        &["DASHSCOPE_API_KEY", "OPENAI_API_KEY"],
+        &[".qwen/oauth_creds.json"],
+    ),
+];
+
+/// Whether a well-known agent looks logged in; `None` for agents this does not know.
+pub fn login_state(command: &str) -> Option<String> {
+    let base = Path::new(command).file_name()?.to_str()?;
+    let (_, vars, files) = LOGINS
+        .iter()
+        .find(|(prefix, _, _)| base.starts_with(prefix))?;
+    if let Some(var) = vars
+        .iter()
+        .find(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+    {
+        return Some(format!("API key in ${var}"));
+    }
+    let home = PathBuf::from(std::env::var_os("HOME")?);
+    match files.iter().find(|f| home.join(f).exists()) {
+        Some(file) => Some(format!("logged in (~/{file})")),
+        None => Some(format!(
+            "not logged in: run `{base}` once to log in, or set ${}",
+            vars[0]
+        )),
+    }
 }

@@ -764,3 +764,82 @@ fn claude_todos(input: &Value) -> Vec<TodoItem> {
         })
         .collect()
 }
+
+/// Guesses how a CLI's stdout is framed from a sample of it (for `profile new`): the Claude,
+/// Codex and Gemini JSON streams by their event types, then SSE, generic NDJSON, or text.
+pub fn detect(sample: &str) -> StreamFormat {
+    let lines: Vec<&str> = sample
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(50)
+        .collect();
+    if lines.is_empty() {
+        return StreamFormat::None;
+    }
+    if lines
+        .iter()
+        .any(|l| l.starts_with("data:") || l.starts_with("event:"))
+    {
+        return StreamFormat::Sse;
+    }
+    let objects: Vec<Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(Value::is_object)
+        .collect();
+    if objects.len() * 2 < lines.len() {
+        return StreamFormat::None;
+    }
+    let types: Vec<&str> = objects.iter().filter_map(|o| o["type"].as_str()).collect();
+    let has = |t: &str| types.contains(&t);
+    if has("stream_event")
+        || (has("system") && objects.iter().any(|o| o["subtype"] == "init"))
+        || (has("assistant") && objects.iter().any(|o| o["message"].is_object()))
+    {
+        StreamFormat::Claude
+    } else if has("thread.started") || has("turn.started") || has("item.completed") {
+        StreamFormat::Codex
+    } else if has("init") && objects.iter().any(|o| o["session_id"].is_string())
+        || (has("message") && objects.iter().any(|o| o["role"].is_string()))
+    {
+        StreamFormat::Gemini
+    } else {
+        StreamFormat::Ndjson
+    }
+}
+
+impl StreamFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamFormat::None => "none",
+            StreamFormat::Ndjson => "ndjson",
+            StreamFormat::Sse => "sse",
+            StreamFormat::Claude => "claude",
+            StreamFormat::Codex => "codex",
+            StreamFormat::Gemini => "gemini",
+        }
+    }
+}
+
+#[cfg(test)]
+mod detect_tests {
+    use super::*;
+
+    #[test]
+    fn each_cli_stream_is_recognised() {
+        let cases = [
+            ("plain answer\nOK\n", StreamFormat::None),
+            ("", StreamFormat::None),
+            ("event: delta\ndata: {\"text\":\"OK\"}\n\n", StreamFormat::Sse),
+            ("{\"type\":\"system\",\"subtype\":\"init\",\"session_id\":\"s\"}\n{\"type\":\"assistant\",\"message\":{\"content\":[]}}\n", StreamFormat::Claude),
+            ("{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"item.completed\",\"item\":{}}\n", StreamFormat::Codex),
+            ("{\"type\":\"init\",\"session_id\":\"s\",\"model\":\"m\"}\n{\"type\":\"message\",\"role\":\"assistant\",\"content\":\"OK\",\"delta\":true}\n", StreamFormat::Gemini),
+            ("{\"text\":\"O\"}\n{\"text\":\"K\"}\n", StreamFormat::Ndjson),
+            ("{\"a\":1}\nnot json\nnot json\nnot json\n", StreamFormat::None),
+        ];
+        for (sample, want) in cases {
+            assert_eq!(detect(sample), want, "{sample:?}");
+        }
+    }
+}

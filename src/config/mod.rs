@@ -6,7 +6,10 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+mod render;
+pub use render::render;
 
 /// A config problem, said as `file: key: problem` followed by the fix.
 #[derive(Debug, thiserror::Error)]
@@ -31,15 +34,18 @@ impl fmt::Display for ConfigError {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where cursors and task workspaces live. Default: `$XDG_STATE_HOME/aamp-bridge`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
     /// Extra folder of profile files, searched before the user's and the built-in ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub profiles_dir: Option<PathBuf>,
     /// Tasks running at once across all agents (each agent also has its own limit); no
     /// limit when unset. Waiting tasks go by X-AAMP-Priority, then by arrival.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_tasks: Option<usize>,
     /// After SIGTERM/SIGINT, how long running tasks get to finish before they are stopped
     /// and left in the journal for the next start.
@@ -54,11 +60,11 @@ pub struct Config {
     pub journal_retention_days: u64,
     #[serde(default)]
     pub mailboxes: BTreeMap<String, MailboxConfig>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agents: Vec<AgentConfig>,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PushTransport {
     #[default]
@@ -68,7 +74,7 @@ pub enum PushTransport {
 }
 
 /// The evidence a mailbox needs before it believes a mail's `From:`.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum SenderAuth {
     /// Authenticated submission on this server, or (with `authserv_id`) its
@@ -84,7 +90,7 @@ pub enum SenderAuth {
     None,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SmtpSecurity {
     /// Upgrade with STARTTLS, and refuse to send if the server does not offer it.
@@ -105,29 +111,37 @@ impl SmtpSecurity {
     }
 }
 
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MailboxConfig {
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
     /// A credentials file (`{"email", "mailboxToken", "smtpPassword"}`, mode 0600) instead of
     /// email and password. When it does not exist and `aamp_url` is set, the bridge registers
     /// a mailbox with the AAMP service and writes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     /// For registration: the wanted address prefix (default: the mailbox's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slug: Option<String>,
     /// For registration: what the mailbox is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The JMAP session URL (`https://host/.well-known/jmap`) or the server's base URL.
     pub jmap_url: String,
     /// Login name for JMAP and SMTP; default: `email`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub login: Option<String>,
     /// The password inline (the config file must then be private), or ...
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
     /// ... a file holding it (mode 0600), which is preferred.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
     pub smtp_host: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub smtp_port: Option<u16>,
     #[serde(default)]
     pub smtp_security: SmtpSecurity,
@@ -145,6 +159,7 @@ pub struct MailboxConfig {
     pub push_transport: PushTransport,
     /// The AAMP service in front of the mail server (its `/.well-known/aamp`), for live task
     /// streams. Without it tasks run without a stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub aamp_url: Option<String>,
     /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
     #[serde(default = "default_true")]
@@ -156,6 +171,7 @@ pub struct MailboxConfig {
     pub sender_auth: SenderAuth,
     /// The receiving server's RFC 8601 authserv-id, whose `Authentication-Results` are
     /// believed (dmarc=pass, or dkim/spf pass aligned with the From domain).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub authserv_id: Option<String>,
     /// While push is up, seconds between safety polls (a missed push costs at most this).
     #[serde(default = "default_reconcile_secs")]
@@ -224,38 +240,43 @@ fn default_queue() -> usize {
     100
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// Lower-case letters, digits, `-` and `_`.
     pub name: String,
     /// A key of `[mailboxes]`; default: the agent's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mailbox: Option<String>,
     /// A profile name (from the profile folders) or a path to a profile file.
     pub profile: String,
     /// Senders allowed to dispatch tasks: addresses, `*@domain` or `@domain`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_from: Vec<String>,
     /// Tasks this agent runs at once; the rest wait in order.
     #[serde(default = "default_concurrency")]
     pub max_concurrent_tasks: usize,
     /// A one-line summary of what the agent does, for the AAMP service's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// The agent's card (markdown) for the directory, inline or ...
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub card: Option<String>,
     /// ... in a file.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub card_file: Option<PathBuf>,
     /// Tasks running or waiting at most; further dispatches are answered "busy".
     #[serde(default = "default_queue")]
     pub max_queued_tasks: usize,
     /// Allow rules with dispatch-context conditions (`[[agents.senders]]`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub senders: Vec<crate::dispatch::policy::Rule>,
     /// Allow rules in the reference bridges' text form (`allow_from: ...` and
     /// `context_equals: key=value` lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sender_policy: Option<String>,
     /// Senders refused whatever else allows them.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny_from: Vec<String>,
     /// What a sender the policy refuses hears: `reject` (a rejected result) or `ignore`.
     #[serde(default)]
@@ -268,6 +289,7 @@ pub struct AgentConfig {
     #[serde(default = "default_per_sender")]
     pub max_tasks_per_sender_per_hour: u32,
     /// Tasks this agent takes per 24 hours at most (no limit when unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub daily_task_budget: Option<u32>,
     /// Turns one conversation (Session-Key) may take.
     #[serde(default = "default_turns")]
@@ -364,7 +386,7 @@ impl LoadedConfig {
             err(
                 "",
                 format!("cannot read the config file: {e}"),
-                "write one (the README's \"Config reference\" has a complete example), or pass another file with --config",
+                "run `aamp-bridge init` to make one (or `aamp-bridge import` from the reference bridges), or pass another file with --config",
             )
         })?;
         let config: Config = toml::from_str(&text).map_err(|e| {
@@ -689,7 +711,7 @@ impl LoadedConfig {
             return Err(self.error(
                 "agents",
                 "no agents are configured",
-                "add an [[agents]] table (see the README's \"Config reference\")",
+                "run `aamp-bridge init` to add one, or add an [[agents]] table (see the README's \"Config reference\")",
             ));
         }
         Ok(agents)

@@ -1,0 +1,575 @@
+//! `aamp-bridge import`: the reference bridges' files (`~/.aamp/acp-bridge/config.json`,
+//! `~/.aamp/cli-bridge/config.json`, their credentials, sender policies, pairing files and CLI
+//! profiles) as this bridge's config. Their shapes are the ones their docs and code define
+//! (zod schemas); unknown fields are ignored, as those bridges do.
+//!
+//! What does not carry over is said, never silently changed: `rejectUnauthorized: false`
+//! (their default) does not turn certificate checks off here, and a `shell: true` profile is
+//! run without a shell.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::{AgentConfig, Config, MailboxConfig};
+use crate::dispatch::policy::Rule;
+
+/// Everything an import would write.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub config: Option<Config>,
+    /// Files beside the config: (path, bytes, mode).
+    pub files: Vec<(PathBuf, Vec<u8>, u32)>,
+    /// Pairing codes still valid: (agent, code, time left).
+    pub pair_codes: Vec<(String, String, Duration)>,
+    /// What the person should know.
+    pub notes: Vec<String>,
+    /// The reference configs read.
+    pub sources: Vec<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BridgeConfig {
+    aamp_host: Option<String>,
+    reject_unauthorized: Option<bool>,
+    #[serde(default)]
+    agents: Vec<BridgeAgent>,
+    /// CLI bridge: named profiles.
+    #[serde(default)]
+    profiles: BTreeMap<String, CliProfile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BridgeAgent {
+    name: String,
+    acp_command: Option<String>,
+    cli_profile: Option<Value>,
+    slug: Option<String>,
+    description: Option<String>,
+    summary: Option<String>,
+    card_text: Option<String>,
+    card_file: Option<String>,
+    credentials_file: Option<String>,
+    pairing_file: Option<String>,
+    sender_policies_file: Option<String>,
+    #[serde(default)]
+    sender_policies: Vec<Policy>,
+    #[serde(default)]
+    sender_whitelist: Vec<String>,
+    task_dispatch_concurrency: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Policy {
+    sender: String,
+    #[serde(default)]
+    dispatch_context_rules: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CliProfile {
+    description: Option<String>,
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    stdin: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    #[serde(default)]
+    shell: bool,
+    timeout_ms: Option<u64>,
+    success_exit_codes: Option<Vec<i32>>,
+    stream: Option<CliStream>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct CliStream {
+    format: String,
+    #[serde(default = "yes")]
+    enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PairingFile {
+    pair_code: Option<String>,
+    expires_at: Option<String>,
+    consumed_at: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Credentials {
+    email: String,
+    mailbox_token: Option<String>,
+    smtp_password: String,
+}
+
+/// Their built-in CLI profiles that have no namesake here (exact argv from their code).
+fn their_builtin(name: &str) -> Option<CliProfile> {
+    let (command, args, sse): (&str, &[&str], bool) = match name {
+        "coco" => (
+            "coco",
+            &["-p", "{{prompt}}", "--yolo", "--resume", "{{sessionKey}}"],
+            false,
+        ),
+        "codem" => (
+            "codem",
+            &[
+                "-p",
+                "{{prompt}}",
+                "--sse",
+                "--yolo",
+                "--session",
+                "{{safeSessionKey}}",
+            ],
+            true,
+        ),
+        _ => return None,
+    };
+    Some(CliProfile {
+        command: command.into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        stream: sse.then(|| CliStream {
+            format: "sse".into(),
+            enabled: true,
+        }),
+        ..CliProfile::default()
+    })
+}
+
+/// Their placeholders in ours.
+fn template(text: &str) -> String {
+    text.replace("{{agentName}}", "{{agent}}")
+        .replace("{{safeSessionKey}}", "{{safe_session_key}}")
+        .replace("{{sessionKey}}", "{{session_key}}")
+}
+
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// A CLI profile of theirs as a profile file of ours.
+fn profile_toml(name: &str, p: &CliProfile, notes: &mut Vec<String>) -> String {
+    let mut out = format!(
+        "# Imported from the aamp-cli-bridge profile {name:?}.\nname = {}\n",
+        toml_string(name)
+    );
+    if let Some(d) = &p.description {
+        out.push_str(&format!("description = {}\n", toml_string(d)));
+    }
+    let (command, mut args) = if p.shell {
+        notes.push(format!("profile {name}: `shell: true` is not carried over: the bridge never runs a shell, so the command line is split on white space (check it)"));
+        let mut words = p.command.split_whitespace().map(str::to_string);
+        (words.next().unwrap_or_default(), words.collect::<Vec<_>>())
+    } else {
+        (p.command.clone(), Vec::new())
+    };
+    args.extend(p.args.iter().cloned());
+    out.push_str(&format!("command = {}\n", toml_string(&template(&command))));
+    let args: Vec<String> = args.iter().map(|a| toml_string(&template(a))).collect();
+    out.push_str(&format!("args = [{}]\n", args.join(", ")));
+    if let Some(stdin) = &p.stdin {
+        out.push_str(&format!("stdin = {}\n", toml_string(&template(stdin))));
+    }
+    if let Some(cwd) = &p.cwd {
+        out.push_str(&format!("cwd = {}\n", toml_string(&template(cwd))));
+    }
+    if !p.env.is_empty() {
+        out.push_str("env = { ");
+        let pairs: Vec<String> = p
+            .env
+            .iter()
+            .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(&template(v))))
+            .collect();
+        out.push_str(&pairs.join(", "));
+        out.push_str(" }\n");
+    }
+    let secs = p.timeout_ms.unwrap_or(1_800_000).div_ceil(1000).max(1);
+    out.push_str(&format!("timeout_secs = {secs}\n"));
+    if let Some(codes) = &p.success_exit_codes {
+        let codes: Vec<String> = codes.iter().map(|c| c.to_string()).collect();
+        out.push_str(&format!("success_exit_codes = [{}]\n", codes.join(", ")));
+    }
+    if let Some(stream) = p.stream.as_ref().filter(|s| s.enabled) {
+        match stream.format.as_str() {
+            "sse" | "ndjson" => out.push_str(&format!("stream = \"{}\"\n", stream.format)),
+            other => notes.push(format!(
+                "profile {name}: stream format {other:?} is unknown; read as plain text"
+            )),
+        }
+    }
+    out
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map(Some).with_context(|| {
+            format!(
+                "{} is not in the shape the reference bridges write",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// `~` and relative paths in their files, as they resolve them.
+fn their_path(text: &str, home: &Path, base: &Path) -> PathBuf {
+    if let Some(rest) = text.strip_prefix("~/") {
+        home.join(rest)
+    } else {
+        base.join(text)
+    }
+}
+
+/// An ACP command line as one of our ACP profiles, when one runs the same agent.
+fn acp_profile(command: &str) -> Option<String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    // Agents whose adapter was renamed since the reference bridges' docs were written.
+    const RENAMED: &[(&str, &str)] = &[
+        ("claude-code-acp", "claude-acp"),
+        ("@zed-industries/claude-code-acp", "claude-acp"),
+        ("@zed-industries/codex-acp", "codex-acp"),
+    ];
+    if let Some((_, profile)) = RENAMED.iter().find(|(old, _)| {
+        words.iter().any(|w| {
+            w == old
+                || Path::new(w).file_name().and_then(|f| f.to_str()) == Some(*old)
+                || w.starts_with(&format!("{old}@"))
+        })
+    }) {
+        return Some(profile.to_string());
+    }
+    let (profiles, _) = crate::runner::Profile::all(&[]);
+    for p in profiles
+        .iter()
+        .filter(|p| p.kind == crate::runner::profile::ProfileKind::Acp)
+    {
+        let ours = p.command.render(&Default::default());
+        let ours_args: Vec<String> = p
+            .args
+            .iter()
+            .map(|a| a.render(&Default::default()))
+            .collect();
+        let same_command = words.first().map(|w| {
+            Path::new(w).file_name().and_then(|f| f.to_str())
+                == Path::new(&ours).file_name().and_then(|f| f.to_str())
+        }) == Some(true);
+        // npx @scope/package: the package names the agent.
+        let same_package = words
+            .iter()
+            .skip(1)
+            .any(|w| w.starts_with('@') && ours_args.iter().any(|a| a.contains(w)))
+            || words
+                .iter()
+                .skip(1)
+                .any(|w| w.starts_with('@') && w.contains(&ours));
+        if same_command && words.len() == 1 + ours_args.len() || same_package {
+            return Some(p.name.clone());
+        }
+    }
+    None
+}
+
+/// Reads the reference bridges under `from` (normally `~/.aamp`) into a plan for the config
+/// at `config_path`, merged into `existing` (its agents win).
+pub fn plan(from: &Path, config_path: &Path, existing: Option<Config>) -> anyhow::Result<Plan> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| from.parent().unwrap_or(Path::new("/")).to_path_buf());
+    let dir = config_path.parent().unwrap_or(Path::new("."));
+    let mut plan = Plan::default();
+    let mut config = existing.unwrap_or_else(super::empty_config);
+    let mut custom_profiles = false;
+    for (kind, default_slug_suffix) in [("acp-bridge", "bridge"), ("cli-bridge", "cli-bridge")] {
+        let root = from.join(kind);
+        let file = root.join("config.json");
+        let Some(bridge) = read_json::<BridgeConfig>(&file)? else {
+            continue;
+        };
+        plan.sources.push(file.clone());
+        let host = bridge
+            .aamp_host
+            .clone()
+            .unwrap_or_else(|| "https://meshmail.ai".into())
+            .trim_end_matches('/')
+            .to_string();
+        if bridge.reject_unauthorized != Some(true) {
+            plan.notes.push(format!("{}: TLS certificates were not checked there (rejectUnauthorized is false or unset); here they are. If {host} has a self-signed certificate, set insecure_tls = true on its mailboxes.", file.display()));
+        }
+        for agent in &bridge.agents {
+            let mut name = agent.name.to_ascii_lowercase().replace(
+                |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+                "-",
+            );
+            if config.agents.iter().any(|a| a.name == name) {
+                if plan.sources.len() == 1 || kind == "acp-bridge" {
+                    plan.notes.push(format!(
+                        "agent {name}: already in {}; kept as it is",
+                        config_path.display()
+                    ));
+                    continue;
+                }
+                name = format!("{name}-cli");
+            }
+            if !crate::config::valid_name(&name) {
+                plan.notes.push(format!(
+                    "agent {:?}: not a usable name; skipped",
+                    agent.name
+                ));
+                continue;
+            }
+            // The profile.
+            let profile = if let Some(command) = &agent.acp_command {
+                match acp_profile(command) {
+                    Some(p) => p,
+                    None => {
+                        let mut words = command.split_whitespace();
+                        let program = words.next().unwrap_or_default();
+                        let args: Vec<String> = words.map(toml_string).collect();
+                        let text = format!(
+                            "# Imported from aamp-acp-bridge: acpCommand {}.\nname = {}\nkind = \"acp\"\ncommand = {}\nargs = [{}]\n",
+                            toml_string(command),
+                            toml_string(&format!("{name}-imported")),
+                            toml_string(program),
+                            args.join(", ")
+                        );
+                        // Named apart from the built-ins, which a same-named file would replace.
+                        let label = format!("{name}-imported");
+                        plan.files.push((
+                            dir.join("profiles").join(format!("{label}.toml")),
+                            text.into_bytes(),
+                            0o644,
+                        ));
+                        custom_profiles = true;
+                        label
+                    }
+                }
+            } else {
+                let (label, profile) = match &agent.cli_profile {
+                    Some(Value::String(p)) => {
+                        let found = bridge.profiles.get(p).cloned().map(Ok).or_else(|| {
+                            read_json::<CliProfile>(
+                                &root.join("profiles").join(format!("{p}.json")),
+                            )
+                            .transpose()
+                        });
+                        match found.transpose()? {
+                            Some(profile) => (p.clone(), Some(profile)),
+                            None if ["claude", "codex", "gemini"].contains(&p.as_str()) => {
+                                plan.notes.push(format!("agent {name}: profile {p:?} becomes the built-in {p:?}, which reads the CLI's JSON stream (live progress) instead of plain text"));
+                                (p.clone(), None)
+                            }
+                            None => match their_builtin(p) {
+                                Some(profile) => (p.clone(), Some(profile)),
+                                None => {
+                                    plan.notes.push(format!("agent {name}: profile {p:?} not found in {} or its profiles folder; skipped", file.display()));
+                                    continue;
+                                }
+                            },
+                        }
+                    }
+                    Some(inline @ Value::Object(_)) => (
+                        name.clone(),
+                        Some(
+                            serde_json::from_value::<CliProfile>(inline.clone())
+                                .with_context(|| format!("agent {name}: the inline cliProfile"))?,
+                        ),
+                    ),
+                    _ => {
+                        plan.notes.push(format!(
+                            "agent {name}: neither acpCommand nor cliProfile; skipped"
+                        ));
+                        continue;
+                    }
+                };
+                match profile {
+                    None => label,
+                    Some(p) => {
+                        let text = profile_toml(&label, &p, &mut plan.notes);
+                        let path = dir.join("profiles").join(format!("{label}.toml"));
+                        if !plan.files.iter().any(|(f, _, _)| *f == path) {
+                            plan.files.push((path, text.into_bytes(), 0o644));
+                        }
+                        custom_profiles = true;
+                        label
+                    }
+                }
+            };
+            // The mailbox.
+            let credentials_path = agent
+                .credentials_file
+                .as_deref()
+                .map(|f| their_path(f, &home, &root))
+                .unwrap_or_else(|| {
+                    root.join("credentials")
+                        .join(format!("{}.json", agent.name))
+                });
+            let credentials = read_json::<Credentials>(&credentials_path)?;
+            let host_name = url::Url::parse(&host)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string))
+                .unwrap_or_default();
+            let mut mailbox: MailboxConfig = toml::from_str(&format!(
+                "jmap_url = {}\nsmtp_host = {}\n",
+                toml_string(&format!("{host}/.well-known/jmap")),
+                toml_string(&host_name)
+            ))
+            .expect("a minimal mailbox loads");
+            mailbox.aamp_url = Some(host.clone());
+            mailbox.credentials_file = Some(PathBuf::from(format!("{name}.json")));
+            mailbox.slug = Some(
+                agent
+                    .slug
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{default_slug_suffix}", agent.name)),
+            );
+            mailbox.description = agent.description.clone();
+            match credentials {
+                Some(c) => {
+                    // Their SDKs send from the address's domain, port 587.
+                    if let Some(domain) = c.email.rsplit_once('@').map(|(_, d)| d.to_string()) {
+                        mailbox.smtp_host = domain;
+                    }
+                    let ours = crate::config::Credentials {
+                        email: c.email.clone(),
+                        mailbox_token: c.mailbox_token.clone().unwrap_or_else(|| {
+                            use base64::Engine as _;
+                            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.email, c.smtp_password))
+                        }),
+                        smtp_password: c.smtp_password.clone(),
+                    };
+                    let bytes = serde_json::to_vec_pretty(&ours).expect("credentials serialize");
+                    plan.files.push((dir.join(format!("{name}.json")), bytes, 0o600));
+                }
+                None => plan.notes.push(format!("agent {name}: no credentials at {}; the bridge registers a new mailbox with {host} at its first start", credentials_path.display())),
+            }
+            config.mailboxes.insert(name.clone(), mailbox);
+            // Who may send.
+            let mut agent_config: AgentConfig = toml::from_str(&format!(
+                "name = {}\nprofile = {}\n",
+                toml_string(&name),
+                toml_string(&profile)
+            ))
+            .expect("a minimal agent loads");
+            let paired_file = agent
+                .sender_policies_file
+                .as_deref()
+                .map(|f| their_path(f, &home, &root))
+                .unwrap_or_else(|| {
+                    root.join("sender-policies")
+                        .join(format!("{}.json", agent.name))
+                });
+            let paired = read_json::<Vec<Policy>>(&paired_file)?.unwrap_or_default();
+            for policy in agent.sender_policies.iter().chain(paired.iter()) {
+                let context: BTreeMap<String, Vec<String>> = policy
+                    .dispatch_context_rules
+                    .iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                if context.is_empty() {
+                    if !agent_config.allow_from.contains(&policy.sender) {
+                        agent_config.allow_from.push(policy.sender.clone());
+                    }
+                } else {
+                    agent_config.senders.push(Rule {
+                        sender: policy.sender.clone(),
+                        context,
+                    });
+                }
+            }
+            for sender in &agent.sender_whitelist {
+                if !agent_config.allow_from.contains(sender) {
+                    agent_config.allow_from.push(sender.clone());
+                }
+            }
+            if agent_config.allow_from.is_empty() && agent_config.senders.is_empty() {
+                plan.notes.push(format!("agent {name}: no sender policy: nobody may send it tasks until `aamp-bridge policy allow` or `aamp-bridge pair`"));
+            }
+            let pairing_file = agent
+                .pairing_file
+                .as_deref()
+                .map(|f| their_path(f, &home, &root))
+                .unwrap_or_else(|| root.join("pairing").join(format!("{}.json", agent.name)));
+            if let Some(p) = read_json::<PairingFile>(&pairing_file)? {
+                let left = p
+                    .expires_at
+                    .as_deref()
+                    .and_then(crate::protocol::time::parse)
+                    .and_then(|t| t.duration_since(SystemTime::now()).ok());
+                if let (Some(code), None, Some(left)) =
+                    (p.pair_code.filter(|c| !c.is_empty()), p.consumed_at, left)
+                {
+                    plan.pair_codes.push((name.clone(), code, left));
+                }
+            }
+            agent_config.summary = agent.summary.clone();
+            agent_config.card = agent.card_text.clone();
+            agent_config.card_file = agent
+                .card_file
+                .as_deref()
+                .map(|f| their_path(f, &home, &root));
+            if let Some(n) = agent.task_dispatch_concurrency {
+                agent_config.max_concurrent_tasks = n.max(1);
+            }
+            config.agents.push(agent_config);
+        }
+    }
+    if plan.sources.is_empty() {
+        anyhow::bail!(
+            "no reference bridge config under {} (looked for acp-bridge/config.json and cli-bridge/config.json); pass --from DIR if they live elsewhere",
+            from.display()
+        );
+    }
+    if custom_profiles && config.profiles_dir.is_none() {
+        config.profiles_dir = Some(PathBuf::from("profiles"));
+    }
+    plan.config = Some(config);
+    Ok(plan)
+}
+
+/// Writes a plan: the files, then the config (checked by loading it), then the pairing codes.
+pub fn write(plan: &Plan, config_path: &Path) -> anyhow::Result<()> {
+    for (path, bytes, mode) in &plan.files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        crate::fsio::write_atomic(path, bytes, *mode)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let config = plan.config.as_ref().context("nothing to write")?;
+    crate::fsio::write_atomic(config_path, crate::config::render(config).as_bytes(), 0o600)
+        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    let loaded = crate::config::LoadedConfig::load(config_path)?;
+    if !plan.pair_codes.is_empty() {
+        std::fs::create_dir_all(&loaded.state_dir)?;
+        let journal = crate::dispatch::Journal::open(&loaded.state_dir.join("journal.sqlite3"))?;
+        for (agent, code, left) in &plan.pair_codes {
+            if journal
+                .fresh_pair_code(agent, Duration::ZERO)?
+                .map(|(c, _)| c)
+                != Some(code.clone())
+            {
+                journal.add_pair_code(agent, code, *left)?;
+            }
+        }
+    }
+    Ok(())
+}

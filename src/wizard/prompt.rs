@@ -1,0 +1,498 @@
+//! The questions `aamp-bridge init` asks in a terminal (inquire), and the spinner shown while
+//! it waits. The only code in the crate that prompts. The answers go to [`super::apply`].
+
+use std::io::IsTerminal as _;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use inquire::{Confirm, InquireError, MultiSelect, Password, PasswordDisplayMode, Select, Text};
+
+use super::{AgentAnswers, Answers, MailboxAnswers, Progress, Servers};
+use crate::config::{LoadedConfig, SmtpSecurity};
+
+/// A spinner on stderr while a slow step runs; nothing when stderr is not a terminal.
+pub struct Spinner {
+    bar: Mutex<Option<indicatif::ProgressBar>>,
+    tty: bool,
+}
+
+impl Spinner {
+    pub fn new() -> Spinner {
+        Spinner {
+            bar: Mutex::new(None),
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+impl Default for Spinner {
+    fn default() -> Self {
+        Spinner::new()
+    }
+}
+
+impl Progress for Spinner {
+    fn step(&self, what: &str) {
+        if !self.tty {
+            return;
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message(what.to_string());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        *self.bar.lock().expect("spinner lock") = Some(bar);
+    }
+
+    fn done(&self, what: &str) {
+        match self.bar.lock().expect("spinner lock").take() {
+            Some(bar) => bar.finish_with_message(format!("✓ {what}")),
+            None if self.tty => eprintln!("✓ {what}"),
+            None => {}
+        }
+    }
+}
+
+/// Asking was cancelled (Esc or Ctrl-C): nothing is written.
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled: nothing was written")]
+pub struct Cancelled;
+
+fn answer<T>(result: Result<T, InquireError>) -> anyhow::Result<T> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(InquireError::OperationCanceled | InquireError::OperationInterrupted) => {
+            Err(Cancelled.into())
+        }
+        Err(InquireError::NotTTY) => Err(anyhow::anyhow!(
+            "init asks its questions in a terminal; here, use `aamp-bridge init --non-interactive --answers FILE`"
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn list(text: &str) -> Vec<String> {
+    text.split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn agent_name(profile: &str) -> String {
+    profile
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// An agent to choose in the multi-select.
+struct Choice {
+    profile: String,
+    label: String,
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+/// Asks everything, starting from the config at `path` when there is one. `None` when the
+/// person declined to write.
+pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
+    let previous = super::existing(path)?;
+    println!(
+        "aamp-bridge init: which agents answer mail, their mailboxes, and who may send them tasks."
+    );
+    match &previous {
+        Some(_) => println!("Editing {} (your other settings stay).", path.display()),
+        None => println!("Writing {}.", path.display()),
+    }
+    println!("Esc cancels; nothing is written until the end.\n");
+
+    let spinner = Spinner::new();
+    let old_url = previous
+        .as_ref()
+        .and_then(|c| c.config.mailboxes.values().find_map(|m| m.aamp_url.clone()));
+    let mut info = None;
+    let aamp_url = loop {
+        let mut prompt = Text::new("AAMP service URL:").with_help_message(
+            "its /.well-known/aamp gives mailboxes and live task streams; leave empty for a plain mail account",
+        );
+        if let Some(url) = &old_url {
+            prompt = prompt.with_default(url);
+        }
+        let url = answer(prompt.prompt())?
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        if url.is_empty() {
+            break None;
+        }
+        let Ok(parsed) = url::Url::parse(&url) else {
+            println!("  {url:?} is not a URL (like https://aamp.example.com)");
+            continue;
+        };
+        spinner.step(&format!("asking {url}/.well-known/aamp"));
+        match crate::mailbox::helper::probe(&parsed, false).await {
+            Ok(found) => {
+                spinner.done(&format!("{url}: {}", found.describe()));
+                info = Some(found);
+                break Some(url);
+            }
+            Err(e) => {
+                spinner.done(&format!("{url} did not answer as an AAMP service"));
+                println!("  {e}");
+                if answer(Confirm::new("Use it anyway?").with_default(false).prompt())? {
+                    break Some(url);
+                }
+            }
+        }
+    };
+
+    spinner.step("looking for agents on this machine");
+    let found = scan(previous.as_ref()).await;
+    spinner.done(&format!(
+        "{} agents found",
+        found.iter().filter(|d| d.path.is_some()).count()
+    ));
+    let choices: Vec<Choice> = found
+        .iter()
+        .filter(|d| d.path.is_some() || !d.configured.is_empty())
+        .map(|d| {
+            let mut label = format!("{:<13} {}", d.profile, d.description);
+            if let Some(v) = &d.version {
+                label.push_str(&format!(" [{v}]"));
+            }
+            if let Some(login) = &d.login {
+                label.push_str(&format!(" ({login})"));
+            }
+            if d.path.is_none() {
+                label.push_str(" (not installed)");
+            }
+            Choice {
+                profile: d.profile.clone(),
+                label,
+            }
+        })
+        .collect();
+    if choices.is_empty() {
+        anyhow::bail!("no agent is installed: `aamp-bridge agents` lists the ones the bridge knows and how to install them; `aamp-bridge profile new` adds your own");
+    }
+    let configured: Vec<usize> = choices
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            found
+                .iter()
+                .any(|d| d.profile == c.profile && !d.configured.is_empty())
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let picked = answer(
+        MultiSelect::new("Which agents should answer mail?", choices)
+            .with_default(&configured)
+            .with_help_message("space to pick, enter when done")
+            .prompt(),
+    )?;
+    if picked.is_empty() {
+        println!("No agent picked: nothing to do.");
+        return Ok(None);
+    }
+
+    let mut agents = Vec::new();
+    for choice in picked {
+        let profile = choice.profile;
+        let old = previous.as_ref().and_then(|c| {
+            c.config.agents.iter().find(|a| {
+                crate::runner::Profile::find(&c.profile_ref(&a.profile), &c.profile_dirs())
+                    .map(|p| p.name == profile)
+                    .unwrap_or(false)
+            })
+        });
+        println!("\n— {profile} —");
+        let name = loop {
+            let default = old
+                .map(|a| a.name.clone())
+                .unwrap_or_else(|| agent_name(&profile));
+            let name = answer(
+                Text::new("Agent name:")
+                    .with_default(&default)
+                    .with_help_message("lower-case letters, digits, - and _")
+                    .prompt(),
+            )?;
+            if crate::config::valid_name(&name) {
+                break name;
+            }
+            println!("  use lower-case letters, digits, - and _");
+        };
+        let can_register = aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration);
+        let mailbox = ask_mailbox(
+            &name,
+            old.is_some(),
+            can_register,
+            &aamp_url,
+            previous.as_ref(),
+        )?;
+        let (allow_from, pair) =
+            ask_senders(old.map(|a| a.allow_from.clone()).unwrap_or_default())?;
+        let summary = answer(
+            Text::new("One line about what it does (its card in the directory):")
+                .with_default(
+                    &old.and_then(|a| a.summary.clone())
+                        .unwrap_or_else(|| format!("{profile} agent")),
+                )
+                .prompt(),
+        )?;
+        agents.push(AgentAnswers {
+            name,
+            profile,
+            mailbox,
+            allow_from,
+            pair,
+            summary: Some(summary).filter(|s| !s.is_empty()),
+        });
+    }
+
+    println!("\nSummary:");
+    for a in &agents {
+        let mailbox = match &a.mailbox {
+            MailboxAnswers::Register { .. } => "a new mailbox from the AAMP service".to_string(),
+            MailboxAnswers::Existing { email, .. } => email.clone(),
+            MailboxAnswers::Keep => "its current mailbox".to_string(),
+        };
+        let who = match (a.allow_from.is_empty(), a.pair) {
+            (_, true) => "whoever pairs with the code shown next".to_string(),
+            (true, false) => "nobody yet".to_string(),
+            (false, false) => a.allow_from.join(", "),
+        };
+        println!(
+            "  {} ({}) on {mailbox}; tasks from {who}",
+            a.name, a.profile
+        );
+    }
+    if !answer(
+        Confirm::new("Write the config?")
+            .with_default(true)
+            .prompt(),
+    )? {
+        return Ok(None);
+    }
+    Ok(Some(Answers {
+        aamp_url,
+        state_dir: None,
+        agents,
+        service: false,
+    }))
+}
+
+async fn scan(previous: Option<&LoadedConfig>) -> Vec<crate::runner::scan::Detected> {
+    use crate::runner::{scan, Profile};
+    let dirs = match previous {
+        Some(c) => c.profile_dirs(),
+        None => vec![crate::config::default_config_dir().join("profiles")],
+    };
+    let (profiles, _) = Profile::all(&dirs);
+    let configured: Vec<(String, String)> = previous
+        .iter()
+        .flat_map(|c| {
+            c.config.agents.iter().map(|a| {
+                (
+                    a.name.clone(),
+                    Profile::find(&c.profile_ref(&a.profile), &dirs)
+                        .map(|p| p.name)
+                        .unwrap_or_else(|_| a.profile.clone()),
+                )
+            })
+        })
+        .collect();
+    let mut bin_dirs = scan::search_dirs();
+    if let Some(npm_bin) = scan::npm_global_bin(&bin_dirs).await {
+        if !bin_dirs.contains(&npm_bin) {
+            bin_dirs.push(npm_bin);
+        }
+    }
+    scan::scan(&profiles, &configured, &bin_dirs).await
+}
+
+const REGISTER: &str = "Register a new mailbox with the AAMP service";
+const EXISTING: &str = "Use an existing mail account (JMAP + SMTP)";
+const KEEP: &str = "Keep its current mailbox";
+
+fn ask_mailbox(
+    name: &str,
+    configured: bool,
+    can_register: bool,
+    aamp_url: &Option<String>,
+    previous: Option<&LoadedConfig>,
+) -> anyhow::Result<MailboxAnswers> {
+    let mut options = Vec::new();
+    if configured {
+        options.push(KEEP);
+    }
+    if can_register {
+        options.push(REGISTER);
+    }
+    options.push(EXISTING);
+    let pick = answer(Select::new("Its mailbox:", options).prompt())?;
+    if pick == KEEP {
+        return Ok(MailboxAnswers::Keep);
+    }
+    let host = aamp_url
+        .as_deref()
+        .and_then(|u| url::Url::parse(u).ok())
+        .and_then(|u| u.host_str().map(str::to_string));
+    if pick == REGISTER {
+        let slug = answer(
+            Text::new("Address prefix to ask for:")
+                .with_default(&name.replace('_', "-"))
+                .with_help_message("the service may add a suffix")
+                .prompt(),
+        )?;
+        let servers = ask_servers(None, host.as_deref())?;
+        return Ok(MailboxAnswers::Register {
+            slug: Some(slug),
+            description: Some(format!("aamp-bridge agent {name}")),
+            servers,
+        });
+    }
+    let old = previous.and_then(|c| c.config.mailboxes.get(name));
+    let email = answer(
+        Text::new("Email address:")
+            .with_default(old.and_then(|m| m.email.as_deref()).unwrap_or(""))
+            .prompt(),
+    )?;
+    let domain = email.rsplit('@').next().unwrap_or_default().to_string();
+    let password = answer(
+        Password::new("Password:")
+            .without_confirmation()
+            .with_display_mode(PasswordDisplayMode::Masked)
+            .with_help_message(
+                "saved in a file of mode 0600 beside the config, never in the config",
+            )
+            .prompt(),
+    )?;
+    let jmap = aamp_url
+        .as_ref()
+        .map(|u| format!("{u}/.well-known/jmap"))
+        .unwrap_or_else(|| format!("https://{domain}/.well-known/jmap"));
+    let servers = ask_servers(Some(&jmap), host.as_deref().or(Some(&domain)))?;
+    Ok(MailboxAnswers::Existing {
+        email,
+        login: None,
+        password: Some(password),
+        password_file: None,
+        servers,
+    })
+}
+
+fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow::Result<Servers> {
+    let jmap_url = match jmap_default {
+        Some(default) => Some(answer(
+            Text::new("JMAP session URL:")
+                .with_default(default)
+                .prompt(),
+        )?),
+        None => None,
+    };
+    let smtp_host = answer(
+        Text::new("SMTP submission server:")
+            .with_default(smtp_default.unwrap_or(""))
+            .prompt(),
+    )?;
+    let security = answer(
+        Select::new(
+            "SMTP security:",
+            vec![
+                "starttls (port 587)",
+                "tls (port 465)",
+                "plain (loopback hosts only)",
+            ],
+        )
+        .prompt(),
+    )?;
+    let smtp_security = match security.split(' ').next() {
+        Some("tls") => SmtpSecurity::Tls,
+        Some("plain") => SmtpSecurity::Plain,
+        _ => SmtpSecurity::Starttls,
+    };
+    let port = loop {
+        let text = answer(
+            Text::new("SMTP port:")
+                .with_default(&smtp_security.default_port().to_string())
+                .prompt(),
+        )?;
+        match text.trim().parse::<u16>() {
+            Ok(p) if p > 0 => break p,
+            _ => println!("  a port is a number from 1 to 65535"),
+        }
+    };
+    Ok(Servers {
+        jmap_url,
+        smtp_host: Some(smtp_host),
+        smtp_port: Some(port).filter(|p| *p != smtp_security.default_port()),
+        smtp_security: Some(smtp_security),
+        insecure_tls: false,
+    })
+}
+
+const PAIR: &str = "Pair now: show a QR code for the AAMP app (or `aamp-cli pair`)";
+const ALLOW: &str = "An allow list of addresses";
+const LATER: &str = "Later (nobody may send tasks until then)";
+
+fn ask_senders(old: Vec<String>) -> anyhow::Result<(Vec<String>, bool)> {
+    let keep = (!old.is_empty()).then(|| format!("Keep: {}", old.join(", ")));
+    let mut options: Vec<&str> = Vec::new();
+    if let Some(k) = &keep {
+        options.push(k);
+    }
+    options.extend([ALLOW, PAIR, LATER]);
+    let pick = answer(Select::new("Who may send it tasks?", options).prompt())?;
+    Ok(match pick {
+        ALLOW => {
+            let text = answer(
+                Text::new("Addresses (comma-separated; *@domain or @domain for a whole domain):")
+                    .with_default(&old.join(", "))
+                    .prompt(),
+            )?;
+            (list(&text), false)
+        }
+        PAIR => (old, true),
+        LATER => (Vec::new(), false),
+        _ => (old, false),
+    })
+}
+
+/// After writing: offers the background service when this machine has one.
+pub fn offer_service(config: &Path) -> anyhow::Result<Option<String>> {
+    let service = crate::service::Service::for_this_machine(config, false)?;
+    if !service.available() {
+        println!(
+            "\nNo systemd user manager here: run `aamp-bridge --config {} start` (in tmux or screen to keep it running).",
+            config.display()
+        );
+        return Ok(None);
+    }
+    let go = answer(
+        Confirm::new("Install and start the background service now?")
+            .with_default(true)
+            .prompt(),
+    )?;
+    if !go {
+        println!("Later: `aamp-bridge service install && aamp-bridge service start`, or `aamp-bridge start`.");
+        return Ok(None);
+    }
+    service.install().context("installing the service")?;
+    service.start().context("starting the service")?;
+    Ok(Some(format!(
+        "installed and started ({})",
+        service.file.display()
+    )))
+}
