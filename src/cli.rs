@@ -289,9 +289,14 @@ pub struct DispatchArgs {
     /// Send and exit without waiting for the result.
     #[arg(long)]
     pub no_wait: bool,
-    /// Print the result as JSON.
+    /// Print the result as JSON (with --follow: one JSON line per stream event, then the
+    /// result).
     #[arg(long)]
     pub json: bool,
+    /// Print the task's live stream while waiting: text as it arrives, tool calls and todos
+    /// as lines (needs the agent's mailbox to have an AAMP service).
+    #[arg(long, conflicts_with = "no_wait")]
+    pub follow: bool,
     /// The task text; `-` reads it from stdin.
     pub text: String,
 }
@@ -450,6 +455,9 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
         return Ok(0);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
+    // The stream follower, when there is one; aborted when the result is in.
+    let mut following = tokio::task::JoinSet::new();
+    let mut followed = false;
     loop {
         let (inbound, next) = mailbox.fetch_since(&state, 50).await?;
         state = next;
@@ -459,10 +467,39 @@ async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i
             .filter(|m| m.task_id() == task_id)
         {
             match &m.body {
+                Body::StreamOpened { stream_id } if args.follow && !followed => {
+                    followed = true;
+                    match sender.helper().await {
+                        Ok(Some(helper)) => {
+                            let (stream_id, json) = (stream_id.clone(), args.json);
+                            following.spawn(async move {
+                                let mut printer = StreamPrinter::default();
+                                let done =
+                                    helper.follow(&stream_id, |e| printer.print(&e, json)).await;
+                                printer.end();
+                                if let Err(e) = done {
+                                    eprintln!("the live stream ended: {e}");
+                                }
+                            });
+                        }
+                        Ok(None) => {
+                            eprintln!("no live stream: the mailbox {} has no aamp_url", args.from)
+                        }
+                        Err(e) => eprintln!("no live stream: {e}"),
+                    }
+                }
                 Body::Ack => eprintln!("acknowledged by {}", m.envelope.from),
                 Body::HelpNeeded(h) => eprintln!("the agent needs help: {}", h.question),
                 Body::Result(r) => {
-                    if args.json {
+                    // What the stream still has to say comes before the result.
+                    if followed {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), following.join_next())
+                            .await;
+                        following.abort_all();
+                    }
+                    if args.json && args.follow {
+                        println!("{}", serde_json::to_string(&m.to_json())?);
+                    } else if args.json {
                         println!("{}", serde_json::to_string_pretty(&m.to_json())?);
                     } else if r.status == Status::Completed {
                         println!("{}", r.output);
@@ -984,6 +1021,8 @@ fn check(
 async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     use crate::error::{Classify, ErrorClass};
     use crate::runner::{acp, profile::ProfileKind, scan, Profile};
+    use crate::wizard::Progress as _;
+    let spinner = crate::wizard::prompt::Spinner::new();
     let mut checks = Vec::new();
     let config = match LoadedConfig::load(config_path) {
         Ok(c) => {
@@ -1018,6 +1057,7 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
             .collect();
         mailboxes.dedup();
         for name in mailboxes {
+            spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
             let account = match config.account(&name) {
                 Ok(a) => a,
@@ -1148,6 +1188,7 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
             }
         }
         for agent in &config.config.agents {
+            spinner.step(&format!("checking agent {}", agent.name));
             let what = format!("agent {}", agent.name);
             let profile = match Profile::find(&config.profile_ref(&agent.profile), &dirs) {
                 Ok(p) => p,
@@ -1193,6 +1234,7 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
         }
     }
     let failed = checks.iter().any(|c| c.status == "fail");
+    spinner.clear();
     if json {
         println!("{}", serde_json::to_string(&checks)?);
     } else {
@@ -1584,4 +1626,63 @@ fn print_report(report: &crate::wizard::profile_maker::Report, json: bool) -> an
         println!("      answer: {}", shown.trim());
     }
     Ok(())
+}
+
+/// Prints a task's live stream for a person (or as JSON lines).
+#[derive(Default)]
+struct StreamPrinter {
+    /// Text was printed without a line end yet.
+    mid_line: bool,
+}
+
+impl StreamPrinter {
+    fn line(&mut self, text: &str) {
+        if self.mid_line {
+            println!();
+            self.mid_line = false;
+        }
+        println!("{text}");
+    }
+
+    fn print(&mut self, event: &serde_json::Value, json: bool) {
+        use std::io::Write as _;
+        if json {
+            println!("{event}");
+            return;
+        }
+        let payload = &event["payload"];
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        match event["type"].as_str().unwrap_or_default() {
+            "text.delta" => {
+                let t = text(&payload["text"]);
+                print!("{t}");
+                let _ = std::io::stdout().flush();
+                self.mid_line = !t.ends_with('\n');
+            }
+            "tool_call" => self.line(&format!(
+                "• {} ({})",
+                text(&payload["label"]),
+                text(&payload["status"])
+            )),
+            "todo" => {
+                for item in payload["items"].as_array().into_iter().flatten() {
+                    let mark = match item["status"].as_str() {
+                        Some("completed") => "[x]",
+                        Some("in_progress") => "[>]",
+                        _ => "[ ]",
+                    };
+                    self.line(&format!("{mark} {}", text(&item["content"])));
+                }
+            }
+            "artifact" => self.line(&format!("+ file {}", text(&payload["filename"]))),
+            other => self.line(&format!("[{other}] {payload}")),
+        }
+    }
+
+    fn end(&mut self) {
+        if self.mid_line {
+            println!();
+            self.mid_line = false;
+        }
+    }
 }

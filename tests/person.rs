@@ -175,8 +175,13 @@ async fn doctor_names_each_problem_with_its_fix() {
     let unreachable = format!(
         "[mailboxes.unreachable]\nemail = \"nobody@example.test\"\njmap_url = \"http://127.0.0.1:{closed}/.well-known/jmap\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {closed}\nsmtp_security = \"plain\"\n"
     );
+    // A server without push: the AAMP test host's JMAP, with push hidden from the session.
+    let no_push = support::AampHost::start_with(&["--no-push"]);
+    let pushless = host
+        .mailbox_toml("pushless", &good)
+        .replace(&host.jmap_url, &format!("{}/.well-known/jmap", no_push.url));
     let text = format!(
-        "state_dir = \"state\"\n{}{wrong_box}{unreachable}\n[[agents]]\nname = \"good\"\nmailbox = \"good\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"wrong\"\nmailbox = \"wrong\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"far\"\nmailbox = \"unreachable\"\nprofile = \"missing.toml\"\n",
+        "state_dir = \"state\"\n{}{wrong_box}{unreachable}{pushless}\n[[agents]]\nname = \"good\"\nmailbox = \"good\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"wrong\"\nmailbox = \"wrong\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"far\"\nmailbox = \"unreachable\"\nprofile = \"missing.toml\"\n\n[[agents]]\nname = \"pushless\"\nmailbox = \"pushless\"\nprofile = \"echo\"\n",
         host.mailbox_toml_with("good", &good, "push = false\n")
     );
     dir.write("config.toml", &text);
@@ -214,6 +219,19 @@ async fn doctor_names_each_problem_with_its_fix() {
     assert!(
         push["detail"].as_str().unwrap().contains("polling"),
         "{push}"
+    );
+    let pushless = find("mailbox pushless: push");
+    assert_eq!(pushless["status"], "warn", "{pushless}");
+    assert!(
+        pushless["detail"]
+            .as_str()
+            .unwrap()
+            .contains("offers no JMAP push")
+            && pushless["fix"]
+                .as_str()
+                .unwrap()
+                .contains("poll_interval_secs"),
+        "{pushless}"
     );
     for part in ["JMAP", "SMTP"] {
         let c = find(&format!("mailbox wrong: {part}"));

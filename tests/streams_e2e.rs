@@ -497,3 +497,76 @@ async fn a_reload_publishes_the_changed_card_and_card_queries_see_it() {
     );
     assert!(bridge.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dispatch_follow_prints_the_live_stream_then_the_result() {
+    let host = mailhost();
+    let aamp = AampHost::start();
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
+    let config = format!(
+        "{}{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"streaming.toml\"\nallow_from = [\"{}\"]\n",
+        host.mailbox_toml_with("agent", &agent, &settings),
+        host.mailbox_toml_with("boss", &boss, &settings),
+        boss.email
+    );
+    let dir = ConfigDir::new(host, &config);
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    dir.write(
+        "streaming.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n",
+            repo.join("tests/agents/scripted_cli.py").display(),
+            repo.join("tests/fixtures/streams/generic.ndjson").display()
+        ),
+    );
+    // Only the agent runs; the boss mailbox is only the dispatcher's.
+    let mut bridge = Bridge::start(&dir, 1);
+    for json in [false, true] {
+        let mut args = vec![
+            "--config".to_string(),
+            dir.config().display().to_string(),
+            "dispatch".into(),
+            "--from".into(),
+            "boss".into(),
+            "--to".into(),
+            agent.email.clone(),
+            "--follow".into(),
+            "--timeout".into(),
+            "120".into(),
+        ];
+        if json {
+            args.push("--json".into());
+        }
+        args.push("say hello".into());
+        let out = tokio::process::Command::new(support::bin())
+            .args(&args)
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if json {
+            let lines: Vec<serde_json::Value> = stdout
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let kinds: Vec<&str> = lines.iter().filter_map(|e| e["type"].as_str()).collect();
+            assert_eq!(
+                kinds,
+                vec!["text.delta", "tool_call", "tool_call"],
+                "{stdout}"
+            );
+            assert_eq!(lines.last().unwrap()["intent"], "task.result", "{stdout}");
+        } else {
+            let deltas = stdout.find("Hello world").expect("the text as it streamed");
+            let tool = stdout.find("• grep").expect("tool calls as lines");
+            assert!(deltas < tool, "{stdout}");
+        }
+    }
+    bridge.wait_event("task.completed", |_| true);
+}

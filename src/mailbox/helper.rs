@@ -21,6 +21,9 @@ const FLUSH_AFTER: Duration = Duration::from_millis(250);
 pub struct HelperApi {
     http: reqwest::Client,
     api_url: Url,
+    /// Where a task stream's events are read (SSE), with `{streamId}` in it.
+    subscribe: Url,
+    insecure_tls: bool,
     login: String,
     password: String,
 }
@@ -29,10 +32,12 @@ impl HelperApi {
     /// Reads `api.url` from `{base}/.well-known/aamp` (a relative URL is resolved).
     pub async fn discover(base: &Url, account: &Account) -> Result<HelperApi, MailboxError> {
         let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?;
-        let api_url = api_url(&http, base).await?;
+        let (api_url, subscribe) = endpoints(&http, base).await?;
         Ok(HelperApi {
             http,
             api_url,
+            subscribe,
+            insecure_tls: account.insecure_tls,
             login: account.login.clone(),
             password: account.password.clone(),
         })
@@ -47,6 +52,83 @@ impl HelperApi {
             .basic_auth(&self.login, Some(&self.password))
             .json(&body);
         super::fetch_json(request, url.as_str()).await
+    }
+
+    /// Reads a task stream (server-sent events) from the start and hands each event (`{type,
+    /// payload, ...}`) to `each`, until the service closes it.
+    pub async fn follow(
+        &self,
+        stream_id: &str,
+        mut each: impl FnMut(Value),
+    ) -> Result<(), MailboxError> {
+        /// A frame longer than this is dropped (a broken or hostile service).
+        const MAX_FRAME: usize = 1 << 20;
+        let url = self
+            .subscribe
+            .as_str()
+            .replace(
+                "%7BstreamId%7D",
+                &crate::protocol::codec::encode_uri_component(stream_id),
+            )
+            .replace(
+                "{streamId}",
+                &crate::protocol::codec::encode_uri_component(stream_id),
+            );
+        // No total timeout: a stream lasts as long as its task.
+        let http = super::http_client(self.insecure_tls, None)?;
+        let mut response = http
+            .get(&url)
+            .basic_auth(&self.login, Some(&self.password))
+            .header("Accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.clone(),
+                source,
+            })?;
+        if !response.status().is_success() {
+            return Err(MailboxError::Http {
+                url,
+                status: response.status().as_u16(),
+                body: String::new(),
+            });
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        let mut data = String::new();
+        loop {
+            let chunk = response
+                .chunk()
+                .await
+                .map_err(|source| MailboxError::Network {
+                    url: url.clone(),
+                    source,
+                })?;
+            let Some(chunk) = chunk else {
+                return Ok(());
+            };
+            pending.extend_from_slice(&chunk);
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                let line = line.trim_end_matches(['\r', '\n']);
+                if line.is_empty() {
+                    if let Ok(event) = serde_json::from_str::<Value>(&data) {
+                        each(event);
+                    }
+                    data.clear();
+                } else if let Some(rest) = line.strip_prefix("data:") {
+                    if data.len() + rest.len() <= MAX_FRAME {
+                        if !data.is_empty() {
+                            data.push('\n');
+                        }
+                        data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+                    }
+                }
+            }
+            if pending.len() > MAX_FRAME {
+                pending.clear();
+            }
+        }
     }
 
     /// Creates the stream for a task; returns its id.
@@ -233,6 +315,39 @@ impl HelperApi {
             }
         }
     }
+}
+
+/// The service's action endpoint and stream subscription template, from its discovery
+/// document.
+async fn endpoints(http: &reqwest::Client, base: &Url) -> Result<(Url, Url), MailboxError> {
+    let discovery = base
+        .join("/.well-known/aamp")
+        .map_err(|e| MailboxError::Protocol {
+            what: base.to_string(),
+            detail: e.to_string(),
+        })?;
+    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
+    let resolve = |text: &str| {
+        // `{streamId}` survives URL parsing as %7BstreamId%7D; put it back when used.
+        discovery.join(text).map_err(|e| MailboxError::Protocol {
+            what: discovery.to_string(),
+            detail: e.to_string(),
+        })
+    };
+    let api = resolve(
+        body["api"]["url"]
+            .as_str()
+            .ok_or_else(|| MailboxError::Protocol {
+                what: discovery.to_string(),
+                detail: "no api.url".into(),
+            })?,
+    )?;
+    let subscribe = resolve(
+        body["capabilities"]["stream"]["subscribeUrlTemplate"]
+            .as_str()
+            .unwrap_or("/api/aamp/streams/{streamId}/events"),
+    )?;
+    Ok((api, subscribe))
 }
 
 /// The service's action endpoint: `api.url` from `{base}/.well-known/aamp`, resolved.

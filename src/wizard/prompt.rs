@@ -27,6 +27,15 @@ impl Spinner {
     }
 }
 
+impl Spinner {
+    /// Removes the spinner without a line of its own (the caller prints the outcome).
+    pub fn clear(&self) {
+        if let Some(bar) = self.bar.lock().expect("spinner lock").take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 impl Default for Spinner {
     fn default() -> Self {
         Spinner::new()
@@ -38,6 +47,7 @@ impl Progress for Spinner {
         if !self.tty {
             return;
         }
+        self.clear();
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_message(what.to_string());
         bar.enable_steady_tick(Duration::from_millis(100));

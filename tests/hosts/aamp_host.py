@@ -14,7 +14,8 @@ Serves:
   GET  /api/aamp?action=aamp.stream.get       &streamId= or &taskId= -> TaskStreamState (404 when none)
   GET  /api/aamp/streams/{id}/events          server-sent events, resumable with Last-Event-ID
   /.well-known/jmap, /jmap/...                passed through to the mail server, WebSocket
-                                              upgrades and event streams included
+                                              upgrades and event streams included (with
+                                              --no-push, the session offers no push)
 Every request is checked for HTTP Basic auth against the mail server (a JMAP session request),
 and every action is appended to the record file as one JSON line, so tests can assert on what
 the bridge sent and in which order. Prints "listening on PORT" once ready.
@@ -41,6 +42,7 @@ args.add_argument("--jmap", default="http://127.0.0.1:18080")
 args.add_argument("--mailhost", help="scripts/mailhost.sh, to create registered mailboxes")
 args.add_argument("--domain", default="example.test")
 args.add_argument("--smtp", default="127.0.0.1:15587", help="the mail server's submission port")
+args.add_argument("--no-push", action="store_true", help="hide the mail server's JMAP push (WebSocket, EventSource) from the session, as a server without push")
 opts = args.parse_args()
 
 lock = threading.Condition()
@@ -148,6 +150,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         else:
             data = answer.read()
+            if opts.no_push and self.command == "GET" and answer.status == 200 and b'"apiUrl"' in data:
+                session = json.loads(data)  # the JMAP session, wherever it was asked for
+                session.pop("eventSourceUrl", None)
+                session.get("capabilities", {}).pop("urn:ietf:params:jmap:websocket", None)
+                data = json.dumps(session).encode()
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -634,6 +634,11 @@ pub struct AampHost {
 
 impl AampHost {
     pub fn start() -> AampHost {
+        AampHost::start_with(&[])
+    }
+
+    /// With more arguments for tests/hosts/aamp_host.py (`--no-push`).
+    pub fn start_with(extra: &[&str]) -> AampHost {
         let host = mailhost();
         let dir = tempfile::tempdir().unwrap();
         let record = dir.path().join("actions.jsonl");
@@ -665,6 +670,7 @@ impl AampHost {
                 "--smtp",
                 &format!("127.0.0.1:{}", host.smtp_port),
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
