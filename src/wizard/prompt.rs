@@ -170,7 +170,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     spinner.step("looking for agents on this machine");
     let found = scan(previous.as_ref()).await;
     spinner.done(&format!(
-        "{} agents found",
+        "agents found: {}",
         found.iter().filter(|d| d.path.is_some()).count()
     ));
     let choices: Vec<Choice> = found
