@@ -889,6 +889,10 @@ fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::Result<i32>
 
 fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let running = crate::fsio::StateLock::holder(&config.state_dir);
+    // Live figures from the running bridge, when it answers on its control socket.
+    let live = running
+        .as_ref()
+        .and_then(|_| daemon::ask_control(&config.state_dir));
     let journal_path = config.state_dir.join("journal.sqlite3");
     let journal = journal_path
         .exists()
@@ -936,22 +940,38 @@ fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
                 .collect::<Vec<_>>(),
             None => Vec::new(),
         };
+        let slots = live.as_ref().and_then(|l| {
+            l["agents"]
+                .as_array()?
+                .iter()
+                .find(|a| a["agent"] == agent.name.as_str())
+                .cloned()
+        });
         agents.push(serde_json::json!({
             "agent": agent.name, "mailbox": email, "link": link,
             "queued": count("received") + count("acked"), "running": running_tasks,
-            "unsent": count("unsent"),
+            "unsent": count("unsent"), "slots": slots,
         }));
     }
     if json {
         println!(
             "{}",
-            serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir, "agents": agents})
+            serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir,
+                "source": if live.is_some() { "daemon" } else { "state files" },
+                "daemon": live, "agents": agents})
         );
         return Ok(0);
     }
     match &running {
         Some(pid) => println!(
-            "aamp-bridge is running (pid {pid}), state in {}",
+            "aamp-bridge is running (pid {pid}{}), state in {}",
+            live.as_ref()
+                .map(|l| format!(
+                    ", up {} s, version {}",
+                    l["uptimeSecs"],
+                    l["version"].as_str().unwrap_or("?")
+                ))
+                .unwrap_or_default(),
             config.state_dir.display()
         ),
         None => println!(

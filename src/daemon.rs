@@ -222,6 +222,44 @@ pub async fn run(
         );
         names.push(agent.name);
     }
+    // The control socket `aamp-bridge status` asks while the bridge runs.
+    {
+        let limits: Vec<(String, usize)> = config
+            .agents(&opts.agents)?
+            .iter()
+            .map(|a| (a.name.clone(), a.max_concurrent_tasks.max(1)))
+            .collect();
+        let slots = settings.slots.clone();
+        let started = std::time::SystemTime::now();
+        let live = move || {
+            let snapshot = slots.snapshot();
+            let agents: Vec<serde_json::Value> = limits
+                .iter()
+                .map(|(name, limit)| {
+                    let (free, waiting) = snapshot
+                        .iter()
+                        .find(|(a, _, _)| a == name)
+                        .map_or((*limit, 0), |(_, f, w)| (*f, *w));
+                    json!({"agent": name, "running": limit.saturating_sub(free), "waitingForSlot": waiting, "maxConcurrent": limit})
+                })
+                .collect();
+            json!({
+                "pid": std::process::id(),
+                "version": env!("CARGO_PKG_VERSION"),
+                "startedAt": crate::protocol::time::format_utc_ms(started),
+                "uptimeSecs": started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+                "agents": agents,
+            })
+        };
+        match control_socket(&state_dir.join(CONTROL_SOCKET)) {
+            Ok(listener) => {
+                services.spawn(serve_control(listener, live, stop.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no control socket: `aamp-bridge status` reads the state files instead")
+            }
+        }
+    }
     events.emit(
         "bridge.running",
         json!({"agents": names, "pid": std::process::id()}),
@@ -508,4 +546,62 @@ async fn wait_for_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received; stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; stopping"),
     }
+}
+
+/// The control socket's name in the state directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// Binds the control socket, owner-only. A socket left by a crashed bridge is replaced (the
+/// state lock, held by now, says no other bridge uses this directory).
+fn control_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Answers each connection with one JSON line of live status, then closes it.
+async fn serve_control(
+    listener: tokio::net::UnixListener,
+    live: impl Fn() -> serde_json::Value,
+    stop: CancellationToken,
+) {
+    use tokio::io::AsyncWriteExt as _;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.cancelled() => break,
+        };
+        match accepted {
+            Ok((mut stream, _)) => {
+                let mut line = live().to_string();
+                line.push('\n');
+                // A client that does not read is not waited for.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes()))
+                        .await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    if let Ok(addr) = listener.local_addr() {
+        if let Some(path) = addr.as_pathname() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Asks a running bridge for its live status over the control socket; `None` when none
+/// answers within a second.
+pub fn ask_control(state_dir: &std::path::Path) -> Option<serde_json::Value> {
+    use std::io::Read as _;
+    let stream = std::os::unix::net::UnixStream::connect(state_dir.join(CONTROL_SOCKET)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut text = String::new();
+    stream.take(1 << 20).read_to_string(&mut text).ok()?;
+    serde_json::from_str(text.trim()).ok()
 }

@@ -42,10 +42,14 @@
 //!   and their stream formats (`runner::stream`), templates, process groups and tagged
 //!   leftovers (`runner::process`), the agent scan.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   a dispatcher and its outbox worker; the stop (drain), abort and reload signals.
-//! - [`cli`], [`service`], [`telemetry`]: thin shells (the commands; the systemd unit and
-//!   launchd agent; logging).
-//! - [`config`], [`error`], [`events`], [`fsio`], [`backoff`]: the config file, error classes,
+//!   a dispatcher and its outbox worker; the stop (drain), abort and reload signals; the
+//!   owner-only control socket `status` asks.
+//! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (the commands; `init`, its
+//!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,
+//!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd
+//!   agent; logging).
+//! - [`config`], [`error`], [`events`], [`fsio`], [`backoff`]: the config file (read, and
+//!   written back by `config::render`), error classes,
 //!   JSON-lines events, atomic files and the state lock, the one retry schedule.
 
 pub mod backoff;

@@ -51,10 +51,25 @@ async fn tasks_task_show_and_status_tell_what_happened() {
     let status = cli(&dir, &["status", "--json"]);
     assert_eq!(status["running"], true);
     assert_eq!(status["pid"], bridge.pid().to_string());
+    // Live figures come from the daemon's owner-only control socket.
+    assert_eq!(status["source"], "daemon", "{status}");
+    assert_eq!(status["daemon"]["pid"], bridge.pid(), "{status}");
+    assert_eq!(status["agents"][0]["slots"]["maxConcurrent"], 1, "{status}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let socket = dir.dir.path().join("state/control.sock");
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
     assert!(bridge.stop().success());
 
     let status = cli(&dir, &["status", "--json"]);
     assert_eq!(status["running"], false, "{status}");
+    assert_eq!(status["source"], "state files", "{status}");
+    assert!(
+        !dir.dir.path().join("state/control.sock").exists(),
+        "removed at stop"
+    );
     let first = &status["agents"][0];
     assert_eq!(first["agent"], "agent");
     assert_eq!(first["mailbox"], agent.email.as_str());

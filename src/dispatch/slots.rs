@@ -98,6 +98,21 @@ impl Slots {
         state.agent_free.insert(agent.to_string(), count.max(1));
     }
 
+    /// Per agent: (slots free, tasks waiting for one), for the status a person reads.
+    pub fn snapshot(&self) -> Vec<(String, usize, usize)> {
+        let state = self.state.lock().expect("slots lock");
+        let mut out: Vec<(String, usize, usize)> = state
+            .agent_free
+            .iter()
+            .map(|(agent, free)| {
+                let waiting = state.waiting.iter().filter(|w| &w.agent == agent).count();
+                (agent.clone(), *free, waiting)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Waits for a slot of `agent`, served by `priority`.
     pub async fn acquire(self: &Arc<Self>, agent: &str, priority: Priority) -> Slot {
         let receiver = {

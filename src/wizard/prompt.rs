@@ -22,7 +22,7 @@ impl Spinner {
     pub fn new() -> Spinner {
         Spinner {
             bar: Mutex::new(None),
-            tty: std::io::stderr().is_terminal(),
+            tty: std::io::stderr().is_terminal() && std::io::stdout().is_terminal(),
         }
     }
 }
