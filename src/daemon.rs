@@ -168,8 +168,15 @@ pub async fn run(
         let agent_dir = state_dir.join("agents").join(&agent.name);
         import_sessions(&journal, &agent.name, &agent_dir.join("sessions.json"));
         let spec = agent_spec(&config, &agent)?;
-        let sender =
+        let mut sender =
             Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
+        // Sent copies are kept beside the outbox, never on a reply's path.
+        if let Some(copies) = sender
+            .sent_copies()
+            .with_context(|| format!("agent {:?}: JMAP setup", agent.name))?
+        {
+            services.spawn(copies.run(outbox_stop.clone()));
+        }
         publish_card(&config, &agent, &sender, events).await;
         let mailbox =
             Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;

@@ -405,6 +405,86 @@ pub struct Sender {
     sent_mailbox: tokio::sync::Mutex<Option<String>>,
     account: Account,
     helper: tokio::sync::Mutex<Option<std::sync::Arc<helper::HelperApi>>>,
+    /// Sent copies handed to a [`SentCopies`] worker, off the reply's path; `None` until one
+    /// is made (then copies are kept inline).
+    copies: Option<tokio::sync::mpsc::Sender<protocol::RenderedMail>>,
+}
+
+/// Sent copies waiting to be kept, at most this many; past it a copy is kept inline.
+const COPY_QUEUE: usize = 256;
+
+/// Keeps Sent copies in the background, so a reply leaves as soon as SMTP took it. Has its
+/// own JMAP connection.
+pub struct SentCopies {
+    queue: tokio::sync::mpsc::Receiver<protocol::RenderedMail>,
+    jmap: JmapClient,
+    sent_mailbox: Option<String>,
+}
+
+impl SentCopies {
+    /// Keeps copies until `stop`, then those already queued (for at most five seconds).
+    pub async fn run(mut self, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            let mail = tokio::select! {
+                m = self.queue.recv() => m,
+                _ = stop.cancelled() => break,
+            };
+            let Some(mail) = mail else { return };
+            self.keep(&mail).await;
+        }
+        self.queue.close();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while let Ok(mail) = self.queue.try_recv() {
+            if tokio::time::timeout_at(deadline, self.keep(&mail))
+                .await
+                .is_err()
+            {
+                tracing::warn!("stopping with Sent copies not kept");
+                return;
+            }
+        }
+    }
+
+    async fn keep(&mut self, mail: &protocol::RenderedMail) {
+        if let Err(e) = save_copy(&mut self.jmap, &mut self.sent_mailbox, mail).await {
+            tracing::warn!(error = %e, message_id = %mail.message_id, "sent, but the copy in the Sent mailbox failed");
+            self.jmap.forget_session();
+            self.sent_mailbox = None;
+        }
+    }
+}
+
+/// Keeps a copy of a sent mail in the Sent mailbox: the exact bytes, uploaded and imported as
+/// seen.
+async fn save_copy(
+    jmap: &mut JmapClient,
+    sent: &mut Option<String>,
+    mail: &protocol::RenderedMail,
+) -> Result<(), MailboxError> {
+    if jmap.session().is_none() {
+        jmap.connect().await?;
+    }
+    let sent_id = match sent.as_ref() {
+        Some(id) => id.clone(),
+        None => sent.insert(jmap.mailbox_with_role("sent").await?).clone(),
+    };
+    let blob = jmap.upload(mail.bytes.clone(), "message/rfc822").await?;
+    let reply = jmap
+        .call(
+            "Email/import",
+            serde_json::json!({ "emails": { "copy": { "blobId": blob, "mailboxIds": { sent_id: true }, "keywords": { "$seen": true } } } }),
+        )
+        .await?;
+    if reply["created"]["copy"].is_object() {
+        Ok(())
+    } else {
+        let why = &reply["notCreated"]["copy"];
+        Err(MailboxError::Method {
+            method: "Email/import".into(),
+            kind: why["type"].as_str().unwrap_or("unknown").to_string(),
+            description: why["description"].as_str().map(str::to_string),
+        })
+    }
 }
 
 impl Sender {
@@ -416,7 +496,23 @@ impl Sender {
             sent_mailbox: tokio::sync::Mutex::new(None),
             account: account.clone(),
             helper: tokio::sync::Mutex::new(None),
+            copies: None,
         })
+    }
+
+    /// A worker that keeps this sender's Sent copies in the background (run it beside the
+    /// outbox); `None` when the account keeps no copies.
+    pub fn sent_copies(&mut self) -> Result<Option<SentCopies>, MailboxError> {
+        if !self.save_sent {
+            return Ok(None);
+        }
+        let (tx, queue) = tokio::sync::mpsc::channel(COPY_QUEUE);
+        self.copies = Some(tx);
+        Ok(Some(SentCopies {
+            queue,
+            jmap: JmapClient::new(&self.account)?,
+            sent_mailbox: None,
+        }))
     }
 
     /// The AAMP helper API, discovered on first use; `None` without an `aamp_url`.
@@ -448,35 +544,10 @@ impl Sender {
         jmap.download(&attachment.url, max).await
     }
 
-    /// Keeps a copy of a sent mail in the Sent mailbox: the exact bytes, uploaded and imported
-    /// as seen. A failure is reported to the caller, who logs it; the mail itself is sent.
     async fn save_copy(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
         let mut jmap = self.jmap.lock().await;
-        if jmap.session().is_none() {
-            jmap.connect().await?;
-        }
         let mut sent = self.sent_mailbox.lock().await;
-        let sent_id = match sent.as_ref() {
-            Some(id) => id.clone(),
-            None => sent.insert(jmap.mailbox_with_role("sent").await?).clone(),
-        };
-        let blob = jmap.upload(mail.bytes.clone(), "message/rfc822").await?;
-        let reply = jmap
-            .call(
-                "Email/import",
-                serde_json::json!({ "emails": { "copy": { "blobId": blob, "mailboxIds": { sent_id: true }, "keywords": { "$seen": true } } } }),
-            )
-            .await?;
-        if reply["created"]["copy"].is_object() {
-            Ok(())
-        } else {
-            let why = &reply["notCreated"]["copy"];
-            Err(MailboxError::Method {
-                method: "Email/import".into(),
-                kind: why["type"].as_str().unwrap_or("unknown").to_string(),
-                description: why["description"].as_str().map(str::to_string),
-            })
-        }
+        save_copy(&mut jmap, &mut sent, mail).await
     }
 
     /// Renders and submits `msg`, retrying transient failures a few times with backoff, then
@@ -510,6 +581,15 @@ impl Sender {
     /// is logged, not returned: the mail itself went out).
     pub async fn submit(&self, mail: &protocol::RenderedMail) -> Result<(), MailboxError> {
         self.smtp.send(mail).await?;
+        if let Some(copies) = &self.copies {
+            // To the worker; when its queue is full (or it stopped), kept here instead.
+            match copies.try_send(mail.clone()) {
+                Ok(()) => return Ok(()),
+                Err(_) => {
+                    tracing::debug!("the Sent copy queue is full or closed; keeping it inline")
+                }
+            }
+        }
         if self.save_sent {
             if let Err(e) = self.save_copy(mail).await {
                 tracing::warn!(error = %e, message_id = %mail.message_id, "sent, but the copy in the Sent mailbox failed");

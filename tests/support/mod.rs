@@ -745,11 +745,12 @@ pub fn text_of(events: &[aamp_bridge::runner::StreamEvent]) -> String {
 }
 
 /// A TCP port in front of the mail host's submission port that a test can close (new
-/// connections are refused, as when the server is down) and open again.
+/// connections are refused and open ones cut, as when the server is down) and open again.
 pub struct Gate {
     pub port: u16,
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl Gate {
@@ -760,7 +761,8 @@ impl Gate {
         let port = listener.local_addr().unwrap().port();
         let open = Arc::new(AtomicBool::new(true));
         let done = Arc::new(AtomicBool::new(false));
-        let (open2, done2) = (open.clone(), done.clone());
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (open2, done2, live2) = (open.clone(), done.clone(), live.clone());
         std::thread::spawn(move || {
             let mut listener = Some(listener);
             while !done2.load(Ordering::SeqCst) {
@@ -778,10 +780,14 @@ impl Gate {
                 l.set_nonblocking(true).unwrap();
                 match l.accept() {
                     Ok((client, _)) => {
+                        if !open2.load(Ordering::SeqCst) {
+                            continue; // closed meanwhile: refused
+                        }
                         client.set_nonblocking(false).unwrap();
                         let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
                             continue;
                         };
+                        live2.lock().unwrap().push(client.try_clone().unwrap());
                         let (mut c2, mut s2) =
                             (client.try_clone().unwrap(), server.try_clone().unwrap());
                         let (mut c, mut s) = (client, server);
@@ -798,11 +804,20 @@ impl Gate {
                 }
             }
         });
-        Gate { port, open, done }
+        Gate {
+            port,
+            open,
+            done,
+            live,
+        }
     }
 
     pub fn close(&self) {
         self.open.store(false, Ordering::SeqCst);
+        // Connections a client keeps open (an SMTP pool) are cut too.
+        for stream in self.live.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     pub fn open(&self) {

@@ -1,0 +1,395 @@
+//! The mail path, measured over the real loopback mail host: `cargo bench --bench mailpath`
+//! (the host must run: `sudo scripts/mailhost.sh start`). It starts a release bridge with an
+//! instant agent (`echo`), dispatches from a mailbox of its own, and prints:
+//!
+//! - the bridge's reaction, from the moment it read a dispatch (`task.received`) to SMTP
+//!   accepting its `task.ack` and its `task.result` (p50 / p90 / p99), sequential;
+//! - end to end: dispatch sent → result seen by the dispatcher over JMAP (p50);
+//! - a burst: tasks per second, and CPU per task of the bridge process;
+//! - resident memory idle and after the tasks; start-up of ten push-connected agents.
+//!
+//! `AAMP_BENCH_TASKS` (default 200) sets the sequential count; the figures go to stdout as a
+//! table and to `target/bench/mailpath.json`.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use aamp_bridge::config::{Account, PushTransport, SenderAuth, SmtpSecurity};
+use aamp_bridge::protocol::{AampMessage, Body, Dispatch, Envelope, Intent, Priority};
+use serde_json::{json, Value};
+
+const JMAP: &str = "http://127.0.0.1:18080/.well-known/jmap";
+const SMTP_PORT: u16 = 15587;
+const DOMAIN: &str = "example.test";
+const PASSWORD: &str = "secret";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn adduser(prefix: &str) -> String {
+    let name = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/mailhost.sh"))
+        .args(["adduser", &name, PASSWORD])
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "adduser: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{name}@{DOMAIN}")
+}
+
+fn account(email: &str) -> Account {
+    Account {
+        name: "bench".into(),
+        email: email.into(),
+        jmap_url: url::Url::parse(JMAP).unwrap(),
+        login: email.into(),
+        password: PASSWORD.into(),
+        smtp_host: "127.0.0.1".into(),
+        smtp_port: SMTP_PORT,
+        smtp_security: SmtpSecurity::Plain,
+        insecure_tls: false,
+        poll_interval: Duration::from_secs(1),
+        push: false,
+        push_transport: PushTransport::Auto,
+        reconcile_interval: Duration::from_secs(60),
+        save_sent: false,
+        aamp_url: None,
+        sender_auth: SenderAuth::Auto,
+        authserv_id: None,
+    }
+}
+
+fn config(dir: &Path, agents: &[String], boss: &str) -> PathBuf {
+    std::fs::write(dir.join("password"), PASSWORD).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("password"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+    }
+    let mut text = String::from("state_dir = \"state\"\n");
+    for (i, email) in agents.iter().enumerate() {
+        text.push_str(&format!(
+            "[mailboxes.a{i}]\nemail = \"{email}\"\njmap_url = \"{JMAP}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {SMTP_PORT}\nsmtp_security = \"plain\"\n\n[[agents]]\nname = \"a{i}\"\nmailbox = \"a{i}\"\nprofile = \"echo\"\nallow_from = [\"{boss}\"]\nmax_concurrent_tasks = 8\nmax_queued_tasks = 10000\n\n"
+        ));
+    }
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A running bridge and its events.
+struct Bridge {
+    child: Child,
+    events: mpsc::Receiver<Value>,
+}
+
+impl Bridge {
+    fn start(config: &Path) -> Bridge {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aamp-bridge"))
+            .args(["--config", config.to_str().unwrap(), "start", "--json"])
+            .env("AAMP_BRIDGE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the bridge starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if tx.send(v).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Bridge { child, events }
+    }
+
+    fn wait(&self, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let e = self
+                .events
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the bridge went quiet for two minutes");
+            if pred(&e) {
+                return e;
+            }
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn millis(e: &Value) -> i64 {
+    // Event times are RFC 3339 with milliseconds.
+    let t = e["time"].as_str().unwrap_or_default();
+    aamp_bridge::protocol::time::parse(t)
+        .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) of a process, from /proc.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields
+        .get(11)
+        .and_then(|u| u.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn dispatch(from: &str, to: &str, n: usize) -> AampMessage {
+    let mut msg = AampMessage {
+        envelope: Envelope {
+            version: aamp_bridge::protocol::VERSION.into(),
+            task_id: format!("bench-{n}-{}", uuid::Uuid::new_v4()),
+            from: from.into(),
+            to: vec![to.into()],
+            message_id: String::new(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        },
+        body: Body::Dispatch(Dispatch {
+            title: format!("bench {n}"),
+            priority: Priority::Normal,
+            body_text: "instant".into(),
+            ..Dispatch::default()
+        }),
+    };
+    msg.envelope.subject = msg.subject();
+    msg
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this file too, and then
+    // it only says how to run it.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!(
+            "mailpath: a benchmark over the mail host; run it with `cargo bench --bench mailpath`"
+        );
+        return;
+    }
+    let check = Command::new("bash")
+        .arg(repo().join("scripts/mailhost.sh"))
+        .arg("check")
+        .output()
+        .expect("bash runs");
+    if !check.status.success() {
+        eprintln!("the mail host is not running: start it with `sudo scripts/mailhost.sh start`");
+        std::process::exit(2);
+    }
+    let tasks: usize = std::env::var("AAMP_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let boss = adduser("bench-boss");
+    let agent = adduser("bench-agent");
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = config(dir.path(), std::slice::from_ref(&agent), &boss);
+    let bridge = Bridge::start(&config_path);
+    bridge.wait(|e| e["event"] == "agent.ready");
+    std::thread::sleep(Duration::from_secs(1));
+    let idle_rss = rss_mib(bridge.pid());
+    let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
+
+    // 1. Sequential: the bridge's reaction, received → ack sent, received → result sent.
+    let (mut to_ack, mut to_result) = (Vec::new(), Vec::new());
+    for n in 0..tasks {
+        let msg = dispatch(&boss, &agent, n);
+        let id = msg.task_id().to_string();
+        rt.block_on(sender.send(&msg))
+            .expect("the dispatch is sent");
+        let mut received = None;
+        let (mut ack, mut result) = (None, None);
+        while ack.is_none() || result.is_none() {
+            let e = bridge.wait(|e| e["taskId"] == id.as_str());
+            match (e["event"].as_str(), e["intent"].as_str()) {
+                (Some("task.received"), _) => received = Some(millis(&e)),
+                (Some("mail.sent"), Some("task.ack")) => ack = Some(millis(&e)),
+                (Some("mail.sent"), Some("task.result")) => result = Some(millis(&e)),
+                _ => {}
+            }
+        }
+        let r = received.expect("task.received comes first");
+        to_ack.push(ack.unwrap() - r);
+        to_result.push(result.unwrap() - r);
+    }
+    to_ack.sort();
+    to_result.sort();
+
+    // 2. End to end, as the dispatcher sees it (its own JMAP polling every 50 ms).
+    let mut e2e = Vec::new();
+    {
+        let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
+        rt.block_on(mailbox.connect()).unwrap();
+        for n in 0..20.min(tasks) {
+            let mut state =
+                aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+            let msg = dispatch(&boss, &agent, 100_000 + n);
+            let id = msg.task_id().to_string();
+            let started = Instant::now();
+            rt.block_on(sender.send(&msg)).unwrap();
+            'seen: loop {
+                let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
+                state = next;
+                for i in inbound {
+                    if i.message.task_id() == id && i.message.intent() == Intent::TaskResult {
+                        break 'seen;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            e2e.push(started.elapsed().as_millis() as i64);
+        }
+    }
+    e2e.sort();
+
+    // 3. A burst of 100: throughput and CPU per task.
+    let burst = 100;
+    let cpu_before = cpu_secs(bridge.pid());
+    let ids: Vec<String> = (0..burst)
+        .map(|n| {
+            let msg = dispatch(&boss, &agent, 200_000 + n);
+            let id = msg.task_id().to_string();
+            rt.block_on(sender.send(&msg)).unwrap();
+            id
+        })
+        .collect();
+    let first = Instant::now();
+    let mut done = 0;
+    let mut first_received: Option<i64> = None;
+    let mut last_result = 0;
+    while done < burst {
+        let e = bridge.wait(|e| ids.iter().any(|i| e["taskId"] == i.as_str()));
+        if e["event"] == "task.received" && first_received.is_none() {
+            first_received = Some(millis(&e));
+        }
+        if e["event"] == "mail.sent" && e["intent"] == "task.result" {
+            done += 1;
+            last_result = millis(&e);
+        }
+    }
+    let _ = first;
+    let burst_secs = (last_result - first_received.unwrap_or(last_result)).max(1) as f64 / 1000.0;
+    let cpu_per_task_ms = (cpu_secs(bridge.pid()) - cpu_before) * 1000.0 / burst as f64;
+    let after_rss = rss_mib(bridge.pid());
+    bridge.stop();
+
+    // 4. Start-up: ten agents, push connected.
+    let mut startups = Vec::new();
+    let agents: Vec<String> = (0..10).map(|_| adduser("bench-ten")).collect();
+    let ten = tempfile::tempdir().unwrap();
+    let ten_config = config(ten.path(), &agents, &boss);
+    let mut ten_idle_rss = 0.0;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let b = Bridge::start(&ten_config);
+        for _ in 0..10 {
+            b.wait(|e| e["event"] == "agent.ready");
+        }
+        startups.push(started.elapsed().as_millis() as i64);
+        ten_idle_rss = rss_mib(b.pid());
+        b.stop();
+    }
+    startups.sort();
+
+    let figures = json!({
+        "tasks": tasks,
+        "receivedToAckMs": {"p50": percentile(&to_ack, 0.5), "p90": percentile(&to_ack, 0.9), "p99": percentile(&to_ack, 0.99)},
+        "receivedToResultMs": {"p50": percentile(&to_result, 0.5), "p90": percentile(&to_result, 0.9), "p99": percentile(&to_result, 0.99)},
+        "dispatchToResultSeenMs": {"p50": percentile(&e2e, 0.5), "p90": percentile(&e2e, 0.9)},
+        "burst": {"tasks": burst, "tasksPerSec": (burst as f64 / burst_secs * 10.0).round() / 10.0, "cpuMsPerTask": (cpu_per_task_ms * 100.0).round() / 100.0},
+        "rssMiB": {"idleOneAgent": (idle_rss * 10.0).round() / 10.0, "idleTenAgents": (ten_idle_rss * 10.0).round() / 10.0, "afterTasks": (after_rss * 10.0).round() / 10.0},
+        "startupTenAgentsMs": {"median": percentile(&startups, 0.5)},
+    });
+    println!("mail path over the loopback mail host ({tasks} sequential tasks, instant agent)");
+    println!(
+        "  received → ack sent      p50 {:>5} ms  p90 {:>5} ms  p99 {:>5} ms",
+        figures["receivedToAckMs"]["p50"],
+        figures["receivedToAckMs"]["p90"],
+        figures["receivedToAckMs"]["p99"]
+    );
+    println!(
+        "  received → result sent   p50 {:>5} ms  p90 {:>5} ms  p99 {:>5} ms",
+        figures["receivedToResultMs"]["p50"],
+        figures["receivedToResultMs"]["p90"],
+        figures["receivedToResultMs"]["p99"]
+    );
+    println!(
+        "  dispatch → result seen   p50 {:>5} ms  p90 {:>5} ms  (dispatcher polls every 50 ms)",
+        figures["dispatchToResultSeenMs"]["p50"], figures["dispatchToResultSeenMs"]["p90"]
+    );
+    println!(
+        "  burst of {burst}: {} tasks/s, {} ms CPU per task",
+        figures["burst"]["tasksPerSec"], figures["burst"]["cpuMsPerTask"]
+    );
+    println!(
+        "  resident memory: idle {} MiB (1 agent), {} MiB (10 agents), {} MiB after the tasks",
+        figures["rssMiB"]["idleOneAgent"],
+        figures["rssMiB"]["idleTenAgents"],
+        figures["rssMiB"]["afterTasks"]
+    );
+    println!(
+        "  start-up, 10 agents push-connected: {} ms (median of 3)",
+        figures["startupTenAgentsMs"]["median"]
+    );
+    let out = repo().join("target/bench");
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(
+        out.join("mailpath.json"),
+        serde_json::to_string_pretty(&figures).unwrap(),
+    );
+}
