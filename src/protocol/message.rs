@@ -509,8 +509,14 @@ impl AampMessage {
             Body::Result(r) => {
                 out.push((header::STATUS, r.status.as_str().to_string()));
                 if r.status == Status::Rejected {
+                    // A short reason (the body has it whole): one line, at most 900
+                    // characters, so it is never folded.
                     let msg = r.error.as_deref().unwrap_or("rejected");
-                    out.push((header::ERROR_MSG, msg.to_string()));
+                    let mut short: String = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+                    if short.chars().count() > 900 {
+                        short = short.chars().take(899).collect::<String>() + "…";
+                    }
+                    out.push((header::ERROR_MSG, short));
                 }
                 let structured = r.structured_result.as_ref().map(codec::encode_json);
                 opt(&mut out, header::STRUCTURED_RESULT, structured.as_deref());

@@ -154,7 +154,10 @@ fn write_header(out: &mut String, name: &str, value: &str) {
 fn write_text_header(out: &mut String, name: &str, value: &str) {
     let value = clean_header_text(value);
     if value.is_ascii() && !value.contains("=?") {
-        fold_into(out, name, &value);
+        // AAMP fields stay on one line up to the hard limit: some readers (the Node SDK) keep
+        // the fold's CRLF inside the value.
+        let aamp = name.len() > 7 && name[..7].eq_ignore_ascii_case("X-AAMP-");
+        fold_at(out, name, &value, if aamp { HARD_LIMIT - 8 } else { SOFT_LIMIT });
     } else {
         fold_into(out, name, &encode_word(&value));
     }
@@ -167,6 +170,11 @@ fn write_text_header(out: &mut String, name: &str, value: &str) {
 /// inside; base64 readers skip that folding white space, and TaskIds are kept far shorter.
 /// Every step of the loop consumes input, so any value ends, and no line passes the limit.
 fn fold_into(out: &mut String, name: &str, value: &str) {
+    fold_at(out, name, value, SOFT_LIMIT);
+}
+
+/// [`fold_into`], folding where a line would pass `soft`.
+fn fold_at(out: &mut String, name: &str, value: &str, soft: usize) {
     const MAX: usize = HARD_LIMIT - 8;
     let mut line = format!("{name}:");
     let head = line.len();
@@ -177,7 +185,7 @@ fn fold_into(out: &mut String, name: &str, value: &str) {
             continue; // one more space of a run; it stays with the word that follows
         }
         segment.push_str(word);
-        if line.len() > head && line.len() + segment.len() > SOFT_LIMIT {
+        if line.len() > head && line.len() + segment.len() > soft {
             out.push_str(&line);
             out.push_str("\r\n");
             line.clear();
@@ -286,6 +294,18 @@ pub fn parse_raw(bytes: &[u8]) -> Option<MailView> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn aamp_fields_in_ascii_stay_on_one_line() {
+        let reason = "the agent failed: ".to_string() + &"word ".repeat(120);
+        let mut out = String::new();
+        write_text_header(&mut out, "X-AAMP-ErrorMsg", &reason);
+        assert_eq!(out.matches("\r\n").count(), 1, "{out}");
+        let mut out = String::new();
+        write_text_header(&mut out, "Subject", &reason);
+        assert!(out.matches("\r\n").count() > 1, "other fields still fold: {out}");
+    }
+
     use super::*;
 
     #[test]
