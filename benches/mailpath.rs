@@ -2,8 +2,9 @@
 //! (the host must run: `sudo scripts/mailhost.sh start`). It starts a release bridge with an
 //! instant agent (`echo`), dispatches from a mailbox of its own, and prints:
 //!
-//! - the bridge's reaction, from the moment it read a dispatch (`task.received`) to SMTP
-//!   accepting its `task.ack` and its `task.result` (p50 / p90 / p99), sequential;
+//! - the bridge's reaction, from the push that announced a dispatch (`mailbox.changed`) to
+//!   reading it, and to SMTP accepting its `task.ack` and its `task.result` (p50 / p90 /
+//!   p99), sequential;
 //! - end to end: dispatch sent → result seen by the dispatcher over JMAP (p50);
 //! - a burst: tasks per second, and CPU per task of the bridge process;
 //! - resident memory idle and after the tasks; start-up of ten push-connected agents.
@@ -235,6 +236,8 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(200);
     let rt = tokio::runtime::Runtime::new().unwrap();
+    // The SMTP pool starts (and stops) a task of its own: it needs the runtime around it.
+    let _runtime = rt.enter();
     let boss = adduser("bench-boss");
     let agent = adduser("bench-agent");
     let dir = tempfile::tempdir().unwrap();
@@ -246,17 +249,22 @@ fn main() {
     let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
 
     // 1. Sequential: the bridge's reaction, received → ack sent, received → result sent.
-    let (mut to_ack, mut to_result) = (Vec::new(), Vec::new());
+    let (mut to_ack, mut to_result, mut to_read) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0..tasks {
         let msg = dispatch(&boss, &agent, n);
         let id = msg.task_id().to_string();
         rt.block_on(sender.send(&msg))
             .expect("the dispatch is sent");
-        let mut received = None;
+        let (mut pushed, mut received) = (None, None);
         let (mut ack, mut result) = (None, None);
         while ack.is_none() || result.is_none() {
-            let e = bridge.wait(|e| e["taskId"] == id.as_str());
+            let e = bridge.wait(|e| {
+                e["taskId"] == id.as_str()
+                    || (e["event"] == "mailbox.changed" && received.is_none())
+            });
             match (e["event"].as_str(), e["intent"].as_str()) {
+                // The push that brought the dispatch: the last one before it was read.
+                (Some("mailbox.changed"), _) => pushed = Some(millis(&e)),
                 (Some("task.received"), _) => received = Some(millis(&e)),
                 (Some("mail.sent"), Some("task.ack")) => ack = Some(millis(&e)),
                 (Some("mail.sent"), Some("task.result")) => result = Some(millis(&e)),
@@ -264,69 +272,62 @@ fn main() {
             }
         }
         let r = received.expect("task.received comes first");
-        to_ack.push(ack.unwrap() - r);
-        to_result.push(result.unwrap() - r);
+        // Without a push (a poll found it), the clock starts when it was read.
+        let p = pushed.unwrap_or(r);
+        to_ack.push(ack.unwrap() - p);
+        to_result.push(result.unwrap() - p);
+        to_read.push(r - p);
     }
     to_ack.sort();
     to_result.sort();
+    to_read.sort();
 
-    // 2. End to end, as the dispatcher sees it (its own JMAP polling every 50 ms).
-    let mut e2e = Vec::new();
-    {
-        let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
-        rt.block_on(mailbox.connect()).unwrap();
-        for n in 0..20.min(tasks) {
-            let mut state =
-                aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
-            let msg = dispatch(&boss, &agent, 100_000 + n);
-            let id = msg.task_id().to_string();
-            let started = Instant::now();
-            rt.block_on(sender.send(&msg)).unwrap();
-            'seen: loop {
-                let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
-                state = next;
-                for i in inbound {
-                    if i.message.task_id() == id && i.message.intent() == Intent::TaskResult {
-                        break 'seen;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            e2e.push(started.elapsed().as_millis() as i64);
-        }
-    }
-    e2e.sort();
-
-    // 3. A burst of 100: throughput and CPU per task.
+    // 2. End to end, as the dispatcher sees it; 3. a burst of 100, from the first dispatch
+    // sent to the last result seen by the dispatcher.
+    let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
+    rt.block_on(mailbox.connect()).unwrap();
+    let e2e = end_to_end(&rt, &sender, &mailbox, &boss, &agent, 20.min(tasks));
     let burst = 100;
     let cpu_before = cpu_secs(bridge.pid());
-    let ids: Vec<String> = (0..burst)
-        .map(|n| {
-            let msg = dispatch(&boss, &agent, 200_000 + n);
-            let id = msg.task_id().to_string();
-            rt.block_on(sender.send(&msg)).unwrap();
-            id
-        })
-        .collect();
-    let first = Instant::now();
-    let mut done = 0;
-    let mut first_received: Option<i64> = None;
-    let mut last_result = 0;
-    while done < burst {
-        let e = bridge.wait(|e| ids.iter().any(|i| e["taskId"] == i.as_str()));
-        if e["event"] == "task.received" && first_received.is_none() {
-            first_received = Some(millis(&e));
-        }
-        if e["event"] == "mail.sent" && e["intent"] == "task.result" {
-            done += 1;
-            last_result = millis(&e);
-        }
-    }
-    let _ = first;
-    let burst_secs = (last_result - first_received.unwrap_or(last_result)).max(1) as f64 / 1000.0;
+    let burst_secs = burst_run(&rt, &sender, &mailbox, &boss, &agent, burst);
     let cpu_per_task_ms = (cpu_secs(bridge.pid()) - cpu_before) * 1000.0 / burst as f64;
     let after_rss = rss_mib(bridge.pid());
     bridge.stop();
+
+    // The baseline: a zero-work responder on the PyPI SDK, measured the same way.
+    let python = repo().join("target/test-agents/venv/bin/python");
+    let responder = if python.exists() {
+        let responder_box = adduser("bench-responder");
+        let mut child = Command::new(&python)
+            .arg(repo().join("benches/responder.py"))
+            .args([
+                &responder_box,
+                PASSWORD,
+                JMAP,
+                "127.0.0.1",
+                &SMTP_PORT.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python runs");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("ready"),
+            "the responder did not start: {line:?}"
+        );
+        let e2e = end_to_end(&rt, &sender, &mailbox, &boss, &responder_box, 20.min(tasks));
+        let secs = burst_run(&rt, &sender, &mailbox, &boss, &responder_box, burst);
+        let _ = child.kill();
+        let _ = child.wait();
+        Some((e2e, secs))
+    } else {
+        eprintln!("no PyPI aamp-sdk in target/test-agents (scripts/test-agents.sh installs it): no baseline");
+        None
+    };
 
     // 4. Start-up: ten agents, push connected.
     let mut startups = Vec::new();
@@ -348,26 +349,30 @@ fn main() {
 
     let figures = json!({
         "tasks": tasks,
-        "receivedToAckMs": {"p50": percentile(&to_ack, 0.5), "p90": percentile(&to_ack, 0.9), "p99": percentile(&to_ack, 0.99)},
-        "receivedToResultMs": {"p50": percentile(&to_result, 0.5), "p90": percentile(&to_result, 0.9), "p99": percentile(&to_result, 0.99)},
+        "pushToReadMs": {"p50": percentile(&to_read, 0.5), "p90": percentile(&to_read, 0.9), "p99": percentile(&to_read, 0.99)},
+        "pushToAckMs": {"p50": percentile(&to_ack, 0.5), "p90": percentile(&to_ack, 0.9), "p99": percentile(&to_ack, 0.99)},
+        "pushToResultMs": {"p50": percentile(&to_result, 0.5), "p90": percentile(&to_result, 0.9), "p99": percentile(&to_result, 0.99)},
         "dispatchToResultSeenMs": {"p50": percentile(&e2e, 0.5), "p90": percentile(&e2e, 0.9)},
         "burst": {"tasks": burst, "tasksPerSec": (burst as f64 / burst_secs * 10.0).round() / 10.0, "cpuMsPerTask": (cpu_per_task_ms * 100.0).round() / 100.0},
+        "responder": responder.as_ref().map(|(e2e, secs)| json!({
+            "dispatchToResultSeenMs": {"p50": percentile(e2e, 0.5), "p90": percentile(e2e, 0.9)},
+            "tasksPerSec": (burst as f64 / secs * 10.0).round() / 10.0,
+            "bridgeShareOfThroughput": ((*secs / burst_secs) * 100.0).round() / 100.0,
+        })),
         "rssMiB": {"idleOneAgent": (idle_rss * 10.0).round() / 10.0, "idleTenAgents": (ten_idle_rss * 10.0).round() / 10.0, "afterTasks": (after_rss * 10.0).round() / 10.0},
         "startupTenAgentsMs": {"median": percentile(&startups, 0.5)},
     });
     println!("mail path over the loopback mail host ({tasks} sequential tasks, instant agent)");
-    println!(
-        "  received → ack sent      p50 {:>5} ms  p90 {:>5} ms  p99 {:>5} ms",
-        figures["receivedToAckMs"]["p50"],
-        figures["receivedToAckMs"]["p90"],
-        figures["receivedToAckMs"]["p99"]
-    );
-    println!(
-        "  received → result sent   p50 {:>5} ms  p90 {:>5} ms  p99 {:>5} ms",
-        figures["receivedToResultMs"]["p50"],
-        figures["receivedToResultMs"]["p90"],
-        figures["receivedToResultMs"]["p99"]
-    );
+    for (label, key) in [
+        ("push → dispatch read", "pushToReadMs"),
+        ("push → ack accepted", "pushToAckMs"),
+        ("push → result accepted", "pushToResultMs"),
+    ] {
+        println!(
+            "  {label:<24} p50 {:>5} ms  p90 {:>5} ms  p99 {:>5} ms",
+            figures[key]["p50"], figures[key]["p90"], figures[key]["p99"]
+        );
+    }
     println!(
         "  dispatch → result seen   p50 {:>5} ms  p90 {:>5} ms  (dispatcher polls every 50 ms)",
         figures["dispatchToResultSeenMs"]["p50"], figures["dispatchToResultSeenMs"]["p90"]
@@ -392,4 +397,80 @@ fn main() {
         out.join("mailpath.json"),
         serde_json::to_string_pretty(&figures).unwrap(),
     );
+}
+
+/// Sequential dispatches; for each, the time from sending it to the result seen by the
+/// dispatcher (polling its mailbox every 20 ms).
+fn end_to_end(
+    rt: &tokio::runtime::Runtime,
+    sender: &aamp_bridge::mailbox::Sender,
+    mailbox: &aamp_bridge::mailbox::Mailbox,
+    boss: &str,
+    to: &str,
+    n: usize,
+) -> Vec<i64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut state =
+            aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+        let msg = dispatch(boss, to, 100_000 + i);
+        let id = msg.task_id().to_string();
+        let started = Instant::now();
+        rt.block_on(sender.send(&msg)).unwrap();
+        'seen: loop {
+            let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
+            state = next;
+            for m in inbound {
+                if m.message.task_id() == id && m.message.intent() == Intent::TaskResult {
+                    break 'seen;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no result for {id}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        out.push(started.elapsed().as_millis() as i64);
+    }
+    out.sort();
+    out
+}
+
+/// `n` dispatches sent one after another; seconds from the first sent to the last result
+/// seen by the dispatcher.
+fn burst_run(
+    rt: &tokio::runtime::Runtime,
+    sender: &aamp_bridge::mailbox::Sender,
+    mailbox: &aamp_bridge::mailbox::Mailbox,
+    boss: &str,
+    to: &str,
+    n: usize,
+) -> f64 {
+    let mut state =
+        aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+    let started = Instant::now();
+    let mut ids: std::collections::HashSet<String> = (0..n)
+        .map(|i| {
+            let msg = dispatch(boss, to, 200_000 + i);
+            rt.block_on(sender.send(&msg)).unwrap();
+            msg.task_id().to_string()
+        })
+        .collect();
+    while !ids.is_empty() {
+        let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
+        state = next;
+        for m in inbound {
+            if m.message.intent() == Intent::TaskResult {
+                ids.remove(m.message.task_id());
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{} results missing",
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed().as_secs_f64()
 }

@@ -2,7 +2,7 @@
 # The whole test suite on a fresh machine: installs and starts the loopback mail host,
 # installs the third-party ACP agents the tests use (Gemini CLI, the TypeScript and Python
 # ACP SDKs), runs every test (unit, conformance, runners, agents, end to end over the mail host), then
-# fuzzes briefly (each of the four fuzz targets for AAMP_FUZZ_SECONDS, default 15 s). Needs
+# fuzzes briefly (each of the five fuzz targets for AAMP_FUZZ_SECONDS, default 15 s). Needs
 # root for the mail host (apt-get, Cyrus' master).
 #   AAMP_FUZZ_SECONDS=0 scripts/test.sh   skips the fuzz run
 set -euo pipefail

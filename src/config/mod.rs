@@ -389,11 +389,20 @@ impl LoadedConfig {
                 "run `aamp-bridge init` to make one (or `aamp-bridge import` from the reference bridges), or pass another file with --config",
             )
         })?;
-        let config: Config = toml::from_str(&text).map_err(|e| {
-            let key = e
-                .span()
-                .map(|s| line_of(&text, s.start))
-                .unwrap_or_default();
+        Self::from_text(path, &text)
+    }
+
+    /// Validates config text as if read from `path` (relative paths resolve against its
+    /// folder; files it names are not read here).
+    pub fn from_text(path: &Path, text: &str) -> Result<LoadedConfig, ConfigError> {
+        let err = |key: &str, problem: String, fix: &str| ConfigError {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            problem,
+            fix: fix.to_string(),
+        };
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let key = e.span().map(|s| line_of(text, s.start)).unwrap_or_default();
             err(
                 &key,
                 e.message().to_string(),
@@ -410,7 +419,7 @@ impl LoadedConfig {
             config,
             state_dir,
         };
-        loaded.validate(&text)?;
+        loaded.validate(text)?;
         Ok(loaded)
     }
 

@@ -135,7 +135,11 @@ pub async fn run(
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                Some(()) = wake_rx.recv() => tracing::debug!("woken by push"),
+                Some(()) = wake_rx.recv() => {
+                    tracing::debug!("woken by push");
+                    // When the server said the mailbox changed: where a task's clock starts.
+                    events.emit("mailbox.changed", json!({"agent": name}));
+                }
                 _ = stop.cancelled() => return,
             }
         }

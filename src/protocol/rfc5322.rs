@@ -157,7 +157,12 @@ fn write_text_header(out: &mut String, name: &str, value: &str) {
         // AAMP fields stay on one line up to the hard limit: some readers (the Node SDK) keep
         // the fold's CRLF inside the value.
         let aamp = name.len() > 7 && name[..7].eq_ignore_ascii_case("X-AAMP-");
-        fold_at(out, name, &value, if aamp { HARD_LIMIT - 8 } else { SOFT_LIMIT });
+        fold_at(
+            out,
+            name,
+            &value,
+            if aamp { HARD_LIMIT - 8 } else { SOFT_LIMIT },
+        );
     } else {
         fold_into(out, name, &encode_word(&value));
     }
@@ -303,7 +308,10 @@ mod tests {
         assert_eq!(out.matches("\r\n").count(), 1, "{out}");
         let mut out = String::new();
         write_text_header(&mut out, "Subject", &reason);
-        assert!(out.matches("\r\n").count() > 1, "other fields still fold: {out}");
+        assert!(
+            out.matches("\r\n").count() > 1,
+            "other fields still fold: {out}"
+        );
     }
 
     use super::*;

@@ -22,11 +22,18 @@ pub fn parse(text: &str) -> Option<SystemTime> {
         return None;
     }
     let mut rest = &t[19..];
+    let mut nanos = 0u32;
     if let Some(frac) = rest.strip_prefix('.') {
         let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
             return None;
         }
+        // The fraction to nanoseconds: its first nine digits, padded.
+        nanos = frac[..digits.min(9)]
+            .bytes()
+            .chain(std::iter::repeat(b'0'))
+            .take(9)
+            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
         rest = &frac[digits..];
     }
     let offset = match rest {
@@ -45,11 +52,12 @@ pub fn parse(text: &str) -> Option<SystemTime> {
         }
     };
     let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + min * 60 + sec - offset;
-    if secs >= 0 {
+    let whole = if secs >= 0 {
         Some(UNIX_EPOCH + Duration::from_secs(secs as u64))
     } else {
         UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
-    }
+    }?;
+    whole.checked_add(Duration::from_nanos(u64::from(nanos)))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time (milliseconds, UTC): for events and timelines.
@@ -91,6 +99,20 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn fractions_of_a_second_are_kept() {
+        let t = parse("2026-11-30T15:15:59.744Z").unwrap();
+        let ms = t.duration_since(UNIX_EPOCH).unwrap().as_millis();
+        assert_eq!(ms % 1000, 744);
+        assert_eq!(format_utc_ms(t), "2026-11-30T15:15:59.744Z");
+        let t = parse("2026-11-30T15:15:59.1234567891+00:00").unwrap();
+        assert_eq!(
+            t.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(),
+            123_456_789
+        );
+    }
+
     use super::*;
 
     #[test]
