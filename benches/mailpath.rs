@@ -236,7 +236,6 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(200);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // The SMTP pool starts (and stops) a task of its own: it needs the runtime around it.
     let _runtime = rt.enter();
     let boss = adduser("bench-boss");
     let agent = adduser("bench-agent");

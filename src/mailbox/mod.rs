@@ -488,8 +488,6 @@ async fn save_copy(
 }
 
 impl Sender {
-    /// Call it inside a Tokio runtime: the SMTP connection pool runs a task of its own, and
-    /// the sender must also be dropped there.
     pub fn new(account: &Account) -> Result<Sender, MailboxError> {
         Ok(Sender {
             smtp: SmtpSender::new(account)?,

@@ -304,10 +304,25 @@ impl Bridge {
             seen: Vec::new(),
             stderr_path,
         };
-        for _ in 0..agents {
-            bridge.wait_event("agent.ready", |_| true);
-        }
+        // Every agent's own event: `wait_event` would find the first one again.
+        bridge.wait_count("agent.ready", agents);
         bridge
+    }
+
+    /// Waits until `n` events named `name` have been seen.
+    pub fn wait_count(&mut self, name: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.seen.iter().filter(|e| e["event"] == name).count() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(e) => self.seen.push(e),
+                Err(_) => panic!(
+                    "fewer than {n} {name} events within {WAIT:?}; events: {:#?}\nbridge log:\n{}",
+                    self.seen,
+                    self.log()
+                ),
+            }
+        }
     }
 
     /// Waits for an event named `name` that satisfies `pred`.
