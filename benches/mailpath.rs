@@ -297,12 +297,38 @@ fn main() {
     let python = repo().join("target/test-agents/venv/bin/python");
     let responder = if python.exists() {
         let responder_box = adduser("bench-responder");
+        // In front of the mail server, the AAMP test service (as deployments have), which
+        // also takes the SDK's WebSocket path.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let record = dir.path().join("service.jsonl");
+        let mut service = Command::new("python3")
+            .arg(repo().join("tests/hosts/aamp_host.py"))
+            .args([
+                "--port",
+                &port.to_string(),
+                "--record",
+                record.to_str().unwrap(),
+            ])
+            .args(["--jmap", JMAP.trim_end_matches("/.well-known/jmap")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs the AAMP test service");
+        let mut line = String::new();
+        BufReader::new(service.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let service_jmap = format!("http://127.0.0.1:{port}/.well-known/jmap");
         let mut child = Command::new(&python)
             .arg(repo().join("benches/responder.py"))
             .args([
                 &responder_box,
                 PASSWORD,
-                JMAP,
+                &service_jmap,
                 "127.0.0.1",
                 &SMTP_PORT.to_string(),
             ])
@@ -322,6 +348,8 @@ fn main() {
         let secs = burst_run(&rt, &sender, &mailbox, &boss, &responder_box, burst);
         let _ = child.kill();
         let _ = child.wait();
+        let _ = service.kill();
+        let _ = service.wait();
         Some((e2e, secs))
     } else {
         eprintln!("no PyPI aamp-sdk in target/test-agents (scripts/test-agents.sh installs it): no baseline");
@@ -380,6 +408,12 @@ fn main() {
         "  burst of {burst}: {} tasks/s, {} ms CPU per task",
         figures["burst"]["tasksPerSec"], figures["burst"]["cpuMsPerTask"]
     );
+    if let Some(r) = figures["responder"].as_object() {
+        println!(
+            "  zero-work responder (PyPI aamp-sdk): dispatch → result seen p50 {} ms; burst {} tasks/s; the bridge's throughput is {}× its",
+            r["dispatchToResultSeenMs"]["p50"], r["tasksPerSec"], r["bridgeShareOfThroughput"]
+        );
+    }
     println!(
         "  resident memory: idle {} MiB (1 agent), {} MiB (10 agents), {} MiB after the tasks",
         figures["rssMiB"]["idleOneAgent"],

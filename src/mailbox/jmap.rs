@@ -16,6 +16,21 @@ const USING: [&str; 2] = ["urn:ietf:params:jmap:core", "urn:ietf:params:jmap:mai
 pub const MAX_BODY_BYTES: u64 = 1 << 20;
 /// Mails fetched per `Email/get`, which bounds one response to about 16 MiB.
 const GET_BATCH: usize = 16;
+/// What is read of a mail.
+const EMAIL_PROPERTIES: [&str; 12] = [
+    "id",
+    "mailboxIds",
+    "messageId",
+    "from",
+    "to",
+    "cc",
+    "subject",
+    "receivedAt",
+    "headers",
+    "textBody",
+    "bodyValues",
+    "attachments",
+];
 
 /// What the session resource tells us.
 #[derive(Clone, Debug)]
@@ -379,6 +394,80 @@ impl JmapClient {
         })
     }
 
+    /// [`JmapClient::changes`] and the created mails in one request (the mails by a
+    /// back-reference to the changes): one round trip for a push instead of two. At most
+    /// [`GET_BATCH`] changes, so the answer stays small.
+    pub async fn changes_and_emails(
+        &self,
+        since: &str,
+    ) -> Result<(Changes, Vec<Email>), MailboxError> {
+        let session = self.require_session()?;
+        let account = &session.account_id;
+        let request = json!({ "using": USING, "methodCalls": [
+            ["Email/changes", { "accountId": account, "sinceState": since, "maxChanges": GET_BATCH }, "c"],
+            ["Email/get", {
+                "accountId": account,
+                "#ids": { "resultOf": "c", "name": "Email/changes", "path": "/created" },
+                "properties": EMAIL_PROPERTIES,
+                "fetchTextBodyValues": true,
+                "maxBodyValueBytes": MAX_BODY_BYTES,
+            }, "g"],
+        ]});
+        let url = session.api_url.to_string();
+        let request = self
+            .http
+            .post(session.api_url.clone())
+            .basic_auth(&self.login, Some(&self.password))
+            .json(&request);
+        let mut body = super::fetch_json(request, &url).await?;
+        let mut answer = |i: usize, method: &str| -> Result<Value, MailboxError> {
+            let mut reply = body["methodResponses"]
+                .get_mut(i)
+                .map(Value::take)
+                .ok_or_else(|| protocol(method, "no methodResponses"))?;
+            let args = reply[1].take();
+            if reply[0] == "error" {
+                let kind = args["type"].as_str().unwrap_or("unknown").to_string();
+                if kind == "cannotCalculateChanges"
+                    || (method == "Email/changes" && kind == "invalidArguments")
+                {
+                    return Err(MailboxError::CannotCalculateChanges);
+                }
+                return Err(MailboxError::Method {
+                    method: method.to_string(),
+                    kind,
+                    description: args["description"].as_str().map(str::to_string),
+                });
+            }
+            Ok(args)
+        };
+        let changes = answer(0, "Email/changes")?;
+        let got = answer(1, "Email/get")?;
+        let created: Vec<String> = changes["created"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut emails = Vec::with_capacity(created.len());
+        for email in got["list"].as_array().into_iter().flatten() {
+            emails.push(email_from_json(email)?);
+        }
+        Ok((
+            Changes {
+                created,
+                new_state: changes["newState"]
+                    .as_str()
+                    .ok_or_else(|| protocol("Email/changes", "no newState"))?
+                    .to_string(),
+                has_more: changes["hasMoreChanges"].as_bool().unwrap_or(false),
+            },
+            emails,
+        ))
+    }
+
     /// The newest `limit` mails in a mailbox, newest first.
     pub async fn query_mailbox(
         &self,
@@ -454,8 +543,7 @@ impl JmapClient {
                     "Email/get",
                     json!({
                         "ids": batch,
-                        "properties": ["id", "mailboxIds", "messageId", "from", "to", "cc", "subject",
-                                       "receivedAt", "headers", "textBody", "bodyValues", "attachments"],
+                        "properties": EMAIL_PROPERTIES,
                         "fetchTextBodyValues": true,
                         "maxBodyValueBytes": MAX_BODY_BYTES,
                     }),

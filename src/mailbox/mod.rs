@@ -234,10 +234,16 @@ impl Mailbox {
             }
             (ids, true)
         } else {
-            match self.jmap.changes(&position.state, page).await {
-                Ok(changes) => {
+            // Changes and their mails in one round trip.
+            let _ = page;
+            match self.jmap.changes_and_emails(&position.state).await {
+                Ok((changes, emails)) => {
                     next.state = changes.new_state;
-                    (changes.created, changes.has_more)
+                    let fresh: Vec<jmap::Email> = emails
+                        .into_iter()
+                        .filter(|e| !position.last_ids.contains(&e.id))
+                        .collect();
+                    return Ok(self.page_of(fresh, next, changes.has_more));
                 }
                 Err(MailboxError::CannotCalculateChanges) => {
                     let resume_state = self.jmap.email_state().await?;
@@ -267,6 +273,12 @@ impl Mailbox {
             .filter(|id| !position.last_ids.contains(id))
             .collect();
         let emails = self.jmap.get_emails(&ids).await?;
+        Ok(self.page_of(emails, next, more))
+    }
+
+    /// The page of `emails`: what is AAMP for this mailbox, what was ignored, and the
+    /// position after them.
+    fn page_of(&self, emails: Vec<jmap::Email>, mut next: Position, more: bool) -> Page {
         for email in &emails {
             next.saw(&email.id, &email.received_at);
         }
@@ -279,12 +291,12 @@ impl Mailbox {
                 Err(None) => {}
             }
         }
-        Ok(Page {
+        Page {
             inbound,
             ignored,
             position: next,
             more,
-        })
+        }
     }
 
     /// All new AAMP mail since `position` (every page), and the position after it; for

@@ -103,7 +103,9 @@ class Handler(BaseHTTPRequestHandler):
         upstream = urllib.parse.urlparse(opts.jmap)
         if self.headers.get("Upgrade", "").lower() == "websocket":
             sock = socket.create_connection((upstream.hostname, upstream.port or 80), timeout=10)
-            head = "%s %s HTTP/1.1\r\n" % (self.command, self.path) + "".join("%s: %s\r\n" % kv for kv in self.headers.items()) + "\r\n"
+            # The PyPI SDK asks for /jmap/ws; Cyrus serves /jmap/ws/.
+            path = "/jmap/ws/" if self.path == "/jmap/ws" else self.path
+            head = "%s %s HTTP/1.1\r\n" % (self.command, path) + "".join("%s: %s\r\n" % kv for kv in self.headers.items()) + "\r\n"
             sock.sendall(head.encode())
             sock.settimeout(None)
             client = self.connection
