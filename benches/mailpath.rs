@@ -333,7 +333,11 @@ fn main() {
                 &SMTP_PORT.to_string(),
             ])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(repo().join("target/bench/responder.log"))
+                    .map(Stdio::from)
+                    .unwrap_or(Stdio::null()),
+            )
             .spawn()
             .expect("python runs");
         let mut line = String::new();
@@ -383,8 +387,9 @@ fn main() {
         "burst": {"tasks": burst, "tasksPerSec": (burst as f64 / burst_secs * 10.0).round() / 10.0, "cpuMsPerTask": (cpu_per_task_ms * 100.0).round() / 100.0},
         "responder": responder.as_ref().map(|(e2e, secs)| json!({
             "dispatchToResultSeenMs": {"p50": percentile(e2e, 0.5), "p90": percentile(e2e, 0.9)},
-            "tasksPerSec": (burst as f64 / secs * 10.0).round() / 10.0,
-            "bridgeShareOfThroughput": ((*secs / burst_secs) * 100.0).round() / 100.0,
+            "tasksPerSec": if secs.is_finite() { json!((burst as f64 / secs * 10.0).round() / 10.0) } else { json!(null) },
+            "bridgeShareOfThroughput": if secs.is_finite() { json!(((*secs / burst_secs) * 100.0).round() / 100.0) } else { json!(null) },
+            "answeredSequential": e2e.len(),
         })),
         "rssMiB": {"idleOneAgent": (idle_rss * 10.0).round() / 10.0, "idleTenAgents": (ten_idle_rss * 10.0).round() / 10.0, "afterTasks": (after_rss * 10.0).round() / 10.0},
         "startupTenAgentsMs": {"median": percentile(&startups, 0.5)},
@@ -458,10 +463,11 @@ fn end_to_end(
                     break 'seen;
                 }
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no result for {id}"
-            );
+            if started.elapsed() > Duration::from_secs(30) {
+                eprintln!("no result for {id} within 30 s; stopping this measure");
+                out.sort();
+                return out;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         out.push(started.elapsed().as_millis() as i64);
@@ -498,11 +504,13 @@ fn burst_run(
                 ids.remove(m.message.task_id());
             }
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "{} results missing",
-            ids.len()
-        );
+        if started.elapsed() > Duration::from_secs(120) {
+            eprintln!(
+                "{} of {n} results missing after 120 s; stopping this measure",
+                ids.len()
+            );
+            return f64::INFINITY;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     started.elapsed().as_secs_f64()
