@@ -613,21 +613,47 @@ impl Sender {
 }
 
 /// The HTTP client for one mailbox's servers: certificates verified unless `insecure_tls`,
-/// a connect timeout, and a total timeout unless `None` (long-lived streams).
+/// a connect timeout, and a total timeout unless `None` (long-lived streams). Verified clients
+/// share one TLS configuration (the root store is parsed once per process, not per client:
+/// it was most of a client's start-up time and memory); each client keeps its own connection
+/// pool, bound to the runtime it runs on.
 pub fn http_client(
     insecure_tls: bool,
     timeout: Option<Duration>,
 ) -> Result<reqwest::Client, MailboxError> {
     let mut builder = reqwest::Client::builder()
-        .danger_accept_invalid_certs(insecure_tls)
         .connect_timeout(Duration::from_secs(10))
         .user_agent(concat!("aamp-bridge/", env!("CARGO_PKG_VERSION")));
+    builder = if insecure_tls {
+        builder.danger_accept_invalid_certs(true)
+    } else {
+        builder.use_preconfigured_tls(verified_tls().clone())
+    };
     if let Some(timeout) = timeout {
         builder = builder.timeout(timeout);
     }
     builder.build().map_err(|e| MailboxError::Protocol {
         what: "HTTP client setup".into(),
         detail: e.to_string(),
+    })
+}
+
+/// The process's one TLS client configuration with the Mozilla roots (webpki-roots).
+fn verified_tls() -> &'static rustls::ClientConfig {
+    static CONFIG: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config
     })
 }
 
