@@ -560,18 +560,26 @@ async fn attachments_reach_the_agent_and_replies_are_kept_in_sent() {
         r.output
     );
 
-    // The bridge kept its own copy of the result in the agent's Sent mailbox.
+    // The bridge keeps its own copy of the result in the agent's Sent mailbox (a worker keeps
+    // copies after the mail went out, so it may come a moment after the result).
     let mut jmap = aamp_bridge::mailbox::jmap::JmapClient::new(&agent).unwrap();
     jmap.connect().await.unwrap();
     let sent = jmap.mailbox_with_role("sent").await.unwrap();
-    let ids = jmap.query_mailbox(&sent, 10).await.unwrap();
-    let copies = jmap.get_emails(&ids).await.unwrap();
-    let ids: Vec<&str> = copies.iter().map(|e| e.view.message_id.as_str()).collect();
-    assert!(
-        ids.contains(&result.message.envelope.message_id.as_str()),
-        "the result's Message-ID {} is in Sent: {ids:?}",
-        result.message.envelope.message_id
-    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let ids = jmap.query_mailbox(&sent, 10).await.unwrap();
+        let copies = jmap.get_emails(&ids).await.unwrap();
+        let ids: Vec<String> = copies.iter().map(|e| e.view.message_id.clone()).collect();
+        if ids.contains(&result.message.envelope.message_id) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the result's Message-ID {} is not in Sent: {ids:?}",
+            result.message.envelope.message_id
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

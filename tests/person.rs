@@ -61,6 +61,14 @@ async fn tasks_task_show_and_status_tell_what_happened() {
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }
+    // The timeline reads while the bridge runs, too.
+    let live = cli(&dir, &["task", "show", ok.task_id(), "--json"]);
+    assert!(
+        live[0]["timeline"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{live}"
+    );
     assert!(bridge.stop().success());
 
     let status = cli(&dir, &["status", "--json"]);
