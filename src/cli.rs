@@ -537,25 +537,11 @@ async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyho
     for e in &errors {
         eprintln!("warning: {e}");
     }
-    let configured: Vec<(String, String)> = config
-        .iter()
-        .flat_map(|c| {
-            c.config.agents.iter().map(|a| {
-                (
-                    a.name.clone(),
-                    Profile::find(&c.profile_ref(&a.profile), &profile_dirs)
-                        .map(|p| p.name)
-                        .unwrap_or_else(|_| a.profile.clone()),
-                )
-            })
-        })
-        .collect();
-    let mut bin_dirs = scan::search_dirs();
-    if let Some(npm_bin) = scan::npm_global_bin(&bin_dirs).await {
-        if !bin_dirs.contains(&npm_bin) {
-            bin_dirs.push(npm_bin);
-        }
-    }
+    let configured = config
+        .as_ref()
+        .map(|c| c.agent_profiles())
+        .unwrap_or_default();
+    let bin_dirs = scan::bin_dirs().await;
     let mut found = scan::scan(&profiles, &configured, &bin_dirs).await;
     if probe {
         let scratch = std::env::temp_dir();
@@ -1201,12 +1187,7 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
             }
         }
         let dirs = config.profile_dirs();
-        let mut bin_dirs = scan::search_dirs();
-        if let Some(npm_bin) = scan::npm_global_bin(&bin_dirs).await {
-            if !bin_dirs.contains(&npm_bin) {
-                bin_dirs.push(npm_bin);
-            }
-        }
+        let bin_dirs = scan::bin_dirs().await;
         for agent in &config.config.agents {
             spinner.step(&format!("checking agent {}", agent.name));
             let what = format!("agent {}", agent.name);

@@ -737,6 +737,22 @@ impl LoadedConfig {
         }
     }
 
+    /// Each agent with the name of the profile it runs (its `profile` value when that does
+    /// not load).
+    pub fn agent_profiles(&self) -> Vec<(String, String)> {
+        let dirs = self.profile_dirs();
+        self.config
+            .agents
+            .iter()
+            .map(|a| {
+                let name = crate::runner::Profile::find(&self.profile_ref(&a.profile), &dirs)
+                    .map(|p| p.name)
+                    .unwrap_or_else(|_| a.profile.clone());
+                (a.name.clone(), name)
+            })
+            .collect()
+    }
+
     /// The folders searched for profiles, most specific first.
     pub fn profile_dirs(&self) -> Vec<PathBuf> {
         let base = self.path.parent().unwrap_or(Path::new("."));

@@ -320,13 +320,7 @@ impl HelperApi {
 /// The service's action endpoint and stream subscription template, from its discovery
 /// document.
 async fn endpoints(http: &reqwest::Client, base: &Url) -> Result<(Url, Url), MailboxError> {
-    let discovery = base
-        .join("/.well-known/aamp")
-        .map_err(|e| MailboxError::Protocol {
-            what: base.to_string(),
-            detail: e.to_string(),
-        })?;
-    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
+    let (discovery, body) = discover_document(http, base).await?;
     let resolve = |text: &str| {
         // `{streamId}` survives URL parsing as %7BstreamId%7D; put it back when used.
         discovery.join(text).map_err(|e| MailboxError::Protocol {
@@ -334,14 +328,8 @@ async fn endpoints(http: &reqwest::Client, base: &Url) -> Result<(Url, Url), Mai
             detail: e.to_string(),
         })
     };
-    let api = resolve(
-        body["api"]["url"]
-            .as_str()
-            .ok_or_else(|| MailboxError::Protocol {
-                what: discovery.to_string(),
-                detail: "no api.url".into(),
-            })?,
-    )?;
+    // `discover_document` checked that api.url is there.
+    let api = resolve(body["api"]["url"].as_str().unwrap_or_default())?;
     let subscribe = resolve(
         body["capabilities"]["stream"]["subscribeUrlTemplate"]
             .as_str()
@@ -350,22 +338,30 @@ async fn endpoints(http: &reqwest::Client, base: &Url) -> Result<(Url, Url), Mai
     Ok((api, subscribe))
 }
 
-/// The service's action endpoint: `api.url` from `{base}/.well-known/aamp`, resolved.
-async fn api_url(http: &reqwest::Client, base: &Url) -> Result<Url, MailboxError> {
-    let protocol = |what: &Url, detail: String| MailboxError::Protocol {
-        what: what.to_string(),
-        detail,
-    };
+/// `{base}/.well-known/aamp` (no auth): its URL and the document.
+async fn discover_document(
+    http: &reqwest::Client,
+    base: &Url,
+) -> Result<(Url, Value), MailboxError> {
     let discovery = base
         .join("/.well-known/aamp")
-        .map_err(|e| protocol(base, e.to_string()))?;
+        .map_err(|e| MailboxError::Protocol {
+            what: base.to_string(),
+            detail: e.to_string(),
+        })?;
     let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
-    let api = body["api"]["url"]
-        .as_str()
-        .ok_or_else(|| protocol(&discovery, "no api.url".into()))?;
-    discovery
-        .join(api)
-        .map_err(|e| protocol(&discovery, e.to_string()))
+    if body["api"]["url"].as_str().is_none() {
+        return Err(MailboxError::Protocol {
+            what: discovery.to_string(),
+            detail: "no api.url: this is not an AAMP service".into(),
+        });
+    }
+    Ok((discovery, body))
+}
+
+/// The service's action endpoint: `api.url` from `{base}/.well-known/aamp`, resolved.
+async fn api_url(http: &reqwest::Client, base: &Url) -> Result<Url, MailboxError> {
+    endpoints(http, base).await.map(|(api, _)| api)
 }
 
 /// Registers a new mailbox with an AAMP service (`aamp.mailbox.register`, then the code
@@ -451,19 +447,7 @@ impl ServiceInfo {
 /// Reads `{base}/.well-known/aamp` (no auth) and says what the service offers.
 pub async fn probe(base: &Url, insecure_tls: bool) -> Result<ServiceInfo, MailboxError> {
     let http = super::http_client(insecure_tls, Some(Duration::from_secs(15)))?;
-    let discovery = base
-        .join("/.well-known/aamp")
-        .map_err(|e| MailboxError::Protocol {
-            what: base.to_string(),
-            detail: e.to_string(),
-        })?;
-    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
-    if body["api"]["url"].as_str().is_none() {
-        return Err(MailboxError::Protocol {
-            what: discovery.to_string(),
-            detail: "no api.url: this is not an AAMP service".into(),
-        });
-    }
+    let (_, body) = discover_document(&http, base).await?;
     let actions: Option<Vec<&str>> = body["api"]["actions"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_str).collect());

@@ -126,6 +126,17 @@ async fn node_major(dirs: &[PathBuf]) -> Option<(u32, String)> {
     Some((major, text))
 }
 
+/// [`search_dirs`] and npm's global bin folder: where agents' commands are looked for.
+pub async fn bin_dirs() -> Vec<PathBuf> {
+    let mut dirs = search_dirs();
+    if let Some(npm_bin) = npm_global_bin(&dirs).await {
+        if !dirs.contains(&npm_bin) {
+            dirs.push(npm_bin);
+        }
+    }
+    dirs
+}
+
 /// Looks for every profile's command. `configured` maps profile names to the agents using
 /// them.
 pub async fn scan(

@@ -310,26 +310,8 @@ async fn scan(previous: Option<&LoadedConfig>) -> Vec<crate::runner::scan::Detec
         None => vec![crate::config::default_config_dir().join("profiles")],
     };
     let (profiles, _) = Profile::all(&dirs);
-    let configured: Vec<(String, String)> = previous
-        .iter()
-        .flat_map(|c| {
-            c.config.agents.iter().map(|a| {
-                (
-                    a.name.clone(),
-                    Profile::find(&c.profile_ref(&a.profile), &dirs)
-                        .map(|p| p.name)
-                        .unwrap_or_else(|_| a.profile.clone()),
-                )
-            })
-        })
-        .collect();
-    let mut bin_dirs = scan::search_dirs();
-    if let Some(npm_bin) = scan::npm_global_bin(&bin_dirs).await {
-        if !bin_dirs.contains(&npm_bin) {
-            bin_dirs.push(npm_bin);
-        }
-    }
-    scan::scan(&profiles, &configured, &bin_dirs).await
+    let configured = previous.map(|c| c.agent_profiles()).unwrap_or_default();
+    scan::scan(&profiles, &configured, &scan::bin_dirs().await).await
 }
 
 const REGISTER: &str = "Register a new mailbox with the AAMP service";
