@@ -1138,12 +1138,17 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
                     }
                 }
                 Err(e) => {
-                    let fix = fix_of(
-                        &e,
-                        "the server refused the login: fix the password (password_file) or login",
-                        "check jmap_url and that the server runs and is reachable from here",
-                    );
-                    checks.push(check(what("JMAP"), "fail", e.to_string(), fix));
+                    let detail = e.to_string();
+                    let fix = if detail.contains("certificate") {
+                        "the server's TLS certificate is not trusted: give it one from a trusted CA, or set insecure_tls = true on this mailbox (only for a host you control)".to_string()
+                    } else {
+                        fix_of(
+                            &e,
+                            "the server refused the login: fix the password (password_file) or login",
+                            "check jmap_url and that the server runs and is reachable from here",
+                        )
+                    };
+                    checks.push(check(what("JMAP"), "fail", detail, fix));
                 }
             }
             match crate::mailbox::Sender::new(&account) {

@@ -2,7 +2,7 @@ use crate::error::{Classify, ErrorClass};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MailboxError {
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {}", chain(source))]
     Network { url: String, source: reqwest::Error },
     #[error("{url} answered HTTP {status}{}", if .body.is_empty() { String::new() } else { format!(": {}", .body) })]
     Http {
@@ -50,5 +50,40 @@ impl Classify for MailboxError {
             MailboxError::Protocol { .. } | MailboxError::Address(_) => ErrorClass::Permanent,
             MailboxError::Smtp { class, .. } | MailboxError::Push { class, .. } => *class,
         }
+    }
+}
+
+/// An error with its causes, `outer: inner: ...`: reqwest's own text ("error sending request")
+/// hides whether the connection was refused or the certificate was not trusted.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("invalid peer certificate: UnknownIssuer")]
+    struct Inner;
+
+    #[test]
+    fn the_cause_is_told() {
+        assert_eq!(
+            super::chain(&Outer(Inner)),
+            "error sending request: invalid peer certificate: UnknownIssuer"
+        );
     }
 }
