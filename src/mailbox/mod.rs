@@ -203,7 +203,8 @@ impl Mailbox {
         self.jmap.email_state().await
     }
 
-    /// One page of new AAMP mail since `position`: at most about `page` mails, the position
+    /// One page of new AAMP mail since `position`: at most about `page` mails (16 when
+    /// following changes, which come with their mails in one request), the position
     /// after them, and whether more is waiting. The caller hands the mails on, saves the
     /// position, and asks again while `more`; so a long backlog is never held at once.
     ///
@@ -234,8 +235,8 @@ impl Mailbox {
             }
             (ids, true)
         } else {
-            // Changes and their mails in one round trip.
-            let _ = page;
+            // Changes and their mails in one round trip (a smaller page: see
+            // `JmapClient::changes_and_emails`).
             match self.jmap.changes_and_emails(&position.state).await {
                 Ok((changes, emails)) => {
                     next.state = changes.new_state;
