@@ -353,15 +353,7 @@ async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_f
         boss.email
     );
     let dir = ConfigDir::new(host, &config);
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    dir.write(
-        "streaming.toml",
-        &format!(
-            "command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n",
-            repo.join("tests/agents/scripted_cli.py").display(),
-            repo.join("tests/fixtures/streams/generic.ndjson").display()
-        ),
-    );
+    write_streaming_agent(&dir);
     let mut bridge = Bridge::start(&dir, 1);
     let mut peer = Peer::new(boss.clone()).await;
 
@@ -511,15 +503,7 @@ async fn dispatch_follow_prints_the_live_stream_then_the_result() {
         boss.email
     );
     let dir = ConfigDir::new(host, &config);
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    dir.write(
-        "streaming.toml",
-        &format!(
-            "command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n",
-            repo.join("tests/agents/scripted_cli.py").display(),
-            repo.join("tests/fixtures/streams/generic.ndjson").display()
-        ),
-    );
+    write_streaming_agent(&dir);
     // Only the agent runs; the boss mailbox is only the dispatcher's.
     let mut bridge = Bridge::start(&dir, 1);
     for json in [false, true] {
@@ -569,4 +553,17 @@ async fn dispatch_follow_prints_the_live_stream_then_the_result() {
         }
     }
     bridge.wait_event("task.completed", |_| true);
+}
+
+/// `streaming.toml`: a CLI replaying the generic NDJSON stream (text, then two tool calls).
+fn write_streaming_agent(dir: &ConfigDir) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    dir.write(
+        "streaming.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"ndjson\"\n",
+            repo.join("tests/agents/scripted_cli.py").display(),
+            repo.join("tests/fixtures/streams/generic.ndjson").display()
+        ),
+    );
 }

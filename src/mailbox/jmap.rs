@@ -216,10 +216,31 @@ impl JmapClient {
     }
 
     /// Calls one method and returns its arguments; a method-level error becomes a typed error.
-    pub async fn call(&self, method: &str, mut args: Value) -> Result<Value, MailboxError> {
+    pub async fn call(&self, method: &str, args: Value) -> Result<Value, MailboxError> {
+        self.calls(vec![(method, args)])
+            .await?
+            .pop()
+            .expect("one answer per call")
+    }
+
+    /// Calls several methods in one request (later ones may refer to earlier ones' results by
+    /// `#name` back-references to `"0"`, `"1"`, ...) and returns each one's arguments or typed
+    /// error, in order.
+    async fn calls(
+        &self,
+        methods: Vec<(&str, Value)>,
+    ) -> Result<Vec<Result<Value, MailboxError>>, MailboxError> {
         let session = self.require_session()?;
-        args["accountId"] = json!(session.account_id);
-        let request = json!({ "using": USING, "methodCalls": [[method, args, "0"]] });
+        let calls: Vec<Value> = methods
+            .iter()
+            .enumerate()
+            .map(|(i, (method, args))| {
+                let mut args = args.clone();
+                args["accountId"] = json!(session.account_id);
+                json!([method, args, i.to_string()])
+            })
+            .collect();
+        let request = json!({ "using": USING, "methodCalls": calls });
         let url = session.api_url.to_string();
         let request = self
             .http
@@ -227,24 +248,29 @@ impl JmapClient {
             .basic_auth(&self.login, Some(&self.password))
             .json(&request);
         let mut body = super::fetch_json(request, &url).await?;
-        let mut reply = body["methodResponses"]
-            .get_mut(0)
-            .map(Value::take)
-            .ok_or_else(|| protocol(method, "no methodResponses"))?;
-        let name = reply[0].as_str().unwrap_or_default().to_string();
-        let args = reply[1].take();
-        if name == "error" {
-            let kind = args["type"].as_str().unwrap_or("unknown").to_string();
-            if kind == "cannotCalculateChanges" {
-                return Err(MailboxError::CannotCalculateChanges);
-            }
-            return Err(MailboxError::Method {
-                method: method.to_string(),
-                kind,
-                description: args["description"].as_str().map(str::to_string),
+        let mut out = Vec::with_capacity(methods.len());
+        for (i, (method, _)) in methods.iter().enumerate() {
+            let mut reply = body["methodResponses"]
+                .get_mut(i)
+                .map(Value::take)
+                .ok_or_else(|| protocol(method, "no methodResponses"))?;
+            let args = reply[1].take();
+            out.push(if reply[0] == "error" {
+                let kind = args["type"].as_str().unwrap_or("unknown").to_string();
+                Err(if kind == "cannotCalculateChanges" {
+                    MailboxError::CannotCalculateChanges
+                } else {
+                    MailboxError::Method {
+                        method: method.to_string(),
+                        kind,
+                        description: args["description"].as_str().map(str::to_string),
+                    }
+                })
+            } else {
+                Ok(args)
             });
         }
-        Ok(args)
+        Ok(out)
     }
 
     /// The id of the mailbox with role `inbox`.
@@ -358,91 +384,40 @@ impl JmapClient {
             .ok_or_else(|| protocol("Email/get", "no state"))
     }
 
-    /// Changes since a state. A state the server no longer knows, or rejects outright (Cyrus
-    /// answers `invalidArguments` for a state it cannot read), is `CannotCalculateChanges`:
-    /// either way the caller must recover without it.
-    pub async fn changes(&self, since: &str, max: usize) -> Result<Changes, MailboxError> {
-        let reply = match self
-            .call(
-                "Email/changes",
-                json!({ "sinceState": since, "maxChanges": max }),
-            )
-            .await
-        {
+    /// Email changes since a state and the created mails, in one request (the mails by a
+    /// back-reference): one round trip for a push. At most [`GET_BATCH`] changes, so the answer
+    /// stays small. A state the server no longer knows, or rejects outright (Cyrus answers
+    /// `invalidArguments` for a state it cannot read), is `CannotCalculateChanges`: either way
+    /// the caller must recover without it.
+    pub async fn changes_and_emails(
+        &self,
+        since: &str,
+    ) -> Result<(Changes, Vec<Email>), MailboxError> {
+        let mut answers = self
+            .calls(vec![
+                (
+                    "Email/changes",
+                    json!({ "sinceState": since, "maxChanges": GET_BATCH }),
+                ),
+                (
+                    "Email/get",
+                    json!({
+                        "#ids": { "resultOf": "0", "name": "Email/changes", "path": "/created" },
+                        "properties": EMAIL_PROPERTIES,
+                        "fetchTextBodyValues": true,
+                        "maxBodyValueBytes": MAX_BODY_BYTES,
+                    }),
+                ),
+            ])
+            .await?
+            .into_iter();
+        let changes = match answers.next().expect("two answers") {
             Err(MailboxError::Method { kind, .. }) if kind == "invalidArguments" => {
                 return Err(MailboxError::CannotCalculateChanges)
             }
             other => other?,
         };
-        let ids = |key: &str| -> Vec<String> {
-            reply[key]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        Ok(Changes {
-            created: ids("created"),
-            new_state: reply["newState"]
-                .as_str()
-                .ok_or_else(|| protocol("Email/changes", "no newState"))?
-                .to_string(),
-            has_more: reply["hasMoreChanges"].as_bool().unwrap_or(false),
-        })
-    }
-
-    /// [`JmapClient::changes`] and the created mails in one request (the mails by a
-    /// back-reference to the changes): one round trip for a push instead of two. At most
-    /// [`GET_BATCH`] changes, so the answer stays small.
-    pub async fn changes_and_emails(
-        &self,
-        since: &str,
-    ) -> Result<(Changes, Vec<Email>), MailboxError> {
-        let session = self.require_session()?;
-        let account = &session.account_id;
-        let request = json!({ "using": USING, "methodCalls": [
-            ["Email/changes", { "accountId": account, "sinceState": since, "maxChanges": GET_BATCH }, "c"],
-            ["Email/get", {
-                "accountId": account,
-                "#ids": { "resultOf": "c", "name": "Email/changes", "path": "/created" },
-                "properties": EMAIL_PROPERTIES,
-                "fetchTextBodyValues": true,
-                "maxBodyValueBytes": MAX_BODY_BYTES,
-            }, "g"],
-        ]});
-        let url = session.api_url.to_string();
-        let request = self
-            .http
-            .post(session.api_url.clone())
-            .basic_auth(&self.login, Some(&self.password))
-            .json(&request);
-        let mut body = super::fetch_json(request, &url).await?;
-        let mut answer = |i: usize, method: &str| -> Result<Value, MailboxError> {
-            let mut reply = body["methodResponses"]
-                .get_mut(i)
-                .map(Value::take)
-                .ok_or_else(|| protocol(method, "no methodResponses"))?;
-            let args = reply[1].take();
-            if reply[0] == "error" {
-                let kind = args["type"].as_str().unwrap_or("unknown").to_string();
-                if kind == "cannotCalculateChanges"
-                    || (method == "Email/changes" && kind == "invalidArguments")
-                {
-                    return Err(MailboxError::CannotCalculateChanges);
-                }
-                return Err(MailboxError::Method {
-                    method: method.to_string(),
-                    kind,
-                    description: args["description"].as_str().map(str::to_string),
-                });
-            }
-            Ok(args)
-        };
-        let changes = answer(0, "Email/changes")?;
-        let got = answer(1, "Email/get")?;
+        let got = answers.next().expect("two answers")?;
         let created: Vec<String> = changes["created"]
             .as_array()
             .map(|a| {
