@@ -61,5 +61,6 @@ echo "bridge running (events: $dir/events.jsonl, log: $dir/bridge.log)" >&2
 echo "--- dispatching a task to demo-agent; the echo agent answers with the prompt it got:" >&2
 "$bin" --config "$dir/config.toml" dispatch --from me --to "demo-agent@${MAILHOST_DOMAIN:-example.test}" \
   --title "Hello from the demo" --timeout 60 "Hello, agent. This task came to you by mail."
-echo "--- the AAMP service received: $(python3 -c 'import json,sys; print(", ".join(json.loads(l)["action"] for l in open(sys.argv[1])))' "$dir/service.jsonl")" >&2
+# The echo agent streams nothing, so the service may have received no call at all.
+echo "--- the AAMP service received: $(python3 -c 'import json,os,sys; p=sys.argv[1]; print(", ".join(json.loads(l)["action"] for l in open(p)) if os.path.exists(p) else "nothing (the echo agent streams no events)")' "$dir/service.jsonl")" >&2
 echo "--- done; config and logs are in $dir" >&2
