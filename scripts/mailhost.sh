@@ -20,6 +20,9 @@ PASSWORD=${MAILHOST_PASSWORD:-secret}
 JMAP_PORT=${MAILHOST_JMAP_PORT:-18080}    # JMAP over HTTP (session at /.well-known/jmap)
 IMAP_PORT=${MAILHOST_IMAP_PORT:-11143}    # IMAP, used to create a user's folders and for debugging
 SUBMIT_PORT=${MAILHOST_SUBMIT_PORT:-15587} # SMTP submission: AUTH required, plain text (loopback)
+# SMTP submission as clients that insist on STARTTLS see it (the PyPI aamp-sdk does): TLS
+# required before AUTH, with a self-signed certificate made at start ($DIR/tls/cert.pem).
+SUBMIT_TLS_PORT=${MAILHOST_SUBMIT_TLS_PORT:-15588}
 MX_PORT=${MAILHOST_MX_PORT:-12525}         # SMTP inbound: no AUTH, local domain only
 CYRUS=/usr/lib/cyrus/bin
 # Cyrus' httpd rebuilt with WebSocket support (scripts/cyrus-ws.sh), for real JMAP push; Debian's
@@ -49,7 +52,7 @@ install_ws_httpd() {
 }
 
 install_packages() {
-  if dpkg -s cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null 2>&1; then
+  if dpkg -s cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix openssl >/dev/null 2>&1; then
     say "packages already installed"; return 0
   fi
   [ "$(id -u)" = 0 ] || die "install needs root (apt-get); run it as root or with sudo"
@@ -63,7 +66,7 @@ install_packages() {
   # cyrus-caldav carries httpd, which is Cyrus' JMAP server; postfix also stops apt from
   # choosing exim4 for cyrus-common's default-mta dependency.
   apt-get install -y -q --no-install-recommends \
-    cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix >/dev/null
+    cyrus-imapd cyrus-caldav cyrus-clients sasl2-bin libsasl2-modules postfix openssl >/dev/null
   if [ "$ours" = 1 ]; then rm -f "$guard"; fi
   say "installed cyrus $(dpkg-query -W -f='${Version}' cyrus-imapd), postfix $(dpkg-query -W -f='${Version}' postfix)"
 }
@@ -190,7 +193,18 @@ CONF
   -o smtpd_sasl_authenticated_header=yes
   -o smtpd_client_restrictions=permit_sasl_authenticated,reject
   -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
+127.0.0.1:$SUBMIT_TLS_PORT inet n - n - - smtpd
+  -o syslog_name=postfix/submission-tls
+  -o smtpd_tls_security_level=encrypt
+  -o smtpd_tls_auth_only=yes
+  -o smtpd_tls_cert_file=$DIR/tls/cert.pem
+  -o smtpd_tls_key_file=$DIR/tls/key.pem
+  -o smtpd_sasl_auth_enable=yes
+  -o smtpd_sasl_authenticated_header=yes
+  -o smtpd_client_restrictions=permit_sasl_authenticated,reject
+  -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
 pickup    unix  n - n 60 1 pickup
+tlsmgr    unix  - - n 1000? 1 tlsmgr
 cleanup   unix  n - n -  0 cleanup
 qmgr      unix  n - n 300 1 qmgr
 rewrite   unix  - - n -  - trivial-rewrite
@@ -222,11 +236,23 @@ mech_list: PLAIN LOGIN
 CONF
 }
 
+# A self-signed certificate for the STARTTLS submission port, made once per $DIR.
+write_certificate() {
+  [ -s "$DIR/tls/cert.pem" ] && return 0
+  command -v openssl >/dev/null || die "openssl is missing: run '$0 install' first"
+  mkdir -p "$DIR/tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=localhost" \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$DIR/tls/key.pem" -out "$DIR/tls/cert.pem" 2>>"$DIR/log/openssl.log"
+  chmod 600 "$DIR/tls/key.pem"
+}
+
 prepare_dirs() {
   mkdir -p "$DIR"/cyrus/{conf/socket,conf/db,spool,search,sieve,run/socket,run/proc,run/lock} \
            "$DIR"/postfix/{etc,queue,data} "$DIR"/log
   write_cyrus_config
   write_postfix_config
+  write_certificate
   chown -R cyrus:mail "$DIR/cyrus"
   chown postfix "$DIR/postfix/data"
   chmod 755 "$DIR" "$DIR/cyrus" "$DIR/cyrus/run" "$DIR/cyrus/run/socket"
@@ -286,13 +312,14 @@ cmd_check() {
   local user=${1:-} pass=${2:-$PASSWORD}
   (exec 3<>"/dev/tcp/127.0.0.1/$JMAP_PORT") 2>/dev/null || die "JMAP port $JMAP_PORT is closed"
   (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_PORT") 2>/dev/null || die "SMTP submission port $SUBMIT_PORT is closed"
+  (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_TLS_PORT") 2>/dev/null || die "SMTP STARTTLS submission port $SUBMIT_TLS_PORT is closed"
   if [ -n "$user" ]; then
     curl -fsS -L -u "$user:$pass" "http://127.0.0.1:$JMAP_PORT/.well-known/jmap" >/dev/null \
       || die "JMAP session for $user failed"
   fi
   local push="no push (clients poll)"
   if [ "$(grep -c "$WS_HTTPD" "$DIR/cyrus.conf" 2>/dev/null)" != 0 ]; then push="WebSocket push"; fi
-  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap ($push), SMTP 127.0.0.1:$SUBMIT_PORT"
+  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap ($push), SMTP 127.0.0.1:$SUBMIT_PORT (STARTTLS: $SUBMIT_TLS_PORT)"
 }
 
 cmd_start() {
@@ -302,6 +329,10 @@ cmd_start() {
   # Tests start the host concurrently: one of them starts it, the others wait for it.
   exec 9>"$DIR.lock"
   flock 9
+  if running && ! (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_TLS_PORT") 2>/dev/null; then
+    say "running from an older version of this script (no STARTTLS port): restarting it"
+    cmd_stop
+  fi
   if running; then
     say "already running"
   else
@@ -310,7 +341,7 @@ cmd_start() {
     "$CYRUS/master" -C "$DIR/imapd.conf" -M "$DIR/cyrus.conf" -p "$DIR/cyrus.pid" -d -L "$DIR/log/cyrus-master.log"
     postfix -c "$DIR/postfix/etc" start 2>>"$DIR/log/postfix-start.log" \
       || die "postfix did not start; see $DIR/log/postfix.log and postfix-start.log"
-    for p in "$IMAP_PORT" "$JMAP_PORT" "$SUBMIT_PORT" "$MX_PORT"; do wait_for_port "$p"; done
+    for p in "$IMAP_PORT" "$JMAP_PORT" "$SUBMIT_PORT" "$SUBMIT_TLS_PORT" "$MX_PORT"; do wait_for_port "$p"; done
     # master writes its pid file a moment after it forks
     for _ in $(seq 1 50); do [ -s "$DIR/cyrus.pid" ] && break; sleep 0.1; done
   fi
@@ -345,6 +376,7 @@ export MAILHOST_PASSWORD=$PASSWORD
 export MAILHOST_JMAP_URL=http://127.0.0.1:$JMAP_PORT/.well-known/jmap
 export MAILHOST_SMTP_HOST=127.0.0.1
 export MAILHOST_SMTP_PORT=$SUBMIT_PORT
+export MAILHOST_SMTP_TLS_PORT=$SUBMIT_TLS_PORT
 ENV
 }
 

@@ -22,6 +22,8 @@ pub struct MailHost {
     pub password: String,
     pub jmap_url: String,
     pub smtp_port: u16,
+    /// Submission that requires STARTTLS (a self-signed certificate), as strict clients use it.
+    pub smtp_tls_port: u16,
     /// The inbound (MX) port: plain SMTP from other servers, no authentication.
     pub mx_port: u16,
     /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
@@ -63,6 +65,7 @@ pub fn mailhost() -> &'static MailHost {
             password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
             jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
             smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
+            smtp_tls_port: port("MAILHOST_SUBMIT_TLS_PORT", 15588),
             mx_port: port("MAILHOST_MX_PORT", 12525),
             env: Vec::new(),
         }
@@ -74,12 +77,12 @@ pub fn mailhost() -> &'static MailHost {
 pub struct PrivateHost(pub MailHost);
 
 impl PrivateHost {
-    /// Starts an instance on four ports the OS says are free (the machine may run other
+    /// Starts an instance on five ports the OS says are free (the machine may run other
     /// servers).
     pub fn start(name: &str) -> PrivateHost {
         mailhost(); // the packages are installed and the shared instance's syslog sink runs
         let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
-        let listeners: Vec<std::net::TcpListener> = (0..4)
+        let listeners: Vec<std::net::TcpListener> = (0..5)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
         let ports: Vec<u16> = listeners
@@ -87,13 +90,15 @@ impl PrivateHost {
             .map(|l| l.local_addr().unwrap().port())
             .collect();
         drop(listeners);
-        let (jmap, imap, submit, mx) = (ports[0], ports[1], ports[2], ports[3]);
+        let (jmap, imap, submit, mx, submit_tls) =
+            (ports[0], ports[1], ports[2], ports[3], ports[4]);
         let env: Vec<(String, String)> = vec![
             ("MAILHOST_DIR".into(), dir),
             ("MAILHOST_JMAP_PORT".into(), jmap.to_string()),
             ("MAILHOST_IMAP_PORT".into(), imap.to_string()),
             ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
             ("MAILHOST_MX_PORT".into(), mx.to_string()),
+            ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
         ];
         let out = script_with(&env, &["start"]);
         assert!(
@@ -106,6 +111,7 @@ impl PrivateHost {
             password: "secret".into(),
             jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
             smtp_port: submit,
+            smtp_tls_port: submit_tls,
             mx_port: mx,
             env,
         })
