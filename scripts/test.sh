@@ -31,7 +31,9 @@ command -v tmux >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y 
 # Third-party ACP agents (npm, PyPI) that the integration tests run against.
 bash scripts/test-agents.sh >/dev/null
 
-cargo test --locked --all-targets
+# Here the mail host is required: a test that cannot have it fails instead of passing unrun
+# (which is what a bare `cargo test` on a machine without one does).
+AAMP_REQUIRE_MAILHOST=1 cargo test --locked --all-targets
 
 # No process a test started may outlive the suite: agents, scripted CLIs, bridges.
 leftover=$(pgrep -af "tests/agents/|tests/hosts/|target/test-agents/|target/debug/aamp-bridge" | grep -v pgrep || true)

@@ -345,8 +345,9 @@ pub async fn run(
     Ok(())
 }
 
-/// What dispatch needs of an agent's config: its address, policy, limits and profile.
-fn agent_spec(
+/// What dispatch needs of an agent's config: its address, policy, limits and profile. (Public
+/// for the in-process tests, which run a dispatcher from a config without a daemon.)
+pub fn agent_spec(
     config: &LoadedConfig,
     agent: &crate::config::AgentConfig,
 ) -> anyhow::Result<AgentSpec> {

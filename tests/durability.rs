@@ -63,7 +63,7 @@ fn count(intents: &[Intent], intent: Intent) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bridge_killed_mid_task_runs_it_again_once_and_answers_once() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let (runs, left, release) = (
@@ -135,7 +135,7 @@ async fn a_bridge_killed_mid_task_runs_it_again_once_and_answers_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_whose_profile_must_not_run_twice_is_answered_interrupted() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let runs = path(&dir, "runs");
@@ -181,7 +181,7 @@ async fn a_task_whose_profile_must_not_run_twice_is_answered_interrupted() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bridge_killed_before_its_ack_went_out_acks_once_after_the_restart() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let gate = Gate::new(host.smtp_port);
@@ -222,7 +222,7 @@ async fn a_bridge_killed_before_its_ack_went_out_acks_once_after_the_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_waits_out_a_minute_without_the_submission_port() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let gate = Gate::new(host.smtp_port);
@@ -266,7 +266,7 @@ async fn a_result_waits_out_a_minute_without_the_submission_port() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_mail_five_times_and_the_same_task_after_a_restart_run_once() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let runs = path(&dir, "runs");
@@ -299,7 +299,7 @@ async fn the_same_mail_five_times_and_the_same_task_after_a_restart_run_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dispatch_refused_as_busy_runs_when_sent_again() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let (runs, release) = (path(&dir, "runs"), path(&dir, "release"));
@@ -352,7 +352,7 @@ async fn a_dispatch_refused_as_busy_runs_when_sent_again() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backlog_of_150_after_a_lost_state_is_answered_once_each() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     dir.write_config(&config(
@@ -402,7 +402,7 @@ async fn a_backlog_of_150_after_a_lost_state_is_answered_once_each() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_whose_child_holds_its_pipe_ends_at_its_deadline_on_cancel_and_when_done() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let boss = host.user("boss");
     let dir = ConfigDir::new(host, "");
     let left = path(&dir, "left");
@@ -495,7 +495,7 @@ fn hostile_dispatch(from: &str, to: &str, task_id: &str, message_id: &str) -> Ve
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dispatch_with_a_hostile_references_header_is_answered_from_anyone() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss, stranger) = (host.user("agent"), host.user("boss"), host.user("stranger"));
     let dir = ConfigDir::new(host, "");
     dir.write_config(&config(
@@ -544,7 +544,7 @@ async fn a_dispatch_with_a_hostile_references_header_is_answered_from_anyone() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_start_on_the_same_state_directory_is_refused_with_the_holders_pid() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     dir.write_config(&config(
@@ -599,7 +599,7 @@ fn two_waiting_agents(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stop_lets_tasks_finish_within_the_grace_and_keeps_the_rest_for_the_next_start() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let boss = host.user("boss");
     let dir = ConfigDir::new(host, "");
     let [(_, quick, _, quick_release), (_, slow, slow_runs, slow_release)] =
@@ -657,7 +657,7 @@ async fn a_stop_lets_tasks_finish_within_the_grace_and_keeps_the_rest_for_the_ne
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_signal_stops_the_tasks_at_once() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let boss = host.user("boss");
     let dir = ConfigDir::new(host, "");
     let [(_, first, _, _), _] = two_waiting_agents(host, &dir, &boss, 600);
@@ -684,7 +684,7 @@ async fn a_second_signal_stops_the_tasks_at_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_reloads_the_sender_policy_without_a_restart() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let write = |allow: &str| {

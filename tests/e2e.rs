@@ -21,7 +21,7 @@ fn agent_config(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dispatch_is_acked_run_and_answered() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
     let mut bridge = Bridge::start(&dir, 1);
@@ -92,7 +92,7 @@ async fn a_dispatch_is_acked_run_and_answered() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_agent_is_answered_rejected_with_its_reason() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
         host,
@@ -135,7 +135,7 @@ async fn a_failing_agent_is_answered_rejected_with_its_reason() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_sender_is_rejected_before_any_ack_or_run() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, stranger) = (host.user("agent"), host.user("stranger"));
     let dir = ConfigDir::new(
         host,
@@ -181,7 +181,7 @@ async fn an_unknown_sender_is_rejected_before_any_ack_or_run() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dispatch_command_prints_the_agents_answer() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, me) = (host.user("agent"), host.user("me"));
     let config = format!(
         "{}{}",
@@ -217,7 +217,7 @@ async fn the_dispatch_command_prints_the_agents_answer() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_resumes_from_the_saved_cursor_without_running_anything_twice() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
     let mut peer = Peer::new(boss).await;
@@ -249,7 +249,7 @@ async fn a_restart_resumes_from_the_saved_cursor_without_running_anything_twice(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_from_the_dispatcher_stops_the_running_agent() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &agent_config(host, &agent, "slow.toml", &boss.email));
     dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");
@@ -277,7 +277,7 @@ async fn a_cancel_from_the_dispatcher_stops_the_running_agent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claude_format_cli_streams_answers_and_continues_its_session() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
         host,
@@ -367,7 +367,7 @@ async fn a_claude_format_cli_streams_answers_and_continues_its_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acp_agent_answers_by_mail_and_continues_its_session() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &agent_config(host, &agent, "acp.toml", &boss.email));
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -450,7 +450,7 @@ async fn an_acp_agent_answers_by_mail_and_continues_its_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_is_used() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
         host,
@@ -508,7 +508,7 @@ async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_i
 
 #[tokio::test(flavor = "multi_thread")]
 async fn attachments_reach_the_agent_and_replies_are_kept_in_sent() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
         host,
@@ -584,7 +584,7 @@ async fn attachments_reach_the_agent_and_replies_are_kept_in_sent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_cursor_is_recovered_from_the_inbox_without_running_anything_twice() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
     let mut peer = Peer::new(boss).await;

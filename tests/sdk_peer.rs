@@ -15,7 +15,7 @@ fn repo() -> &'static Path {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dispatcher_on_the_python_sdk_dispatches_cancels_queries_and_pairs() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let aamp = AampHost::start();
     let (agent, slow, door, boss) = (
         host.user("agent"),

@@ -26,7 +26,7 @@ fn dispatch_text(from: &str, to: &str, task_id: &str, extra_headers: &str) -> St
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forged_from_is_refused_without_an_ack_and_a_genuine_one_runs() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, ""));
     let mut peer = Peer::new(boss.clone()).await;
@@ -83,7 +83,7 @@ async fn a_forged_from_is_refused_without_an_ack_and_a_genuine_one_runs() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn with_sender_auth_none_the_from_header_is_believed() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
         host,
@@ -130,7 +130,7 @@ fn policy_cmd(dir: &ConfigDir, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn globs_context_rules_and_the_policy_command_decide_who_runs_tasks() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
     // Nobody in allow_from; a glob with a context rule in the config; the rest by command.
     let extra = "";
@@ -208,7 +208,7 @@ async fn globs_context_rules_and_the_policy_command_decide_who_runs_tasks() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_are_rate_limited_or_silent_and_sessions_belong_to_their_sender() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
     let (quiet, stranger) = (host.user("quiet"), host.user("stranger"));
     let text = format!(
@@ -274,7 +274,7 @@ async fn refusals_are_rate_limited_or_silent_and_sessions_belong_to_their_sender
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss, slow) = (host.user("agent"), host.user("boss"), host.user("slow"));
     let dir = ConfigDir::new(host, "");
     dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");
@@ -415,7 +415,7 @@ async fn pair_status(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pairing_lets_a_new_sender_in_once_with_a_live_code() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, phone, pest) = (host.user("agent"), host.user("phone"), host.user("pest"));
     let text = format!(
         "{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\n",
@@ -482,7 +482,7 @@ async fn pairing_lets_a_new_sender_in_once_with_a_live_code() {
 #[tokio::test(flavor = "multi_thread")]
 async fn waiting_tasks_start_by_priority_then_by_arrival() {
     use aamp_bridge::protocol::Priority;
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     let release = dir.dir.path().join("release");
@@ -542,7 +542,7 @@ async fn waiting_tasks_start_by_priority_then_by_arrival() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_bridges_whose_agents_hand_each_other_work_are_stopped_by_the_hop_limit() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (a, b, boss) = (
         host.user("relay-a"),
         host.user("relay-b"),
@@ -610,7 +610,7 @@ fn lines(path: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_question_is_answered_by_a_plain_reply_and_an_unanswered_one_rejects_the_task() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, slowpoke, boss) = (host.user("agent"), host.user("slowpoke"), host.user("boss"));
     let dir = ConfigDir::new(host, "");
     dir.write_asking_agent(600);
@@ -664,7 +664,7 @@ async fn a_question_is_answered_by_a_plain_reply_and_an_unanswered_one_rejects_t
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cli_agent_asks_with_a_help_line_and_gets_an_option_or_free_text() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, ""));
     dir.write(
@@ -715,7 +715,7 @@ async fn a_cli_agent_asks_with_a_help_line_and_gets_an_option_or_free_text() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_from_anyone_but_the_dispatcher_stops_nothing() {
-    let host = mailhost();
+    let Some(host) = mailhost() else { return };
     let (agent, boss, other) = (host.user("agent"), host.user("boss"), host.user("other"));
     let dir = ConfigDir::new(host, "");
     dir.write("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n");

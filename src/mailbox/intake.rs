@@ -237,12 +237,51 @@ pub async fn run(
     tokio::join!(polling, pushing);
 }
 
+/// What the poll step reads from: a mailbox that hands out pages of new mail after a
+/// position. [`Mailbox`] (JMAP) is the one in use; the tests below use a fake.
+pub(crate) trait Source: Send {
+    fn is_connected(&self) -> bool;
+    fn connect(&mut self) -> impl std::future::Future<Output = Result<(), MailboxError>> + Send;
+    fn email(&self) -> &str;
+    /// The position for "everything after now".
+    fn current_state(
+        &self,
+    ) -> impl std::future::Future<Output = Result<String, MailboxError>> + Send;
+    fn next_page(
+        &self,
+        position: &Position,
+        page: usize,
+    ) -> impl std::future::Future<Output = Result<super::Page, MailboxError>> + Send;
+}
+
+impl Source for Mailbox {
+    fn is_connected(&self) -> bool {
+        Mailbox::is_connected(self)
+    }
+    async fn connect(&mut self) -> Result<(), MailboxError> {
+        Mailbox::connect(self).await
+    }
+    fn email(&self) -> &str {
+        Mailbox::email(self)
+    }
+    async fn current_state(&self) -> Result<String, MailboxError> {
+        Mailbox::current_state(self).await
+    }
+    async fn next_page(
+        &self,
+        position: &Position,
+        page: usize,
+    ) -> Result<super::Page, MailboxError> {
+        Mailbox::next_page(self, position, page).await
+    }
+}
+
 /// Reads everything new, page by page: each page's mails are delivered, then the cursor is
 /// saved after them.
 async fn poll_once(
     name: &str,
     events: Events,
-    mailbox: &mut Mailbox,
+    mailbox: &mut impl Source,
     cursor: &Cursor,
     state: &mut Option<Position>,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
@@ -284,5 +323,234 @@ async fn poll_once(
         if !page.more {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The poll step over a fake mailbox: what is delivered, in what order, and where the
+    //! cursor stands after a failure or a crash.
+
+    use super::*;
+    use crate::mailbox::{Page, Reply};
+
+    /// A mailbox holding `mails` (by number); the position's state is how many were read.
+    struct Fake {
+        mails: Vec<usize>,
+        connected: bool,
+        /// `connect` fails while this is set.
+        down: bool,
+    }
+
+    fn mail(n: usize) -> Mail {
+        Mail::Reply(Reply {
+            email_id: format!("M{n}"),
+            from: "boss@example.test".into(),
+            message_id: format!("<{n}@example.test>"),
+            in_reply_to: None,
+            references: vec![],
+            text: String::new(),
+            sender_check: crate::mailbox::auth::SenderCheck::Trusted,
+            auto_submitted: false,
+        })
+    }
+
+    fn number(mail: &Mail) -> usize {
+        match mail {
+            Mail::Reply(r) => r.email_id[1..].parse().unwrap(),
+            Mail::Aamp(_) => unreachable!(),
+        }
+    }
+
+    impl Source for Fake {
+        fn is_connected(&self) -> bool {
+            self.connected
+        }
+        async fn connect(&mut self) -> Result<(), MailboxError> {
+            if self.down {
+                return Err(MailboxError::Push {
+                    detail: "connection refused".into(),
+                    class: ErrorClass::Transient,
+                });
+            }
+            self.connected = true;
+            Ok(())
+        }
+        fn email(&self) -> &str {
+            "agent@example.test"
+        }
+        async fn current_state(&self) -> Result<String, MailboxError> {
+            Ok(self.mails.len().to_string())
+        }
+        async fn next_page(&self, position: &Position, page: usize) -> Result<Page, MailboxError> {
+            let from: usize = position.state.parse().unwrap();
+            let to = (from + page).min(self.mails.len());
+            Ok(Page {
+                inbound: self.mails[from..to].iter().map(|n| mail(*n)).collect(),
+                ignored: vec![],
+                position: Position {
+                    state: to.to_string(),
+                    ..Position::default()
+                },
+                more: to < self.mails.len(),
+            })
+        }
+    }
+
+    fn fake(n: usize) -> Fake {
+        Fake {
+            mails: (0..n).collect(),
+            connected: false,
+            down: false,
+        }
+    }
+
+    fn saved(cursor: &Cursor) -> Option<String> {
+        cursor.load().unwrap().map(|p| p.state)
+    }
+
+    #[tokio::test]
+    async fn a_first_start_begins_after_what_is_already_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let cursor = Cursor::new(dir.path().join("cursor"));
+        let mut source = fake(7);
+        let mut seen = Vec::new();
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            seen.push(number(&m));
+            Ok(())
+        };
+        let mut state = None;
+        poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap();
+        assert!(seen.is_empty(), "{seen:?}");
+        assert_eq!(saved(&cursor).as_deref(), Some("7"));
+    }
+
+    #[tokio::test]
+    async fn a_backlog_is_delivered_in_order_a_page_at_a_time_and_the_cursor_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let cursor = Cursor::new(dir.path().join("cursor"));
+        cursor.save(&Position::at("0".into())).unwrap();
+        let mut source = fake(2 * PAGE + 3);
+        let mut seen = Vec::new();
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            seen.push(number(&m));
+            Ok(())
+        };
+        let mut state = None;
+        poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap();
+        assert_eq!(seen, (0..2 * PAGE + 3).collect::<Vec<_>>());
+        assert_eq!(saved(&cursor), Some((2 * PAGE + 3).to_string()));
+    }
+
+    #[tokio::test]
+    async fn a_mail_that_cannot_be_taken_stops_the_cursor_before_its_page_until_it_can() {
+        let dir = tempfile::tempdir().unwrap();
+        let cursor = Cursor::new(dir.path().join("cursor"));
+        cursor.save(&Position::at("0".into())).unwrap();
+        let mut source = fake(PAGE + 10);
+        let mut seen = Vec::new();
+        let refuse = Some(PAGE + 4);
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            let n = number(&m);
+            if refuse == Some(n) {
+                return Err("the journal is full".into());
+            }
+            seen.push(n);
+            Ok(())
+        };
+        let mut state = None;
+        let err = poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Transient);
+        // The first page is saved; the second is not, so nothing after the refused mail is
+        // skipped (nor is the refused one).
+        assert_eq!(saved(&cursor), Some(PAGE.to_string()));
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            seen.push(number(&m));
+            Ok(())
+        };
+        poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap();
+        assert_eq!(saved(&cursor), Some((PAGE + 10).to_string()));
+        let mut expected: Vec<usize> = (0..PAGE + 4).collect();
+        // The second page again from its start: downstream knows the ones it has.
+        expected.extend(PAGE..PAGE + 10);
+        assert_eq!(seen, expected);
+    }
+
+    #[tokio::test]
+    async fn after_a_crash_reading_resumes_from_the_saved_cursor_and_an_outage_moves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cursor = Cursor::new(dir.path().join("cursor"));
+        cursor.save(&Position::at("3".into())).unwrap();
+        let mut source = fake(6);
+        source.down = true;
+        let mut seen = Vec::new();
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            seen.push(number(&m));
+            Ok(())
+        };
+        let mut state = None;
+        let err = poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Transient);
+        assert_eq!(saved(&cursor).as_deref(), Some("3"));
+        source.down = false;
+        // A new life: no state in memory, only the cursor file.
+        let mut state = None;
+        poll_once(
+            "agent",
+            Events::new(false),
+            &mut source,
+            &cursor,
+            &mut state,
+            &mut deliver,
+        )
+        .await
+        .unwrap();
+        assert_eq!(seen, vec![3, 4, 5]);
+        assert_eq!(saved(&cursor).as_deref(), Some("6"));
     }
 }

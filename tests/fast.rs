@@ -1,0 +1,503 @@
+//! The fast tier: dispatch in-process, with a fake `Outbox` in place of the mailbox and no
+//! mail server, so the lifecycle, policy and journal rules are checked in milliseconds on any
+//! machine (`cargo test --test fast`). Agents are real processes from real profiles; where a
+//! rule is about time (an agent that hangs until its timeout) the clock is tokio's, paused and
+//! advanced by the runtime, not slept through. The same rules are shown again against the
+//! real mail host in tests/e2e.rs, tests/trust.rs and tests/durability.rs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use aamp_bridge::config::LoadedConfig;
+use aamp_bridge::dispatch::{prompt, Dispatcher, Journal, Outbox, Settings};
+use aamp_bridge::events::Events;
+use aamp_bridge::mailbox::auth::SenderCheck;
+use aamp_bridge::mailbox::{Attachment, Inbound, Mail, MailboxError};
+use aamp_bridge::protocol::{
+    self, AampMessage, Body, Dispatch, Envelope, Intent, RenderedMail, Status,
+};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+const AGENT: &str = "agent@example.test";
+const BOSS: &str = "boss@example.test";
+
+/// Records what would have been mailed; fails the next `fail` submissions as a server that
+/// is down would.
+#[derive(Clone, Default)]
+struct FakeOutbox {
+    sent: Arc<Mutex<Vec<AampMessage>>>,
+    fail: Arc<AtomicUsize>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Outbox for FakeOutbox {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+        if self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(MailboxError::Smtp {
+                server: "fake".into(),
+                detail: "connection refused".into(),
+                class: aamp_bridge::error::ErrorClass::Transient,
+            });
+        }
+        let view = protocol::rfc5322::parse_raw(&mail.bytes).expect("a mail the parser reads");
+        let msg = AampMessage::parse(&view).expect("an AAMP mail");
+        self.sent.lock().unwrap().push(msg);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn download(&self, _: &Attachment, _: u64) -> Result<Vec<u8>, MailboxError> {
+        Err(MailboxError::Address("no attachments here".into()))
+    }
+
+    async fn open_stream(&self, _: &str, _: &str) -> Option<String> {
+        None
+    }
+
+    async fn pump_stream(
+        &self,
+        _: &str,
+        mut events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> usize {
+        while events.recv().await.is_some() {}
+        0
+    }
+
+    async fn thread(&self, _: &str) -> Vec<prompt::Earlier> {
+        Vec::new()
+    }
+
+    async fn close_stream(&self, _: &str, _: serde_json::Value) {}
+}
+
+impl FakeOutbox {
+    fn sent(&self) -> Vec<AampMessage> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// The intents mailed for `task_id`, in order.
+    fn intents(&self, task_id: &str) -> Vec<Intent> {
+        self.sent()
+            .iter()
+            .filter(|m| m.task_id() == task_id)
+            .map(|m| m.intent())
+            .collect()
+    }
+
+    /// Waits until `cond` holds over what was sent. The limit is a minute of real time,
+    /// kept by a thread of its own: a timer of the runtime would fire at once under paused
+    /// time, while an agent process (real I/O) is still exiting.
+    async fn until(&self, what: &str, cond: impl Fn(&[AampMessage]) -> bool) -> Vec<AampMessage> {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let (done, what, sent) = (done.clone(), what.to_string(), self.sent.clone());
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while std::time::Instant::now() < deadline {
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::park_timeout(Duration::from_millis(50));
+                }
+                eprintln!(
+                    "{what}: not sent within a minute; sent: {:?}",
+                    sent.lock().unwrap()
+                );
+                std::process::abort();
+            })
+        };
+        let sent = loop {
+            let changed = self.changed.notified();
+            let sent = self.sent();
+            if cond(&sent) {
+                break sent;
+            }
+            changed.await;
+        };
+        done.store(true, Ordering::SeqCst);
+        watchdog.thread().unpark();
+        sent
+    }
+
+    async fn result(&self, task_id: &str) -> aamp_bridge::protocol::TaskResult {
+        let sent = self
+            .until("the result", |s| {
+                s.iter()
+                    .any(|m| m.task_id() == task_id && m.intent() == Intent::TaskResult)
+            })
+            .await;
+        let msg = sent
+            .iter()
+            .find(|m| m.task_id() == task_id && m.intent() == Intent::TaskResult)
+            .unwrap();
+        match &msg.body {
+            Body::Result(r) => r.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// One agent's dispatcher over a journal in a folder of its own, its outbox worker running.
+struct Rig {
+    dir: tempfile::TempDir,
+    outbox: FakeOutbox,
+    dispatcher: Dispatcher<FakeOutbox>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+    abort: CancellationToken,
+    mails: AtomicUsize,
+}
+
+impl Rig {
+    /// `agent` is the rest of the agent's table (its profile and limits); `files` are written
+    /// beside the config.
+    fn new(agent: &str, files: &[(&str, &str)]) -> Rig {
+        Rig::in_dir(
+            tempfile::tempdir().unwrap(),
+            agent,
+            files,
+            FakeOutbox::default(),
+        )
+    }
+
+    fn in_dir(
+        dir: tempfile::TempDir,
+        agent: &str,
+        files: &[(&str, &str)],
+        outbox: FakeOutbox,
+    ) -> Rig {
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let password = dir.path().join("password");
+        std::fs::write(&password, "secret").unwrap();
+        std::fs::set_permissions(
+            &password,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        // Port 9 (discard): nothing here talks to a mail server.
+        let text = format!(
+            "state_dir = \"state\"\n\n[mailboxes.agent]\nemail = \"{AGENT}\"\njmap_url = \"http://127.0.0.1:9/.well-known/jmap\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = 9\nsmtp_security = \"plain\"\n\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nallow_from = [\"{BOSS}\"]\n{agent}\n"
+        );
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, &text).unwrap();
+        let config = LoadedConfig::from_text(&path, &text).unwrap();
+        std::fs::create_dir_all(&config.state_dir).unwrap();
+        let agents = config.agents(&[]).unwrap();
+        let spec = aamp_bridge::daemon::agent_spec(&config, &agents[0]).unwrap();
+        let journal = Arc::new(Journal::open(&config.state_dir.join("journal.sqlite3")).unwrap());
+        let settings = Settings {
+            retry_for: Duration::from_secs(86_400),
+            owner_tag: dir.path().display().to_string(),
+            slots: aamp_bridge::dispatch::slots::Slots::new(None),
+        };
+        let (tracker, stop, abort) = (
+            TaskTracker::new(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        let dispatcher = Dispatcher::new(
+            spec,
+            outbox.clone(),
+            journal,
+            Events::new(false),
+            settings,
+            tracker.clone(),
+            abort.clone(),
+        );
+        dispatcher.recover().unwrap();
+        tracker.spawn(
+            dispatcher
+                .clone()
+                .send_outbox(stop.clone(), Duration::from_secs(1)),
+        );
+        Rig {
+            dir,
+            outbox,
+            dispatcher,
+            tracker,
+            stop,
+            abort,
+            mails: AtomicUsize::new(0),
+        }
+    }
+
+    /// A dispatch from `from`, as the intake would hand it on, with a Message-ID of its own.
+    fn dispatch(&self, from: &str, title: &str, body: &str) -> AampMessage {
+        let mut msg = AampMessage {
+            envelope: Envelope {
+                version: protocol::VERSION.into(),
+                task_id: uuid::Uuid::new_v4().to_string(),
+                from: from.into(),
+                to: vec![AGENT.into()],
+                message_id: format!("<{}@example.test>", uuid::Uuid::new_v4()),
+                subject: String::new(),
+                in_reply_to: None,
+                references: vec![],
+                received_body: None,
+            },
+            body: Body::Dispatch(Dispatch {
+                title: title.into(),
+                body_text: body.into(),
+                ..Dispatch::default()
+            }),
+        };
+        msg.envelope.subject = msg.subject();
+        msg
+    }
+
+    fn cancel_of(&self, dispatch: &AampMessage) -> AampMessage {
+        let mut msg = dispatch.clone();
+        msg.envelope.message_id = format!("<{}@example.test>", uuid::Uuid::new_v4());
+        msg.envelope.in_reply_to = Some(dispatch.envelope.message_id.clone());
+        msg.body = Body::Cancel {
+            reason: "stop".into(),
+        };
+        msg.envelope.subject = msg.subject();
+        msg
+    }
+
+    /// Hands `msg` to the dispatcher as the intake does (rendered, then read back), its
+    /// sender believed.
+    fn deliver(&self, msg: &AampMessage) {
+        let rendered = protocol::rfc5322::render(msg, SystemTime::now());
+        let view = protocol::rfc5322::parse_raw(&rendered.bytes).unwrap();
+        let message = AampMessage::parse(&view).unwrap();
+        let n = self.mails.fetch_add(1, Ordering::SeqCst);
+        let inbound = Inbound {
+            email_id: format!("M{n}"),
+            message,
+            view,
+            sender_check: SenderCheck::Trusted,
+            truncated: false,
+            attachments: Vec::new(),
+        };
+        self.dispatcher
+            .deliver(Mail::Aamp(Box::new(inbound)))
+            .unwrap();
+    }
+
+    /// Stops as the daemon does at a crash-free stop: tasks aborted (kept for the next
+    /// start), the outbox's last round, everything awaited. Returns the folder.
+    async fn shut(self) -> (tempfile::TempDir, FakeOutbox) {
+        self.abort.cancel();
+        self.stop.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        (self.dir, self.outbox)
+    }
+}
+
+#[tokio::test]
+async fn an_allowed_dispatch_is_acked_then_answered_once() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let task = rig.dispatch(BOSS, "Greet", "say hello");
+    rig.deliver(&task);
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    assert!(result.output.contains("say hello"), "{}", result.output);
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(
+        outbox.intents(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_sender_is_refused_before_anything_is_acked_or_run() {
+    let marker = tempfile::tempdir().unwrap();
+    let touched = marker.path().join("ran");
+    let profile = format!(
+        "command = \"touch\"\nargs = [{:?}]\n",
+        touched.display().to_string()
+    );
+    let rig = Rig::new("profile = \"touch.toml\"", &[("touch.toml", &profile)]);
+    let task = rig.dispatch("stranger@elsewhere.test", "Do it", "rm -rf /");
+    rig.deliver(&task);
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Rejected);
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(outbox.intents(task.task_id()), vec![Intent::TaskResult]);
+    assert!(!touched.exists(), "the agent ran for a stranger");
+}
+
+#[tokio::test]
+async fn the_same_mail_delivered_three_times_runs_and_is_answered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let profile = format!(
+        "command = \"sh\"\nargs = [\"-c\", \"echo run >> {}; echo done\"]\n",
+        runs.display()
+    );
+    let rig = Rig::new("profile = \"count.toml\"", &[("count.toml", &profile)]);
+    let task = rig.dispatch(BOSS, "Once", "only once");
+    for _ in 0..3 {
+        rig.deliver(&task);
+    }
+    rig.outbox.result(task.task_id()).await;
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(
+        outbox.intents(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_hangs_is_stopped_at_its_timeout_without_waiting_for_it() {
+    let started = std::time::Instant::now();
+    let rig = Rig::new(
+        "profile = \"hang.toml\"",
+        &[(
+            "hang.toml",
+            "command = \"sleep\"\nargs = [\"86400\"]\ntimeout_secs = 3600\ncancel_grace_secs = 60\n",
+        )],
+    );
+    let task = rig.dispatch(BOSS, "Hang", "forever");
+    rig.deliver(&task);
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Rejected);
+    let why = result.error.unwrap_or_default();
+    assert!(why.contains("did not finish within 3600s"), "{why}");
+    rig.shut().await;
+    // An hour of the agent's clock, in real seconds at most.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_racing_its_tasks_end_gets_exactly_one_answer() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let task = rig.dispatch(BOSS, &format!("Race {i}"), "quick");
+        rig.deliver(&task);
+        rig.deliver(&rig.cancel_of(&task));
+        tasks.push(task);
+    }
+    for task in &tasks {
+        let result = rig.outbox.result(task.task_id()).await;
+        assert!(
+            result.status == Status::Completed
+                || result
+                    .error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("cancelled"),
+            "{result:?}"
+        );
+    }
+    let (_, outbox) = rig.shut().await;
+    for task in &tasks {
+        let results = outbox
+            .intents(task.task_id())
+            .into_iter()
+            .filter(|i| *i == Intent::TaskResult)
+            .count();
+        assert_eq!(results, 1, "{:?}", outbox.intents(task.task_id()));
+    }
+}
+
+#[tokio::test]
+async fn an_expired_dispatch_is_rejected_and_not_run() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let mut task = rig.dispatch(BOSS, "Late", "too late");
+    if let Body::Dispatch(d) = &mut task.body {
+        d.expires_at = Some(protocol::time::format_utc(
+            SystemTime::now() - Duration::from_secs(60),
+        ));
+    }
+    rig.deliver(&task);
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Rejected);
+    assert!(
+        result
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("expired"),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_says_busy_and_the_queued_task_still_runs() {
+    let rig = Rig::new(
+        "profile = \"slow.toml\"\nmax_concurrent_tasks = 1\nmax_queued_tasks = 2",
+        &[("slow.toml", "command = \"sleep\"\nargs = [\"600\"]\n")],
+    );
+    let tasks: Vec<AampMessage> = (0..3)
+        .map(|i| rig.dispatch(BOSS, &format!("Slow {i}"), "wait"))
+        .collect();
+    for task in &tasks {
+        rig.deliver(task);
+    }
+    let third = rig.outbox.result(tasks[2].task_id()).await;
+    assert_eq!(third.status, Status::Rejected);
+    assert!(
+        third.error.as_deref().unwrap_or_default().contains("busy"),
+        "{third:?}"
+    );
+    // The first two were admitted: acked, and answered once cancelled.
+    for task in &tasks[..2] {
+        rig.deliver(&rig.cancel_of(task));
+        assert!(rig
+            .outbox
+            .result(task.task_id())
+            .await
+            .error
+            .unwrap_or_default()
+            .contains("cancelled"));
+    }
+    let (_, outbox) = rig.shut().await;
+    for task in &tasks[..2] {
+        assert_eq!(
+            outbox.intents(task.task_id()),
+            vec![Intent::TaskAck, Intent::TaskResult]
+        );
+    }
+}
+
+#[tokio::test]
+async fn answers_the_server_refused_are_kept_and_sent_once_after_a_restart() {
+    let outbox = FakeOutbox::default();
+    // The server is down for this whole life of the bridge.
+    outbox.fail.store(usize::MAX, Ordering::SeqCst);
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let task = rig.dispatch(BOSS, "Keep", "keep my answer");
+    rig.deliver(&task);
+    // The task ran and its answer is recorded, not sent.
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    while journal.unsent("agent").unwrap() < 2 {
+        ticks.tick().await;
+    }
+    let (dir, old) = rig.shut().await;
+    assert!(old.sent().is_empty());
+
+    // The next life: the server is back.
+    let rig = Rig::in_dir(dir, "profile = \"echo\"", &[], FakeOutbox::default());
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    rig.deliver(&task); // and the same mail again, as after a lost cursor
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(
+        outbox.intents(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+}
