@@ -272,6 +272,9 @@ pub async fn run(
         json!({"agents": names, "pid": std::process::id()}),
     );
 
+    // Memory freed after a burst goes back to the system once no task runs.
+    services.spawn(trim_when_idle(settings.slots.clone(), stop.clone()));
+
     // SIGHUP: read the config and profiles again.
     {
         let (path, finished) = (config.path.clone(), stop.clone());
@@ -343,6 +346,29 @@ pub async fn run(
     events.emit("bridge.stopped", json!({}));
     crate::events::flush(Duration::from_secs(2));
     Ok(())
+}
+
+/// How often an idle bridge gives freed memory back.
+const TRIM_EVERY: Duration = Duration::from_secs(5);
+
+/// Every [`TRIM_EVERY`], when no task holds a slot, hands the heap memory the allocator keeps
+/// after a burst (big mails, long outputs) back to the system, so a bridge returns to its
+/// idle size instead of staying at its peak. glibc only; elsewhere the allocator decides.
+async fn trim_when_idle(slots: Arc<crate::dispatch::slots::Slots>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(TRIM_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+        if slots.busy() {
+            continue;
+        }
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free heap pages; it is thread-safe in glibc.
+        unsafe {
+            nix::libc::malloc_trim(0);
+        }
+    }
 }
 
 /// What dispatch needs of an agent's config: its address, policy, limits and profile. (Public

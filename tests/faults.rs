@@ -50,11 +50,13 @@ impl Rng {
     }
 }
 
+/// The process's private (anonymous) resident memory: its heap and stacks. The binary's own
+/// pages, shared with the page cache and dropped under pressure, are not counted.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix("RssAnon:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
@@ -174,8 +176,22 @@ async fn hostile_mails_through_the_live_daemon() {
         ),
     );
     let mut bridge = Bridge::start(&dir, 1);
-    let idle = rss_kib(bridge.pid());
     let mut peer = Peer::new(boss.clone()).await;
+    // A warm-up of one mail of each kind: every path has run once, and its working set (the
+    // runtime's threads, connection buffers, the journal's page cache) is the idle level.
+    let mut warm = Vec::new();
+    for i in 0..13 {
+        let (_, task, bytes) = hostile(i, &boss.email, &agent.email);
+        peer.send_raw(&agent.email, &format!("<warm-{i}@fault.test>"), bytes)
+            .await;
+        warm.extend(task);
+    }
+    for id in &warm {
+        peer.wait_for_within(id, Intent::TaskResult, Duration::from_secs(600))
+            .await;
+    }
+    bridge.wait_count("task.completed", warm.len());
+    let idle = rss_kib(bridge.pid());
     let total = 260 * scale();
     let mut kinds: HashMap<&str, usize> = HashMap::new();
     let (mut expected, mut silent) = (Vec::new(), Vec::new());
@@ -207,7 +223,12 @@ async fn hostile_mails_through_the_live_daemon() {
     let others: Vec<String> = peer
         .inbox
         .iter()
-        .filter(|m| !expected.iter().any(|id| id == m.message.task_id()))
+        .filter(|m| {
+            !expected
+                .iter()
+                .chain(&warm)
+                .any(|id| id == m.message.task_id())
+        })
         .filter(|m| m.message.envelope.from != marker.email) // the settle marker
         .map(|m| {
             format!(
@@ -229,20 +250,23 @@ async fn hostile_mails_through_the_live_daemon() {
     peer.wait_for(after.task_id(), Intent::TaskResult).await;
     let log = bridge.log();
     assert!(!log.contains("panicked"), "a panic:\n{log}");
-    let rss = rss_kib(bridge.pid());
-    assert!(
-        rss < idle + 48 * 1024,
-        "memory did not come back: idle {idle} KiB, after {rss} KiB"
-    );
+    // Memory back to its idle level: the bridge gives freed heap back once no task runs.
+    let pid = bridge.pid();
+    let peak = rss_kib(pid);
+    support::wait_until("memory back to its idle level", || {
+        rss_kib(pid) <= idle + 2 * 1024
+    });
+    let rss = rss_kib(pid);
     bridge.wait_event("task.completed", |e| e["taskId"] == after.task_id());
     assert!(bridge.stop().success());
     println!(
-        "fault suite: hostile mails: {total} sent in {:.1}s ({} kinds: {kinds:?}); {} tasks answered once each, {} not tasks and not answered; duplicates 0; rss idle {} KiB, after {} KiB",
+        "fault suite: hostile mails: {total} sent in {:.1}s ({} kinds: {kinds:?}); {} tasks answered once each, {} not tasks and not answered; duplicates 0; private memory idle {} KiB, at the end of the run {} KiB, then {} KiB",
         started.elapsed().as_secs_f64(),
         kinds.len(),
         expected.len(),
         silent.len(),
         idle,
+        peak,
         rss
     );
 }

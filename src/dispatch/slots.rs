@@ -33,6 +33,8 @@ struct State {
     /// In the order they are served: by rank (highest first), then by arrival.
     waiting: Vec<Waiter>,
     next: u64,
+    /// Slots granted and not yet given back.
+    held: usize,
 }
 
 struct Waiter {
@@ -88,6 +90,7 @@ impl Slots {
                 agent_free: HashMap::new(),
                 waiting: Vec::new(),
                 next: 0,
+                held: 0,
             }),
         })
     }
@@ -96,6 +99,12 @@ impl Slots {
     pub fn add_agent(&self, agent: &str, count: usize) {
         let mut state = self.state.lock().expect("slots lock");
         state.agent_free.insert(agent.to_string(), count.max(1));
+    }
+
+    /// Whether any task holds a slot or waits for one.
+    pub fn busy(&self) -> bool {
+        let state = self.state.lock().expect("slots lock");
+        state.held > 0 || !state.waiting.is_empty()
     }
 
     /// Per agent: (slots free, tasks waiting for one), for the status a person reads.
@@ -151,6 +160,7 @@ impl Slots {
     fn release(&self, agent: &str) {
         let mut state = self.state.lock().expect("slots lock");
         state.bridge_free = state.bridge_free.saturating_add(1);
+        state.held = state.held.saturating_sub(1);
         *state.agent_free.entry(agent.to_string()).or_insert(0) += 1;
         serve(&mut state);
     }
@@ -176,6 +186,7 @@ fn serve(state: &mut State) {
         let waiter = state.waiting.remove(i);
         if waiter.grant.send(()).is_ok() {
             state.bridge_free -= 1;
+            state.held += 1;
             *state
                 .agent_free
                 .get_mut(&waiter.agent)
@@ -200,7 +211,9 @@ mod tests {
         let slots = Slots::new(Some(1));
         slots.add_agent("a", 2);
         slots.add_agent("b", 1);
+        assert!(!slots.busy());
         let held = slots.acquire("a", Priority::Normal).await;
+        assert!(slots.busy());
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiting = Vec::new();
         for (name, agent, p) in [
@@ -225,6 +238,7 @@ mod tests {
             *order.lock().unwrap(),
             vec!["b-urgent", "b-high", "a-high", "a-normal", "a-normal-2"]
         );
+        assert!(!slots.busy(), "every slot given back");
     }
 
     #[tokio::test]
