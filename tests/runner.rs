@@ -207,3 +207,49 @@ async fn the_workspace_is_the_working_directory_and_ansi_is_stripped() {
     let cwd = dir.path().canonicalize().unwrap();
     assert_eq!(out.output, format!("{}:task-1", cwd.display()));
 }
+
+#[tokio::test]
+async fn output_written_before_the_agent_exits_is_all_read_when_its_reader_is_held_back() {
+    // The agent prints 3,000 deltas and exits as soon as the last of them fits in the pipe;
+    // the events are taken a millisecond apart (a slow stream service holds the reader back),
+    // so reading what is left takes longer than the pipes' grace after exit (2 s). Every
+    // delta and the answer still arrive: the grace ends only a pipe held open empty.
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for i in 0..3000 {
+        lines.push_str(&format!("{{\"type\":\"delta\",\"text\":\"w{i} \"}}\n"));
+    }
+    lines.push_str("{\"type\":\"result\",\"text\":\"done\"}\n");
+    let file = dir.path().join("deltas.ndjson");
+    std::fs::write(&file, lines).unwrap();
+    let p = profile(&format!(
+        "command = \"cat\"\nargs = [{:?}]\nstream = \"ndjson\"\n",
+        file.display().to_string()
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let slow = async move {
+        let mut n = 0;
+        while let Some(e) = rx.recv().await {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            if matches!(e, aamp_bridge::runner::StreamEvent::TextDelta(_)) {
+                n += 1;
+            }
+        }
+        n
+    };
+    let cancel = CancellationToken::new();
+    let t = task(dir.path(), "go");
+    let run = async move {
+        let out = aamp_bridge::runner::run_cli(&p, &t, &cancel, &tx).await;
+        drop(tx);
+        out
+    };
+    let (out, n) = tokio::join!(run, slow);
+    let out = out.unwrap().output;
+    assert!(
+        out == "done",
+        "the answer was lost: {} characters instead",
+        out.len()
+    );
+    assert_eq!(n, 3000);
+}

@@ -30,6 +30,8 @@ use template::Vars;
 /// How long a stopped agent gets between SIGTERM and SIGKILL, and how long processes it
 /// leaves behind get after it exits.
 const GRACE: Duration = Duration::from_secs(2);
+/// Bytes still read from a pipe after reading was stopped (see `read_or_stop`).
+const STOP_DRAIN: usize = 4 * 1024 * 1024;
 /// Bytes of stderr kept for error messages.
 const STDERR_TAIL: usize = 8 * 1024;
 
@@ -542,15 +544,28 @@ impl Asker {
 }
 
 /// One read, or 0 (as at the end) once `stop` is cancelled.
+/// Reads what comes until `stop`. Once stopped, what is already waiting in the pipe is still
+/// read (up to [`STOP_DRAIN`] bytes, counted in `drained`): output the agent wrote before it
+/// ended is not lost because the bridge was slow to take it (a slow stream service holds the
+/// reader back); only a pipe held open with nothing in it ends the read.
 async fn read_or_stop(
     pipe: &mut (impl AsyncRead + Unpin),
     buf: &mut [u8],
     stop: &CancellationToken,
+    drained: &mut usize,
 ) -> std::io::Result<usize> {
-    tokio::select! {
-        n = pipe.read(buf) => n,
-        _ = stop.cancelled() => Ok(0),
+    if stop.is_cancelled() && *drained >= STOP_DRAIN {
+        return Ok(0);
     }
+    let n = tokio::select! {
+        biased;
+        n = pipe.read(buf) => n?,
+        _ = stop.cancelled() => 0,
+    };
+    if stop.is_cancelled() {
+        *drained += n;
+    }
+    Ok(n)
 }
 
 /// Reads a line-framed stream into `parser`, sending its events as they come, and signals
@@ -567,10 +582,11 @@ async fn read_stream(
     let mut line: Vec<u8> = Vec::new();
     let mut skipping = false;
     let mut signalled = false;
+    let mut drained = 0;
     let take_line =
         |line: &[u8], parser: &mut StreamParser| parser.line(&String::from_utf8_lossy(line));
     loop {
-        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
             break;
         }
@@ -643,8 +659,9 @@ async fn read_capped(
         kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
         truncated |= bytes.len() > room;
     };
+    let mut drained = 0;
     loop {
-        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
             keep(&line, &mut kept);
             return Ok((kept, truncated));
@@ -679,8 +696,9 @@ async fn read_tail(
     let mut tail = std::collections::VecDeque::with_capacity(max);
     let mut buf = vec![0u8; 8 * 1024];
     let mut line: Vec<u8> = Vec::new();
+    let mut drained = 0;
     loop {
-        let n = read_or_stop(&mut pipe, &mut buf, stop).await?;
+        let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
             if !line.is_empty() {
                 tracing::debug!(target: "agent", "{}", String::from_utf8_lossy(&line));
