@@ -20,7 +20,13 @@ impl Events {
     /// Emits `event` with `fields` (an object). Write errors are ignored: a closed stdout must
     /// not stop the daemon.
     pub fn emit(&self, event: &str, fields: Value) {
-        tracing::info!(target: "aamp_bridge::events", event, %fields);
+        // A task's stream events (every text delta) go to the log at debug level: the log
+        // tells a task's life, not its every token.
+        if event == "task.stream" {
+            tracing::debug!(target: "aamp_bridge::events", event, %fields);
+        } else {
+            tracing::info!(target: "aamp_bridge::events", event, %fields);
+        }
         if !self.json {
             return;
         }

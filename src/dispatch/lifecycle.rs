@@ -297,8 +297,6 @@ impl<O: Outbox> Dispatcher<O> {
             "task.started",
             json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
         );
-        // A live stream for the dispatcher, when the mailbox has an AAMP service: created, then
-        // announced by mail, then fed while the agent runs, and closed before the result.
         // A live stream for the dispatcher, when the mailbox has an AAMP service, opened with
         // the agent's first event (a task that has none costs no stream and no mail), then
         // announced by mail, fed while the agent runs, and closed before the result.
