@@ -7,7 +7,11 @@
 //!   p99), sequential;
 //! - end to end: dispatch sent → result seen by the dispatcher over JMAP (p50);
 //! - a burst: tasks per second, and CPU per task of the bridge process;
-//! - resident memory idle and after the tasks; start-up of ten push-connected agents.
+//! - 500 tasks at concurrency 8: tasks per second and CPU per task;
+//! - resident and private memory idle (1 and 10 agents), after the tasks, with 10 running;
+//! - start-up of ten push-connected agents, without and with 300 tasks of history;
+//! - stream ingest: 20,000 text deltas from an agent to the AAMP test service: chunks per
+//!   second, appends per 1,000 deltas, order kept.
 //!
 //! `AAMP_BENCH_TASKS` (default 200) sets the sequential count; the figures go to stdout as a
 //! table and to `target/bench/mailpath.json`.
@@ -135,6 +139,18 @@ impl Bridge {
         self.child.id()
     }
 
+    /// Stops without waiting for running tasks (a second signal aborts them).
+    fn abort(mut self) {
+        for _ in 0..2 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = self.child.wait();
+    }
+
     fn stop(mut self) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
@@ -179,6 +195,76 @@ fn rss_mib(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Private (anonymous) resident memory: the heap and stacks, without the binary's own pages
+/// (shared with the page cache, dropped under pressure).
+fn private_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// The AAMP test service (tests/hosts/aamp_host.py) in front of the mail server: its port and
+/// the file it records every action in.
+fn start_service(dir: &Path, name: &str) -> (Child, u16, PathBuf) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let record = dir.join(format!("{name}.jsonl"));
+    let mut service = Command::new("python3")
+        .arg(repo().join("tests/hosts/aamp_host.py"))
+        .args([
+            "--port",
+            &port.to_string(),
+            "--record",
+            record.to_str().unwrap(),
+        ])
+        .args(["--jmap", JMAP.trim_end_matches("/.well-known/jmap")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 runs the AAMP test service");
+    let mut line = String::new();
+    BufReader::new(service.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("listening"),
+        "the AAMP test service did not start: {line:?}"
+    );
+    (service, port, record)
+}
+
+/// A config of one agent on `email` with the agent table's other lines `agent`.
+fn one_agent_config(
+    dir: &Path,
+    email: &str,
+    boss: &str,
+    mailbox_extra: &str,
+    agent: &str,
+) -> PathBuf {
+    std::fs::write(dir.join("password"), PASSWORD).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("password"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+    }
+    let text = format!(
+        "state_dir = \"state\"\n[mailboxes.m]\nemail = \"{email}\"\njmap_url = \"{JMAP}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {SMTP_PORT}\nsmtp_security = \"plain\"\n{mailbox_extra}\n[[agents]]\nname = \"a\"\nmailbox = \"m\"\nallow_from = [\"{boss}\"]\n{agent}\n"
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -241,10 +327,16 @@ fn main() {
     let agent = adduser("bench-agent");
     let dir = tempfile::tempdir().unwrap();
     let config_path = config(dir.path(), std::slice::from_ref(&agent), &boss);
+    if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("stream") {
+        let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
+        println!("{}", stream_ingest(&rt, &sender, &boss));
+        return;
+    }
     let bridge = Bridge::start(&config_path);
     bridge.wait(|e| e["event"] == "agent.ready");
     std::thread::sleep(Duration::from_secs(1));
     let idle_rss = rss_mib(bridge.pid());
+    let idle_private = private_mib(bridge.pid());
     let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
 
     // 1. Sequential: the bridge's reaction, received → ack sent, received → result sent.
@@ -290,8 +382,48 @@ fn main() {
     let cpu_before = cpu_secs(bridge.pid());
     let burst_secs = burst_run(&rt, &sender, &mailbox, &boss, &agent, burst);
     let cpu_per_task_ms = (cpu_secs(bridge.pid()) - cpu_before) * 1000.0 / burst as f64;
+    // After ~300 tasks, once idle (an idle bridge gives freed heap back within 5 s).
+    std::thread::sleep(Duration::from_secs(6));
     let after_rss = rss_mib(bridge.pid());
+    let after_private = private_mib(bridge.pid());
+    // 500 tasks at once, eight at a time (the agent's max_concurrent_tasks).
+    let wide = 500;
+    let cpu_before = cpu_secs(bridge.pid());
+    let wide_secs = burst_run(&rt, &sender, &mailbox, &boss, &agent, wide);
+    let wide_cpu_ms = (cpu_secs(bridge.pid()) - cpu_before) * 1000.0 / wide as f64;
+    std::thread::sleep(Duration::from_secs(6));
+    let after_wide_private = private_mib(bridge.pid());
     bridge.stop();
+
+    // Ten tasks running at once (an agent that sleeps), memory while they run.
+    let hold_box = adduser("bench-hold");
+    let hold_dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hold_dir.path().join("hold.toml"),
+        "command = \"sleep\"\nargs = [\"120\"]\n",
+    )
+    .unwrap();
+    let hold_config = one_agent_config(
+        hold_dir.path(),
+        &hold_box,
+        &boss,
+        "",
+        "profile = \"hold.toml\"\nmax_concurrent_tasks = 10",
+    );
+    let hold = Bridge::start(&hold_config);
+    hold.wait(|e| e["event"] == "agent.ready");
+    for n in 0..10 {
+        rt.block_on(sender.send(&dispatch(&boss, &hold_box, 300_000 + n)))
+            .unwrap();
+    }
+    for _ in 0..10 {
+        hold.wait(|e| e["event"] == "task.started");
+    }
+    let running_rss = rss_mib(hold.pid());
+    let running_private = private_mib(hold.pid());
+    hold.abort();
+
+    let stream_figures = stream_ingest(&rt, &sender, &boss);
 
     // The baseline: a zero-work responder on the PyPI SDK, measured the same way.
     let python = repo().join("target/test-agents/venv/bin/python");
@@ -299,29 +431,7 @@ fn main() {
         let responder_box = adduser("bench-responder");
         // In front of the mail server, the AAMP test service (as deployments have), which
         // also takes the SDK's WebSocket path.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let record = dir.path().join("service.jsonl");
-        let mut service = Command::new("python3")
-            .arg(repo().join("tests/hosts/aamp_host.py"))
-            .args([
-                "--port",
-                &port.to_string(),
-                "--record",
-                record.to_str().unwrap(),
-            ])
-            .args(["--jmap", JMAP.trim_end_matches("/.well-known/jmap")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs the AAMP test service");
-        let mut line = String::new();
-        BufReader::new(service.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (mut service, port, _) = start_service(dir.path(), "service");
         let service_jmap = format!("http://127.0.0.1:{port}/.well-known/jmap");
         let mut child = Command::new(&python)
             .arg(repo().join("benches/responder.py"))
@@ -366,6 +476,7 @@ fn main() {
     let ten = tempfile::tempdir().unwrap();
     let ten_config = config(ten.path(), &agents, &boss);
     let mut ten_idle_rss = 0.0;
+    let mut ten_idle_private = 0.0;
     for _ in 0..3 {
         let started = Instant::now();
         let b = Bridge::start(&ten_config);
@@ -374,9 +485,48 @@ fn main() {
         }
         startups.push(started.elapsed().as_millis() as i64);
         ten_idle_rss = rss_mib(b.pid());
+        ten_idle_private = private_mib(b.pid());
         b.stop();
     }
     startups.sort();
+    // History: 300 tasks through the ten agents, then the same start-up again.
+    {
+        let b = Bridge::start(&ten_config);
+        for _ in 0..10 {
+            b.wait(|e| e["event"] == "agent.ready");
+        }
+        let mut state =
+            aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+        let mut ids = std::collections::HashSet::new();
+        for n in 0..300 {
+            let msg = dispatch(&boss, &agents[n % 10], 500_000 + n);
+            rt.block_on(sender.send(&msg)).unwrap();
+            ids.insert(msg.task_id().to_string());
+        }
+        let since = Instant::now();
+        while !ids.is_empty() && since.elapsed() < Duration::from_secs(300) {
+            let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
+            state = next;
+            for m in inbound {
+                if m.message.intent() == Intent::TaskResult {
+                    ids.remove(m.message.task_id());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        b.stop();
+    }
+    let mut startups_history = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let b = Bridge::start(&ten_config);
+        for _ in 0..10 {
+            b.wait(|e| e["event"] == "agent.ready");
+        }
+        startups_history.push(started.elapsed().as_millis() as i64);
+        b.stop();
+    }
+    startups_history.sort();
 
     let figures = json!({
         "tasks": tasks,
@@ -391,8 +541,11 @@ fn main() {
             "bridgeShareOfThroughput": if secs.is_finite() { json!(((*secs / burst_secs) * 100.0).round() / 100.0) } else { json!(null) },
             "answeredSequential": e2e.len(),
         })),
-        "rssMiB": {"idleOneAgent": (idle_rss * 10.0).round() / 10.0, "idleTenAgents": (ten_idle_rss * 10.0).round() / 10.0, "afterTasks": (after_rss * 10.0).round() / 10.0},
-        "startupTenAgentsMs": {"median": percentile(&startups, 0.5)},
+        "wide": {"tasks": wide, "concurrency": 8, "tasksPerSec": round1(wide as f64 / wide_secs), "cpuMsPerTask": (wide_cpu_ms * 100.0).round() / 100.0},
+        "rssMiB": {"idleOneAgent": round1(idle_rss), "idleTenAgents": round1(ten_idle_rss), "afterTasks": round1(after_rss), "tenRunning": round1(running_rss)},
+        "privateMiB": {"idleOneAgent": round1(idle_private), "idleTenAgents": round1(ten_idle_private), "after300Tasks": round1(after_private), "after800Tasks": round1(after_wide_private), "tenRunning": round1(running_private)},
+        "startupTenAgentsMs": {"median": percentile(&startups, 0.5), "medianWithHistory": percentile(&startups_history, 0.5)},
+        "stream": stream_figures,
     });
     println!("mail path over the loopback mail host ({tasks} sequential tasks, instant agent)");
     for (label, key) in [
@@ -420,14 +573,37 @@ fn main() {
         );
     }
     println!(
-        "  resident memory: idle {} MiB (1 agent), {} MiB (10 agents), {} MiB after the tasks",
-        figures["rssMiB"]["idleOneAgent"],
-        figures["rssMiB"]["idleTenAgents"],
-        figures["rssMiB"]["afterTasks"]
+        "  {wide} tasks at concurrency 8: {} tasks/s, {} ms CPU per task",
+        figures["wide"]["tasksPerSec"], figures["wide"]["cpuMsPerTask"]
     );
     println!(
-        "  start-up, 10 agents push-connected: {} ms (median of 3)",
-        figures["startupTenAgentsMs"]["median"]
+        "  resident memory: idle {} MiB (1 agent), {} MiB (10 agents), {} MiB after ~300 tasks, {} MiB with 10 running",
+        figures["rssMiB"]["idleOneAgent"],
+        figures["rssMiB"]["idleTenAgents"],
+        figures["rssMiB"]["afterTasks"],
+        figures["rssMiB"]["tenRunning"]
+    );
+    println!(
+        "  private memory (heap, stacks): idle {} MiB (1 agent), {} MiB (10 agents), {} MiB after ~300 tasks, {} MiB after ~800, {} MiB with 10 running",
+        figures["privateMiB"]["idleOneAgent"],
+        figures["privateMiB"]["idleTenAgents"],
+        figures["privateMiB"]["after300Tasks"],
+        figures["privateMiB"]["after800Tasks"],
+        figures["privateMiB"]["tenRunning"]
+    );
+    println!(
+        "  start-up, 10 agents push-connected: {} ms, {} ms with 300 tasks of history (medians of 3)",
+        figures["startupTenAgentsMs"]["median"],
+        figures["startupTenAgentsMs"]["medianWithHistory"]
+    );
+    println!(
+        "  stream ingest: {} deltas at {} chunks/s; {} appends ({} per 1,000 deltas, {} characters each); order kept: {}",
+        figures["stream"]["deltasSeen"],
+        figures["stream"]["chunksPerSec"],
+        figures["stream"]["appends"],
+        figures["stream"]["appendsPer1000Deltas"],
+        figures["stream"]["charsPerAppend"],
+        figures["stream"]["orderKept"]
     );
     let out = repo().join("target/bench");
     let _ = std::fs::create_dir_all(&out);
@@ -435,6 +611,116 @@ fn main() {
         out.join("mailpath.json"),
         serde_json::to_string_pretty(&figures).unwrap(),
     );
+}
+
+/// Stream ingest: an agent that prints 20,000 text deltas (NDJSON) as fast as `cat` can,
+/// streamed to the AAMP test service; what reached the service, in what order, how fast.
+fn stream_ingest(
+    rt: &tokio::runtime::Runtime,
+    sender: &aamp_bridge::mailbox::Sender,
+    boss: &str,
+) -> Value {
+    let deltas = 20_000;
+    let stream_box = adduser("bench-stream");
+    let stream_dir = tempfile::tempdir().unwrap();
+    let (mut service, service_port, service_record) = start_service(stream_dir.path(), "stream");
+    let mut lines = String::new();
+    let mut expected = String::new();
+    for i in 0..deltas {
+        let word = format!("w{i} ");
+        expected.push_str(&word);
+        lines.push_str(&json!({"type": "delta", "text": word}).to_string());
+        lines.push('\n');
+    }
+    lines.push_str(&json!({"type": "result", "text": "done"}).to_string());
+    lines.push('\n');
+    let ndjson = stream_dir.path().join("deltas.ndjson");
+    std::fs::write(&ndjson, lines).unwrap();
+    std::fs::write(
+        stream_dir.path().join("chatty.toml"),
+        format!(
+            "command = \"cat\"\nargs = [{:?}]\nstream = \"ndjson\"\n",
+            ndjson.display().to_string()
+        ),
+    )
+    .unwrap();
+    let stream_config = one_agent_config(
+        stream_dir.path(),
+        &stream_box,
+        boss,
+        &format!("aamp_url = \"http://127.0.0.1:{service_port}\"\n"),
+        "profile = \"chatty.toml\"",
+    );
+    let streamer = Bridge::start(&stream_config);
+    streamer.wait(|e| e["event"] == "agent.ready");
+    let msg = dispatch(boss, &stream_box, 400_000);
+    let stream_task = msg.task_id().to_string();
+    rt.block_on(sender.send(&msg)).unwrap();
+    let (mut first, mut last, mut seen_deltas) = (0i64, 0i64, 0usize);
+    let mut started_ms = 0;
+    let completed_ms;
+    loop {
+        let e = streamer.wait(|e| e["taskId"] == stream_task.as_str());
+        match e["event"].as_str() {
+            Some("task.started") => started_ms = millis(&e),
+            Some("task.stream") if e["type"] == "text.delta" => {
+                if seen_deltas == 0 {
+                    first = millis(&e);
+                }
+                last = millis(&e);
+                seen_deltas += 1;
+            }
+            Some("task.completed") => {
+                completed_ms = millis(&e);
+                break;
+            }
+            _ => {}
+        }
+    }
+    streamer.stop();
+    let _ = service.kill();
+    let _ = service.wait();
+    let appended: Vec<Value> = std::fs::read_to_string(&service_record)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|a| a["action"] == "aamp.stream.append" && a["body"]["type"] == "text.delta")
+        .collect();
+    let streamed: String = appended
+        .iter()
+        .map(|a| a["body"]["payload"]["text"].as_str().unwrap_or_default())
+        .collect();
+    let stream_secs = ((last - first).max(1)) as f64 / 1000.0;
+    if streamed != expected {
+        let at = streamed
+            .chars()
+            .zip(expected.chars())
+            .position(|(a, b)| a != b)
+            .unwrap_or(streamed.len().min(expected.len()));
+        let show = |t: &str| {
+            t.chars()
+                .skip(at.saturating_sub(20))
+                .take(60)
+                .collect::<String>()
+        };
+        eprintln!(
+            "stream text differs at character {at} (streamed {} chars, expected {}): {:?} vs {:?}",
+            streamed.chars().count(),
+            expected.chars().count(),
+            show(&streamed),
+            show(&expected)
+        );
+    }
+    json!({
+        "deltas": deltas,
+        "deltasSeen": seen_deltas,
+        "chunksPerSec": (seen_deltas as f64 / stream_secs).round(),
+        "taskMs": completed_ms - started_ms,
+        "appends": appended.len(),
+        "appendsPer1000Deltas": round1(appended.len() as f64 * 1000.0 / deltas as f64),
+        "charsPerAppend": (expected.chars().count() as f64 / appended.len().max(1) as f64).round(),
+        "orderKept": streamed == expected,
+    })
 }
 
 /// Sequential dispatches; for each, the time from sending it to the result seen by the

@@ -60,6 +60,24 @@ def on_dispatch(message):
     print("answered", task_id, file=sys.stderr, flush=True)
 
 
+# aamp-sdk 0.1.2 reads at most 50 changes per push and does not ask for the rest, so at the
+# end of a burst mail is left unread until the next push, which never comes (its safety sync
+# only looks at the 20 newest). A baseline that loses tasks measures nothing: read until the
+# server has no more changes.
+_fetch_once = JmapPushClient._fetch_emails_since
+
+
+def _fetch_all(self, account_id, since_state):
+    emails = []
+    while True:
+        emails.extend(_fetch_once(self, account_id, since_state))
+        if not self.email_state or self.email_state == since_state:
+            return emails
+        since_state = self.email_state
+
+
+JmapPushClient._fetch_emails_since = _fetch_all
+
 base = jmap_url.replace("/.well-known/jmap", "")
 client = JmapPushClient(email=email, password=password, jmap_url=base, reject_unauthorized=False)
 client.on("task.dispatch", on_dispatch)

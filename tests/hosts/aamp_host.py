@@ -67,6 +67,9 @@ def public(state):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The handler writes a response in several small writes; with Nagle's algorithm each
+    # would wait for the client's delayed ACK (~40 ms per request).
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):
         pass
