@@ -327,6 +327,49 @@ fn main() {
     let agent = adduser("bench-agent");
     let dir = tempfile::tempdir().unwrap();
     let config_path = config(dir.path(), std::slice::from_ref(&agent), &boss);
+    if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("wide") {
+        // Only the 500 tasks at concurrency 8, under `perf record` when AAMP_BENCH_PERF is set
+        // (the profile goes to target/bench/perf.data).
+        let bridge = Bridge::start(&config_path);
+        bridge.wait(|e| e["event"] == "agent.ready");
+        let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
+        let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
+        rt.block_on(mailbox.connect()).unwrap();
+        let perf = std::env::var_os("AAMP_BENCH_PERF").map(|_| {
+            let _ = std::fs::create_dir_all(repo().join("target/bench"));
+            Command::new("perf")
+                .args([
+                    "record",
+                    "-F",
+                    "499",
+                    "-g",
+                    "-p",
+                    &bridge.pid().to_string(),
+                    "-o",
+                ])
+                .arg(repo().join("target/bench/perf.data"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("perf runs")
+        });
+        let cpu_before = cpu_secs(bridge.pid());
+        let secs = burst_run(&rt, &sender, &mailbox, &boss, &agent, 500);
+        let cpu_ms = (cpu_secs(bridge.pid()) - cpu_before) * 1000.0 / 500.0;
+        if let Some(perf) = perf {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(perf.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            let _ = perf.wait_with_output();
+        }
+        println!(
+            "500 tasks at concurrency 8: {:.1} tasks/s, {cpu_ms:.2} ms CPU per task",
+            500.0 / secs
+        );
+        bridge.stop();
+        return;
+    }
     if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("stream") {
         let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
         println!("{}", stream_ingest(&rt, &sender, &boss));

@@ -253,3 +253,24 @@ async fn output_written_before_the_agent_exits_is_all_read_when_its_reader_is_he
     );
     assert_eq!(n, 3000);
 }
+
+#[test]
+fn tagged_processes_are_found_among_those_created_since_a_point() {
+    use aamp_bridge::runner::process::{last_pid, tagged_since};
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let before = last_pid();
+    assert!(before.is_some(), "/proc/loadavg names the last process id");
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .env("AAMP_TEST_TAG", &tag)
+        .spawn()
+        .unwrap();
+    let after = last_pid();
+    let pid = child.id() as i32;
+    assert_eq!(tagged_since("AAMP_TEST_TAG", &tag, before), vec![pid]);
+    assert_eq!(tagged_since("AAMP_TEST_TAG", &tag, None), vec![pid]);
+    // Created before `after`: not among those created since.
+    assert!(tagged_since("AAMP_TEST_TAG", &tag, after).is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

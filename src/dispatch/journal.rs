@@ -206,6 +206,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS tasks_by_task ON tasks (agent, sender, task_id);
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (agent, state);
 CREATE INDEX IF NOT EXISTS tasks_by_session ON tasks (agent, session_key);
+-- The admission limits count recent tasks from the index alone, not by reading every row.
+CREATE INDEX IF NOT EXISTS tasks_by_time ON tasks (agent, received_at, admitted, sender, session_key);
 CREATE TABLE IF NOT EXISTS policy (
     id         INTEGER PRIMARY KEY,
     agent      TEXT NOT NULL,
@@ -261,6 +263,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     last_error TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (agent, sent_at, failed_at, next_at);
+-- A task's mails (their count, the order they leave in) without scanning the outbox.
+CREATE INDEX IF NOT EXISTS outbox_by_task ON outbox (task, intent);
 CREATE TABLE IF NOT EXISTS sessions (
     agent      TEXT NOT NULL,
     key        TEXT NOT NULL,
@@ -269,6 +273,20 @@ CREATE TABLE IF NOT EXISTS sessions (
     PRIMARY KEY (agent, key)
 );
 ";
+
+/// The queries run for every task, kept here so a test can check that each uses an index
+/// (a scan of a journal with months of history would cost every task more).
+const COUNT_OUTGOING: &str = "SELECT COUNT(*) FROM outbox WHERE task = ?1 AND intent = ?2";
+const DUE: &str = "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.message_id, o.sender, o.recipients, o.bytes,
+        (SELECT t.task_id FROM tasks t WHERE t.id = o.task)
+    FROM outbox o
+    WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_at <= ?2
+      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
+                      AND e.sent_at IS NULL AND e.failed_at IS NULL)
+    ORDER BY o.id LIMIT ?3";
+const COUNT_ADMITTED: &str =
+    "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
+    AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)";
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline.
@@ -510,13 +528,7 @@ impl Journal {
 
     /// How many mails of `intent` were queued for the task.
     pub fn count_outgoing(&self, task: i64, intent: &str) -> Result<u32, JournalError> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT COUNT(*) FROM outbox WHERE task = ?1 AND intent = ?2",
-                params![task, intent],
-                |r| r.get(0),
-            )
-        })
+        self.with(|c| c.query_row(COUNT_OUTGOING, params![task, intent], |r| r.get(0)))
     }
 
     /// Mails of `agent` due now, oldest first; a mail waits while an earlier one of the same
@@ -524,15 +536,7 @@ impl Journal {
     pub fn due(&self, agent: &str, limit: usize) -> Result<Vec<Pending>, JournalError> {
         let now = now_ms();
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.message_id, o.sender, o.recipients, o.bytes,
-                        (SELECT t.task_id FROM tasks t WHERE t.id = o.task)
-                 FROM outbox o
-                 WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_at <= ?2
-                   AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
-                                   AND e.sent_at IS NULL AND e.failed_at IS NULL)
-                 ORDER BY o.id LIMIT ?3",
-            )?;
+            let mut stmt = c.prepare_cached(DUE)?;
             let rows = stmt.query_map(params![agent, now, limit as i64], |r| {
                 let recipients: String = r.get(7)?;
                 Ok(Pending {
@@ -777,8 +781,7 @@ impl Journal {
     ) -> Result<u32, JournalError> {
         self.with(|c| {
             c.query_row(
-                "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
-                 AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)",
+                COUNT_ADMITTED,
                 params![
                     agent,
                     millis(since),
@@ -1057,6 +1060,33 @@ fn insert_outgoing(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queries_run_for_every_task_use_indexes_not_scans() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+        let conn = journal.conn.lock().unwrap();
+        for (name, sql, n) in [
+            ("COUNT_OUTGOING", COUNT_OUTGOING, 2),
+            ("DUE", DUE, 3),
+            ("COUNT_ADMITTED", COUNT_ADMITTED, 4),
+        ] {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let values: Vec<rusqlite::types::Value> =
+                (0..n).map(|_| rusqlite::types::Value::Null).collect();
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(values), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN")),
+                "{name} scans a table: {plan:?}"
+            );
+        }
+    }
 
     fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {
         NewTask {

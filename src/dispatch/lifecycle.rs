@@ -256,6 +256,8 @@ impl<O: Outbox> Dispatcher<O> {
             None => None,
         };
         let run_tag = uuid::Uuid::new_v4().simple().to_string();
+        // Only processes created from here on can carry the run's tag.
+        let first_pid = runner::process::last_pid();
         let on_spawn = {
             let (journal, row) = (journal.clone(), task.row);
             SpawnHook(Arc::new(move |pgid| {
@@ -374,7 +376,7 @@ impl<O: Outbox> Dispatcher<O> {
             }
             drop(tx);
             // What the agent started and left behind, even outside its process group.
-            let left = runner::process::kill_tagged(RUN_VAR, &run_tag);
+            let left = runner::process::kill_tagged_since(RUN_VAR, &run_tag, first_pid);
             if left > 0 {
                 tracing::info!(processes = left, "stopped processes the agent left behind");
             }

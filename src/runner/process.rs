@@ -107,14 +107,43 @@ impl GroupChild {
 /// a process that left the agent's process group (`setsid`). Linux only (it reads /proc);
 /// elsewhere the list is empty.
 pub fn tagged(name: &str, value: &str) -> Vec<i32> {
+    tagged_since(name, value, None)
+}
+
+/// The process id the kernel handed out last (the fifth field of /proc/loadavg); `None`
+/// where it cannot be read.
+pub fn last_pid() -> Option<i32> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .nth(4)?
+        .parse()
+        .ok()
+}
+
+/// Like [`tagged`], among the processes created after `since` (a [`last_pid`] read before
+/// the tag was first given out): no other process can carry it. Reading another process's
+/// environment is the costly part of the check, so on a machine with hundreds of processes
+/// this reads a handful instead of all of them. Process ids are handed out in increasing
+/// order and wrap at the system's maximum; both cases are covered.
+pub fn tagged_since(name: &str, value: &str, since: Option<i32>) -> Vec<i32> {
     let needle = format!("{name}={value}");
     let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    entries
+    let pids: Vec<i32> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| *pid != me)
+        .collect();
+    // Read after listing: every listed process was created at or before `now`.
+    let window = since.zip(last_pid());
+    pids.into_iter()
+        .filter(|pid| match window {
+            Some((since, now)) if now >= since => *pid > since && *pid <= now,
+            Some((since, now)) => *pid > since || *pid <= now,
+            None => true,
+        })
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/environ"))
                 .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
@@ -125,7 +154,12 @@ pub fn tagged(name: &str, value: &str) -> Vec<i32> {
 /// Kills (SIGKILL) every process tagged `name=value`, and the process groups they lead.
 /// Returns how many processes were found.
 pub fn kill_tagged(name: &str, value: &str) -> usize {
-    let pids = tagged(name, value);
+    kill_tagged_since(name, value, None)
+}
+
+/// Like [`kill_tagged`], among the processes created after `since` (see [`tagged_since`]).
+pub fn kill_tagged_since(name: &str, value: &str, since: Option<i32>) -> usize {
+    let pids = tagged_since(name, value, since);
     for pid in &pids {
         let pid = Pid::from_raw(*pid);
         if nix::unistd::getpgid(Some(pid)).ok() == Some(pid) {
