@@ -726,7 +726,7 @@ fn pair(config: &LoadedConfig, agent_name: &str, ttl_secs: u64, json: bool) -> a
         bail!("no agent {agent_name:?} in {}", config.path.display());
     };
     let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
-    let email = config.account(&mailbox)?.email;
+    let email = config.mailbox_address(&mailbox)?;
     let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
     let code = crate::dispatch::new_pair_code();
     let expires = journal.add_pair_code(&agent.name, &code, Duration::from_secs(ttl_secs))?;
@@ -892,10 +892,7 @@ fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let mut agents = Vec::new();
     for agent in &config.config.agents {
         let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
-        let email = config
-            .account(&mailbox)
-            .map(|a| a.email)
-            .unwrap_or_default();
+        let email = config.mailbox_address(&mailbox).unwrap_or_default();
         let link: serde_json::Value = std::fs::read(
             config
                 .state_dir
@@ -1065,6 +1062,44 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
         for name in mailboxes {
             spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
+            if config.is_amp(&name) {
+                let checked = match config.amp_account(&name) {
+                    Ok(account) => {
+                        let url = account.url.to_string();
+                        match crate::mailbox::amp::AmpClient::new(account) {
+                            Ok(client) => client.unread().await.map(|m| (url, m.len())),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Err(e) => {
+                        checks.push(check(
+                            what("config"),
+                            "fail",
+                            e.problem.clone(),
+                            e.fix.clone(),
+                        ));
+                        continue;
+                    }
+                };
+                match checked {
+                    Ok((url, unread)) => checks.push(check(
+                        what("AMP"),
+                        "ok",
+                        format!("read the agent's inbox at {url} ({unread} unread); AMP has no push: polling"),
+                        "",
+                    )),
+                    Err(e) => checks.push(check(
+                        what("AMP"),
+                        "fail",
+                        e.to_string(),
+                        match e.class() {
+                            ErrorClass::Auth => "check api_key_file and agent_id (the key's user must own the agent)",
+                            _ => "check amp_url and that the broker is running",
+                        },
+                    )),
+                }
+                continue;
+            }
             let account = match config.account(&name) {
                 Ok(a) => a,
                 Err(e) => {

@@ -27,6 +27,63 @@ pub struct RunOptions {
     pub agents: Vec<String>,
 }
 
+/// Where one agent's answers go: its mailbox back-end. `dispatch` sees only [`Outbox`].
+pub enum Outlet {
+    /// AAMP: SMTP submission, Sent copies, the AAMP service's streams and threads.
+    Aamp(Box<Sender>),
+    /// AMP: replies on the broker.
+    Amp(Box<crate::mailbox::amp::AmpOutbox>),
+}
+
+impl Outbox for Outlet {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+        match self {
+            Outlet::Aamp(s) => Outbox::submit(s.as_ref(), mail).await,
+            Outlet::Amp(a) => a.submit(mail).await,
+        }
+    }
+
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
+        match self {
+            Outlet::Aamp(s) => Outbox::download(s.as_ref(), attachment, max).await,
+            Outlet::Amp(_) => Err(MailboxError::Address(
+                "AMP messages carry no attachments the bridge can fetch".into(),
+            )),
+        }
+    }
+
+    async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
+        match self {
+            Outlet::Aamp(s) => Outbox::open_stream(s.as_ref(), task_id, peer).await,
+            Outlet::Amp(_) => None,
+        }
+    }
+
+    async fn pump_stream(
+        &self,
+        stream_id: &str,
+        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> usize {
+        match self {
+            Outlet::Aamp(s) => Outbox::pump_stream(s.as_ref(), stream_id, events).await,
+            Outlet::Amp(_) => 0,
+        }
+    }
+
+    async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
+        match self {
+            Outlet::Aamp(s) => Outbox::thread(s.as_ref(), task_id).await,
+            Outlet::Amp(_) => Vec::new(),
+        }
+    }
+
+    async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
+        if let Outlet::Aamp(s) = self {
+            Outbox::close_stream(s.as_ref(), stream_id, payload).await
+        }
+    }
+}
+
 impl Outbox for Sender {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
         Sender::submit(self, mail).await
@@ -139,6 +196,50 @@ pub async fn run(
     let mut dispatchers = Vec::new();
     for agent in agents {
         let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        if config.is_amp(&mailbox_name) {
+            let account = config.amp_account(&mailbox_name)?;
+            let spec = agent_spec(&config, &agent)?;
+            let client = crate::mailbox::amp::AmpClient::new(account.clone())
+                .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
+            let dispatcher = Dispatcher::new(
+                spec,
+                Outlet::Amp(Box::new(crate::mailbox::amp::AmpOutbox::new(
+                    client.clone(),
+                ))),
+                journal.clone(),
+                events,
+                settings.clone(),
+                tasks.clone(),
+                abort.clone(),
+            );
+            dispatchers.push(dispatcher.clone());
+            let span = tracing::info_span!("agent", agent = %agent.name);
+            recover(&dispatcher, &agent.name, &span)?;
+            services.spawn(
+                dispatcher
+                    .clone()
+                    .send_outbox(outbox_stop.clone(), LAST_ROUND)
+                    .instrument(span.clone()),
+            );
+            let deliver = move |inbound| {
+                dispatcher
+                    .deliver(inbound)
+                    .map_err(|e| Box::new(e) as intake::DeliverError)
+            };
+            services.spawn(
+                crate::mailbox::amp::run_intake(
+                    agent.name.clone(),
+                    client,
+                    deliver,
+                    events,
+                    account.poll_interval,
+                    stop.clone(),
+                )
+                .instrument(span),
+            );
+            names.push(agent.name);
+            continue;
+        }
         if let Some(registration) = config.registration(&mailbox_name) {
             let credentials = crate::mailbox::helper::register(&registration)
                 .await
@@ -182,7 +283,7 @@ pub async fn run(
             Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
         let dispatcher = Dispatcher::new(
             spec,
-            sender,
+            Outlet::Aamp(Box::new(sender)),
             journal.clone(),
             events,
             settings.clone(),
@@ -191,18 +292,7 @@ pub async fn run(
         );
         dispatchers.push(dispatcher.clone());
         let span = tracing::info_span!("agent", agent = %agent.name);
-        {
-            let _enter = span.enter();
-            let picked = dispatcher
-                .recover()
-                .with_context(|| format!("agent {:?}: reading the task journal", agent.name))?;
-            if picked > 0 {
-                tracing::info!(
-                    tasks = picked,
-                    "picked up unfinished tasks from the journal"
-                );
-            }
-        }
+        recover(&dispatcher, &agent.name, &span)?;
         services.spawn(
             dispatcher
                 .clone()
@@ -348,6 +438,25 @@ pub async fn run(
     Ok(())
 }
 
+/// Picks up what the journal holds for one agent from the bridge's last life.
+fn recover(
+    dispatcher: &Dispatcher<Outlet>,
+    agent: &str,
+    span: &tracing::Span,
+) -> anyhow::Result<()> {
+    let _enter = span.enter();
+    let picked = dispatcher
+        .recover()
+        .with_context(|| format!("agent {agent:?}: reading the task journal"))?;
+    if picked > 0 {
+        tracing::info!(
+            tasks = picked,
+            "picked up unfinished tasks from the journal"
+        );
+    }
+    Ok(())
+}
+
 /// How often an idle bridge gives freed memory back.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
 
@@ -378,7 +487,7 @@ pub fn agent_spec(
     agent: &crate::config::AgentConfig,
 ) -> anyhow::Result<AgentSpec> {
     let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
-    let account = config.account(&mailbox_name)?;
+    let email = config.mailbox_address(&mailbox_name)?;
     let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
         .with_context(|| {
             format!(
@@ -402,7 +511,7 @@ pub fn agent_spec(
     };
     let spec = AgentSpec {
         name: agent.name.clone(),
-        email: account.email.clone(),
+        email,
         policy: agent.sender_policy(),
         limits: crate::dispatch::admission::Limits {
             per_sender_per_hour: Some(agent.max_tasks_per_sender_per_hour),
@@ -437,7 +546,7 @@ pub fn agent_spec(
 /// Reads the config and profiles again and hands each running agent its new settings. A
 /// config that does not load changes nothing (and says why); agents added or removed wait
 /// for a restart.
-async fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], events: Events) {
+async fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>], events: Events) {
     tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,
@@ -457,7 +566,9 @@ async fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Sender>], even
         match agent_spec(&config, agent) {
             Ok(spec) => {
                 dispatcher.reload(spec);
-                publish_card(&config, agent, dispatcher.outbox(), events).await;
+                if let Outlet::Aamp(sender) = dispatcher.outbox() {
+                    publish_card(&config, agent, sender, events).await;
+                }
                 reloaded.push(name);
             }
             Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),

@@ -29,7 +29,9 @@
 //!   push over WebSocket or EventSource), Inbox and address filtering, attachments, SMTP
 //!   submission with Sent copies, the helper API (streams, registration, thread, directory),
 //!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote), plain
-//!   replies, and the link state a status command reads. It never imports `dispatch`.
+//!   replies, and the link state a status command reads. Other mailbox systems are back-ends
+//!   beside it with the same inbound model: `mailbox::amp` (an AMP broker, polled; answers
+//!   as replies in the thread). It never imports `dispatch`.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
 //!   what was received, decided, run and answered, and the outbox of mail to send), sender
 //!   policy (globs, context rules, pairing), limits and loop guards, de-duplication, expiry,
@@ -42,7 +44,8 @@
 //!   and their stream formats (`runner::stream`), templates, process groups and tagged
 //!   leftovers (`runner::process`), the agent scan.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   a dispatcher and its outbox worker; the stop (drain), abort and reload signals; the
+//!   a dispatcher and its outbox worker (`daemon::Outlet`: the agent's back-end as the one
+//!   `Outbox` dispatch sees); the stop (drain), abort and reload signals; the
 //!   owner-only control socket `status` asks.
 //! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (the commands; `init`, its
 //!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,

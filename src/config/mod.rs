@@ -111,9 +111,35 @@ impl SmtpSecurity {
     }
 }
 
+/// Which mailbox system a mailbox lives in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailboxKind {
+    /// AAMP: JMAP to read, SMTP to send, an optional AAMP service (the default).
+    #[default]
+    Aamp,
+    /// AMP (Agent Mailer Protocol): an HTTP broker, polled (README: "AMP mailboxes").
+    Amp,
+}
+
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MailboxConfig {
+    /// `aamp` (the default) or `amp`.
+    #[serde(default)]
+    pub kind: MailboxKind,
+    /// AMP: the broker's base URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amp_url: Option<String>,
+    /// AMP: the agent's address on the broker (`name@user.domain`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// AMP: the agent's id on the broker (from `POST /agents/register`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// AMP: a file holding the user's API key (`amk_...`), mode 0600.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,6 +156,7 @@ pub struct MailboxConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The JMAP session URL (`https://host/.well-known/jmap`) or the server's base URL.
+    #[serde(default)]
     pub jmap_url: String,
     /// Login name for JMAP and SMTP; default: `email`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -140,6 +167,7 @@ pub struct MailboxConfig {
     /// ... a file holding it (mode 0600), which is preferred.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
+    #[serde(default)]
     pub smtp_host: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub smtp_port: Option<u16>,
@@ -336,6 +364,28 @@ impl fmt::Debug for Account {
     }
 }
 
+/// An AMP mailbox, checked and with its API key read.
+#[derive(Clone)]
+pub struct AmpAccount {
+    pub name: String,
+    pub url: url::Url,
+    pub address: String,
+    pub agent_id: String,
+    pub api_key: String,
+    pub poll_interval: std::time::Duration,
+    pub insecure_tls: bool,
+}
+
+impl fmt::Debug for AmpAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmpAccount")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A config that passed validation, with relative paths resolved against its folder.
 #[derive(Clone, Debug)]
 pub struct LoadedConfig {
@@ -503,7 +553,9 @@ impl LoadedConfig {
         }
         for name in self.config.mailboxes.keys() {
             // A mailbox the bridge will register is checked once it has its credentials.
-            if self.registration(name).is_none() {
+            if self.is_amp(name) {
+                self.amp_account(name)?;
+            } else if self.registration(name).is_none() {
                 self.account(name)?;
             }
         }
@@ -531,6 +583,144 @@ impl LoadedConfig {
         }
     }
 
+    /// Whether the named mailbox is an AMP mailbox.
+    pub fn is_amp(&self, name: &str) -> bool {
+        self.config
+            .mailboxes
+            .get(name)
+            .is_some_and(|m| m.kind == MailboxKind::Amp)
+    }
+
+    /// The address mail to the named mailbox goes to, whatever its kind.
+    pub fn mailbox_address(&self, name: &str) -> Result<String, ConfigError> {
+        if self.is_amp(name) {
+            Ok(self.amp_account(name)?.address)
+        } else {
+            Ok(self.account(name)?.email)
+        }
+    }
+
+    /// The named AMP mailbox with its API key read and its settings checked.
+    pub fn amp_account(&self, name: &str) -> Result<AmpAccount, ConfigError> {
+        let key = format!("mailboxes.{name}");
+        let m = self.config.mailboxes.get(name).ok_or_else(|| {
+            self.error(
+                &key,
+                "no such mailbox",
+                format!("use one of: {}", self.mailbox_names()),
+            )
+        })?;
+        let aamp_only: Vec<&str> = [
+            ("email", m.email.is_some()),
+            ("credentials_file", m.credentials_file.is_some()),
+            ("jmap_url", !m.jmap_url.is_empty()),
+            ("smtp_host", !m.smtp_host.is_empty()),
+            ("password", m.password.is_some()),
+            ("password_file", m.password_file.is_some()),
+            ("aamp_url", m.aamp_url.is_some()),
+        ]
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(k, _)| *k)
+        .collect();
+        if !aamp_only.is_empty() {
+            return Err(self.error(
+                &key,
+                format!(
+                    "{} belong to AAMP mailboxes, not kind = \"amp\"",
+                    aamp_only.join(", ")
+                ),
+                "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
+            ));
+        }
+        let need = |field: &Option<String>, what: &str, fix: &str| {
+            field
+                .clone()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| self.error(format!("{key}.{what}"), "missing", fix))
+        };
+        let url_text = need(
+            &m.amp_url,
+            "amp_url",
+            "set amp_url = \"https://<the broker>\"",
+        )?;
+        let url = url::Url::parse(&url_text)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| {
+                self.error(
+                    format!("{key}.amp_url"),
+                    format!("{url_text:?} is not an http(s) URL"),
+                    "write e.g. https://amp.example.com",
+                )
+            })?;
+        if url.scheme() == "http" && !url.host_str().is_some_and(is_loopback) {
+            return Err(self.error(
+                format!("{key}.amp_url"),
+                "plain http would send the API key unencrypted",
+                "use https; http is only allowed to a loopback host",
+            ));
+        }
+        let address = need(
+            &m.address,
+            "address",
+            "set address = \"<name>@<user>.<broker domain>\"",
+        )?;
+        if !address.contains('@') {
+            return Err(self.error(
+                format!("{key}.address"),
+                format!("{address:?} is not an AMP address"),
+                "write the agent's full address, name@user.domain",
+            ));
+        }
+        let agent_id = need(
+            &m.agent_id,
+            "agent_id",
+            "set agent_id = \"<the id POST /agents/register gave>\"",
+        )?;
+        let file = m.api_key_file.as_ref().ok_or_else(|| {
+            self.error(
+                format!("{key}.api_key_file"),
+                "missing",
+                "set api_key_file = \"<file holding the amk_ key>\" (mode 0600)",
+            )
+        })?;
+        let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
+        let api_key = std::fs::read_to_string(&file)
+            .map_err(|e| {
+                self.error(
+                    format!("{key}.api_key_file"),
+                    format!("cannot read {}: {e}", file.display()),
+                    "point it at a readable file that holds only the key",
+                )
+            })?
+            .trim()
+            .to_string();
+        if !is_private(&file) {
+            return Err(self.error(
+                format!("{key}.api_key_file"),
+                format!("{} can be read by other users", file.display()),
+                format!("run `chmod 600 {}`", file.display()),
+            ));
+        }
+        if m.poll_interval_secs == 0 {
+            return Err(self.error(
+                format!("{key}.poll_interval_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds",
+            ));
+        }
+        Ok(AmpAccount {
+            name: name.to_string(),
+            url,
+            address,
+            agent_id,
+            api_key,
+            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            insecure_tls: m.insecure_tls,
+        })
+    }
+
     /// The named mailbox with its password read and its settings checked.
     pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
         let key = format!("mailboxes.{name}");
@@ -541,6 +731,13 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
+        if m.kind == MailboxKind::Amp {
+            return Err(self.error(
+                format!("{key}.kind"),
+                "an AMP mailbox has no JMAP or SMTP account",
+                "this command works with AAMP mailboxes only",
+            ));
+        }
         let jmap_url = url::Url::parse(&m.jmap_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())

@@ -2,6 +2,7 @@
 //! Inbox mail addressed to an agent into parsed AAMP messages for `dispatch`, and sends the
 //! AAMP messages `dispatch` hands back.
 
+pub mod amp;
 pub mod auth;
 mod error;
 pub mod helper;

@@ -436,7 +436,7 @@ pub fn pairing(config: &LoadedConfig, agent: &str, ttl: Duration) -> anyhow::Res
         .find(|a| a.name == agent)
         .with_context(|| format!("no agent {agent:?} in {}", config.path.display()))?;
     let mailbox = entry.mailbox.clone().unwrap_or_else(|| entry.name.clone());
-    let email = config.account(&mailbox)?.email;
+    let email = config.mailbox_address(&mailbox)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create {}", config.state_dir.display()))?;
     let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;

@@ -1,0 +1,372 @@
+//! The AMP back-end end to end: a real bridge process polls an AMP broker
+//! (tests/hosts/amp_broker.py, the agent-facing API of study8677/agent-mailer) and answers
+//! in the thread, exactly once: across a SIGKILL while its reply was being posted, and across
+//! a broker restart. No mail host is involved.
+
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{Bridge, ConfigDir};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The test broker, its state kept in a folder of its own so it can be restarted.
+struct Broker {
+    child: Child,
+    port: u16,
+    key: String,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Broker {
+    fn start(extra: &[&str]) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = Broker::spawn(dir.path(), port, &key, &extra);
+        Broker {
+            child,
+            port,
+            key,
+            dir,
+            extra,
+        }
+    }
+
+    fn spawn(dir: &Path, port: u16, key: &str, extra: &[String]) -> Child {
+        let mut child = Command::new("python3")
+            .arg(repo().join("tests/hosts/amp_broker.py"))
+            .args(["--port", &port.to_string()])
+            .arg("--db")
+            .arg(dir.join("broker.sqlite3"))
+            .arg("--record")
+            .arg(dir.join("record.jsonl"))
+            .args(["--user", &format!("alice:{key}")])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 runs the AMP test broker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("listening"),
+            "the broker did not start: {line:?}"
+        );
+        child
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Started again on the same port and state, without the fault options.
+    fn restart(&mut self) {
+        self.stop();
+        self.extra.clear();
+        self.child = Broker::spawn(self.dir.path(), self.port, &self.key, &self.extra);
+    }
+
+    fn record(&self) -> Vec<Value> {
+        support::lines(&self.dir.path().join("record.jsonl"))
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url()))
+            .header("X-API-Key", &self.key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let value: Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {value}");
+        value
+    }
+
+    /// Registers an agent: (id, address).
+    async fn register(&self, name: &str) -> (String, String) {
+        let agent = self
+            .call(
+                reqwest::Method::POST,
+                "/agents/register",
+                Some(json!({"name": name, "role": name, "system_prompt": "test"})),
+            )
+            .await;
+        (
+            agent["id"].as_str().unwrap().to_string(),
+            agent["address"].as_str().unwrap().to_string(),
+        )
+    }
+
+    async fn thread(&self, thread_id: &str) -> Vec<Value> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/messages/thread/{thread_id}"),
+            None,
+        )
+        .await
+        .as_array()
+        .unwrap()
+        .clone()
+    }
+
+    /// Waits until the thread holds a message from `from`; returns those messages.
+    async fn replies(&self, thread_id: &str, from: &str) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let replies: Vec<Value> = self
+                .thread(thread_id)
+                .await
+                .into_iter()
+                .filter(|m| m["from_agent"] == from)
+                .collect();
+            if !replies.is_empty() {
+                return replies;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no reply in thread {thread_id}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A config of one agent on an AMP mailbox, answering `boss`.
+fn config(broker: &Broker, agent: &(String, String), boss: &str, profile: &str) -> ConfigDir {
+    let dir = ConfigDir {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    dir.write("amp.key", &broker.key);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.dir.path().join("amp.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+    }
+    dir.write_config(&format!(
+        "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"{}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n\n[[agents]]\nname = \"coder\"\nmailbox = \"coder\"\nprofile = \"{profile}\"\nallow_from = [\"{boss}\"]\n",
+        broker.url(),
+        agent.1,
+        agent.0
+    ));
+    dir
+}
+
+async fn send(
+    broker: &Broker,
+    from: &(String, String),
+    to: &str,
+    subject: &str,
+    body: &str,
+) -> Value {
+    broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": from.0, "from_agent": from.1, "to_agent": to,
+                        "action": "send", "subject": subject, "body": body}),
+            ),
+        )
+        .await
+}
+
+fn no_invalid_requests(broker: &Broker) {
+    let invalid: Vec<Value> = broker
+        .record()
+        .into_iter()
+        .filter(|r| r.get("invalid").is_some())
+        .collect();
+    assert!(
+        invalid.is_empty(),
+        "requests the API does not accept: {invalid:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let stranger = broker.register("stranger").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    let mut bridge = Bridge::start(&dir, 1);
+
+    let sent = send(&broker, &boss, &coder.1, "Greet", "say hello").await;
+    let thread = sent["thread_id"].as_str().unwrap();
+    let replies = broker.replies(thread, &coder.1).await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let reply = &replies[0];
+    assert_eq!(reply["action"], "reply");
+    assert_eq!(reply["parent_id"], sent["id"]);
+    assert_eq!(reply["to_agent"], boss.1.as_str());
+    assert!(
+        reply["body"].as_str().unwrap().contains("say hello"),
+        "{reply}"
+    );
+    // The dispatch was marked read once the journal held it.
+    let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
+    bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    let inbox = broker
+        .call(
+            reqwest::Method::GET,
+            &format!("/messages/inbox/{}?agent_id={}&all=true", coder.1, coder.0),
+            None,
+        )
+        .await;
+    assert!(
+        inbox
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["is_read"] == true),
+        "{inbox}"
+    );
+
+    // The same message unread again (as after a crash between journaling and marking it
+    // read): taken again, recognised, neither run nor answered twice, and marked read again.
+    let read_path = format!("/messages/{}/read", sent["id"].as_str().unwrap());
+    broker
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/messages/{}/unread", sent["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    support::wait_until("the message is marked read again", || {
+        broker
+            .record()
+            .iter()
+            .filter(|r| {
+                r["method"] == "PATCH" && r["path"] == read_path.as_str() && r["status"] == 200
+            })
+            .count()
+            >= 2
+    });
+    assert_eq!(broker.replies(thread, &coder.1).await.len(), 1);
+    assert_eq!(
+        bridge
+            .seen
+            .iter()
+            .filter(|e| e["event"] == "task.started" && e["taskId"] == task_id.as_str())
+            .count(),
+        1,
+        "run once"
+    );
+
+    // A sender the policy does not allow is refused, in the thread, and nothing runs.
+    let refused = send(&broker, &stranger, &coder.1, "Do it", "rm -rf /").await;
+    let answer = broker
+        .replies(refused["thread_id"].as_str().unwrap(), &coder.1)
+        .await;
+    assert_eq!(answer.len(), 1);
+    assert!(
+        answer[0]["body"].as_str().unwrap().contains("rejected"),
+        "{answer:?}"
+    );
+    no_invalid_requests(&broker);
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_while_its_reply_was_posted_does_not_reply_twice() {
+    let mut broker = Broker::start(&["--stall-first-reply"]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    let bridge = Bridge::start(&dir, 1);
+
+    let sent = send(&broker, &boss, &coder.1, "Once", "only once").await;
+    let thread = sent["thread_id"].as_str().unwrap().to_string();
+    // The broker stored the reply and holds the answer back: kill the bridge now, before it
+    // could record that the reply went out.
+    support::wait_until("the reply is stored", || {
+        broker.record().iter().any(|r| r["stalled"] == true)
+    });
+    bridge.kill();
+    // The broker goes down and comes back too (without the stall).
+    broker.restart();
+    let mut bridge = Bridge::start(&dir, 1);
+    let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
+    bridge.wait_event("mail.sent", |e| {
+        e["taskId"] == task_id.as_str() && e["intent"] == "task.result"
+    });
+    let replies = broker.replies(&thread, &coder.1).await;
+    assert_eq!(replies.len(), 1, "replied twice: {replies:?}");
+    assert!(
+        bridge.log().contains("in the thread already"),
+        "the retry looked first"
+    );
+
+    // And it goes on answering, also across a broker restart while it runs (meanwhile it
+    // polls the broker with backoff).
+    let next = send(&broker, &boss, &coder.1, "Again", "second").await;
+    let replies = broker
+        .replies(next["thread_id"].as_str().unwrap(), &coder.1)
+        .await;
+    assert_eq!(replies.len(), 1);
+    broker.stop();
+    support::wait_until("the bridge notices the broker is down", || {
+        bridge.log().contains("the AMP broker cannot be read")
+    });
+    broker.restart();
+    let third = send(&broker, &boss, &coder.1, "Third", "after the restart").await;
+    let replies = broker
+        .replies(third["thread_id"].as_str().unwrap(), &coder.1)
+        .await;
+    assert_eq!(replies.len(), 1);
+    no_invalid_requests(&broker);
+    assert!(bridge.stop().success());
+}
+
+#[test]
+fn a_broken_amp_mailbox_is_refused_with_what_to_fix() {
+    let dir = ConfigDir {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    dir.write_config(
+        "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"http://amp.example.com\"\naddress = \"coder@alice.amp.test\"\nagent_id = \"a1\"\napi_key_file = \"amp.key\"\n\n[[agents]]\nname = \"coder\"\nprofile = \"echo\"\nallow_from = [\"boss@alice.amp.test\"]\n",
+    );
+    let out = Command::new(support::bin())
+        .args(["--config", dir.config().to_str().unwrap(), "start"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("amp_url") && err.contains("https"), "{err}");
+    let _ = PathBuf::new();
+}
