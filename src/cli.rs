@@ -1062,6 +1062,46 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
         for name in mailboxes {
             spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
+            if config.is_asmtp(&name) {
+                let checked = match config.asmtp_account(&name) {
+                    Ok(account) => {
+                        let url = account.url.to_string();
+                        match crate::mailbox::asmtp::AsmtpClient::new(account) {
+                            Ok(client) => client.newest().await.map(|_| url),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Err(e) => {
+                        checks.push(check(
+                            what("config"),
+                            "fail",
+                            e.problem.clone(),
+                            e.fix.clone(),
+                        ));
+                        continue;
+                    }
+                };
+                match checked {
+                    Ok(url) => checks.push(check(
+                        what("ASMTP"),
+                        "ok",
+                        format!("read the agent's mailbox at {url}"),
+                        "",
+                    )),
+                    Err(e) => checks.push(check(
+                        what("ASMTP"),
+                        "fail",
+                        e.to_string(),
+                        match e.class() {
+                            ErrorClass::Auth => {
+                                "check token_file: the operator did not accept the token"
+                            }
+                            _ => "check asmtp_url and that the operator is running",
+                        },
+                    )),
+                }
+                continue;
+            }
             if config.is_amp(&name) {
                 let checked = match config.amp_account(&name) {
                     Ok(account) => {

@@ -33,6 +33,8 @@ pub enum Outlet {
     Aamp(Box<Sender>),
     /// AMP: replies on the broker.
     Amp(Box<crate::mailbox::amp::AmpOutbox>),
+    /// ASMTP: reply envelopes with client ids.
+    Asmtp(Box<crate::mailbox::asmtp::AsmtpOutbox>),
 }
 
 impl Outbox for Outlet {
@@ -40,14 +42,15 @@ impl Outbox for Outlet {
         match self {
             Outlet::Aamp(s) => Outbox::submit(s.as_ref(), mail).await,
             Outlet::Amp(a) => a.submit(mail).await,
+            Outlet::Asmtp(a) => a.submit(mail).await,
         }
     }
 
     async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
         match self {
             Outlet::Aamp(s) => Outbox::download(s.as_ref(), attachment, max).await,
-            Outlet::Amp(_) => Err(MailboxError::Address(
-                "AMP messages carry no attachments the bridge can fetch".into(),
+            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(MailboxError::Address(
+                "AMP and ASMTP messages carry no attachments the bridge fetches".into(),
             )),
         }
     }
@@ -55,7 +58,7 @@ impl Outbox for Outlet {
     async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
         match self {
             Outlet::Aamp(s) => Outbox::open_stream(s.as_ref(), task_id, peer).await,
-            Outlet::Amp(_) => None,
+            Outlet::Amp(_) | Outlet::Asmtp(_) => None,
         }
     }
 
@@ -66,14 +69,14 @@ impl Outbox for Outlet {
     ) -> usize {
         match self {
             Outlet::Aamp(s) => Outbox::pump_stream(s.as_ref(), stream_id, events).await,
-            Outlet::Amp(_) => 0,
+            Outlet::Amp(_) | Outlet::Asmtp(_) => 0,
         }
     }
 
     async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
         match self {
             Outlet::Aamp(s) => Outbox::thread(s.as_ref(), task_id).await,
-            Outlet::Amp(_) => Vec::new(),
+            Outlet::Amp(_) | Outlet::Asmtp(_) => Vec::new(),
         }
     }
 
@@ -196,6 +199,52 @@ pub async fn run(
     let mut dispatchers = Vec::new();
     for agent in agents {
         let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        if config.is_asmtp(&mailbox_name) {
+            let account = config.asmtp_account(&mailbox_name)?;
+            let spec = agent_spec(&config, &agent)?;
+            let client = crate::mailbox::asmtp::AsmtpClient::new(account.clone())
+                .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
+            let dispatcher = Dispatcher::new(
+                spec,
+                Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpOutbox::new(
+                    client.clone(),
+                ))),
+                journal.clone(),
+                events,
+                settings.clone(),
+                tasks.clone(),
+                abort.clone(),
+            );
+            dispatchers.push(dispatcher.clone());
+            let span = tracing::info_span!("agent", agent = %agent.name);
+            recover(&dispatcher, &agent.name, &span)?;
+            services.spawn(
+                dispatcher
+                    .clone()
+                    .send_outbox(outbox_stop.clone(), LAST_ROUND)
+                    .instrument(span.clone()),
+            );
+            let deliver = move |inbound| {
+                dispatcher
+                    .deliver(inbound)
+                    .map_err(|e| Box::new(e) as intake::DeliverError)
+            };
+            let agent_dir = state_dir.join("agents").join(&agent.name);
+            services.spawn(
+                crate::mailbox::asmtp::run_intake(
+                    agent.name.clone(),
+                    client,
+                    crate::mailbox::asmtp::WatermarkFile::new(agent_dir.join("asmtp-watermark")),
+                    deliver,
+                    events,
+                    account.poll_interval,
+                    stop.clone(),
+                )
+                .instrument(span),
+            );
+            names.push(agent.name);
+            continue;
+        }
         if config.is_amp(&mailbox_name) {
             let account = config.amp_account(&mailbox_name)?;
             let spec = agent_spec(&config, &agent)?;

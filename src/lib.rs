@@ -30,8 +30,9 @@
 //!   submission with Sent copies, the helper API (streams, registration, thread, directory),
 //!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote), plain
 //!   replies, and the link state a status command reads. Other mailbox systems are back-ends
-//!   beside it with the same inbound model: `mailbox::amp` (an AMP broker, polled; answers
-//!   as replies in the thread). It never imports `dispatch`.
+//!   beside it with the same inbound model: `mailbox::asmtp` (an ASMTP operator: push,
+//!   keyset catch-up, reply envelopes with client ids) and `mailbox::amp` (an AMP broker,
+//!   polled; answers as replies in the thread). It never imports `dispatch`.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
 //!   what was received, decided, run and answered, and the outbox of mail to send), sender
 //!   policy (globs, context rules, pairing), limits and loop guards, de-duplication, expiry,

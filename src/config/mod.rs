@@ -120,6 +120,9 @@ pub enum MailboxKind {
     Aamp,
     /// AMP (Agent Mailer Protocol): an HTTP broker, polled (README: "AMP mailboxes").
     Amp,
+    /// ASMTP (Agent Simple Mail Transfer Protocol): an operator with push (README: "ASMTP
+    /// mailboxes").
+    Asmtp,
 }
 
 #[derive(Clone, Deserialize, Serialize)]
@@ -140,6 +143,15 @@ pub struct MailboxConfig {
     /// AMP: a file holding the user's API key (`amk_...`), mode 0600.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<PathBuf>,
+    /// ASMTP: the operator's base URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asmtp_url: Option<String>,
+    /// ASMTP: the agent's handle (`@owner.name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
+    /// ASMTP: a file holding the agent's bearer token, mode 0600.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -386,6 +398,27 @@ impl fmt::Debug for AmpAccount {
     }
 }
 
+/// An ASMTP mailbox, checked and with its token read.
+#[derive(Clone)]
+pub struct AsmtpAccount {
+    pub name: String,
+    pub url: url::Url,
+    pub handle: String,
+    pub token: String,
+    pub poll_interval: std::time::Duration,
+    pub insecure_tls: bool,
+}
+
+impl fmt::Debug for AsmtpAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsmtpAccount")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A config that passed validation, with relative paths resolved against its folder.
 #[derive(Clone, Debug)]
 pub struct LoadedConfig {
@@ -555,6 +588,8 @@ impl LoadedConfig {
             // A mailbox the bridge will register is checked once it has its credentials.
             if self.is_amp(name) {
                 self.amp_account(name)?;
+            } else if self.is_asmtp(name) {
+                self.asmtp_account(name)?;
             } else if self.registration(name).is_none() {
                 self.account(name)?;
             }
@@ -591,13 +626,186 @@ impl LoadedConfig {
             .is_some_and(|m| m.kind == MailboxKind::Amp)
     }
 
+    /// Whether the named mailbox is an ASMTP mailbox.
+    pub fn is_asmtp(&self, name: &str) -> bool {
+        self.config
+            .mailboxes
+            .get(name)
+            .is_some_and(|m| m.kind == MailboxKind::Asmtp)
+    }
+
     /// The address mail to the named mailbox goes to, whatever its kind.
     pub fn mailbox_address(&self, name: &str) -> Result<String, ConfigError> {
         if self.is_amp(name) {
             Ok(self.amp_account(name)?.address)
+        } else if self.is_asmtp(name) {
+            Ok(self.asmtp_account(name)?.handle)
         } else {
             Ok(self.account(name)?.email)
         }
+    }
+
+    /// The keys set on mailbox `m` that belong to other kinds than `kind`.
+    fn foreign_keys(m: &MailboxConfig, kind: MailboxKind) -> Vec<&'static str> {
+        let aamp = [
+            ("email", m.email.is_some()),
+            ("credentials_file", m.credentials_file.is_some()),
+            ("jmap_url", !m.jmap_url.is_empty()),
+            ("smtp_host", !m.smtp_host.is_empty()),
+            ("password", m.password.is_some()),
+            ("password_file", m.password_file.is_some()),
+            ("aamp_url", m.aamp_url.is_some()),
+        ];
+        let amp = [
+            ("amp_url", m.amp_url.is_some()),
+            ("address", m.address.is_some()),
+            ("agent_id", m.agent_id.is_some()),
+            ("api_key_file", m.api_key_file.is_some()),
+        ];
+        let asmtp = [
+            ("asmtp_url", m.asmtp_url.is_some()),
+            ("handle", m.handle.is_some()),
+            ("token_file", m.token_file.is_some()),
+        ];
+        let mut out = Vec::new();
+        for (owner, keys) in [
+            (MailboxKind::Aamp, &aamp[..]),
+            (MailboxKind::Amp, &amp[..]),
+            (MailboxKind::Asmtp, &asmtp[..]),
+        ] {
+            if owner != kind {
+                out.extend(keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k));
+            }
+        }
+        out
+    }
+
+    /// A secret read from a 0600 file named by `key` (relative to the config's folder).
+    fn secret_file(
+        &self,
+        key: &str,
+        file: Option<&PathBuf>,
+        what: &str,
+    ) -> Result<String, ConfigError> {
+        let file = file.ok_or_else(|| {
+            self.error(
+                key,
+                "missing",
+                format!("set it to a file holding {what} (mode 0600)"),
+            )
+        })?;
+        let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            self.error(
+                key,
+                format!("cannot read {}: {e}", file.display()),
+                format!("point it at a readable file that holds only {what}"),
+            )
+        })?;
+        if !is_private(&file) {
+            return Err(self.error(
+                key,
+                format!("{} can be read by other users", file.display()),
+                format!("run `chmod 600 {}`", file.display()),
+            ));
+        }
+        Ok(text.trim().to_string())
+    }
+
+    /// A broker or operator URL: http(s), and plain http only to a loopback host (the
+    /// credential would cross the network unencrypted).
+    fn service_url(
+        &self,
+        key: &str,
+        text: Option<&String>,
+        example: &str,
+    ) -> Result<url::Url, ConfigError> {
+        let text = text
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| self.error(key, "missing", format!("set it, e.g. {example}")))?;
+        let url = url::Url::parse(text)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| {
+                self.error(
+                    key,
+                    format!("{text:?} is not an http(s) URL"),
+                    format!("write e.g. {example}"),
+                )
+            })?;
+        if url.scheme() == "http" && !url.host_str().is_some_and(is_loopback) {
+            return Err(self.error(
+                key,
+                "plain http would send the credential unencrypted",
+                "use https; http is only allowed to a loopback host",
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The named ASMTP mailbox with its token read and its settings checked.
+    pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
+        let key = format!("mailboxes.{name}");
+        let m = self.config.mailboxes.get(name).ok_or_else(|| {
+            self.error(
+                &key,
+                "no such mailbox",
+                format!("use one of: {}", self.mailbox_names()),
+            )
+        })?;
+        let foreign = Self::foreign_keys(m, MailboxKind::Asmtp);
+        if !foreign.is_empty() {
+            return Err(self.error(
+                &key,
+                format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
+                "an ASMTP mailbox takes asmtp_url, handle and token_file",
+            ));
+        }
+        let url = self.service_url(
+            &format!("{key}.asmtp_url"),
+            m.asmtp_url.as_ref(),
+            "https://asmtp.example.com",
+        )?;
+        let handle = m.handle.clone().unwrap_or_default();
+        let valid = handle
+            .strip_prefix('@')
+            .and_then(|h| h.split_once('.'))
+            .is_some_and(|(owner, agent)| {
+                let ok = |s: &str| {
+                    !s.is_empty()
+                        && s.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+                        })
+                };
+                ok(owner) && ok(agent)
+            });
+        if !valid {
+            return Err(self.error(
+                format!("{key}.handle"),
+                format!("{handle:?} is not an ASMTP handle"),
+                "write the agent's handle, @owner.name (lower-case letters, digits, _ and -)",
+            ));
+        }
+        let token = self.secret_file(
+            &format!("{key}.token_file"),
+            m.token_file.as_ref(),
+            "the agent's bearer token",
+        )?;
+        if m.poll_interval_secs == 0 {
+            return Err(self.error(
+                format!("{key}.poll_interval_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds",
+            ));
+        }
+        Ok(AsmtpAccount {
+            name: name.to_string(),
+            url,
+            handle,
+            token,
+            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            insecure_tls: m.insecure_tls,
+        })
     }
 
     /// The named AMP mailbox with its API key read and its settings checked.
@@ -610,26 +818,11 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
-        let aamp_only: Vec<&str> = [
-            ("email", m.email.is_some()),
-            ("credentials_file", m.credentials_file.is_some()),
-            ("jmap_url", !m.jmap_url.is_empty()),
-            ("smtp_host", !m.smtp_host.is_empty()),
-            ("password", m.password.is_some()),
-            ("password_file", m.password_file.is_some()),
-            ("aamp_url", m.aamp_url.is_some()),
-        ]
-        .iter()
-        .filter(|(_, set)| *set)
-        .map(|(k, _)| *k)
-        .collect();
-        if !aamp_only.is_empty() {
+        let foreign = Self::foreign_keys(m, MailboxKind::Amp);
+        if !foreign.is_empty() {
             return Err(self.error(
                 &key,
-                format!(
-                    "{} belong to AAMP mailboxes, not kind = \"amp\"",
-                    aamp_only.join(", ")
-                ),
+                format!("{} do not belong to kind = \"amp\"", foreign.join(", ")),
                 "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
             ));
         }
@@ -731,11 +924,19 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
-        if m.kind == MailboxKind::Amp {
+        if m.kind != MailboxKind::Aamp {
             return Err(self.error(
                 format!("{key}.kind"),
-                "an AMP mailbox has no JMAP or SMTP account",
+                "an AMP or ASMTP mailbox has no JMAP or SMTP account",
                 "this command works with AAMP mailboxes only",
+            ));
+        }
+        let foreign = Self::foreign_keys(m, MailboxKind::Aamp);
+        if !foreign.is_empty() {
+            return Err(self.error(
+                &key,
+                format!("{} belong to other kinds of mailbox", foreign.join(", ")),
+                "set kind = \"amp\" or \"asmtp\" for those, or drop the keys",
             ));
         }
         let jmap_url = url::Url::parse(&m.jmap_url)

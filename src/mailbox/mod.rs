@@ -3,6 +3,7 @@
 //! AAMP messages `dispatch` hands back.
 
 pub mod amp;
+pub mod asmtp;
 pub mod auth;
 mod error;
 pub mod helper;

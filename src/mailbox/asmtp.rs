@@ -1,0 +1,673 @@
+//! The ASMTP back-end (Agent Simple Mail Transfer Protocol, Robot Networks): an agent's
+//! mailbox on an ASMTP operator. Mail is read by keyset catch-up over `GET /mailbox` from a
+//! watermark `(created_at, envelope_id)` kept on disk and moved only after every envelope
+//! before it was delivered (the journal), then fetched with `GET /messages?ids=` (which marks
+//! it read). The operator's WebSocket (`/connect`, push only, no replay) wakes the catch-up;
+//! after a dropped connection the catch-up runs again, so nothing pushed meanwhile is missed;
+//! while it is down the mailbox is polled. Answers are envelopes in reply (`in_reply_to`,
+//! `references`) whose client-supplied id is derived from the bridge's Message-ID and whose
+//! body is the same on every attempt, so a resend is a no-op at the operator (its idempotency).
+//!
+//! The mapping: every envelope to the agent is a task (`subject` → title, `text` parts → its
+//! text, `data` parts as JSON below it; the thread's root → Session-Key); `task.result`,
+//! `task.help_needed` and `card.response` go back as replies (a structured result also as a
+//! `data` part); acks and streams have no ASMTP equivalent and are dropped. The operator
+//! stamps `from` from the sender's token, so the sender is believed. TaskId: `asmtp:<id>`.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::SenderCheck;
+use super::intake::DeliverError;
+use super::{Inbound, Mail, MailboxError};
+use crate::backoff::Backoff;
+use crate::config::AsmtpAccount;
+use crate::error::ErrorClass;
+use crate::events::Events;
+use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, RenderedMail};
+
+/// Envelope headers read per catch-up page.
+const PAGE: usize = 50;
+
+/// A row of `GET /mailbox` (the shape of an `envelope.notify` push frame).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Header {
+    pub id: String,
+    pub created_at: i64,
+}
+
+/// An envelope's body (`GET /messages`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct AsmtpEnvelope {
+    pub id: String,
+    pub from: String,
+    #[serde(default)]
+    pub to: Vec<String>,
+    #[serde(default)]
+    pub subject: Option<String>,
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    #[serde(default)]
+    pub references: Vec<String>,
+    #[serde(default)]
+    pub content_parts: Vec<Value>,
+}
+
+/// How far the mailbox has been read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermark {
+    pub created_at: i64,
+    pub envelope_id: String,
+}
+
+/// The operator's agent API, authenticated with the agent's bearer token.
+#[derive(Clone)]
+pub struct AsmtpClient {
+    http: reqwest::Client,
+    account: AsmtpAccount,
+}
+
+impl AsmtpClient {
+    pub fn new(account: AsmtpAccount) -> Result<AsmtpClient, MailboxError> {
+        Ok(AsmtpClient {
+            http: super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?,
+            account,
+        })
+    }
+
+    pub fn handle(&self) -> &str {
+        &self.account.handle
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), MailboxError> {
+        let mut url = self.account.url.clone();
+        url.set_path(&format!(
+            "{}/{}",
+            url.path().trim_end_matches('/'),
+            path.trim_start_matches('/')
+        ));
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        let mut request = self
+            .http
+            .request(method, url.clone())
+            .bearer_auth(&self.account.token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.to_string(),
+                source,
+            })?;
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .map_err(|source| MailboxError::Network {
+                url: url.to_string(),
+                source,
+            })?;
+        if !(200..300).contains(&status) {
+            return Err(MailboxError::Http {
+                url: url.to_string(),
+                status,
+                body: text.chars().take(300).collect(),
+            });
+        }
+        let value = serde_json::from_str(&text).map_err(|e| MailboxError::Protocol {
+            what: url.to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok((status, value))
+    }
+
+    /// One page of envelope headers after `after` (oldest first), and whether more follow.
+    pub async fn headers_after(
+        &self,
+        after: Option<&Watermark>,
+        limit: usize,
+    ) -> Result<(Vec<Header>, bool), MailboxError> {
+        let mut query = vec![
+            ("direction", "in".to_string()),
+            ("order", "asc".to_string()),
+            ("limit", limit.to_string()),
+        ];
+        if let Some(w) = after {
+            query.push(("after_created_at", w.created_at.to_string()));
+            query.push(("after_envelope_id", w.envelope_id.clone()));
+        }
+        let (_, value) = self
+            .call(reqwest::Method::GET, "mailbox", &query, None)
+            .await?;
+        let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
+            .map_err(|e| MailboxError::Protocol {
+                what: "the ASMTP mailbox".into(),
+                detail: e.to_string(),
+            })?;
+        let more = !value["next_cursor"].is_null();
+        Ok((headers, more))
+    }
+
+    /// The newest envelope header, where a first start begins.
+    pub async fn newest(&self) -> Result<Option<Header>, MailboxError> {
+        let query = [
+            ("direction", "in".to_string()),
+            ("order", "desc".to_string()),
+            ("limit", "1".to_string()),
+        ];
+        let (_, value) = self
+            .call(reqwest::Method::GET, "mailbox", &query, None)
+            .await?;
+        let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
+            .map_err(|e| MailboxError::Protocol {
+                what: "the ASMTP mailbox".into(),
+                detail: e.to_string(),
+            })?;
+        Ok(headers.into_iter().next())
+    }
+
+    /// Envelope bodies by id (at most 100); fetching marks them read.
+    pub async fn fetch(&self, ids: &[String]) -> Result<Vec<AsmtpEnvelope>, MailboxError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (_, value) = self
+            .call(
+                reqwest::Method::GET,
+                "messages",
+                &[("ids", ids.join(","))],
+                None,
+            )
+            .await?;
+        serde_json::from_value(value["envelopes"].clone()).map_err(|e| MailboxError::Protocol {
+            what: "ASMTP envelopes".into(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Posts an envelope; a resend of the same id and body is accepted as a no-op.
+    pub async fn post(&self, envelope: &Value) -> Result<(), MailboxError> {
+        self.call(reqwest::Method::POST, "messages", &[], Some(envelope))
+            .await
+            .map(|_| ())
+    }
+
+    /// The push socket's URL (`/connect`, ws or wss).
+    fn connect_url(&self) -> String {
+        let mut url = self.account.url.clone();
+        let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
+        let _ = url.set_scheme(scheme);
+        url.set_path(&format!("{}/connect", url.path().trim_end_matches('/')));
+        url.to_string()
+    }
+}
+
+/// A client-chosen envelope id (a ULID's shape: `01` and 24 Crockford base32 characters)
+/// derived from the bridge's Message-ID, so a resend carries the same id.
+pub fn envelope_id(message_id: &str) -> String {
+    const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x2b8e_61c4_7a0d_4f3e_9c55_0e1f_d3a2_b7c9);
+    let a = uuid::Uuid::new_v5(&NAMESPACE, message_id.as_bytes());
+    let b = uuid::Uuid::new_v5(&a, message_id.as_bytes());
+    let bytes: Vec<u8> = a.as_bytes().iter().chain(b.as_bytes()).copied().collect();
+    let mut out = String::from("01");
+    let (mut acc, mut bits, mut i) = (0u32, 0u32, 0usize);
+    while out.len() < 26 {
+        if bits < 5 {
+            acc = (acc << 8) | u32::from(bytes[i]);
+            i += 1;
+            bits += 8;
+        }
+        bits -= 5;
+        out.push(CROCKFORD[((acc >> bits) & 31) as usize] as char);
+    }
+    out
+}
+
+/// The envelope an ASMTP message becomes as the bridge's inbound model: a task.
+pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
+    let mut text = Vec::new();
+    for part in &e.content_parts {
+        match part["type"].as_str() {
+            Some("text") => text.push(part["text"].as_str().unwrap_or_default().to_string()),
+            Some("data") => text.push(format!("```json\n{}\n```", part["data"])),
+            Some(kind @ ("file" | "image")) => text.push(format!(
+                "({kind}: {})",
+                part["url"].as_str().unwrap_or("attached")
+            )),
+            _ => {}
+        }
+    }
+    let body_text = text.join("\n\n");
+    let subject = e.subject.clone().unwrap_or_default();
+    let title = if subject.trim().is_empty() {
+        body_text
+            .lines()
+            .next()
+            .unwrap_or("ASMTP message")
+            .chars()
+            .take(120)
+            .collect()
+    } else {
+        subject
+    };
+    let root = e
+        .references
+        .first()
+        .or(e.in_reply_to.as_ref())
+        .unwrap_or(&e.id);
+    let mut msg = AampMessage {
+        envelope: Envelope {
+            version: protocol::VERSION.into(),
+            task_id: format!("asmtp:{}", e.id),
+            from: e.from.clone(),
+            to: vec![me.to_string()],
+            message_id: format!("<{}@asmtp>", e.id),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        },
+        body: Body::Dispatch(Dispatch {
+            title,
+            body_text,
+            session_key: Some(format!("asmtp:{root}")),
+            ..Dispatch::default()
+        }),
+    };
+    msg.envelope.subject = msg.subject();
+    let rendered = protocol::rfc5322::render(&msg, SystemTime::now());
+    let view = protocol::rfc5322::parse_raw(&rendered.bytes)?;
+    let message = AampMessage::parse(&view).ok()?;
+    Some(Inbound {
+        email_id: e.id.clone(),
+        message,
+        view,
+        sender_check: SenderCheck::Verified(
+            "the ASMTP operator stamps the sender from its token".into(),
+        ),
+        truncated: false,
+        attachments: Vec::new(),
+    })
+}
+
+/// The watermark file.
+pub struct WatermarkFile {
+    path: PathBuf,
+}
+
+impl WatermarkFile {
+    pub fn new(path: PathBuf) -> WatermarkFile {
+        WatermarkFile { path }
+    }
+
+    fn load(&self) -> std::io::Result<Option<Watermark>> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn save(&self, w: &Watermark) -> std::io::Result<()> {
+        crate::fsio::write_atomic(
+            &self.path,
+            &serde_json::to_vec(w).expect("a watermark serializes"),
+            0o600,
+        )
+    }
+}
+
+/// Reads the mailbox until `stop`: catch-up at start, on every push frame, after every
+/// reconnection, and every `poll_interval` while the push socket is down.
+pub async fn run_intake(
+    name: String,
+    client: AsmtpClient,
+    watermark: WatermarkFile,
+    mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+    events: Events,
+    poll_interval: Duration,
+    stop: CancellationToken,
+) {
+    let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+    let push_up = std::sync::atomic::AtomicBool::new(false);
+    let push = async {
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        loop {
+            let result = run_push(&client, &wake_tx, &stop, || {
+                push_up.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Connected: catch up on what came while the socket was down.
+                let _ = wake_tx.try_send(());
+                tracing::info!("ASMTP push connected");
+            })
+            .await;
+            push_up.store(false, std::sync::atomic::Ordering::SeqCst);
+            if stop.is_cancelled() {
+                return;
+            }
+            let delay = backoff.next_delay();
+            match result {
+                Ok(()) => tracing::info!("the ASMTP push connection closed; reconnecting"),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "ASMTP push unavailable")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    };
+    let reading = async {
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        let mut ready = false;
+        loop {
+            let caught = tokio::select! {
+                r = catch_up(&client, &watermark, &mut deliver) => r,
+                _ = stop.cancelled() => return,
+            };
+            let wait = match caught {
+                Ok(()) => {
+                    if !ready {
+                        ready = true;
+                        events.emit(
+                            "agent.ready",
+                            json!({"agent": name, "email": client.handle()}),
+                        );
+                    }
+                    backoff.reset();
+                    if push_up.load(std::sync::atomic::Ordering::SeqCst) {
+                        // A safety catch-up now and then even with push up.
+                        Duration::from_secs(60)
+                    } else {
+                        poll_interval
+                    }
+                }
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "the ASMTP operator cannot be read");
+                    delay
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                Some(()) = wake_rx.recv() => tracing::debug!("woken by ASMTP push"),
+                _ = stop.cancelled() => return,
+            }
+        }
+    };
+    tokio::join!(push, reading);
+}
+
+/// Reads every envelope after the watermark, a page at a time: each page is delivered, then
+/// the watermark is saved after it.
+async fn catch_up(
+    client: &AsmtpClient,
+    watermark: &WatermarkFile,
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut mark = match watermark.load()? {
+        Some(w) => Some(w),
+        None => {
+            // First start: work begins with what arrives from now on.
+            let w = client.newest().await?.map(|h| Watermark {
+                created_at: h.created_at,
+                envelope_id: h.id,
+            });
+            watermark.save(&w.clone().unwrap_or_default())?;
+            w
+        }
+    };
+    if mark.as_ref().is_some_and(|w| w.envelope_id.is_empty()) {
+        mark = None;
+    }
+    loop {
+        let (headers, more) = client.headers_after(mark.as_ref(), PAGE).await?;
+        if headers.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = headers.iter().map(|h| h.id.clone()).collect();
+        let bodies = client.fetch(&ids).await?;
+        for header in &headers {
+            match bodies.iter().find(|b| b.id == header.id) {
+                Some(envelope) => match to_inbound(envelope, client.handle()) {
+                    Some(inbound) => deliver(Mail::Aamp(Box::new(inbound)))?,
+                    None => {
+                        tracing::warn!(id = %header.id, "an ASMTP envelope that cannot be read as a task; skipped")
+                    }
+                },
+                None => {
+                    tracing::warn!(id = %header.id, "the operator listed an envelope it would not return; skipped")
+                }
+            }
+        }
+        let last = headers.last().expect("not empty");
+        let next = Watermark {
+            created_at: last.created_at,
+            envelope_id: last.id.clone(),
+        };
+        watermark.save(&next)?;
+        mark = Some(next);
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// One push connection: every `envelope.notify` frame wakes the catch-up. `Ok` when the
+/// operator closed it or `stop` was cancelled.
+async fn run_push(
+    client: &AsmtpClient,
+    wake: &mpsc::Sender<()>,
+    stop: &CancellationToken,
+    connected: impl FnOnce(),
+) -> Result<(), MailboxError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    use tokio_tungstenite::tungstenite::Message;
+    let push_error = |detail: String, class: ErrorClass| MailboxError::Push { detail, class };
+    let url = client.connect_url();
+    let mut request = url.as_str().into_client_request().map_err(|e| {
+        push_error(
+            format!("bad WebSocket URL {url}: {e}"),
+            ErrorClass::Permanent,
+        )
+    })?;
+    request.headers_mut().insert(
+        "Authorization",
+        HeaderValue::from_str(&format!("Bearer {}", client.account.token)).map_err(|_| {
+            push_error(
+                "the token cannot go in a header".into(),
+                ErrorClass::Permanent,
+            )
+        })?,
+    );
+    let (mut socket, _) = tokio::select! {
+        r = tokio_tungstenite::connect_async(request) => r.map_err(|e| push_error(e.to_string(), ErrorClass::Transient))?,
+        _ = stop.cancelled() => return Ok(()),
+    };
+    connected();
+    loop {
+        let frame = tokio::select! {
+            f = socket.next() => f,
+            _ = stop.cancelled() => return Ok(()),
+        };
+        match frame {
+            None => return Ok(()),
+            Some(Err(e)) => return Err(push_error(e.to_string(), ErrorClass::Transient)),
+            Some(Ok(Message::Text(text))) => {
+                let value: Value = serde_json::from_str(text.as_str()).unwrap_or(Value::Null);
+                if value["op"] == "envelope.notify" {
+                    let _ = wake.try_send(());
+                }
+            }
+            Some(Ok(Message::Close(_))) => return Ok(()),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// Where an ASMTP agent's answers go: reply envelopes.
+#[derive(Clone)]
+pub struct AsmtpOutbox {
+    client: AsmtpClient,
+}
+
+impl AsmtpOutbox {
+    pub fn new(client: AsmtpClient) -> AsmtpOutbox {
+        AsmtpOutbox { client }
+    }
+
+    /// The reply envelope for the answer in `mail`; `None` for what ASMTP has no place for.
+    /// The same mail gives the same envelope, byte for byte (its date is the mail's own).
+    pub fn envelope_for(mail: &RenderedMail) -> Option<Value> {
+        let view = protocol::rfc5322::parse_raw(&mail.bytes)?;
+        let msg = AampMessage::parse(&view).ok()?;
+        let parent = msg.task_id().strip_prefix("asmtp:")?.to_string();
+        let mut parts = Vec::new();
+        match &msg.body {
+            Body::Result(r) => {
+                let mut text = r.output.clone();
+                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
+                    if !text.is_empty() {
+                        text.push_str("\n\n");
+                    }
+                    text.push_str(&format!("{}: {error}", r.status.as_str()));
+                }
+                if text.is_empty() {
+                    text = format!("({})", r.status.as_str());
+                }
+                parts.push(json!({"type": "text", "text": text}));
+                let mut data = json!({"status": r.status.as_str()});
+                if let Some(fields) = &r.structured_result {
+                    data["structuredResult"] = fields.clone();
+                }
+                parts.push(json!({"type": "data", "data": data}));
+            }
+            Body::HelpNeeded(h) => {
+                let mut text = format!("Question: {}", h.question);
+                for option in &h.suggested_options {
+                    text.push_str(&format!("\n- {option}"));
+                }
+                parts.push(json!({"type": "text", "text": text}));
+            }
+            Body::CardResponse { summary, text } => {
+                parts.push(json!({"type": "text", "text": format!("{summary}\n\n{text}")}));
+            }
+            _ => return None,
+        }
+        let date_ms = mail_parser::MessageParser::default()
+            .parse(&mail.bytes)
+            .and_then(|m| m.date().map(|d| d.to_timestamp() * 1000))
+            .unwrap_or(0)
+            .max(0);
+        // No subject: a reply is read in its thread.
+        Some(json!({
+            "id": envelope_id(&mail.message_id),
+            "to": msg.envelope.to,
+            "in_reply_to": parent,
+            "references": [parent],
+            "date_ms": date_ms,
+            "content_parts": parts,
+        }))
+    }
+
+    pub async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+        match AsmtpOutbox::envelope_for(mail) {
+            Some(envelope) => self.client.post(&envelope).await,
+            // Acks, streams and the rest have no ASMTP equivalent.
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_ids_are_stable_ulid_shaped_and_distinct() {
+        let a = envelope_id("<task.result.1@x>");
+        assert_eq!(a, envelope_id("<task.result.1@x>"));
+        assert_ne!(a, envelope_id("<task.result.2@x>"));
+        assert_eq!(a.len(), 26);
+        assert!(a.starts_with("01"));
+        assert!(a
+            .chars()
+            .skip(2)
+            .all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
+    }
+
+    fn envelope() -> AsmtpEnvelope {
+        AsmtpEnvelope {
+            id: "01HZZZZZZZZZZZZZZZZZZZZZZZ".into(),
+            from: "@alice.boss".into(),
+            to: vec!["@alice.coder".into()],
+            subject: Some("Fix the build".into()),
+            in_reply_to: None,
+            references: vec![],
+            content_parts: vec![
+                json!({"type": "text", "text": "It fails."}),
+                json!({"type": "data", "data": {"branch": "main"}}),
+            ],
+        }
+    }
+
+    #[test]
+    fn an_envelope_becomes_a_task_and_its_answer_a_reply_the_same_every_time() {
+        let inbound = to_inbound(&envelope(), "@alice.coder").unwrap();
+        let msg = &inbound.message;
+        assert_eq!(msg.task_id(), "asmtp:01HZZZZZZZZZZZZZZZZZZZZZZZ");
+        assert_eq!(msg.envelope.from, "@alice.boss");
+        match &msg.body {
+            Body::Dispatch(d) => {
+                assert_eq!(d.title, "Fix the build");
+                assert!(d.body_text.contains("It fails.") && d.body_text.contains("\"branch\""));
+                assert_eq!(
+                    d.session_key.as_deref(),
+                    Some("asmtp:01HZZZZZZZZZZZZZZZZZZZZZZZ")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut reply = AampMessage::reply(
+            &msg.envelope,
+            "@alice.coder",
+            Body::Result(protocol::TaskResult {
+                status: protocol::Status::Completed,
+                output: "fixed".into(),
+                error: None,
+                structured_result: None,
+            }),
+        );
+        reply.envelope.message_id = "<task.result.1@x>".into();
+        let rendered = protocol::rfc5322::render(&reply, SystemTime::now());
+        let envelope = AsmtpOutbox::envelope_for(&rendered).unwrap();
+        assert_eq!(envelope["in_reply_to"], "01HZZZZZZZZZZZZZZZZZZZZZZZ");
+        assert_eq!(envelope["to"], json!(["@alice.boss"]));
+        assert_eq!(envelope["content_parts"][0]["text"], "fixed");
+        assert!(envelope.get("from").is_none(), "the operator stamps from");
+        assert_eq!(
+            AsmtpOutbox::envelope_for(&rendered).unwrap(),
+            envelope,
+            "a resend is the same envelope"
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! The ASMTP back-end end to end: a real bridge process reads an ASMTP operator
+//! (tests/hosts/asmtp_operator.py, the wire rules of the reference operator) with WebSocket
+//! push and keyset catch-up, and answers with reply envelopes, exactly once: across a dropped
+//! push connection and an operator restart, and across a SIGKILL while its reply was posted
+//! (the resend carries the same client id and body, a no-op at the operator).
+
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{Bridge, ConfigDir};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh envelope id (the ULID shape: `01` and 24 Crockford base32 characters).
+fn ulid() -> String {
+    const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    let mut out = String::from("01");
+    for i in 0..24 {
+        out.push(CROCKFORD[(bytes[i % 16] as usize + i * 7) % 32] as char);
+    }
+    out
+}
+
+struct Operator {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+    agents: Vec<(String, String)>,
+}
+
+impl Operator {
+    /// Starts with these handles, each with a token of its own.
+    fn start(handles: &[&str], extra: &[&str]) -> Operator {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let agents: Vec<(String, String)> = handles
+            .iter()
+            .map(|h| {
+                (
+                    h.to_string(),
+                    format!("tok_{}", uuid::Uuid::new_v4().simple()),
+                )
+            })
+            .collect();
+        let child = Operator::spawn(dir.path(), port, &agents, extra);
+        Operator {
+            child,
+            port,
+            dir,
+            agents,
+        }
+    }
+
+    fn spawn(dir: &Path, port: u16, agents: &[(String, String)], extra: &[&str]) -> Child {
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo().join("tests/hosts/asmtp_operator.py"))
+            .args(["--port", &port.to_string()])
+            .arg("--db")
+            .arg(dir.join("operator.sqlite3"))
+            .arg("--record")
+            .arg(dir.join("record.jsonl"))
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (handle, token) in agents {
+            cmd.args(["--agent", &format!("{handle}:{token}")]);
+        }
+        let mut child = cmd.spawn().expect("python3 runs the ASMTP test operator");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("listening"),
+            "the operator did not start: {line:?}"
+        );
+        child
+    }
+
+    fn token(&self, handle: &str) -> &str {
+        &self.agents.iter().find(|(h, _)| h == handle).unwrap().1
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Started again on the same port and state, without fault options.
+    fn restart(&mut self) {
+        self.stop();
+        self.child = Operator::spawn(self.dir.path(), self.port, &self.agents, &[]);
+    }
+
+    fn record(&self) -> Vec<Value> {
+        support::lines(&self.dir.path().join("record.jsonl"))
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    async fn call(
+        &self,
+        as_handle: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url()))
+            .bearer_auth(self.token(as_handle));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let value: Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {value}");
+        value
+    }
+
+    /// Posts a task envelope from `from` to `to`; returns its id.
+    async fn send(&self, from: &str, to: &str, subject: &str, text: &str) -> String {
+        let id = ulid();
+        self.call(
+            from,
+            reqwest::Method::POST,
+            "/messages",
+            Some(
+                json!({"id": id, "to": [to], "subject": subject, "date_ms": 1_764_000_000_000u64,
+                        "content_parts": [{"type": "text", "text": text}]}),
+            ),
+        )
+        .await;
+        id
+    }
+
+    /// The envelopes in `handle`'s mailbox that reply to `parent`, waited for.
+    async fn replies(&self, handle: &str, parent: &str) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let listed = self
+                .call(
+                    handle,
+                    reqwest::Method::GET,
+                    "/mailbox?direction=in&order=asc&limit=1000",
+                    None,
+                )
+                .await;
+            let ids: Vec<String> = listed["envelope_headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|h| h["in_reply_to"] == parent)
+                .map(|h| h["id"].as_str().unwrap().to_string())
+                .collect();
+            if !ids.is_empty() {
+                let bodies = self
+                    .call(
+                        handle,
+                        reqwest::Method::GET,
+                        &format!("/messages?ids={}", ids.join(",")),
+                        None,
+                    )
+                    .await;
+                return bodies["envelopes"].as_array().unwrap().clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "no reply to {parent}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn no_invalid(&self) {
+        let invalid: Vec<Value> = self
+            .record()
+            .into_iter()
+            .filter(|r| r.get("invalid").is_some())
+            .collect();
+        assert!(
+            invalid.is_empty(),
+            "requests or frames against the rules: {invalid:?}"
+        );
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `poll` is the polling interval while push is down.
+fn config(operator: &Operator, agent: &str, allow: &str, poll: u64) -> ConfigDir {
+    let dir = ConfigDir {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    dir.write("asmtp.token", operator.token(agent));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.dir.path().join("asmtp.token"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+    }
+    dir.write_config(&format!(
+        "[mailboxes.coder]\nkind = \"asmtp\"\nasmtp_url = \"{}\"\nhandle = \"{agent}\"\ntoken_file = \"asmtp.token\"\npoll_interval_secs = {poll}\n\n[[agents]]\nname = \"coder\"\nmailbox = \"coder\"\nprofile = \"echo\"\nallow_from = [\"{allow}\"]\n",
+        operator.url()
+    ));
+    dir
+}
+
+fn text_of(envelope: &Value) -> String {
+    envelope["content_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push_drops() {
+    let mut operator = Operator::start(&["@alice.coder", "@alice.boss", "@eve.stranger"], &[]);
+    // Polling every ten minutes: within this test, mail is read by push, or by the catch-up
+    // that follows a (re)connection.
+    let dir = config(&operator, "@alice.coder", "@alice.*", 600);
+    let mut bridge = Bridge::start(&dir, 1);
+    support::wait_until("push connected", || {
+        bridge.log().contains("ASMTP push connected")
+    });
+
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Greet", "say hello")
+        .await;
+    let replies = operator.replies("@alice.boss", &sent).await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let reply = &replies[0];
+    assert_eq!(reply["from"], "@alice.coder");
+    assert_eq!(reply["references"], json!([sent]));
+    assert!(text_of(reply).contains("say hello"), "{reply}");
+    let data = reply["content_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "data")
+        .expect("the status as data");
+    assert_eq!(data["data"]["status"], "completed");
+
+    // A sender the policy does not allow: refused in a reply, nothing run.
+    let refused = operator
+        .send("@eve.stranger", "@alice.coder", "Do it", "rm -rf /")
+        .await;
+    let answer = operator.replies("@eve.stranger", &refused).await;
+    assert_eq!(answer.len(), 1);
+    assert!(text_of(&answer[0]).contains("rejected"), "{answer:?}");
+
+    // The operator restarts: the push connection drops. What is sent meanwhile is read by the
+    // catch-up when the bridge reconnects.
+    let connects = |op: &Operator| {
+        op.record()
+            .iter()
+            .filter(|r| r["path"] == "/connect")
+            .count()
+    };
+    let before = connects(&operator);
+    operator.restart();
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "after the drop")
+        .await;
+    let replies = operator.replies("@alice.boss", &later).await;
+    assert_eq!(replies.len(), 1);
+    support::wait_until("push reconnected", || connects(&operator) > before);
+    operator.no_invalid();
+    bridge.wait_event("task.completed", |e| {
+        e["taskId"] == format!("asmtp:{later}").as_str()
+    });
+    let task_id = format!("asmtp:{sent}");
+    assert_eq!(
+        bridge
+            .seen
+            .iter()
+            .filter(|e| e["event"] == "task.started" && e["taskId"] == task_id.as_str())
+            .count(),
+        1,
+        "the first task ran once"
+    );
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_while_its_reply_was_posted_resends_it_as_a_no_op() {
+    let mut operator = Operator::start(&["@alice.coder", "@alice.boss"], &["--stall-first-reply"]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let bridge = Bridge::start(&dir, 1);
+
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Once", "only once")
+        .await;
+    support::wait_until("the reply is stored", || {
+        operator.record().iter().any(|r| r["stalled"] == true)
+    });
+    bridge.kill();
+    operator.restart();
+    let mut bridge = Bridge::start(&dir, 1);
+    let task_id = format!("asmtp:{sent}");
+    bridge.wait_event("mail.sent", |e| {
+        e["taskId"] == task_id.as_str() && e["intent"] == "task.result"
+    });
+    let replies = operator.replies("@alice.boss", &sent).await;
+    assert_eq!(replies.len(), 1, "replied twice: {replies:?}");
+    // The resend carried the same id and body: the operator took it as a no-op.
+    let posts: Vec<Value> = operator
+        .record()
+        .into_iter()
+        .filter(|r| {
+            r["method"] == "POST"
+                && r["path"] == "/messages"
+                && r["body"]["in_reply_to"] == sent.as_str()
+        })
+        .collect();
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert_eq!(posts[0]["body"], posts[1]["body"]);
+    assert_eq!(posts[1]["status"], 202);
+    operator.no_invalid();
+    assert!(bridge.stop().success());
+}
+
+#[test]
+fn a_broken_asmtp_mailbox_is_refused_with_what_to_fix() {
+    let dir = ConfigDir {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for (mailbox, key) in [
+        (
+            "kind = \"asmtp\"\nasmtp_url = \"http://127.0.0.1:9\"\nhandle = \"coder@alice\"\ntoken_file = \"t\"\n",
+            "handle",
+        ),
+        (
+            "kind = \"asmtp\"\nasmtp_url = \"http://127.0.0.1:9\"\nhandle = \"@alice.coder\"\ntoken_file = \"t\"\njmap_url = \"http://x\"\n",
+            "jmap_url",
+        ),
+        (
+            "kind = \"asmtp\"\nasmtp_url = \"http://127.0.0.1:9\"\nhandle = \"@alice.coder\"\ntoken_file = \"missing\"\n",
+            "token_file",
+        ),
+    ] {
+        dir.write_config(&format!(
+            "[mailboxes.coder]\n{mailbox}\n[[agents]]\nname = \"coder\"\nprofile = \"echo\"\nallow_from = [\"@alice.boss\"]\n"
+        ));
+        let out = Command::new(support::bin())
+            .args(["--config", dir.config().to_str().unwrap(), "start"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

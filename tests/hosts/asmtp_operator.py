@@ -1,0 +1,436 @@
+#!/usr/bin/env python3
+"""A small ASMTP operator for tests, written from the wire rules of the reference operator
+(RobotNetworks/robonet-cli `src/operator`, see the README's ASMTP section): the agent routes
+a bridge uses, with their validation, keyset pagination, read state, idempotent resend and the
+`/connect` WebSocket that pushes `envelope.notify` frames (push only: no replay on connect).
+
+    asmtp_operator.py --port N --db FILE --record FILE --agent @owner.name:TOKEN [...]
+                      [--stall-first-reply]
+
+Every request and every push frame is appended to the record file as a JSON line; a request
+or frame that breaks the rules is recorded with "invalid" (the tests assert there are none).
+State is kept in the SQLite file, so the operator can be stopped and started again.
+
+  POST /messages                       envelope (client id, no from) -> 202
+  GET  /messages?ids=a,b               {envelopes: [...]}, marks read
+  GET  /messages/{id}                  the envelope, marks read
+  GET  /mailbox?direction=in&order=asc|desc&limit=&unread=&after_created_at=&after_envelope_id=
+  POST /mailbox/read                   {ids: [...]}
+  GET  /connect                        WebSocket (Authorization: Bearer, or ?token=)
+"""
+import argparse
+import base64
+import hashlib
+import json
+import re
+import sqlite3
+import struct
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = argparse.ArgumentParser()
+args.add_argument("--port", type=int, required=True)
+args.add_argument("--db", required=True)
+args.add_argument("--record", required=True)
+args.add_argument("--agent", action="append", default=[], help="@owner.name:TOKEN")
+args.add_argument("--stall-first-reply", action="store_true")
+opts = args.parse_args()
+
+ENVELOPE_ID = re.compile(r"^01[0-9A-HJKMNP-TV-Z]{24}$")
+HANDLE = re.compile(r"^@[a-z0-9_-]+\.[a-z0-9_-]+$")
+tokens = {}
+for entry in opts.agent:
+    handle, token = entry.rsplit(":", 1)
+    assert HANDLE.match(handle), handle
+    tokens[token] = handle
+
+lock = threading.Lock()
+stalled = threading.Event()
+db = sqlite3.connect(opts.db, check_same_thread=False)
+db.row_factory = sqlite3.Row
+db.executescript(
+    """
+CREATE TABLE IF NOT EXISTS envelopes (id TEXT PRIMARY KEY, sender TEXT NOT NULL, subject TEXT,
+  in_reply_to TEXT, date_ms INTEGER NOT NULL, created_at INTEGER NOT NULL, type_hint TEXT NOT NULL,
+  size_hint INTEGER NOT NULL, body_json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS mailbox (handle TEXT NOT NULL, envelope_id TEXT NOT NULL,
+  created_at INTEGER NOT NULL, unread INTEGER NOT NULL, PRIMARY KEY (handle, envelope_id));
+"""
+)
+sockets = {}  # handle -> list of (socket, lock)
+last_ms = [0]
+
+
+def record(entry):
+    with open(opts.record, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+class Fail(Exception):
+    def __init__(self, status, code, message):
+        self.status, self.code, self.message = status, code, message
+
+
+def bad(code, message):
+    return Fail(400, code, message)
+
+
+def now_ms():
+    # Strictly increasing, so keyset order is the order of acceptance.
+    with lock:
+        t = max(int(time.time() * 1000), last_ms[0] + 1)
+        last_ms[0] = t
+        return t
+
+
+def envelope_id(value, field):
+    if not isinstance(value, str) or not ENVELOPE_ID.match(value):
+        raise bad("INVALID_ENVELOPE_ID", f"{field} must be a 26-char Crockford-base32 ULID")
+    return value
+
+
+def handles(value, field):
+    if not isinstance(value, list) or not value:
+        raise bad("INVALID_REQUEST", f"{field} must be a non-empty array of handles")
+    for i, h in enumerate(value):
+        if not isinstance(h, str) or not HANDLE.match(h):
+            raise bad("INVALID_HANDLE", f"{field}[{i}] must match @<owner>.<name>")
+    return value
+
+
+def content_parts(value):
+    if not isinstance(value, list) or not value:
+        raise bad("INVALID_CONTENT", "content_parts must be a non-empty array")
+    for i, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise bad("INVALID_CONTENT", f"content_parts[{i}] must be an object")
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str) or not part["text"]:
+                raise bad("INVALID_CONTENT", f"content_parts[{i}].text must be a non-empty string")
+        elif kind in ("image", "file"):
+            if not isinstance(part.get("url"), str) or part["url"].startswith("data:"):
+                raise bad("INVALID_CONTENT", f"content_parts[{i}] needs a url (not data:)")
+        elif kind == "data":
+            if not isinstance(part.get("data"), dict):
+                raise bad("INVALID_CONTENT", f"content_parts[{i}].data must be a JSON object")
+        else:
+            raise bad("INVALID_CONTENT", f"content_parts[{i}].type must be one of text/image/file/data")
+    return value
+
+
+def check_frame(frame):
+    """The envelope.notify shape (a /mailbox row)."""
+    problems = []
+    if frame.get("op") != "envelope.notify":
+        problems.append("op")
+    if not ENVELOPE_ID.match(frame.get("id", "")):
+        problems.append("id")
+    if not HANDLE.match(frame.get("from", "")):
+        problems.append("from")
+    if not isinstance(frame.get("to"), list) or not all(HANDLE.match(h) for h in frame["to"]):
+        problems.append("to")
+    for key in ("created_at", "date_ms", "size_hint"):
+        if not isinstance(frame.get(key), int) or frame[key] < 0:
+            problems.append(key)
+    if frame.get("type_hint") not in ("text", "image", "file", "data", "mixed"):
+        problems.append("type_hint")
+    return problems
+
+
+def header_of(row):
+    body = json.loads(row["body_json"])
+    frame = {
+        "op": "envelope.notify",
+        "id": row["id"],
+        "from": row["sender"],
+        "to": body["to"],
+        "type_hint": row["type_hint"],
+        "created_at": row["created_at"],
+        "date_ms": row["date_ms"],
+        "size_hint": row["size_hint"],
+    }
+    if row["subject"] is not None:
+        frame["subject"] = row["subject"]
+    if row["in_reply_to"] is not None:
+        frame["in_reply_to"] = row["in_reply_to"]
+    return frame
+
+
+def ws_frame(text):
+    data = text.encode()
+    head = bytes([0x81])
+    if len(data) < 126:
+        head += bytes([len(data)])
+    elif len(data) < 65536:
+        head += bytes([126]) + struct.pack(">H", len(data))
+    else:
+        head += bytes([127]) + struct.pack(">Q", len(data))
+    return head + data
+
+
+def push(handle, frame):
+    problems = check_frame(frame)
+    entry = {"push": handle, "frame": frame}
+    if problems:
+        entry["invalid"] = problems
+    record(entry)
+    for sock, slock in list(sockets.get(handle, [])):
+        try:
+            with slock:
+                sock.sendall(ws_frame(json.dumps(frame)))
+        except OSError:
+            pass
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *a):
+        pass
+
+    def caller(self, query):
+        auth = self.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else query.get("token", "")
+        handle = tokens.get(token)
+        if handle is None:
+            raise Fail(401, "UNAUTHORIZED", "missing or invalid bearer token")
+        return handle
+
+    def reply(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def handle_any(self, method):
+        url = urllib.parse.urlparse(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        entry = {"method": method, "path": url.path, "query": url.query}
+        try:
+            if method == "GET" and url.path == "/connect":
+                handle = self.caller(query)
+                record({"method": "GET", "path": "/connect", "status": 101, "handle": handle})
+                return self.websocket(handle)
+            handle = self.caller(query)
+            body = None
+            if raw:
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    raise bad("INVALID_JSON", "request body is not valid JSON")
+                if not isinstance(body, dict):
+                    raise bad("INVALID_JSON", "request body must be a JSON object")
+            entry["body"] = body
+            status, out = self.route(method, url.path, query, body or {}, handle)
+        except Fail as e:
+            status, out = e.status, {"error": {"code": e.code, "message": e.message}}
+            if e.status == 400:
+                entry["invalid"] = e.message
+        entry["status"] = status
+        if (
+            opts.stall_first_reply
+            and not stalled.is_set()
+            and method == "POST"
+            and status == 202
+            and isinstance(entry.get("body"), dict)
+            and entry["body"].get("in_reply_to")
+        ):
+            stalled.set()
+            entry["stalled"] = True
+            record(entry)
+            threading.Event().wait()
+        record(entry)
+        self.reply(status, out)
+
+    def do_GET(self):
+        self.handle_any("GET")
+
+    def do_POST(self):
+        self.handle_any("POST")
+
+    def route(self, method, path, query, body, caller):
+        if method == "POST" and path == "/messages":
+            if "from" in body:
+                raise bad("INVALID_REQUEST", "client must not supply `from`; operator stamps it")
+            eid = envelope_id(body.get("id"), "id")
+            to = handles(body.get("to"), "to")
+            cc = handles(body["cc"], "cc") if "cc" in body else []
+            subject = body.get("subject")
+            if subject is not None and not isinstance(subject, str):
+                raise bad("INVALID_REQUEST", "subject must be a string")
+            in_reply_to = envelope_id(body["in_reply_to"], "in_reply_to") if "in_reply_to" in body else None
+            references = body.get("references", [])
+            if not isinstance(references, list):
+                raise bad("INVALID_REQUEST", "references must be an array")
+            for i, r in enumerate(references):
+                envelope_id(r, f"references[{i}]")
+            if references and in_reply_to and references[-1] != in_reply_to:
+                raise bad("INVALID_REFERENCES", "references[-1] must equal in_reply_to")
+            date_ms = body.get("date_ms")
+            if not isinstance(date_ms, int) or isinstance(date_ms, bool) or date_ms < 0:
+                raise bad("INVALID_REQUEST", "date_ms must be a non-negative integer (epoch ms)")
+            parts = content_parts(body.get("content_parts"))
+            recipients = list(dict.fromkeys(to + cc))
+            for r in recipients:
+                if r not in tokens.values():
+                    raise Fail(404, "NOT_FOUND", "not found")
+            canonical = {"id": eid, "from": caller, "to": to, "date_ms": date_ms, "content_parts": parts}
+            if cc:
+                canonical["cc"] = cc
+            if subject is not None:
+                canonical["subject"] = subject
+            if in_reply_to:
+                canonical["in_reply_to"] = in_reply_to
+            if references:
+                canonical["references"] = references
+            body_json = json.dumps(canonical, sort_keys=True)
+            with lock:
+                existing = db.execute("SELECT * FROM envelopes WHERE id = ?", (eid,)).fetchone()
+            if existing is not None:
+                if existing["sender"] != caller:
+                    raise Fail(409, "ID_COLLISION", "envelope id already exists for a different sender")
+                if existing["body_json"] != body_json:
+                    raise Fail(409, "RETRY_MISMATCH", "envelope id already used with a different body")
+                return 202, {"id": eid, "received_ms": existing["created_at"], "created_at": existing["created_at"],
+                             "recipients": [{"handle": r} for r in recipients]}
+            created = now_ms()
+            kinds = {p["type"] for p in parts}
+            type_hint = kinds.pop() if len(kinds) == 1 else "mixed"
+            with lock:
+                db.execute(
+                    "INSERT INTO envelopes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (eid, caller, subject, in_reply_to, date_ms, created, type_hint,
+                     (len(json.dumps(parts)) + 3) // 4, body_json),
+                )
+                for r in recipients:
+                    db.execute("INSERT INTO mailbox VALUES (?, ?, ?, 1)", (r, eid, created))
+                db.commit()
+                row = db.execute("SELECT * FROM envelopes WHERE id = ?", (eid,)).fetchone()
+            for r in recipients:
+                push(r, header_of(row))
+            return 202, {"id": eid, "received_ms": created, "created_at": created,
+                         "recipients": [{"handle": r} for r in recipients]}
+        if method == "GET" and path == "/messages":
+            ids = query.get("ids", "")
+            if not ids:
+                raise bad("INVALID_QUERY", "ids parameter is required")
+            wanted = list(dict.fromkeys(ids.split(",")))
+            if len(wanted) > 100:
+                raise bad("INVALID_QUERY", "ids list exceeds 100")
+            for i, e in enumerate(wanted):
+                envelope_id(e, f"ids[{i}]")
+            out = []
+            with lock:
+                for e in wanted:
+                    if db.execute("SELECT 1 FROM mailbox WHERE handle = ? AND envelope_id = ?", (caller, e)).fetchone():
+                        row = db.execute("SELECT body_json FROM envelopes WHERE id = ?", (e,)).fetchone()
+                        out.append(json.loads(row["body_json"]))
+                        db.execute("UPDATE mailbox SET unread = 0 WHERE handle = ? AND envelope_id = ?", (caller, e))
+                db.commit()
+            return 200, {"envelopes": out}
+        if method == "GET" and path.startswith("/messages/"):
+            eid = envelope_id(path.split("/")[2], "id")
+            with lock:
+                if not db.execute("SELECT 1 FROM mailbox WHERE handle = ? AND envelope_id = ?", (caller, eid)).fetchone():
+                    raise Fail(404, "NOT_FOUND", "not found")
+                db.execute("UPDATE mailbox SET unread = 0 WHERE handle = ? AND envelope_id = ?", (caller, eid))
+                db.commit()
+                return 200, json.loads(db.execute("SELECT body_json FROM envelopes WHERE id = ?", (eid,)).fetchone()["body_json"])
+        if method == "GET" and path == "/mailbox":
+            if query.get("direction", "in") != "in":
+                raise bad("INVALID_QUERY", "this test operator serves direction=in")
+            order = query.get("order", "asc")
+            if order not in ("asc", "desc"):
+                raise bad("INVALID_QUERY", "order must be 'asc' or 'desc'")
+            limit = query.get("limit", "100")
+            if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+                raise bad("INVALID_QUERY", "limit must be an integer between 1 and 1000")
+            after_at, after_id = query.get("after_created_at"), query.get("after_envelope_id")
+            if (after_at is None) != (after_id is None):
+                raise bad("INVALID_QUERY", "after_created_at and after_envelope_id must be supplied together")
+            sql = "SELECT e.*, m.created_at AS listed FROM mailbox m JOIN envelopes e ON e.id = m.envelope_id WHERE m.handle = ?"
+            params = [caller]
+            if query.get("unread") == "true":
+                sql += " AND m.unread = 1"
+            if after_at is not None:
+                if not after_at.isdigit():
+                    raise bad("INVALID_QUERY", "after_created_at must be a non-negative integer")
+                envelope_id(after_id, "after_envelope_id")
+                cmp = ">" if order == "asc" else "<"
+                sql += f" AND (m.created_at {cmp} ? OR (m.created_at = ? AND m.envelope_id {cmp} ?))"
+                params += [int(after_at), int(after_at), after_id]
+            direction = "ASC" if order == "asc" else "DESC"
+            sql += f" ORDER BY m.created_at {direction}, m.envelope_id {direction} LIMIT ?"
+            params.append(int(limit))
+            with lock:
+                rows = db.execute(sql, params).fetchall()
+            items = [header_of(r) for r in rows]
+            cursor = None
+            if rows and len(rows) == int(limit):
+                cursor = {"created_at": rows[-1]["listed"], "envelope_id": rows[-1]["id"]}
+            return 200, {"envelope_headers": items, "next_cursor": cursor}
+        if method == "POST" and path == "/mailbox/read":
+            ids = body.get("ids")
+            if not isinstance(ids, list) or not ids:
+                raise bad("INVALID_REQUEST", "ids must be a non-empty array")
+            for i, e in enumerate(ids):
+                envelope_id(e, f"ids[{i}]")
+            read = []
+            with lock:
+                for e in ids:
+                    cur = db.execute("UPDATE mailbox SET unread = 0 WHERE handle = ? AND envelope_id = ? AND unread = 1", (caller, e))
+                    if cur.rowcount:
+                        read.append(e)
+                db.commit()
+            return 200, {"read": read}
+        raise Fail(404, "NOT_FOUND", "not found")
+
+    def websocket(self, handle):
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        if self.headers.get("Upgrade", "").lower() != "websocket" or not key:
+            raise Fail(400, "BAD_REQUEST", "a WebSocket upgrade is required")
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        sock = self.connection
+        entry = (sock, threading.Lock())
+        sockets.setdefault(handle, []).append(entry)
+        try:
+            # Push only: inbound frames are read and dropped, until the client closes.
+            while True:
+                head = self.rfile.read(2)
+                if len(head) < 2:
+                    break
+                opcode, length = head[0] & 0x0F, head[1] & 0x7F
+                if length == 126:
+                    length = struct.unpack(">H", self.rfile.read(2))[0]
+                elif length == 127:
+                    length = struct.unpack(">Q", self.rfile.read(8))[0]
+                if head[1] & 0x80:
+                    self.rfile.read(4)
+                self.rfile.read(length)
+                if opcode == 0x8:
+                    break
+        except OSError:
+            pass
+        finally:
+            sockets[handle].remove(entry)
+            self.close_connection = True
+
+
+server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
+server.daemon_threads = True
+print("listening", opts.port, flush=True)
+server.serve_forever()
