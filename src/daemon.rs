@@ -13,10 +13,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, Settings, OWNER_VAR};
+use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, OutboxError, Settings, OWNER_VAR};
 use crate::events::Events;
 use crate::fsio::StateLock;
-use crate::mailbox::{intake, Attachment, Cursor, Mailbox, MailboxError, Sender};
+use crate::mailbox::{intake, Attachment, Cursor, Mailbox, Sender};
 use crate::protocol::RenderedMail;
 use crate::runner::{self, Profile};
 
@@ -25,6 +25,14 @@ pub struct RunOptions {
     pub json: bool,
     /// Only these agents (all when empty).
     pub agents: Vec<String>,
+}
+
+/// A mailbox back-end's error as dispatch sees it: its class and what it says.
+impl From<crate::mailbox::MailboxError> for OutboxError {
+    fn from(e: crate::mailbox::MailboxError) -> OutboxError {
+        use crate::error::Classify as _;
+        OutboxError::new(e.class(), e.to_string())
+    }
 }
 
 /// Where one agent's answers go: its mailbox back-end. `dispatch` sees only [`Outbox`].
@@ -38,19 +46,20 @@ pub enum Outlet {
 }
 
 impl Outbox for Outlet {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
         match self {
             Outlet::Aamp(s) => Outbox::submit(s.as_ref(), mail).await,
-            Outlet::Amp(a) => a.submit(mail).await,
-            Outlet::Asmtp(a) => a.submit(mail).await,
+            Outlet::Amp(a) => Ok(a.submit(mail).await?),
+            Outlet::Asmtp(a) => Ok(a.submit(mail).await?),
         }
     }
 
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
         match self {
             Outlet::Aamp(s) => Outbox::download(s.as_ref(), attachment, max).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(MailboxError::Address(
-                "AMP and ASMTP messages carry no attachments the bridge fetches".into(),
+            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(OutboxError::new(
+                crate::error::ErrorClass::Permanent,
+                "AMP and ASMTP messages carry no attachments the bridge fetches",
             )),
         }
     }
@@ -88,12 +97,12 @@ impl Outbox for Outlet {
 }
 
 impl Outbox for Sender {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
-        Sender::submit(self, mail).await
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
+        Ok(Sender::submit(self, mail).await?)
     }
 
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, MailboxError> {
-        Sender::download(self, attachment, max).await
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
+        Ok(Sender::download(self, attachment, max).await?)
     }
 
     async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {

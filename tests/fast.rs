@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aamp_bridge::config::LoadedConfig;
-use aamp_bridge::dispatch::{prompt, Dispatcher, Journal, Outbox, Settings};
+use aamp_bridge::dispatch::{prompt, Dispatcher, Journal, Outbox, OutboxError, Settings};
+use aamp_bridge::error::ErrorClass;
 use aamp_bridge::events::Events;
 use aamp_bridge::mailbox::auth::SenderCheck;
-use aamp_bridge::mailbox::{Attachment, Inbound, Mail, MailboxError};
+use aamp_bridge::mailbox::{Attachment, Inbound, Mail};
 use aamp_bridge::protocol::{
     self, AampMessage, Body, Dispatch, Envelope, Intent, RenderedMail, Status,
 };
@@ -33,17 +34,16 @@ struct FakeOutbox {
 }
 
 impl Outbox for FakeOutbox {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
         if self
             .fail
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(MailboxError::Smtp {
-                server: "fake".into(),
-                detail: "connection refused".into(),
-                class: aamp_bridge::error::ErrorClass::Transient,
-            });
+            return Err(OutboxError::new(
+                ErrorClass::Transient,
+                "connection refused",
+            ));
         }
         let view = protocol::rfc5322::parse_raw(&mail.bytes).expect("a mail the parser reads");
         let msg = AampMessage::parse(&view).expect("an AAMP mail");
@@ -52,8 +52,11 @@ impl Outbox for FakeOutbox {
         Ok(())
     }
 
-    async fn download(&self, _: &Attachment, _: u64) -> Result<Vec<u8>, MailboxError> {
-        Err(MailboxError::Address("no attachments here".into()))
+    async fn download(&self, _: &Attachment, _: u64) -> Result<Vec<u8>, OutboxError> {
+        Err(OutboxError::new(
+            ErrorClass::Permanent,
+            "no attachments here",
+        ))
     }
 
     async fn open_stream(&self, _: &str, _: &str) -> Option<String> {

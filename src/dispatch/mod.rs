@@ -29,9 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
 use crate::mailbox::auth::SenderCheck;
-use crate::mailbox::{Attachment, Inbound, Mail, MailboxError, Reply};
+use crate::mailbox::{Attachment, Inbound, Mail, Reply};
 use crate::protocol::{AampMessage, Body, Dispatch, Envelope, RenderedMail, Status, TaskResult};
 use crate::runner::Profile;
 pub use admission::{admit, Admission};
@@ -40,17 +41,42 @@ pub use policy::SenderPolicy;
 pub use questions::choose;
 use questions::PendingQuestion;
 
-/// Where answers go. The mailbox implements it; tests may use a fake.
+/// Why a mailbox back-end could not take an answer (or give an attachment), classed for the
+/// outbox's retry rule. Dispatch sees only this, whichever mailbox system is behind.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct OutboxError {
+    pub message: String,
+    pub class: ErrorClass,
+}
+
+impl OutboxError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> OutboxError {
+        OutboxError {
+            message: message.into(),
+            class,
+        }
+    }
+}
+
+impl Classify for OutboxError {
+    fn class(&self) -> ErrorClass {
+        self.class
+    }
+}
+
+/// Where answers go: a mailbox back-end (the daemon's `Outlet`); tests may use a fake.
 pub trait Outbox: Send + Sync + 'static {
-    /// Submits a rendered mail once, exactly as it is.
-    fn submit(&self, mail: &RenderedMail) -> impl Future<Output = Result<(), MailboxError>> + Send;
+    /// Submits a rendered mail once, exactly as it is (a back-end without mail translates it
+    /// into its own idiom, or drops what it has no place for).
+    fn submit(&self, mail: &RenderedMail) -> impl Future<Output = Result<(), OutboxError>> + Send;
 
     /// Fetches an inbound attachment, at most `max` bytes.
     fn download(
         &self,
         attachment: &Attachment,
         max: u64,
-    ) -> impl Future<Output = Result<Vec<u8>, MailboxError>> + Send;
+    ) -> impl Future<Output = Result<Vec<u8>, OutboxError>> + Send;
 
     /// Opens a live stream for a task; `None` when there is no stream service (or it failed,
     /// which is logged: a task never fails for its stream).
