@@ -374,3 +374,78 @@ fn a_broken_asmtp_mailbox_is_refused_with_what_to_fix() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_from_answers_sets_up_an_asmtp_agent_that_answers() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        dir.path().join("coder.token"),
+        operator.token("@alice.coder"),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.path().join("coder.token"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+    }
+    let answers = json!({
+        "state_dir": "state",
+        "agents": [{"name": "coder", "profile": "echo", "allow_from": ["@alice.boss"],
+                    "mailbox": {"kind": "asmtp", "asmtp_url": operator.url(),
+                                "handle": "@alice.coder", "token_file": "coder.token"}}]
+    });
+    let file = dir.path().join("answers.json");
+    std::fs::write(&file, answers.to_string()).unwrap();
+    let out = Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "init",
+            "--non-interactive",
+            "--answers",
+        ])
+        .arg(&file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(applied["agents"][0]["how"], "asmtp");
+    assert_eq!(applied["agents"][0]["email"], "@alice.coder");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        text.contains("kind = \"asmtp\"") && !text.contains("jmap_url"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(operator.token("@alice.coder")),
+        "the token stays in its file"
+    );
+
+    // doctor says the mailbox answers, and the agent works.
+    let doctor = Command::new(support::bin())
+        .args(["--config", config.to_str().unwrap(), "doctor", "--json"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        report.contains("mailbox coder: ASMTP") && report.contains("read the agent's mailbox"),
+        "{report}"
+    );
+    let dir = ConfigDir { dir };
+    let bridge = Bridge::start(&dir, 1);
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Hi", "from init")
+        .await;
+    assert_eq!(operator.replies("@alice.boss", &sent).await.len(), 1);
+    assert!(bridge.stop().success());
+}

@@ -81,6 +81,23 @@ pub enum MailboxAnswers {
     },
     /// The mailbox the config already has for this agent.
     Keep,
+    /// A mailbox on an ASMTP operator; the token is in a file (mode 0600) already.
+    Asmtp {
+        asmtp_url: String,
+        handle: String,
+        token_file: PathBuf,
+        #[serde(default)]
+        insecure_tls: bool,
+    },
+    /// A mailbox on an AMP broker; the API key is in a file (mode 0600) already.
+    Amp {
+        amp_url: String,
+        address: String,
+        agent_id: String,
+        api_key_file: PathBuf,
+        #[serde(default)]
+        insecure_tls: bool,
+    },
 }
 
 /// The servers of a mailbox; for a registered one they default to the AAMP service's host.
@@ -125,7 +142,7 @@ pub struct AppliedAgent {
     pub name: String,
     pub email: String,
     pub mailbox: String,
-    /// `registered`, `reused` (registered before), `account` or `kept`.
+    /// `registered`, `reused` (registered before), `account`, `kept`, `asmtp` or `amp`.
     pub how: &'static str,
     pub allow_from: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,8 +200,29 @@ fn view(path: &Path, config: &Config) -> LoadedConfig {
     }
 }
 
-/// Logs in over JMAP and SMTP with a mailbox of `config`, as the bridge will.
+/// Logs in over JMAP and SMTP with a mailbox of `config`, as the bridge will (or reads an
+/// ASMTP or AMP mailbox once).
 pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<String> {
+    if config.is_asmtp(name) {
+        let account = config.asmtp_account(name)?;
+        let url = account.url.clone();
+        let client = crate::mailbox::asmtp::AsmtpClient::new(account.clone())?;
+        client.newest().await.with_context(|| {
+            format!("reading the ASMTP mailbox at {url} failed: check asmtp_url and token_file")
+        })?;
+        return Ok(account.handle);
+    }
+    if config.is_amp(name) {
+        let account = config.amp_account(name)?;
+        let url = account.url.clone();
+        let client = crate::mailbox::amp::AmpClient::new(account.clone())?;
+        client.unread().await.with_context(|| {
+            format!(
+                "reading the AMP inbox at {url} failed: check amp_url, agent_id and api_key_file"
+            )
+        })?;
+        return Ok(account.address);
+    }
     let account = config.account(name)?;
     let mut mailbox = crate::mailbox::Mailbox::new(account.clone())?;
     mailbox.connect().await.with_context(|| {
@@ -221,7 +259,57 @@ fn mailbox_config(
     let mut m = previous.cloned().unwrap_or_else(|| {
         toml::from_str("jmap_url = \"\"\nsmtp_host = \"\"\n").expect("a minimal mailbox loads")
     });
+    let other_kind = |m: &mut MailboxConfig| {
+        m.email = None;
+        m.credentials_file = None;
+        m.password = None;
+        m.password_file = None;
+        m.login = None;
+        m.slug = None;
+        m.description = None;
+        m.aamp_url = None;
+        m.jmap_url = String::new();
+        m.smtp_host = String::new();
+        m.smtp_port = None;
+        m.amp_url = None;
+        m.address = None;
+        m.agent_id = None;
+        m.api_key_file = None;
+        m.asmtp_url = None;
+        m.handle = None;
+        m.token_file = None;
+    };
     let servers = match answers {
+        MailboxAnswers::Asmtp {
+            asmtp_url,
+            handle,
+            token_file,
+            insecure_tls,
+        } => {
+            other_kind(&mut m);
+            m.kind = config::MailboxKind::Asmtp;
+            m.asmtp_url = Some(asmtp_url.clone());
+            m.handle = Some(handle.clone());
+            m.token_file = Some(token_file.clone());
+            m.insecure_tls = *insecure_tls;
+            return Ok(m);
+        }
+        MailboxAnswers::Amp {
+            amp_url,
+            address,
+            agent_id,
+            api_key_file,
+            insecure_tls,
+        } => {
+            other_kind(&mut m);
+            m.kind = config::MailboxKind::Amp;
+            m.amp_url = Some(amp_url.clone());
+            m.address = Some(address.clone());
+            m.agent_id = Some(agent_id.clone());
+            m.api_key_file = Some(api_key_file.clone());
+            m.insecure_tls = *insecure_tls;
+            return Ok(m);
+        }
         MailboxAnswers::Keep => {
             if previous.is_none() {
                 bail!("agent {name}: mailbox \"keep\", but the config has no mailbox {name:?} to keep: register one or give an existing account");
@@ -238,6 +326,10 @@ fn mailbox_config(
             };
             if m.aamp_url.as_deref() != Some(aamp_url) || m.credentials_file.is_none() {
                 m.credentials_file = Some(PathBuf::from(format!("{name}.json")));
+            }
+            if m.kind != config::MailboxKind::Aamp {
+                other_kind(&mut m);
+                m.kind = config::MailboxKind::Aamp;
             }
             m.email = None;
             m.password = None;
@@ -264,6 +356,10 @@ fn mailbox_config(
             password_file,
             servers,
         } => {
+            if m.kind != config::MailboxKind::Aamp {
+                other_kind(&mut m);
+                m.kind = config::MailboxKind::Aamp;
+            }
             m.credentials_file = None;
             m.email = Some(email.clone());
             m.login = login.clone();
@@ -342,6 +438,8 @@ pub async fn apply(
             MailboxAnswers::Register { .. } => "registered",
             MailboxAnswers::Existing { .. } => "account",
             MailboxAnswers::Keep => "kept",
+            MailboxAnswers::Asmtp { .. } => "asmtp",
+            MailboxAnswers::Amp { .. } => "amp",
         };
         config.mailboxes.insert(mailbox_name.clone(), mailbox);
         // Register now, unless a credentials file from an earlier run is there.
@@ -361,11 +459,11 @@ pub async fn apply(
         } else if how == "registered" {
             how = "reused";
         }
-        progress.step(&format!("testing {name}'s mailbox (JMAP and SMTP login)"));
+        progress.step(&format!("testing {name}'s mailbox"));
         let email = test_mailbox(&view(path, &config), &mailbox_name)
             .await
             .with_context(|| format!("agent {name}: the mailbox does not work yet"))?;
-        progress.done(&format!("{name}: {email} answers JMAP and SMTP"));
+        progress.done(&format!("{name}: {email} answers"));
         let entry = config
             .mailboxes
             .get_mut(&mailbox_name)

@@ -277,6 +277,8 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             MailboxAnswers::Register { .. } => "a new mailbox from the AAMP service".to_string(),
             MailboxAnswers::Existing { email, .. } => email.clone(),
             MailboxAnswers::Keep => "its current mailbox".to_string(),
+            MailboxAnswers::Asmtp { handle, .. } => format!("ASMTP {handle}"),
+            MailboxAnswers::Amp { address, .. } => format!("AMP {address}"),
         };
         let who = match (a.allow_from.is_empty(), a.pair) {
             (_, true) => "whoever pairs with the code shown next".to_string(),
