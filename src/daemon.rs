@@ -243,10 +243,10 @@ pub async fn run(
                 crate::mailbox::asmtp::run_intake(
                     agent.name.clone(),
                     client,
+                    crate::mailbox::link::Link::new(agent_dir.join("link.json")),
                     crate::mailbox::asmtp::WatermarkFile::new(agent_dir.join("asmtp-watermark")),
                     deliver,
                     events,
-                    account.poll_interval,
                     stop.clone(),
                 )
                 .instrument(span),
@@ -288,6 +288,9 @@ pub async fn run(
                 crate::mailbox::amp::run_intake(
                     agent.name.clone(),
                     client,
+                    crate::mailbox::link::Link::new(
+                        state_dir.join("agents").join(&agent.name).join("link.json"),
+                    ),
                     deliver,
                     events,
                     account.poll_interval,

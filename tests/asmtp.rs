@@ -447,5 +447,15 @@ async fn init_from_answers_sets_up_an_asmtp_agent_that_answers() {
         .send("@alice.boss", "@alice.coder", "Hi", "from init")
         .await;
     assert_eq!(operator.replies("@alice.boss", &sent).await.len(), 1);
+    // status tells the link as for any mailbox.
+    let status = Command::new(support::bin())
+        .args(["--config", config.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("connected") && text.contains("websocket"),
+        "{text}"
+    );
     assert!(bridge.stop().success());
 }

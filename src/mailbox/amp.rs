@@ -265,6 +265,7 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
 pub async fn run_intake(
     name: String,
     client: AmpClient,
+    link: super::link::Link,
     mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     poll_interval: Duration,
@@ -290,6 +291,8 @@ pub async fn run_intake(
                     tracing::info!("the AMP broker is reachable again");
                 }
                 backoff.reset();
+                link.mailbox(super::link::Reach::Connected, None);
+                link.push("polling");
                 if taken > 0 {
                     // More may have come while these were taken.
                     Duration::ZERO
@@ -299,6 +302,7 @@ pub async fn run_intake(
             }
             Err(e) => {
                 let delay = backoff.next_delay();
+                link.mailbox(super::link::Reach::Unreachable, Some(e.to_string()));
                 tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "the AMP broker cannot be read");
                 delay
             }

@@ -336,16 +336,17 @@ impl WatermarkFile {
 }
 
 /// Reads the mailbox until `stop`: catch-up at start, on every push frame, after every
-/// reconnection, and every `poll_interval` while the push socket is down.
+/// reconnection, and every `poll_interval_secs` while the push socket is down.
 pub async fn run_intake(
     name: String,
     client: AsmtpClient,
+    link: super::link::Link,
     watermark: WatermarkFile,
     mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
-    poll_interval: Duration,
     stop: CancellationToken,
 ) {
+    let poll_interval = client.account.poll_interval;
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let push_up = std::sync::atomic::AtomicBool::new(false);
     let push = async {
@@ -353,12 +354,14 @@ pub async fn run_intake(
         loop {
             let result = run_push(&client, &wake_tx, &stop, || {
                 push_up.store(true, std::sync::atomic::Ordering::SeqCst);
+                link.push("websocket");
                 // Connected: catch up on what came while the socket was down.
                 let _ = wake_tx.try_send(());
                 tracing::info!("ASMTP push connected");
             })
             .await;
             push_up.store(false, std::sync::atomic::Ordering::SeqCst);
+            link.push("polling");
             if stop.is_cancelled() {
                 return;
             }
@@ -393,6 +396,7 @@ pub async fn run_intake(
                         );
                     }
                     backoff.reset();
+                    link.mailbox(super::link::Reach::Connected, None);
                     if push_up.load(std::sync::atomic::Ordering::SeqCst) {
                         // A safety catch-up now and then even with push up.
                         Duration::from_secs(60)
@@ -402,6 +406,7 @@ pub async fn run_intake(
                 }
                 Err(e) => {
                     let delay = backoff.next_delay();
+                    link.mailbox(super::link::Reach::Unreachable, Some(e.to_string()));
                     tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "the ASMTP operator cannot be read");
                     delay
                 }
