@@ -183,6 +183,10 @@ smtpd_sasl_path = smtpd
 smtpd_sasl_security_options = noanonymous
 smtpd_relay_restrictions = permit_mynetworks permit_sasl_authenticated reject_unauth_destination
 message_size_limit = 52428800
+# Each mailbox gets its mail in the order it was accepted (one delivery at a time per
+# recipient; recipients in parallel): an ack never lands after its result.
+lmtp_destination_recipient_limit = 1
+lmtp_destination_concurrency_limit = 1
 CONF
   cat >"$etc/master.cf" <<CONF
 127.0.0.1:$MX_PORT inet n - n - - smtpd
