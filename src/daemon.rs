@@ -207,144 +207,20 @@ pub async fn run(
     let mut names = Vec::new();
     let mut dispatchers = Vec::new();
     for agent in agents {
-        let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
-        if config.is_asmtp(&mailbox_name) {
-            let account = config.asmtp_account(&mailbox_name)?;
-            let spec = agent_spec(&config, &agent)?;
-            let client = crate::mailbox::asmtp::AsmtpClient::new(account.clone())
-                .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
-            let dispatcher = Dispatcher::new(
-                spec,
-                Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpOutbox::new(
-                    client.clone(),
-                ))),
-                journal.clone(),
-                events,
-                settings.clone(),
-                tasks.clone(),
-                abort.clone(),
-            );
-            dispatchers.push(dispatcher.clone());
-            let span = tracing::info_span!("agent", agent = %agent.name);
-            recover(&dispatcher, &agent.name, &span)?;
-            services.spawn(
-                dispatcher
-                    .clone()
-                    .send_outbox(outbox_stop.clone(), LAST_ROUND)
-                    .instrument(span.clone()),
-            );
-            let deliver = move |inbound| {
-                dispatcher
-                    .deliver(inbound)
-                    .map_err(|e| Box::new(e) as intake::DeliverError)
-            };
-            let agent_dir = state_dir.join("agents").join(&agent.name);
-            services.spawn(
-                crate::mailbox::asmtp::run_intake(
-                    agent.name.clone(),
-                    client,
-                    crate::mailbox::link::Link::new(agent_dir.join("link.json")),
-                    crate::mailbox::asmtp::WatermarkFile::new(agent_dir.join("asmtp-watermark")),
-                    deliver,
-                    events,
-                    stop.clone(),
-                )
-                .instrument(span),
-            );
-            names.push(agent.name);
-            continue;
-        }
-        if config.is_amp(&mailbox_name) {
-            let account = config.amp_account(&mailbox_name)?;
-            let spec = agent_spec(&config, &agent)?;
-            let client = crate::mailbox::amp::AmpClient::new(account.clone())
-                .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
-            let dispatcher = Dispatcher::new(
-                spec,
-                Outlet::Amp(Box::new(crate::mailbox::amp::AmpOutbox::new(
-                    client.clone(),
-                ))),
-                journal.clone(),
-                events,
-                settings.clone(),
-                tasks.clone(),
-                abort.clone(),
-            );
-            dispatchers.push(dispatcher.clone());
-            let span = tracing::info_span!("agent", agent = %agent.name);
-            recover(&dispatcher, &agent.name, &span)?;
-            services.spawn(
-                dispatcher
-                    .clone()
-                    .send_outbox(outbox_stop.clone(), LAST_ROUND)
-                    .instrument(span.clone()),
-            );
-            let deliver = move |inbound| {
-                dispatcher
-                    .deliver(inbound)
-                    .map_err(|e| Box::new(e) as intake::DeliverError)
-            };
-            services.spawn(
-                crate::mailbox::amp::run_intake(
-                    agent.name.clone(),
-                    client,
-                    crate::mailbox::link::Link::new(
-                        state_dir.join("agents").join(&agent.name).join("link.json"),
-                    ),
-                    deliver,
-                    events,
-                    account.poll_interval,
-                    stop.clone(),
-                )
-                .instrument(span),
-            );
-            names.push(agent.name);
-            continue;
-        }
-        if let Some(registration) = config.registration(&mailbox_name) {
-            let credentials = crate::mailbox::helper::register(&registration)
-                .await
-                .with_context(|| {
-                    format!(
-                        "registering mailbox {mailbox_name:?} with {}",
-                        registration.aamp_url
-                    )
-                })?;
-            crate::config::write_credentials(&registration.credentials_file, &credentials)
-                .with_context(|| {
-                    format!(
-                        "saving the credentials to {}",
-                        registration.credentials_file.display()
-                    )
-                })?;
-            tracing::info!(mailbox = %mailbox_name, email = %credentials.email, file = %registration.credentials_file.display(), "registered a new mailbox");
-            events.emit(
-                "mailbox.registered",
-                json!({"mailbox": mailbox_name, "email": credentials.email}),
-            );
-        }
-        let account = config.account(&mailbox_name)?;
-        if account.sender_auth == crate::config::SenderAuth::None {
-            tracing::warn!(agent = %agent.name, mailbox = %mailbox_name, "sender_auth = \"none\": the From header is believed as it is, so anyone who can put mail in this Inbox can act as an allowed sender");
-        }
         let agent_dir = state_dir.join("agents").join(&agent.name);
-        import_sessions(&journal, &agent.name, &agent_dir.join("sessions.json"));
-        let spec = agent_spec(&config, &agent)?;
-        let mut sender =
-            Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
-        // Sent copies are kept beside the outbox, never on a reply's path.
-        if let Some(copies) = sender
-            .sent_copies()
-            .with_context(|| format!("agent {:?}: JMAP setup", agent.name))?
-        {
-            services.spawn(copies.run(outbox_stop.clone()));
-        }
-        publish_card(&config, &agent, &sender, events).await;
-        let mailbox =
-            Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
+        let (outlet, intake) = open_backend(
+            &config,
+            &agent,
+            &agent_dir,
+            &journal,
+            events,
+            &services,
+            &outbox_stop,
+        )
+        .await?;
         let dispatcher = Dispatcher::new(
-            spec,
-            Outlet::Aamp(Box::new(sender)),
+            agent_spec(&config, &agent)?,
+            outlet,
             journal.clone(),
             events,
             settings.clone(),
@@ -360,24 +236,51 @@ pub async fn run(
                 .send_outbox(outbox_stop.clone(), LAST_ROUND)
                 .instrument(span.clone()),
         );
-        let cursor = Cursor::new(agent_dir.join("jmap-email-state"));
         let deliver = move |inbound| {
             dispatcher
                 .deliver(inbound)
                 .map_err(|e| Box::new(e) as intake::DeliverError)
         };
-        services.spawn(
-            intake::run(
-                agent.name.clone(),
-                mailbox,
-                cursor,
-                crate::mailbox::link::Link::new(agent_dir.join("link.json")),
-                deliver,
-                events,
-                stop.clone(),
-            )
-            .instrument(span),
-        );
+        let link = crate::mailbox::link::Link::new(agent_dir.join("link.json"));
+        let name = agent.name.clone();
+        match intake {
+            Intake::Aamp(mailbox) => services.spawn(
+                intake::run(
+                    name,
+                    *mailbox,
+                    Cursor::new(agent_dir.join("jmap-email-state")),
+                    link,
+                    deliver,
+                    events,
+                    stop.clone(),
+                )
+                .instrument(span),
+            ),
+            Intake::Asmtp(client) => services.spawn(
+                crate::mailbox::asmtp::run_intake(
+                    name,
+                    client,
+                    link,
+                    crate::mailbox::asmtp::WatermarkFile::new(agent_dir.join("asmtp-watermark")),
+                    deliver,
+                    events,
+                    stop.clone(),
+                )
+                .instrument(span),
+            ),
+            Intake::Amp(client, poll) => services.spawn(
+                crate::mailbox::amp::run_intake(
+                    name,
+                    client,
+                    link,
+                    deliver,
+                    events,
+                    poll,
+                    stop.clone(),
+                )
+                .instrument(span),
+            ),
+        };
         names.push(agent.name);
     }
     // The control socket `aamp-bridge status` asks while the bridge runs.
@@ -497,6 +400,89 @@ pub async fn run(
     events.emit("bridge.stopped", json!({}));
     crate::events::flush(Duration::from_secs(2));
     Ok(())
+}
+
+/// How an agent's mail comes in, once its dispatcher exists.
+enum Intake {
+    Aamp(Box<Mailbox>),
+    Asmtp(crate::mailbox::asmtp::AsmtpClient),
+    Amp(crate::mailbox::amp::AmpClient, Duration),
+}
+
+/// An agent's mailbox back-end: where its answers go and how its mail comes in. For AAMP,
+/// the mailbox is registered first when it has to be, and its Sent-copy worker and directory
+/// card are set up.
+async fn open_backend(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+    agent_dir: &std::path::Path,
+    journal: &Journal,
+    events: Events,
+    services: &TaskTracker,
+    outbox_stop: &CancellationToken,
+) -> anyhow::Result<(Outlet, Intake)> {
+    let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    if config.is_asmtp(&mailbox_name) {
+        let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
+            .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
+        let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpOutbox::new(
+            client.clone(),
+        )));
+        return Ok((outlet, Intake::Asmtp(client)));
+    }
+    if config.is_amp(&mailbox_name) {
+        let account = config.amp_account(&mailbox_name)?;
+        let poll = account.poll_interval;
+        let client = crate::mailbox::amp::AmpClient::new(account)
+            .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
+        let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpOutbox::new(
+            client.clone(),
+        )));
+        return Ok((outlet, Intake::Amp(client, poll)));
+    }
+    if let Some(registration) = config.registration(&mailbox_name) {
+        let credentials = crate::mailbox::helper::register(&registration)
+            .await
+            .with_context(|| {
+                format!(
+                    "registering mailbox {mailbox_name:?} with {}",
+                    registration.aamp_url
+                )
+            })?;
+        crate::config::write_credentials(&registration.credentials_file, &credentials)
+            .with_context(|| {
+                format!(
+                    "saving the credentials to {}",
+                    registration.credentials_file.display()
+                )
+            })?;
+        tracing::info!(mailbox = %mailbox_name, email = %credentials.email, file = %registration.credentials_file.display(), "registered a new mailbox");
+        events.emit(
+            "mailbox.registered",
+            json!({"mailbox": mailbox_name, "email": credentials.email}),
+        );
+    }
+    let account = config.account(&mailbox_name)?;
+    if account.sender_auth == crate::config::SenderAuth::None {
+        tracing::warn!(agent = %agent.name, mailbox = %mailbox_name, "sender_auth = \"none\": the From header is believed as it is, so anyone who can put mail in this Inbox can act as an allowed sender");
+    }
+    import_sessions(journal, &agent.name, &agent_dir.join("sessions.json"));
+    let mut sender =
+        Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
+    // Sent copies are kept beside the outbox, never on a reply's path.
+    if let Some(copies) = sender
+        .sent_copies()
+        .with_context(|| format!("agent {:?}: JMAP setup", agent.name))?
+    {
+        services.spawn(copies.run(outbox_stop.clone()));
+    }
+    publish_card(config, agent, &sender, events).await;
+    let mailbox =
+        Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
+    Ok((
+        Outlet::Aamp(Box::new(sender)),
+        Intake::Aamp(Box::new(mailbox)),
+    ))
 }
 
 /// Picks up what the journal holds for one agent from the bridge's last life.

@@ -832,28 +832,11 @@ impl LoadedConfig {
                 .filter(|v| !v.trim().is_empty())
                 .ok_or_else(|| self.error(format!("{key}.{what}"), "missing", fix))
         };
-        let url_text = need(
-            &m.amp_url,
-            "amp_url",
-            "set amp_url = \"https://<the broker>\"",
+        let url = self.service_url(
+            &format!("{key}.amp_url"),
+            m.amp_url.as_ref(),
+            "https://amp.example.com",
         )?;
-        let url = url::Url::parse(&url_text)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
-            .ok_or_else(|| {
-                self.error(
-                    format!("{key}.amp_url"),
-                    format!("{url_text:?} is not an http(s) URL"),
-                    "write e.g. https://amp.example.com",
-                )
-            })?;
-        if url.scheme() == "http" && !url.host_str().is_some_and(is_loopback) {
-            return Err(self.error(
-                format!("{key}.amp_url"),
-                "plain http would send the API key unencrypted",
-                "use https; http is only allowed to a loopback host",
-            ));
-        }
         let address = need(
             &m.address,
             "address",
@@ -871,31 +854,11 @@ impl LoadedConfig {
             "agent_id",
             "set agent_id = \"<the id POST /agents/register gave>\"",
         )?;
-        let file = m.api_key_file.as_ref().ok_or_else(|| {
-            self.error(
-                format!("{key}.api_key_file"),
-                "missing",
-                "set api_key_file = \"<file holding the amk_ key>\" (mode 0600)",
-            )
-        })?;
-        let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
-        let api_key = std::fs::read_to_string(&file)
-            .map_err(|e| {
-                self.error(
-                    format!("{key}.api_key_file"),
-                    format!("cannot read {}: {e}", file.display()),
-                    "point it at a readable file that holds only the key",
-                )
-            })?
-            .trim()
-            .to_string();
-        if !is_private(&file) {
-            return Err(self.error(
-                format!("{key}.api_key_file"),
-                format!("{} can be read by other users", file.display()),
-                format!("run `chmod 600 {}`", file.display()),
-            ));
-        }
+        let api_key = self.secret_file(
+            &format!("{key}.api_key_file"),
+            m.api_key_file.as_ref(),
+            "the user's amk_ API key",
+        )?;
         if m.poll_interval_secs == 0 {
             return Err(self.error(
                 format!("{key}.poll_interval_secs"),

@@ -12,19 +12,18 @@
 //! `task.help_needed` and `card.response` become replies; acks and streams have no AMP
 //! equivalent and are dropped. The TaskId is `amp:<thread_id>:<message_id>`.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::SenderCheck;
 use super::intake::DeliverError;
 use super::{Inbound, Mail, MailboxError};
 use crate::backoff::Backoff;
 use crate::config::AmpAccount;
 use crate::events::Events;
-use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, RenderedMail};
+use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
 /// A message as the broker returns it (`MessageResponse`).
 #[derive(Clone, Debug, Deserialize)]
@@ -96,32 +95,7 @@ impl AmpClient {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        let status = response.status().as_u16();
-        let text = response
-            .text()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        if !(200..300).contains(&status) {
-            return Err(MailboxError::Http {
-                url: url.to_string(),
-                status,
-                body: text.chars().take(300).collect(),
-            });
-        }
-        serde_json::from_str(&text).map_err(|e| MailboxError::Protocol {
-            what: url.to_string(),
-            detail: e.to_string(),
-        })
+        super::fetch_json(request, url.as_str()).await
     }
 
     fn parse<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, MailboxError> {
@@ -213,52 +187,18 @@ fn parse_task_id(task_id: &str) -> Option<(&str, &str)> {
 /// An AMP message as the bridge's inbound model: a task for the agent. `None` for a message
 /// that does not survive the trip through the mail model (never seen; the intake skips it).
 pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
-    let title = if m.subject.trim().is_empty() {
-        m.body
-            .lines()
-            .next()
-            .unwrap_or("AMP message")
-            .chars()
-            .take(120)
-            .collect()
-    } else {
-        m.subject.clone()
-    };
-    let mut msg = AampMessage {
-        envelope: Envelope {
-            version: protocol::VERSION.into(),
-            task_id: task_id(m),
-            from: m.from_agent.clone(),
-            to: vec![m.to_agent.clone()],
-            message_id: format!("<{}@amp>", m.id),
-            subject: String::new(),
-            in_reply_to: None,
-            references: vec![],
-            received_body: None,
-        },
-        body: Body::Dispatch(Dispatch {
-            title,
-            body_text: m.body.clone(),
-            session_key: Some(format!("amp:{}", m.thread_id)),
-            ..Dispatch::default()
-        }),
-    };
-    msg.envelope.subject = msg.subject();
-    // The same path as mail: rendered, then read back, so the journal stores and re-reads it
-    // like any other.
-    let rendered = protocol::rfc5322::render(&msg, SystemTime::now());
-    let view = protocol::rfc5322::parse_raw(&rendered.bytes)?;
-    let message = AampMessage::parse(&view).ok()?;
-    Some(Inbound {
-        email_id: m.id.clone(),
-        message,
-        view,
-        sender_check: SenderCheck::Verified(
-            "the AMP broker checked the sender's key and tenant".into(),
-        ),
-        truncated: false,
-        attachments: Vec::new(),
-    })
+    super::ForeignTask {
+        id: &m.id,
+        task_id: task_id(m),
+        message_id: format!("<{}@amp>", m.id),
+        from: &m.from_agent,
+        to: &m.to_agent,
+        title: &m.subject,
+        body: m.body.clone(),
+        session_key: format!("amp:{}", m.thread_id),
+        believed_because: "the AMP broker checked the sender's key and tenant",
+    }
+    .into_inbound()
 }
 
 /// Polls the inbox until `stop`: every unread message is delivered, then marked read.

@@ -15,7 +15,7 @@
 //! stamps `from` from the sender's token, so the sender is believed. TaskId: `asmtp:<id>`.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -23,14 +23,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::SenderCheck;
 use super::intake::DeliverError;
 use super::{Inbound, Mail, MailboxError};
 use crate::backoff::Backoff;
 use crate::config::AsmtpAccount;
 use crate::error::ErrorClass;
 use crate::events::Events;
-use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, RenderedMail};
+use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
 /// Envelope headers read per catch-up page.
 const PAGE: usize = 50;
@@ -91,7 +90,7 @@ impl AsmtpClient {
         path: &str,
         query: &[(&str, String)],
         body: Option<&Value>,
-    ) -> Result<(u16, Value), MailboxError> {
+    ) -> Result<Value, MailboxError> {
         let mut url = self.account.url.clone();
         url.set_path(&format!(
             "{}/{}",
@@ -109,33 +108,7 @@ impl AsmtpClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        let status = response.status().as_u16();
-        let text = response
-            .text()
-            .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
-        if !(200..300).contains(&status) {
-            return Err(MailboxError::Http {
-                url: url.to_string(),
-                status,
-                body: text.chars().take(300).collect(),
-            });
-        }
-        let value = serde_json::from_str(&text).map_err(|e| MailboxError::Protocol {
-            what: url.to_string(),
-            detail: e.to_string(),
-        })?;
-        Ok((status, value))
+        super::fetch_json(request, url.as_str()).await
     }
 
     /// One page of envelope headers after `after` (oldest first), and whether more follow.
@@ -153,7 +126,7 @@ impl AsmtpClient {
             query.push(("after_created_at", w.created_at.to_string()));
             query.push(("after_envelope_id", w.envelope_id.clone()));
         }
-        let (_, value) = self
+        let value = self
             .call(reqwest::Method::GET, "mailbox", &query, None)
             .await?;
         let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
@@ -172,7 +145,7 @@ impl AsmtpClient {
             ("order", "desc".to_string()),
             ("limit", "1".to_string()),
         ];
-        let (_, value) = self
+        let value = self
             .call(reqwest::Method::GET, "mailbox", &query, None)
             .await?;
         let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
@@ -188,7 +161,7 @@ impl AsmtpClient {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let (_, value) = self
+        let value = self
             .call(
                 reqwest::Method::GET,
                 "messages",
@@ -255,57 +228,23 @@ pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
             _ => {}
         }
     }
-    let body_text = text.join("\n\n");
-    let subject = e.subject.clone().unwrap_or_default();
-    let title = if subject.trim().is_empty() {
-        body_text
-            .lines()
-            .next()
-            .unwrap_or("ASMTP message")
-            .chars()
-            .take(120)
-            .collect()
-    } else {
-        subject
-    };
     let root = e
         .references
         .first()
         .or(e.in_reply_to.as_ref())
         .unwrap_or(&e.id);
-    let mut msg = AampMessage {
-        envelope: Envelope {
-            version: protocol::VERSION.into(),
-            task_id: format!("asmtp:{}", e.id),
-            from: e.from.clone(),
-            to: vec![me.to_string()],
-            message_id: format!("<{}@asmtp>", e.id),
-            subject: String::new(),
-            in_reply_to: None,
-            references: vec![],
-            received_body: None,
-        },
-        body: Body::Dispatch(Dispatch {
-            title,
-            body_text,
-            session_key: Some(format!("asmtp:{root}")),
-            ..Dispatch::default()
-        }),
-    };
-    msg.envelope.subject = msg.subject();
-    let rendered = protocol::rfc5322::render(&msg, SystemTime::now());
-    let view = protocol::rfc5322::parse_raw(&rendered.bytes)?;
-    let message = AampMessage::parse(&view).ok()?;
-    Some(Inbound {
-        email_id: e.id.clone(),
-        message,
-        view,
-        sender_check: SenderCheck::Verified(
-            "the ASMTP operator stamps the sender from its token".into(),
-        ),
-        truncated: false,
-        attachments: Vec::new(),
-    })
+    super::ForeignTask {
+        id: &e.id,
+        task_id: format!("asmtp:{}", e.id),
+        message_id: format!("<{}@asmtp>", e.id),
+        from: &e.from,
+        to: me,
+        title: e.subject.as_deref().unwrap_or_default(),
+        body: text.join("\n\n"),
+        session_key: format!("asmtp:{root}"),
+        believed_because: "the ASMTP operator stamps the sender from its token",
+    }
+    .into_inbound()
 }
 
 /// The watermark file.
@@ -663,7 +602,7 @@ mod tests {
             }),
         );
         reply.envelope.message_id = "<task.result.1@x>".into();
-        let rendered = protocol::rfc5322::render(&reply, SystemTime::now());
+        let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
         let envelope = AsmtpOutbox::envelope_for(&rendered).unwrap();
         assert_eq!(envelope["in_reply_to"], "01HZZZZZZZZZZZZZZZZZZZZZZZ");
         assert_eq!(envelope["to"], json!(["@alice.boss"]));

@@ -38,6 +38,72 @@ pub struct Inbound {
     pub attachments: Vec<Attachment>,
 }
 
+/// A message from a mailbox system without AAMP headers (ASMTP, AMP), as a task for the agent:
+/// a `task.dispatch` built from its parts, then taken through the same path as mail (rendered,
+/// read back), so the journal stores and re-reads it like any other. `None` when it does not
+/// survive that trip (not seen in practice; the intake skips it).
+pub struct ForeignTask<'a> {
+    /// The message's id in its system (the journal's email id).
+    pub id: &'a str,
+    pub task_id: String,
+    /// The journal's key for it, `<id@system>`.
+    pub message_id: String,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub title: &'a str,
+    pub body: String,
+    pub session_key: String,
+    /// Why the sender is believed (the system stamps it).
+    pub believed_because: &'static str,
+}
+
+impl ForeignTask<'_> {
+    pub fn into_inbound(self) -> Option<Inbound> {
+        let title = if self.title.trim().is_empty() {
+            self.body
+                .lines()
+                .next()
+                .unwrap_or("a message")
+                .chars()
+                .take(120)
+                .collect()
+        } else {
+            self.title.to_string()
+        };
+        let mut msg = crate::protocol::AampMessage {
+            envelope: crate::protocol::Envelope {
+                version: crate::protocol::VERSION.into(),
+                task_id: self.task_id,
+                from: self.from.to_string(),
+                to: vec![self.to.to_string()],
+                message_id: self.message_id,
+                subject: String::new(),
+                in_reply_to: None,
+                references: vec![],
+                received_body: None,
+            },
+            body: crate::protocol::Body::Dispatch(crate::protocol::Dispatch {
+                title,
+                body_text: self.body,
+                session_key: Some(self.session_key),
+                ..crate::protocol::Dispatch::default()
+            }),
+        };
+        msg.envelope.subject = msg.subject();
+        let rendered = crate::protocol::rfc5322::render(&msg, SystemTime::now());
+        let view = crate::protocol::rfc5322::parse_raw(&rendered.bytes)?;
+        let message = crate::protocol::AampMessage::parse(&view).ok()?;
+        Some(Inbound {
+            email_id: self.id.to_string(),
+            message,
+            view,
+            sender_check: auth::SenderCheck::Verified(self.believed_because.into()),
+            truncated: false,
+            attachments: Vec::new(),
+        })
+    }
+}
+
 /// A mail to an agent, as the intake hands it on.
 #[derive(Clone, Debug)]
 pub enum Mail {
