@@ -7,6 +7,7 @@
 //!   p99), sequential;
 //! - end to end: dispatch sent → result seen by the dispatcher over JMAP (p50);
 //! - a burst: tasks per second, and CPU per task of the bridge process;
+//! - the burst again with Sent copies off (what the copies cost);
 //! - 500 tasks at concurrency 8: tasks per second and CPU per task;
 //! - resident and private memory idle (1 and 10 agents), after the tasks, with 10 running;
 //! - start-up of ten push-connected agents, without and with 300 tasks of history;
@@ -470,6 +471,24 @@ fn main() {
     let after_wide_private = private_mib(bridge.pid());
     bridge.stop();
 
+    // The same burst of 100 with Sent copies off: what the copies cost.
+    wait_quiet();
+    let plain_box = adduser("bench-nosent");
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain_config = one_agent_config(
+        plain_dir.path(),
+        &plain_box,
+        &boss,
+        "save_sent = false\n",
+        "profile = \"echo\"\nmax_concurrent_tasks = 8\nmax_queued_tasks = 10000",
+    );
+    let plain = Bridge::start(&plain_config);
+    plain.wait(|e| e["event"] == "agent.ready");
+    let cpu_before = cpu_secs(plain.pid());
+    let plain_secs = burst_run(&rt, &sender, &mailbox, &boss, &plain_box, burst);
+    let plain_cpu_ms = (cpu_secs(plain.pid()) - cpu_before) * 1000.0 / burst as f64;
+    plain.stop();
+
     // Ten tasks running at once (an agent that sleeps), memory while they run.
     let hold_box = adduser("bench-hold");
     let hold_dir = tempfile::tempdir().unwrap();
@@ -619,6 +638,7 @@ fn main() {
             "bridgeShareOfThroughput": if secs.is_finite() { json!(((*secs / burst_secs) * 100.0).round() / 100.0) } else { json!(null) },
             "answeredSequential": e2e.len(),
         })),
+        "burstWithoutSentCopies": {"tasksPerSec": round1(burst as f64 / plain_secs), "cpuMsPerTask": (plain_cpu_ms * 100.0).round() / 100.0},
         "wide": {"tasks": wide, "concurrency": 8, "tasksPerSec": round1(wide as f64 / wide_secs), "cpuMsPerTask": (wide_cpu_ms * 100.0).round() / 100.0},
         "rssMiB": {"idleOneAgent": round1(idle_rss), "idleTenAgents": round1(ten_idle_rss), "afterTasks": round1(after_rss), "tenRunning": round1(running_rss)},
         "privateMiB": {"idleOneAgent": round1(idle_private), "idleTenAgents": round1(ten_idle_private), "after300Tasks": round1(after_private), "after800Tasks": round1(after_wide_private), "tenRunning": round1(running_private)},
@@ -650,6 +670,11 @@ fn main() {
             r["dispatchToResultSeenMs"]["p50"], r["tasksPerSec"], r["bridgeShareOfThroughput"]
         );
     }
+    println!(
+        "  burst of {burst} with Sent copies off: {} tasks/s, {} ms CPU per task",
+        figures["burstWithoutSentCopies"]["tasksPerSec"],
+        figures["burstWithoutSentCopies"]["cpuMsPerTask"]
+    );
     println!(
         "  {wide} tasks at concurrency 8: {} tasks/s, {} ms CPU per task",
         figures["wide"]["tasksPerSec"], figures["wide"]["cpuMsPerTask"]
