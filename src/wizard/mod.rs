@@ -463,7 +463,12 @@ pub async fn apply(
         let email = test_mailbox(&view(path, &config), &mailbox_name)
             .await
             .with_context(|| format!("agent {name}: the mailbox does not work yet"))?;
-        progress.done(&format!("{name}: {email} answers"));
+        let over = match agent.mailbox {
+            MailboxAnswers::Asmtp { .. } => "its ASMTP operator",
+            MailboxAnswers::Amp { .. } => "its AMP broker",
+            _ => "JMAP and SMTP",
+        };
+        progress.done(&format!("{name}: {email} answers {over}"));
         let entry = config
             .mailboxes
             .get_mut(&mailbox_name)
