@@ -1062,81 +1062,26 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
         for name in mailboxes {
             spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
-            if config.is_asmtp(&name) {
-                let checked = match config.asmtp_account(&name) {
-                    Ok(account) => {
-                        let url = account.url.to_string();
-                        match crate::mailbox::asmtp::AsmtpClient::new(account) {
-                            Ok(client) => client.newest().await.map(|_| url),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => {
-                        checks.push(check(
-                            what("config"),
-                            "fail",
-                            e.problem.clone(),
-                            e.fix.clone(),
-                        ));
-                        continue;
-                    }
-                };
-                match checked {
-                    Ok(url) => checks.push(check(
-                        what("ASMTP"),
-                        "ok",
-                        format!("read the agent's mailbox at {url}"),
-                        "",
-                    )),
+            if let Some(probe) = crate::mailbox::probe_other_kind(config, &name).await {
+                match probe {
                     Err(e) => checks.push(check(
-                        what("ASMTP"),
+                        what("config"),
                         "fail",
-                        e.to_string(),
-                        match e.class() {
-                            ErrorClass::Auth => {
-                                "check token_file: the operator did not accept the token"
-                            }
-                            _ => "check asmtp_url and that the operator is running",
-                        },
+                        e.problem.clone(),
+                        e.fix.clone(),
                     )),
-                }
-                continue;
-            }
-            if config.is_amp(&name) {
-                let checked = match config.amp_account(&name) {
-                    Ok(account) => {
-                        let url = account.url.to_string();
-                        match crate::mailbox::amp::AmpClient::new(account) {
-                            Ok(client) => client.unread().await.map(|m| (url, m.len())),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => {
-                        checks.push(check(
-                            what("config"),
+                    Ok(probe) => match probe.result {
+                        Ok(read) => checks.push(check(what(probe.system), "ok", read, "")),
+                        Err(e) => checks.push(check(
+                            what(probe.system),
                             "fail",
-                            e.problem.clone(),
-                            e.fix.clone(),
-                        ));
-                        continue;
-                    }
-                };
-                match checked {
-                    Ok((url, unread)) => checks.push(check(
-                        what("AMP"),
-                        "ok",
-                        format!("read the agent's inbox at {url} ({unread} unread); AMP has no push: polling"),
-                        "",
-                    )),
-                    Err(e) => checks.push(check(
-                        what("AMP"),
-                        "fail",
-                        e.to_string(),
-                        match e.class() {
-                            ErrorClass::Auth => "check api_key_file and agent_id (the key's user must own the agent)",
-                            _ => "check amp_url and that the broker is running",
-                        },
-                    )),
+                            e.to_string(),
+                            match e.class() {
+                                ErrorClass::Auth => probe.auth_fix,
+                                _ => probe.other_fix,
+                            },
+                        )),
+                    },
                 }
                 continue;
             }

@@ -20,13 +20,18 @@ impl Events {
     /// Emits `event` with `fields` (an object). Write errors are ignored: a closed stdout must
     /// not stop the daemon.
     pub fn emit(&self, event: &str, fields: Value) {
-        // A task's stream events (every text delta) go to the log at debug level: the log
-        // tells a task's life, not its every token.
-        if event == "task.stream" {
-            tracing::debug!(target: "aamp_bridge::events", event, %fields);
-        } else {
-            tracing::info!(target: "aamp_bridge::events", event, %fields);
-        }
+        tracing::info!(target: "aamp_bridge::events", event, %fields);
+        self.write(event, fields);
+    }
+
+    /// Like [`Events::emit`], for detail too fine for the log's usual level (a task's every
+    /// stream event): logged at debug level, written in full with `--json`.
+    pub fn emit_detail(&self, event: &str, fields: Value) {
+        tracing::debug!(target: "aamp_bridge::events", event, %fields);
+        self.write(event, fields);
+    }
+
+    fn write(&self, event: &str, fields: Value) {
         if !self.json {
             return;
         }

@@ -5,17 +5,12 @@
 
 mod support;
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{Bridge, ConfigDir};
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The test broker, its state kept in a folder of its own so it can be restarted.
 struct Broker {
@@ -29,11 +24,7 @@ struct Broker {
 impl Broker {
     fn start(extra: &[&str]) -> Broker {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::free_port();
         let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let child = Broker::spawn(dir.path(), port, &key, &extra);
@@ -47,28 +38,18 @@ impl Broker {
     }
 
     fn spawn(dir: &Path, port: u16, key: &str, extra: &[String]) -> Child {
-        let mut child = Command::new("python3")
-            .arg(repo().join("tests/hosts/amp_broker.py"))
-            .args(["--port", &port.to_string()])
-            .arg("--db")
-            .arg(dir.join("broker.sqlite3"))
-            .arg("--record")
-            .arg(dir.join("record.jsonl"))
-            .args(["--user", &format!("alice:{key}")])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 runs the AMP test broker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(
-            line.starts_with("listening"),
-            "the broker did not start: {line:?}"
-        );
-        child
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--port".into(),
+            port.to_string().into(),
+            "--db".into(),
+            dir.join("broker.sqlite3").into(),
+            "--record".into(),
+            dir.join("record.jsonl").into(),
+            "--user".into(),
+            format!("alice:{key}").into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
+        support::spawn_test_server("amp_broker.py", &args)
     }
 
     fn url(&self) -> String {

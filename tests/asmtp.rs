@@ -6,17 +6,12 @@
 
 mod support;
 
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{Bridge, ConfigDir};
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// A fresh envelope id (the ULID shape: `01` and 24 Crockford base32 characters).
 fn ulid() -> String {
@@ -40,11 +35,7 @@ impl Operator {
     /// Starts with these handles, each with a token of its own.
     fn start(handles: &[&str], extra: &[&str]) -> Operator {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::free_port();
         let agents: Vec<(String, String)> = handles
             .iter()
             .map(|h| {
@@ -64,29 +55,20 @@ impl Operator {
     }
 
     fn spawn(dir: &Path, port: u16, agents: &[(String, String)], extra: &[&str]) -> Child {
-        let mut cmd = Command::new("python3");
-        cmd.arg(repo().join("tests/hosts/asmtp_operator.py"))
-            .args(["--port", &port.to_string()])
-            .arg("--db")
-            .arg(dir.join("operator.sqlite3"))
-            .arg("--record")
-            .arg(dir.join("record.jsonl"))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--port".into(),
+            port.to_string().into(),
+            "--db".into(),
+            dir.join("operator.sqlite3").into(),
+            "--record".into(),
+            dir.join("record.jsonl").into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
         for (handle, token) in agents {
-            cmd.args(["--agent", &format!("{handle}:{token}")]);
+            args.push("--agent".into());
+            args.push(format!("{handle}:{token}").into());
         }
-        let mut child = cmd.spawn().expect("python3 runs the ASMTP test operator");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(
-            line.starts_with("listening"),
-            "the operator did not start: {line:?}"
-        );
-        child
+        support::spawn_test_server("asmtp_operator.py", &args)
     }
 
     fn token(&self, handle: &str) -> &str {

@@ -743,8 +743,13 @@ impl LoadedConfig {
         Ok(url)
     }
 
-    /// The named ASMTP mailbox with its token read and its settings checked.
-    pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
+    /// The named mailbox and its config key (`mailboxes.<name>`), checked to hold only keys of
+    /// `kind` (an AAMP account is also refused when the mailbox is of another kind).
+    fn mailbox_of_kind(
+        &self,
+        name: &str,
+        kind: MailboxKind,
+    ) -> Result<(String, &MailboxConfig), ConfigError> {
         let key = format!("mailboxes.{name}");
         let m = self.config.mailboxes.get(name).ok_or_else(|| {
             self.error(
@@ -753,14 +758,53 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
-        let foreign = Self::foreign_keys(m, MailboxKind::Asmtp);
-        if !foreign.is_empty() {
+        if kind == MailboxKind::Aamp && m.kind != MailboxKind::Aamp {
             return Err(self.error(
-                &key,
-                format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
-                "an ASMTP mailbox takes asmtp_url, handle and token_file",
+                format!("{key}.kind"),
+                "an AMP or ASMTP mailbox has no JMAP or SMTP account",
+                "this command works with AAMP mailboxes only",
             ));
         }
+        let foreign = Self::foreign_keys(m, kind);
+        if !foreign.is_empty() {
+            let (problem, fix) = match kind {
+                MailboxKind::Aamp => (
+                    format!("{} belong to other kinds of mailbox", foreign.join(", ")),
+                    "set kind = \"amp\" or \"asmtp\" for those, or drop the keys",
+                ),
+                MailboxKind::Asmtp => (
+                    format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
+                    "an ASMTP mailbox takes asmtp_url, handle and token_file",
+                ),
+                MailboxKind::Amp => (
+                    format!("{} do not belong to kind = \"amp\"", foreign.join(", ")),
+                    "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
+                ),
+            };
+            return Err(self.error(&key, problem, fix));
+        }
+        Ok((key, m))
+    }
+
+    /// A mailbox's polling interval: at least a second.
+    fn poll_interval(
+        &self,
+        key: &str,
+        m: &MailboxConfig,
+    ) -> Result<std::time::Duration, ConfigError> {
+        if m.poll_interval_secs == 0 {
+            return Err(self.error(
+                format!("{key}.poll_interval_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds",
+            ));
+        }
+        Ok(std::time::Duration::from_secs(m.poll_interval_secs))
+    }
+
+    /// The named ASMTP mailbox with its token read and its settings checked.
+    pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Asmtp)?;
         let url = self.service_url(
             &format!("{key}.asmtp_url"),
             m.asmtp_url.as_ref(),
@@ -791,41 +835,20 @@ impl LoadedConfig {
             m.token_file.as_ref(),
             "the agent's bearer token",
         )?;
-        if m.poll_interval_secs == 0 {
-            return Err(self.error(
-                format!("{key}.poll_interval_secs"),
-                "must be at least 1",
-                "set it to 1 or more seconds",
-            ));
-        }
+        let poll_interval = self.poll_interval(&key, m)?;
         Ok(AsmtpAccount {
             name: name.to_string(),
             url,
             handle,
             token,
-            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            poll_interval,
             insecure_tls: m.insecure_tls,
         })
     }
 
     /// The named AMP mailbox with its API key read and its settings checked.
     pub fn amp_account(&self, name: &str) -> Result<AmpAccount, ConfigError> {
-        let key = format!("mailboxes.{name}");
-        let m = self.config.mailboxes.get(name).ok_or_else(|| {
-            self.error(
-                &key,
-                "no such mailbox",
-                format!("use one of: {}", self.mailbox_names()),
-            )
-        })?;
-        let foreign = Self::foreign_keys(m, MailboxKind::Amp);
-        if !foreign.is_empty() {
-            return Err(self.error(
-                &key,
-                format!("{} do not belong to kind = \"amp\"", foreign.join(", ")),
-                "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
-            ));
-        }
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Amp)?;
         let need = |field: &Option<String>, what: &str, fix: &str| {
             field
                 .clone()
@@ -859,49 +882,21 @@ impl LoadedConfig {
             m.api_key_file.as_ref(),
             "the user's amk_ API key",
         )?;
-        if m.poll_interval_secs == 0 {
-            return Err(self.error(
-                format!("{key}.poll_interval_secs"),
-                "must be at least 1",
-                "set it to 1 or more seconds",
-            ));
-        }
+        let poll_interval = self.poll_interval(&key, m)?;
         Ok(AmpAccount {
             name: name.to_string(),
             url,
             address,
             agent_id,
             api_key,
-            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            poll_interval,
             insecure_tls: m.insecure_tls,
         })
     }
 
     /// The named mailbox with its password read and its settings checked.
     pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
-        let key = format!("mailboxes.{name}");
-        let m = self.config.mailboxes.get(name).ok_or_else(|| {
-            self.error(
-                &key,
-                "no such mailbox",
-                format!("use one of: {}", self.mailbox_names()),
-            )
-        })?;
-        if m.kind != MailboxKind::Aamp {
-            return Err(self.error(
-                format!("{key}.kind"),
-                "an AMP or ASMTP mailbox has no JMAP or SMTP account",
-                "this command works with AAMP mailboxes only",
-            ));
-        }
-        let foreign = Self::foreign_keys(m, MailboxKind::Aamp);
-        if !foreign.is_empty() {
-            return Err(self.error(
-                &key,
-                format!("{} belong to other kinds of mailbox", foreign.join(", ")),
-                "set kind = \"amp\" or \"asmtp\" for those, or drop the keys",
-            ));
-        }
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Aamp)?;
         let jmap_url = url::Url::parse(&m.jmap_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
@@ -988,13 +983,7 @@ impl LoadedConfig {
                 "use \"starttls\" or \"tls\"; \"plain\" is only allowed to a loopback host (127.0.0.1, ::1, localhost)",
             ));
         }
-        if m.poll_interval_secs == 0 {
-            return Err(self.error(
-                format!("{key}.poll_interval_secs"),
-                "must be at least 1",
-                "set it to 1 or more seconds",
-            ));
-        }
+        let poll_interval = self.poll_interval(&key, m)?;
         if m.sender_auth == SenderAuth::AuthenticationResults && m.authserv_id.is_none() {
             return Err(self.error(
                 format!("{key}.authserv_id"),
@@ -1014,7 +1003,7 @@ impl LoadedConfig {
             smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
             smtp_security: m.smtp_security,
             insecure_tls: m.insecure_tls,
-            poll_interval: std::time::Duration::from_secs(m.poll_interval_secs),
+            poll_interval,
             push: m.push,
             push_transport: m.push_transport,
             save_sent: m.save_sent,

@@ -309,7 +309,7 @@ impl<O: Outbox> Dispatcher<O> {
         let observe = async move {
             while let Some(event) = rx.recv().await {
                 let (kind, payload) = event.to_aamp();
-                events.emit("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                events.emit_detail("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
                 let _ = to_stream.send((kind, payload)).await;
             }
         };

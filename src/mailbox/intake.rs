@@ -409,27 +409,43 @@ mod tests {
         cursor.load().unwrap().map(|p| p.state)
     }
 
+    /// One poll step over `source`: the numbers of the mails delivered go to `seen`; mail
+    /// number `refuse` cannot be taken (as when the journal cannot record it).
+    async fn poll(
+        source: &mut Fake,
+        cursor: &Cursor,
+        state: &mut Option<Position>,
+        refuse: Option<usize>,
+        seen: &mut Vec<usize>,
+    ) -> Result<(), IntakeError> {
+        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
+            let n = number(&m);
+            if refuse == Some(n) {
+                return Err("the journal is full".into());
+            }
+            seen.push(n);
+            Ok(())
+        };
+        poll_once(
+            "agent",
+            Events::new(false),
+            source,
+            cursor,
+            state,
+            &mut deliver,
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn a_first_start_begins_after_what_is_already_there() {
         let dir = tempfile::tempdir().unwrap();
         let cursor = Cursor::new(dir.path().join("cursor"));
         let mut source = fake(7);
         let mut seen = Vec::new();
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            seen.push(number(&m));
-            Ok(())
-        };
-        let mut state = None;
-        poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap();
+        poll(&mut source, &cursor, &mut None, None, &mut seen)
+            .await
+            .unwrap();
         assert!(seen.is_empty(), "{seen:?}");
         assert_eq!(saved(&cursor).as_deref(), Some("7"));
     }
@@ -441,21 +457,9 @@ mod tests {
         cursor.save(&Position::at("0".into())).unwrap();
         let mut source = fake(2 * PAGE + 3);
         let mut seen = Vec::new();
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            seen.push(number(&m));
-            Ok(())
-        };
-        let mut state = None;
-        poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap();
+        poll(&mut source, &cursor, &mut None, None, &mut seen)
+            .await
+            .unwrap();
         assert_eq!(seen, (0..2 * PAGE + 3).collect::<Vec<_>>());
         assert_eq!(saved(&cursor), Some((2 * PAGE + 3).to_string()));
     }
@@ -467,44 +471,17 @@ mod tests {
         cursor.save(&Position::at("0".into())).unwrap();
         let mut source = fake(PAGE + 10);
         let mut seen = Vec::new();
-        let refuse = Some(PAGE + 4);
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            let n = number(&m);
-            if refuse == Some(n) {
-                return Err("the journal is full".into());
-            }
-            seen.push(n);
-            Ok(())
-        };
         let mut state = None;
-        let err = poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap_err();
+        let err = poll(&mut source, &cursor, &mut state, Some(PAGE + 4), &mut seen)
+            .await
+            .unwrap_err();
         assert_eq!(err.class(), ErrorClass::Transient);
         // The first page is saved; the second is not, so nothing after the refused mail is
         // skipped (nor is the refused one).
         assert_eq!(saved(&cursor), Some(PAGE.to_string()));
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            seen.push(number(&m));
-            Ok(())
-        };
-        poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap();
+        poll(&mut source, &cursor, &mut state, None, &mut seen)
+            .await
+            .unwrap();
         assert_eq!(saved(&cursor), Some((PAGE + 10).to_string()));
         let mut expected: Vec<usize> = (0..PAGE + 4).collect();
         // The second page again from its start: downstream knows the ones it has.
@@ -520,36 +497,16 @@ mod tests {
         let mut source = fake(6);
         source.down = true;
         let mut seen = Vec::new();
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            seen.push(number(&m));
-            Ok(())
-        };
-        let mut state = None;
-        let err = poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap_err();
+        let err = poll(&mut source, &cursor, &mut None, None, &mut seen)
+            .await
+            .unwrap_err();
         assert_eq!(err.class(), ErrorClass::Transient);
         assert_eq!(saved(&cursor).as_deref(), Some("3"));
         source.down = false;
         // A new life: no state in memory, only the cursor file.
-        let mut state = None;
-        poll_once(
-            "agent",
-            Events::new(false),
-            &mut source,
-            &cursor,
-            &mut state,
-            &mut deliver,
-        )
-        .await
-        .unwrap();
+        poll(&mut source, &cursor, &mut None, None, &mut seen)
+            .await
+            .unwrap();
         assert_eq!(seen, vec![3, 4, 5]);
         assert_eq!(saved(&cursor).as_deref(), Some("6"));
     }

@@ -203,25 +203,15 @@ fn view(path: &Path, config: &Config) -> LoadedConfig {
 /// Logs in over JMAP and SMTP with a mailbox of `config`, as the bridge will (or reads an
 /// ASMTP or AMP mailbox once).
 pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<String> {
-    if config.is_asmtp(name) {
-        let account = config.asmtp_account(name)?;
-        let url = account.url.clone();
-        let client = crate::mailbox::asmtp::AsmtpClient::new(account.clone())?;
-        client.newest().await.with_context(|| {
-            format!("reading the ASMTP mailbox at {url} failed: check asmtp_url and token_file")
-        })?;
-        return Ok(account.handle);
-    }
-    if config.is_amp(name) {
-        let account = config.amp_account(name)?;
-        let url = account.url.clone();
-        let client = crate::mailbox::amp::AmpClient::new(account.clone())?;
-        client.unread().await.with_context(|| {
+    if let Some(probe) = crate::mailbox::probe_other_kind(config, name).await {
+        let probe = probe?;
+        probe.result.with_context(|| {
             format!(
-                "reading the AMP inbox at {url} failed: check amp_url, agent_id and api_key_file"
+                "reading the {} mailbox of {} failed: {}",
+                probe.system, probe.address, probe.other_fix
             )
         })?;
-        return Ok(account.address);
+        return Ok(probe.address);
     }
     let account = config.account(name)?;
     let mut mailbox = crate::mailbox::Mailbox::new(account.clone())?;

@@ -680,6 +680,36 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A TCP port the OS says is free now (the machine may run other servers).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts one of the test servers in tests/hosts (`python3 SCRIPT ARGS`), which prints a line
+/// starting `listening` once it serves; returns it then.
+pub fn spawn_test_server(script: &str, args: &[std::ffi::OsString]) -> Child {
+    let mut child = Command::new("python3")
+        .arg(repo().join("tests/hosts").join(script))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("python3 runs tests/hosts/{script}: {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.starts_with("listening"),
+        "tests/hosts/{script} did not start: {line:?}"
+    );
+    child
+}
+
 /// The AAMP test host (tests/hosts/aamp_host.py) in front of the shared mail host: the helper
 /// API with task streams, recording every action it receives.
 pub struct AampHost {
@@ -700,46 +730,30 @@ impl AampHost {
         let dir = tempfile::tempdir().unwrap();
         let record = dir.path().join("actions.jsonl");
         // A free port from the OS, handed to the host.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let jmap = host
             .jmap_url
             .trim_end_matches("/.well-known/jmap")
             .to_string();
-        let mut child = Command::new("python3")
-            .arg(repo().join("tests/hosts/aamp_host.py"))
-            .args([
-                "--port",
-                &port.to_string(),
-                "--record",
-                record.to_str().unwrap(),
-                "--jmap",
-                &jmap,
-            ])
-            .args([
-                "--mailhost",
-                repo().join("scripts/mailhost.sh").to_str().unwrap(),
-                "--domain",
-                &host.domain,
-                "--smtp",
-                &format!("127.0.0.1:{}", host.smtp_port),
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 runs the AAMP test host");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(
-            line.starts_with("listening"),
-            "the AAMP test host did not start: {line:?}"
-        );
+        let mut args: Vec<std::ffi::OsString> = [
+            "--port",
+            &port.to_string(),
+            "--record",
+            record.to_str().unwrap(),
+            "--jmap",
+            &jmap,
+            "--mailhost",
+            repo().join("scripts/mailhost.sh").to_str().unwrap(),
+            "--domain",
+            &host.domain,
+            "--smtp",
+            &format!("127.0.0.1:{}", host.smtp_port),
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        args.extend(extra.iter().map(Into::into));
+        let child = spawn_test_server("aamp_host.py", &args);
         AampHost {
             child,
             url: format!("http://127.0.0.1:{port}"),
