@@ -267,12 +267,24 @@ async fn hostile_mails_through_the_live_daemon() {
     let log = bridge.log();
     assert!(!log.contains("panicked"), "a panic:\n{log}");
     // Memory back to its idle level: the bridge gives freed heap back once no task runs.
+    // What may stay is bounded, not proportional to the load: the journal's SQLite page
+    // cache (2 MiB at most) filling as the journal grew, and a few runtime threads' stacks.
+    // Without the trim, 260 mails left +12.6 MiB.
     let pid = bridge.pid();
     let peak = rss_kib(pid);
-    support::wait_until("memory back to its idle level", || {
-        rss_kib(pid) <= idle + 2 * 1024
-    });
-    let rss = rss_kib(pid);
+    let allowed = idle + 6 * 1024;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rss = loop {
+        let now = rss_kib(pid);
+        if now <= allowed || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        rss <= allowed,
+        "memory did not come back: idle {idle} KiB, at the end of the run {peak} KiB, 30 s later {rss} KiB"
+    );
     // No worker spins once the work is done: under 5 % of a core over two seconds.
     let before = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(2));
