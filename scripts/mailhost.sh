@@ -23,6 +23,9 @@ SUBMIT_PORT=${MAILHOST_SUBMIT_PORT:-15587} # SMTP submission: AUTH required, pla
 # SMTP submission as clients that insist on STARTTLS see it (the PyPI aamp-sdk does): TLS
 # required before AUTH, with a self-signed certificate made at start ($DIR/tls/cert.pem).
 SUBMIT_TLS_PORT=${MAILHOST_SUBMIT_TLS_PORT:-15588}
+# SMTP submission as Postfix ships it: AUTH required, but no smtpd_sasl_authenticated_header,
+# so its Received field says ESMTPA without naming the login (the bridge cannot tell who sent).
+SUBMIT_STOCK_PORT=${MAILHOST_SUBMIT_STOCK_PORT:-15589}
 MX_PORT=${MAILHOST_MX_PORT:-12525}         # SMTP inbound: no AUTH, local domain only
 CYRUS=/usr/lib/cyrus/bin
 # Cyrus' httpd rebuilt with WebSocket support (scripts/cyrus-ws.sh), for real JMAP push; Debian's
@@ -197,6 +200,11 @@ CONF
   -o smtpd_sasl_authenticated_header=yes
   -o smtpd_client_restrictions=permit_sasl_authenticated,reject
   -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
+127.0.0.1:$SUBMIT_STOCK_PORT inet n - n - - smtpd
+  -o syslog_name=postfix/submission-stock
+  -o smtpd_sasl_auth_enable=yes
+  -o smtpd_client_restrictions=permit_sasl_authenticated,reject
+  -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
 127.0.0.1:$SUBMIT_TLS_PORT inet n - n - - smtpd
   -o syslog_name=postfix/submission-tls
   -o smtpd_tls_security_level=encrypt
@@ -317,13 +325,14 @@ cmd_check() {
   (exec 3<>"/dev/tcp/127.0.0.1/$JMAP_PORT") 2>/dev/null || die "JMAP port $JMAP_PORT is closed"
   (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_PORT") 2>/dev/null || die "SMTP submission port $SUBMIT_PORT is closed"
   (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_TLS_PORT") 2>/dev/null || die "SMTP STARTTLS submission port $SUBMIT_TLS_PORT is closed"
+  (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_STOCK_PORT") 2>/dev/null || die "SMTP stock submission port $SUBMIT_STOCK_PORT is closed"
   if [ -n "$user" ]; then
     curl -fsS -L -u "$user:$pass" "http://127.0.0.1:$JMAP_PORT/.well-known/jmap" >/dev/null \
       || die "JMAP session for $user failed"
   fi
   local push="no push (clients poll)"
   if [ "$(grep -c "$WS_HTTPD" "$DIR/cyrus.conf" 2>/dev/null)" != 0 ]; then push="WebSocket push"; fi
-  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap ($push), SMTP 127.0.0.1:$SUBMIT_PORT (STARTTLS: $SUBMIT_TLS_PORT)"
+  say "running: JMAP http://127.0.0.1:$JMAP_PORT/.well-known/jmap ($push), SMTP 127.0.0.1:$SUBMIT_PORT (STARTTLS: $SUBMIT_TLS_PORT, stock: $SUBMIT_STOCK_PORT)"
 }
 
 cmd_start() {
@@ -333,8 +342,8 @@ cmd_start() {
   # Tests start the host concurrently: one of them starts it, the others wait for it.
   exec 9>"$DIR.lock"
   flock 9
-  if running && ! (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_TLS_PORT") 2>/dev/null; then
-    say "running from an older version of this script (no STARTTLS port): restarting it"
+  if running && ! (exec 3<>"/dev/tcp/127.0.0.1/$SUBMIT_STOCK_PORT") 2>/dev/null; then
+    say "running from an older version of this script (no stock submission port): restarting it"
     cmd_stop
   fi
   if running; then
@@ -345,7 +354,7 @@ cmd_start() {
     "$CYRUS/master" -C "$DIR/imapd.conf" -M "$DIR/cyrus.conf" -p "$DIR/cyrus.pid" -d -L "$DIR/log/cyrus-master.log"
     postfix -c "$DIR/postfix/etc" start 2>>"$DIR/log/postfix-start.log" \
       || die "postfix did not start; see $DIR/log/postfix.log and postfix-start.log"
-    for p in "$IMAP_PORT" "$JMAP_PORT" "$SUBMIT_PORT" "$SUBMIT_TLS_PORT" "$MX_PORT"; do wait_for_port "$p"; done
+    for p in "$IMAP_PORT" "$JMAP_PORT" "$SUBMIT_PORT" "$SUBMIT_TLS_PORT" "$SUBMIT_STOCK_PORT" "$MX_PORT"; do wait_for_port "$p"; done
     # master writes its pid file a moment after it forks
     for _ in $(seq 1 50); do [ -s "$DIR/cyrus.pid" ] && break; sleep 0.1; done
   fi
@@ -381,6 +390,7 @@ export MAILHOST_JMAP_URL=http://127.0.0.1:$JMAP_PORT/.well-known/jmap
 export MAILHOST_SMTP_HOST=127.0.0.1
 export MAILHOST_SMTP_PORT=$SUBMIT_PORT
 export MAILHOST_SMTP_TLS_PORT=$SUBMIT_TLS_PORT
+export MAILHOST_SMTP_STOCK_PORT=$SUBMIT_STOCK_PORT
 ENV
 }
 

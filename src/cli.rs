@@ -1135,6 +1135,15 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
                                     "sender_auth = \"none\": any From is believed",
                                     "set sender_auth = \"auto\" if the server writes evidence",
                                 ));
+                            } else if let Some(problem) = &ev.problem {
+                                checks.push(check(
+                                    what("sender evidence"),
+                                    "warn",
+                                    format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
+                                    "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
+                                ));
+                            } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
+                                checks.push(check(what("sender evidence"), "warn", "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id"));
                             } else if found.is_empty() {
                                 checks.push(check(what("sender evidence"), "warn", "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id; or sender_auth = \"none\" (not advised)"));
                             } else {

@@ -4,7 +4,7 @@
 mod support;
 
 use aamp_bridge::protocol::{Body, Intent, Status};
-use support::{inject_mx, mailhost, Bridge, ConfigDir, Peer};
+use support::{inject_mx, inject_mx_as, mailhost, Bridge, ConfigDir, Peer};
 
 fn config(
     host: &support::MailHost,
@@ -79,6 +79,146 @@ async fn a_forged_from_is_refused_without_an_ack_and_a_genuine_one_runs() {
             "no ack and no answer to a forged mail"
         );
     }
+}
+
+/// EHLO names a stranger may choose: Postfix copies the name into its own Received field, so
+/// none of them may change which field is read as the server's, or what it says.
+const HOSTILE_EHLO: &[&str] = &[
+    "with",
+    "WITH",
+    "by",
+    "from",
+    "(Authenticated",
+    "esmtpa",
+    "id",
+    "for",
+    "with)",
+    "x(Authenticated",
+    "Authenticated",
+    "sender:",
+    ";",
+];
+
+/// A forged Received field claiming `login`'s authenticated submission, and a forged
+/// Authentication-Results field claiming DMARC passed, both from `localhost`.
+fn forged_evidence(login: &str, domain: &str) -> String {
+    format!(
+        "Authentication-Results: localhost; dmarc=pass header.from={domain}\nReceived: from client.example.net (localhost [127.0.0.1])\n\t(Authenticated sender: {login})\n\tby localhost (Postfix) with ESMTPA id 42F9D99E6B2\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)\n"
+    )
+}
+
+/// Issue 18: with `EHLO with` the first `with` of Postfix's own field was its HELO name, the
+/// field was judged "not SMTP" and the forged one below it was read as the server's.
+/// `genuine_runs`: the mailbox believes boss's own submissions (not so with only
+/// Authentication-Results, which the test host does not write).
+async fn hostile_ehlo_names_are_never_believed(extra: &str, genuine_runs: bool) {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, extra));
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let domain = boss.email.rsplit_once('@').unwrap().1.to_string();
+    let mut forged = Vec::new();
+    for ehlo in HOSTILE_EHLO {
+        let task = format!("ehlo-{}", uuid::Uuid::new_v4());
+        inject_mx_as(
+            host,
+            ehlo,
+            &boss.email,
+            &agent.email,
+            &dispatch_text(
+                &boss.email,
+                &agent.email,
+                &task,
+                &forged_evidence(&boss.email, &domain),
+            ),
+        );
+        forged.push((ehlo, task));
+    }
+    for (ehlo, task) in &forged {
+        let ignored = bridge.wait_event("message.ignored", |e| e["taskId"] == task.as_str());
+        let reason = ignored["reason"].as_str().unwrap_or_default().to_string()
+            + ignored["fields"]["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("not authenticated"),
+            "EHLO {ehlo}: {ignored}"
+        );
+    }
+    // A genuine task still runs.
+    if genuine_runs {
+        let genuine = peer
+            .send(peer.dispatch_to(&agent.email, "Genuine", "run this"))
+            .await;
+        let result = peer.wait_for(genuine.task_id(), Intent::TaskResult).await;
+        assert!(matches!(&result.message.body, Body::Result(r) if r.status == Status::Completed));
+    }
+    for (ehlo, task) in &forged {
+        let about: Vec<_> = bridge
+            .seen
+            .iter()
+            .filter(|e| e["taskId"] == task.as_str() && e["event"] != "message.ignored")
+            .collect();
+        assert!(
+            about.is_empty(),
+            "EHLO {ehlo}: the forged task went on: {about:?}"
+        );
+    }
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    for (ehlo, task) in &forged {
+        assert!(
+            peer.intents_for(task).is_empty(),
+            "EHLO {ehlo}: no ack and no answer to a forged mail"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_ehlo_names_over_the_inbound_port_never_pass_as_an_allowed_sender() {
+    hostile_ehlo_names_are_never_believed("", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_ehlo_names_never_make_forged_authentication_results_count() {
+    hostile_ehlo_names_are_never_believed(
+        "sender_auth = \"authentication-results\"\nauthserv_id = \"localhost\"",
+        false,
+    )
+    .await;
+}
+
+/// Issue 18, on stock Postfix: its submission service writes `with ESMTPA` without naming the
+/// login, so a genuine submission cannot be told from anyone else's and is not believed (the
+/// reason says what to set); the same user through a submission that names the login is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_on_stock_postfix_is_not_believed_and_the_reason_says_what_to_set() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &config(host, &agent, &boss.email, ""));
+    let mut stock = boss.clone();
+    stock.smtp_port = host.smtp_stock_port;
+    let stock_peer = Peer::new(stock).await;
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let unnamed = stock_peer
+        .send(stock_peer.dispatch_to(&agent.email, "Stock", "run this"))
+        .await;
+    let ignored = bridge.wait_event("message.ignored", |e| e["taskId"] == unnamed.task_id());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("smtpd_sasl_authenticated_header = yes"),
+        "{ignored}"
+    );
+    let named = peer
+        .send(peer.dispatch_to(&agent.email, "Named", "run this"))
+        .await;
+    let result = peer.wait_for(named.task_id(), Intent::TaskResult).await;
+    assert!(matches!(&result.message.body, Body::Result(r) if r.status == Status::Completed));
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    assert!(peer.intents_for(unnamed.task_id()).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

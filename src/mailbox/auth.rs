@@ -2,18 +2,26 @@
 //! (newest first, as servers prepend them).
 //!
 //! Only what the receiving server itself wrote counts, and a sender can write anything below
-//! it. So the evidence is read from above the topmost `Received:` field that records the mail
-//! entering over SMTP (the receiving server's own; `LMTP` hops inside the server are passed
-//! over):
+//! it. So the evidence is read from the server's region at the top of the header, decided
+//! from the top and failing closed: first the delivery fields the mailbox's own server writes
+//! (`LMTP` hops, Cyrus and the like), then exactly one field, which must be the server's SMTP
+//! hop (the mail entering over `SMTP`/`ESMTP*`). Every Received field is read by its grammar
+//! ([`super::received`]): a HELO name, a reverse-DNS name, a comment or a recipient can hold
+//! any word (`with`, `by`, `(Authenticated`, `esmtpa`) and none of them moves a clause. If a
+//! field of the region does not parse, or the field where the SMTP hop belongs records another
+//! protocol, the mail is not believed and the reason names that field; the search never goes
+//! further down for a field that does parse (everything further down the sender wrote).
 //!
-//! - **submission**: that field says the server took the mail from an authenticated
-//!   submission (`with ESMTPA`/`ESMTPSA`, RFC 3848) and names the login
-//!   (`Authenticated sender: ADDRESS`, Postfix's `smtpd_sasl_authenticated_header`), and the
-//!   login is the From address;
-//! - **authentication-results**: an `Authentication-Results:` field (RFC 8601) above it from
-//!   the configured authserv-id says `dmarc=pass` for the From domain, or `dkim=pass` or
+//! The evidence, in the region:
+//! - **submission**: the SMTP hop says the server took the mail from an authenticated
+//!   submission (`with ESMTPA`/`ESMTPSA`, RFC 3848) and names the login in its one
+//!   `(Authenticated sender: ADDRESS)` comment (Postfix's `smtpd_sasl_authenticated_header`),
+//!   and the login is the From address;
+//! - **authentication-results**: an `Authentication-Results:` field (RFC 8601) above the hop
+//!   from the configured authserv-id says `dmarc=pass` for the From domain, or `dkim=pass` or
 //!   `spf=pass` for a domain aligned with it.
 
+use super::received::{self, Received};
 use crate::config::SenderAuth;
 
 /// What the headers say about the sender.
@@ -47,30 +55,34 @@ pub fn check_sender(
     let Some((_, from_domain)) = from.rsplit_once('@') else {
         return SenderCheck::Unverified("the From address has no domain".into());
     };
-    let Some((fields, top)) = written_by_server(headers) else {
-        return SenderCheck::Unverified(
-            "the mail has no Received field from an SMTP server (it was not sent through the mail server)".into(),
-        );
+    let region = match server_region(headers) {
+        Ok(region) => region,
+        Err(why) => return SenderCheck::Unverified(why),
     };
     let submission = matches!(mode, SenderAuth::Auto | SenderAuth::Submission);
     let results = matches!(mode, SenderAuth::Auto | SenderAuth::AuthenticationResults);
     let mut why = Vec::new();
     if submission {
-        match authenticated_sender(&fields[top].1) {
-            Some(login) if login == from => {
+        let hop = &region.hop;
+        match hop.authenticated_sender() {
+            Err(problem) => why.push(format!("the server's Received field is not believed: {problem}")),
+            Ok(Some(login)) if hop.is_authenticated() && login == from => {
                 return SenderCheck::Verified(format!("authenticated submission by {login}"))
             }
-            Some(login) => why.push(format!(
+            Ok(Some(login)) if hop.is_authenticated() => why.push(format!(
                 "it was submitted by {login}, not by the From address"
             )),
-            None => why.push("it did not come from an authenticated submission".to_string()),
+            Ok(None) if hop.is_authenticated() => why.push(
+                "it came from an authenticated submission, but the server does not record the login (Postfix: smtpd_sasl_authenticated_header = yes)".to_string(),
+            ),
+            Ok(_) => why.push("it did not come from an authenticated submission".to_string()),
         }
     }
     if results {
         match authserv_id {
             Some(id) => {
                 let id = id.trim().to_ascii_lowercase();
-                for (_, value) in fields[..top]
+                for (_, value) in region.fields[..region.top]
                     .iter()
                     .filter(|(n, _)| n == "authentication-results")
                 {
@@ -97,42 +109,104 @@ pub fn check_sender(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Evidence {
     pub authenticated_submission: bool,
+    /// The server records authenticated submissions (`ESMTPA`) but not the login.
+    pub login_not_recorded: bool,
     pub authserv_ids: Vec<String>,
+    /// Why the server's own fields could not be read, when they could not: mail like this one
+    /// is never believed.
+    pub problem: Option<String>,
 }
 
 pub fn evidence(headers: &[(String, String)]) -> Evidence {
-    let Some((fields, top)) = written_by_server(headers) else {
-        return Evidence::default();
+    let region = match server_region(headers) {
+        Ok(region) => region,
+        Err(problem) => {
+            return Evidence {
+                problem: Some(problem),
+                ..Evidence::default()
+            }
+        }
     };
-    let mut authserv_ids: Vec<String> = fields[..top]
+    let mut authserv_ids: Vec<String> = region.fields[..region.top]
         .iter()
         .filter(|(n, _)| n == "authentication-results")
         .filter_map(|(_, v)| {
-            strip_comments(v)
+            strip_comments(&v.to_ascii_lowercase())
                 .split(';')
                 .next()
                 .and_then(|id| id.split_whitespace().next().map(str::to_string))
         })
         .collect();
     authserv_ids.dedup();
+    let login = region.hop.authenticated_sender();
     Evidence {
-        authenticated_submission: authenticated_sender(&fields[top].1).is_some(),
+        authenticated_submission: region.hop.is_authenticated() && matches!(login, Ok(Some(_))),
+        login_not_recorded: region.hop.is_authenticated() && matches!(login, Ok(None)),
         authserv_ids,
+        problem: login.err().map(str::to_string),
     }
 }
 
-/// The fields (lower-case names, unfolded values) and the index of the topmost Received field
-/// that records the mail entering over SMTP: that field and those above it are the receiving
-/// server's. `None` when there is no such field.
-fn written_by_server(headers: &[(String, String)]) -> Option<(Vec<(String, String)>, usize)> {
+/// The receiving server's part of a mail's header: the fields (lower-case names, unfolded
+/// values) in message order, the index of its SMTP hop, and that field read. Fields above
+/// `top` and the hop itself are the server's; everything below it the sender could write.
+struct Region {
+    fields: Vec<(String, String)>,
+    top: usize,
+    hop: Received,
+}
+
+/// Finds the [`Region`] from the top, failing closed: `Err` says which field was not
+/// understood, or that there is no SMTP hop.
+fn server_region(headers: &[(String, String)]) -> Result<Region, String> {
     let fields: Vec<(String, String)> = headers
         .iter()
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), unfold(v)))
         .collect();
-    let top = fields
-        .iter()
-        .position(|(n, v)| n == "received" && received_over_smtp(v))?;
-    Some((fields, top))
+    let mut number = 0;
+    for (i, (name, value)) in fields.iter().enumerate() {
+        if name != "received" {
+            continue;
+        }
+        number += 1;
+        let hop = received::parse(value).map_err(|e| {
+            format!(
+                "Received field {number} from the top, where the receiving server's own belongs, was not understood ({e}): {}",
+                clip(value)
+            )
+        })?;
+        if hop.is_lmtp() {
+            continue; // a delivery hop inside the server
+        }
+        if !hop.is_smtp() {
+            return Err(format!(
+                "Received field {number} from the top, where the receiving server's SMTP hop belongs, records {}, not SMTP: {}",
+                hop.with.as_deref().unwrap_or("no protocol"),
+                clip(value)
+            ));
+        }
+        return Ok(Region {
+            fields,
+            top: i,
+            hop,
+        });
+    }
+    Err("the mail has no Received field from an SMTP server (it was not sent through the mail server)".into())
+}
+
+/// A field value for a reason: one line, control characters shown as `?`, at most 160
+/// characters (it is a stranger's text).
+fn clip(value: &str) -> String {
+    let flat: String = value
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .take(160)
+        .collect();
+    if value.chars().count() > 160 {
+        format!("{flat}…")
+    } else {
+        flat
+    }
 }
 
 fn unfold(value: &str) -> String {
@@ -142,35 +216,6 @@ fn unfold(value: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-        .to_ascii_lowercase()
-}
-
-/// The `with` protocol of a Received field, lower-cased.
-fn protocol(received: &str) -> Option<&str> {
-    let mut words = received.split_whitespace();
-    words.find(|w| *w == "with")?;
-    words.next().map(|w| w.trim_end_matches(';'))
-}
-
-fn received_over_smtp(received: &str) -> bool {
-    protocol(received).is_some_and(|p| {
-        let p = p.strip_prefix("utf8").unwrap_or(p);
-        p.starts_with("smtp") || p.starts_with("esmtp")
-    })
-}
-
-/// The login of an authenticated submission recorded in a Received field.
-fn authenticated_sender(received: &str) -> Option<String> {
-    let authenticated = protocol(received).is_some_and(|p| p.ends_with('a'));
-    if !authenticated {
-        return None;
-    }
-    let rest = received.split("authenticated sender:").nth(1)?;
-    let login = rest
-        .split([')', ' ', ';'])
-        .find(|w| !w.is_empty())?
-        .trim_matches(['<', '>']);
-    Some(login.to_string())
 }
 
 /// Removes RFC 5322 comments (parenthesised, possibly nested).
@@ -199,7 +244,7 @@ fn aligned(d: &str, domain: &str) -> bool {
 
 /// How an Authentication-Results field from `authserv_id` vouches for `domain`, if it does.
 fn results_pass(value: &str, authserv_id: &str, domain: &str) -> Option<String> {
-    let value = strip_comments(value);
+    let value = strip_comments(&value.to_ascii_lowercase());
     let mut parts = value.split(';');
     let id = parts.next()?.split_whitespace().next()?;
     if id != authserv_id {
@@ -277,10 +322,11 @@ mod tests {
             evidence(&headers),
             Evidence {
                 authenticated_submission: true,
-                authserv_ids: vec!["mx.example.test".into()]
+                authserv_ids: vec!["mx.example.test".into()],
+                ..Evidence::default()
             }
         );
-        assert_eq!(evidence(&h(&[LMTP])), Evidence::default());
+        assert!(evidence(&h(&[LMTP])).problem.is_some());
     }
 
     #[test]
@@ -349,5 +395,190 @@ mod tests {
             "another server's results, and ours forged below our Received, do not count"
         );
         assert!(!check_sender(&dmarc, "a@partner.test", SenderAuth::Submission, id).is_believed());
+    }
+
+    /// Published shapes of each server's Received field, with the client's HELO name as `{}`:
+    /// (server, the field, whether it records an authenticated submission by boss).
+    const SHAPES: &[(&str, &str, bool)] = &[
+        ("Postfix inbound", "from {} (client.example.net [192.0.2.1])\r\n\tby mx.example.test (Postfix) with ESMTP id 4Z9Qh01abcz2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)", false),
+        ("Postfix over TLS", "from {} (client.example.net [192.0.2.1])\r\n\t(using TLSv1.3 with cipher TLS_AES_256_GCM_SHA384 (256/256 bits)\r\n\t key-exchange X25519 server-signature RSA-PSS (2048 bits) server-digest SHA256)\r\n\t(No client certificate requested)\r\n\tby mx.example.test (Postfix) with ESMTPS id 4Z9Qh01abcz2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)", false),
+        ("Postfix submission, login recorded", "from {} (localhost [127.0.0.1])\r\n\t(Authenticated sender: boss@example.test)\r\n\tby localhost (Postfix) with ESMTPSA id 42F9D99E6B2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)", true),
+        ("Postfix submission, stock", "from {} (localhost [127.0.0.1])\r\n\tby localhost (Postfix) with ESMTPSA id 42F9D99E6B2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)", false),
+        ("Exim", "from client.example.net ([192.0.2.1] helo={})\r\n\tby mx.example.test with esmtps  (TLS1.3) tls TLS_AES_256_GCM_SHA384\r\n\t(Exim 4.96)\r\n\t(envelope-from <boss@example.test>)\r\n\tid 1tQxYz-000AbC-1x\r\n\tfor agent@example.test; Mon, 30 Nov 2026 12:00:00 +0000", false),
+        ("Exim submission", "from client.example.net ([192.0.2.1] helo={})\r\n\tby mx.example.test with esmtpsa  (TLS1.3) tls TLS_AES_256_GCM_SHA384\r\n\t(Exim 4.96)\r\n\t(envelope-from <boss@example.test>)\r\n\tid 1tQxYz-000AbC-1x\r\n\tfor agent@example.test; Mon, 30 Nov 2026 12:00:00 +0000", false),
+        ("Stalwart", "from {} (client.example.net [192.0.2.1])\r\n\t(using TLSv1.3 with cipher TLS13_AES_256_GCM_SHA384)\r\n\tby mail.example.test (Stalwart SMTP) with ESMTPS id 192A3B4C5D6E7F80;\r\n\tMon, 30 Nov 2026 12:00:00 +0000", false),
+        ("Gmail", "from {} (mail-sor-f41.google.com. [209.85.220.41])\r\n        by mx.google.com with SMTPS id a640c23a62f3a-a8d2c1e3b4fsor1234567.66.2026.11.30.04.00.00\r\n        for <agent@example.test>\r\n        (Google Transport Security);\r\n        Mon, 30 Nov 2026 04:00:00 -0800 (PST)", false),
+        ("Microsoft 365", "from {} (mail-am6eur05on2100.outbound.protection.outlook.com [40.107.22.100])\r\n by mx.example.test (Postfix) with ESMTPS id 4Z9Qh;\r\n Mon, 30 Nov 2026 12:00:00 +0000", false),
+    ];
+
+    /// What a stranger's mail carries below the server's field: a Received line claiming
+    /// boss's authenticated submission, and Authentication-Results claiming DMARC passed.
+    fn forged_below() -> Vec<(String, String)> {
+        h(&[
+            ("Authentication-Results", "mx.example.test; dmarc=pass header.from=example.test"),
+            ("Received", "from client.example.net (localhost [127.0.0.1])\r\n\t(Authenticated sender: boss@example.test)\r\n\tby localhost (Postfix) with ESMTPA id 42F9D99E6B2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000"),
+            ("Received", "from vm by localhost with LMTPA; Mon, 30 Nov 2026"),
+        ])
+    }
+
+    fn mail(shape: &str, helo: &str, below: &[(String, String)]) -> Vec<(String, String)> {
+        let mut headers = h(&[LMTP]);
+        headers.push(("Received".into(), shape.replace("{}", helo)));
+        headers.extend_from_slice(below);
+        headers
+    }
+
+    const HOSTILE_HELO: &[&str] = &[
+        "with",
+        "WITH",
+        "by",
+        "from",
+        "(Authenticated",
+        "esmtpa",
+        "ESMTPSA",
+        "id",
+        "for",
+        "with)",
+        "x(Authenticated",
+        "Authenticated",
+        "sender:",
+        ";",
+        "\"",
+        "<",
+        "[",
+        ")",
+        "(",
+        "((",
+        "\\",
+        "a;b",
+        "(Authenticated_sender:boss@example.test)",
+        "lmtp",
+        "LMTPA",
+        "via",
+    ];
+
+    fn verdict(headers: &[(String, String)]) -> bool {
+        let id = Some("mx.example.test");
+        [
+            SenderAuth::Auto,
+            SenderAuth::Submission,
+            SenderAuth::AuthenticationResults,
+        ]
+        .iter()
+        .any(|mode| check_sender(headers, "boss@example.test", *mode, id).is_believed())
+    }
+
+    #[test]
+    fn no_helo_name_changes_the_verdict_on_any_servers_field() {
+        for (server, shape, genuine) in SHAPES {
+            let baseline = verdict(&mail(shape, "client.example.net", &forged_below()));
+            assert_eq!(baseline, *genuine, "{server}");
+            for helo in HOSTILE_HELO {
+                let headers = mail(shape, helo, &forged_below());
+                if *genuine && server.starts_with("Postfix") {
+                    assert!(verdict(&headers), "{server}, EHLO {helo}: still believed");
+                } else {
+                    assert!(
+                        !verdict(&headers),
+                        "{server}, EHLO {helo}: believed a stranger"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_issue_18_mail_is_not_believed_and_says_why() {
+        let postfix = "from with (localhost [127.0.0.1])\r\n\tby localhost (Postfix) with ESMTP id 42F9D99E6B2\r\n\tfor <agent@example.test>; Mon, 30 Nov 2026 12:00:00 +0000 (UTC)";
+        let headers = mail(postfix, "", &forged_below());
+        let check = check_sender(&headers, "boss@example.test", SenderAuth::Auto, None);
+        assert_eq!(
+            check,
+            SenderCheck::Unverified("it did not come from an authenticated submission".into())
+        );
+    }
+
+    #[test]
+    fn a_server_field_that_does_not_parse_fails_closed_and_is_named() {
+        // An unclosed comment in the server's own field: the well-formed forged field below
+        // is never taken in its place.
+        let broken = "from x (client [192.0.2.1] by mx (Postfix) with ESMTP id 1; Mon, 30 Nov 2026";
+        let headers = mail(broken, "", &forged_below());
+        let check = check_sender(&headers, "boss@example.test", SenderAuth::Auto, None);
+        assert!(
+            matches!(&check, SenderCheck::Unverified(w) if w.contains("Received field 2 from the top") && w.contains("an unclosed comment")),
+            "{check:?}"
+        );
+        assert!(evidence(&headers)
+            .problem
+            .unwrap()
+            .contains("Received field 2"));
+        // Where the SMTP hop belongs, something else: not believed, not searched past.
+        let http = mail(
+            "from x by mx with HTTP; Mon, 30 Nov 2026",
+            "",
+            &forged_below(),
+        );
+        let check = check_sender(&http, "boss@example.test", SenderAuth::Auto, None);
+        assert!(
+            matches!(&check, SenderCheck::Unverified(w) if w.contains("records http, not SMTP")),
+            "{check:?}"
+        );
+    }
+
+    #[test]
+    fn two_login_comments_or_a_login_without_esmtpa_are_not_believed() {
+        let two = "from x (localhost [127.0.0.1]) (Authenticated sender: boss@example.test) (Authenticated sender: eve@example.test) by localhost (Postfix) with ESMTPA id 1; d";
+        assert!(!verdict(&mail(two, "", &[])));
+        let plain = "from x (localhost [127.0.0.1]) (Authenticated sender: boss@example.test) by localhost (Postfix) with ESMTP id 1; d";
+        assert!(!verdict(&mail(plain, "", &[])));
+        let stock = mail(SHAPES[3].1, "vm", &[]);
+        let check = check_sender(&stock, "boss@example.test", SenderAuth::Auto, None);
+        assert!(
+            matches!(&check, SenderCheck::Unverified(w) if w.contains("smtpd_sasl_authenticated_header")),
+            "{check:?}"
+        );
+        assert!(evidence(&stock).login_not_recorded);
+    }
+
+    #[test]
+    fn microsoft_365_internal_hops_parse() {
+        for value in [
+            "from AM6PR04MB5432.eurprd04.prod.outlook.com (2603:10a6:20b:ab::12) by DB9PR04MB8123.eurprd04.prod.outlook.com (2603:10a6:10:2c5::9) with Microsoft SMTP Server (version=TLS1_2, cipher=TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384) id 15.20.7452.28; Mon, 30 Nov 2026 12:00:00 +0000",
+            "from AM0PR10CA0001.EURPRD10.PROD.OUTLOOK.COM (2603:10a6:208:17c::11) by AM0PR10CA0001.outlook.office365.com (2603:10a6:208:17c::11) with Microsoft SMTP Server (version=TLS1_2, cipher=TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384) id 15.20.7452.28 via Frontend Transport; Mon, 30 Nov 2026 12:00:00 +0000",
+            "from DB9PR04MB8123.eurprd04.prod.outlook.com ([fe80::1]) by DB9PR04MB8123.eurprd04.prod.outlook.com ([fe80::1%6]) with mapi id 15.20.7452.028; Mon, 30 Nov 2026 12:00:00 +0000",
+            "by 2002:a17:906:1234:b0:a8d:1234:5678 with SMTP id abc123csp1234567ejc; Mon, 30 Nov 2026 04:00:00 -0800 (PST)",
+        ] {
+            let r = received::parse(value).unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert!(r.with.is_some(), "{value}");
+        }
+    }
+
+    proptest::proptest! {
+        /// No text a client controls (its HELO name, its reverse-DNS name, any field below
+        /// the server's own) changes whether a mail is believed.
+        #[test]
+        fn client_text_never_changes_the_verdict(
+            helo in "[!-~]{1,40}|\\PC{1,12}",
+            rdns in "[a-zA-Z0-9.-]{1,30}",
+            below in proptest::collection::vec(
+                ("(?i)received|authentication-results|from|x-aamp-intent",
+                 "(( |with|by|from|for|id|esmtpa|ESMTPSA|\\(Authenticated sender: boss@example.test\\)|\\(|\\)|;|<|>|\"|lmtp|mx.example.test; dmarc=pass header.from=example.test|[a-z@.]{1,8})){0,20}"),
+                0..6,
+            ),
+        ) {
+            let below: Vec<(String, String)> = below;
+            let helo: String = helo.chars().filter(|c| !c.is_whitespace()).collect();
+            proptest::prop_assume!(!helo.is_empty());
+            for (server, shape, genuine) in SHAPES {
+                let shape = shape.replace("client.example.net", &rdns);
+                let believed = verdict(&mail(&shape, &helo, &below));
+                if *genuine && server.starts_with("Postfix") {
+                    proptest::prop_assert!(believed, "{} EHLO {:?}", server, helo);
+                } else {
+                    proptest::prop_assert!(!believed, "{} EHLO {:?} below {:?}", server, helo, below);
+                }
+            }
+        }
     }
 }

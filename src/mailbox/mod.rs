@@ -11,6 +11,7 @@ pub mod intake;
 pub mod jmap;
 pub mod link;
 pub mod push;
+pub mod received;
 pub mod smtp;
 
 use std::path::PathBuf;

@@ -24,6 +24,8 @@ pub struct MailHost {
     pub smtp_port: u16,
     /// Submission that requires STARTTLS (a self-signed certificate), as strict clients use it.
     pub smtp_tls_port: u16,
+    /// Submission as stock Postfix does it: its Received field does not name the login.
+    pub smtp_stock_port: u16,
     /// The inbound (MX) port: plain SMTP from other servers, no authentication.
     pub mx_port: u16,
     /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
@@ -102,6 +104,7 @@ fn shared_host() -> &'static MailHost {
             jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
             smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
             smtp_tls_port: port("MAILHOST_SUBMIT_TLS_PORT", 15588),
+            smtp_stock_port: port("MAILHOST_SUBMIT_STOCK_PORT", 15589),
             mx_port: port("MAILHOST_MX_PORT", 12525),
             env: Vec::new(),
         }
@@ -113,12 +116,12 @@ fn shared_host() -> &'static MailHost {
 pub struct PrivateHost(pub MailHost);
 
 impl PrivateHost {
-    /// Starts an instance on five ports the OS says are free (the machine may run other
+    /// Starts an instance on six ports the OS says are free (the machine may run other
     /// servers).
     pub fn start(name: &str) -> PrivateHost {
         shared_host(); // the packages are installed and the shared instance's syslog sink runs
         let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
-        let listeners: Vec<std::net::TcpListener> = (0..5)
+        let listeners: Vec<std::net::TcpListener> = (0..6)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
         let ports: Vec<u16> = listeners
@@ -135,6 +138,7 @@ impl PrivateHost {
             ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
             ("MAILHOST_MX_PORT".into(), mx.to_string()),
             ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
+            ("MAILHOST_SUBMIT_STOCK_PORT".into(), ports[5].to_string()),
         ];
         let out = script_with(&env, &["start"]);
         assert!(
@@ -148,6 +152,7 @@ impl PrivateHost {
             jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
             smtp_port: submit,
             smtp_tls_port: submit_tls,
+            smtp_stock_port: ports[5],
             mx_port: mx,
             env,
         })
@@ -933,6 +938,11 @@ pub fn lines(path: &Path) -> Vec<String> {
 /// Hands `data` to the mail host's inbound (MX) port as another server would: plain SMTP, no
 /// login, any envelope and headers. What a forger can do.
 pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
+    inject_mx_as(host, "forger.test", from, to, data)
+}
+
+/// [`inject_mx`] with the EHLO name `ehlo`, which Postfix copies into its own Received field.
+pub fn inject_mx_as(host: &MailHost, ehlo: &str, from: &str, to: &str, data: &str) {
     use std::io::{BufRead, Write};
     let stream = std::net::TcpStream::connect(("127.0.0.1", host.mx_port)).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
@@ -948,7 +958,7 @@ pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
     };
     expect("220", &mut reader);
     for (command, code) in [
-        ("EHLO forger.test".to_string(), "250"),
+        (format!("EHLO {ehlo}"), "250"),
         (format!("MAIL FROM:<{from}>"), "250"),
         (format!("RCPT TO:<{to}>"), "250"),
         ("DATA".to_string(), "354"),
