@@ -270,21 +270,8 @@ impl Rig {
     /// Hands `msg` to the dispatcher as the intake does (rendered, then read back), its
     /// sender believed.
     fn deliver(&self, msg: &AampMessage) {
-        let rendered = protocol::rfc5322::render(msg, SystemTime::now());
-        let view = protocol::rfc5322::parse_raw(&rendered.bytes).unwrap();
-        let message = AampMessage::parse(&view).unwrap();
         let n = self.mails.fetch_add(1, Ordering::SeqCst);
-        let inbound = Inbound {
-            email_id: format!("M{n}"),
-            message,
-            view,
-            sender_check: SenderCheck::Trusted,
-            truncated: false,
-            attachments: Vec::new(),
-        };
-        self.dispatcher
-            .deliver(Mail::Aamp(Box::new(inbound)))
-            .unwrap();
+        self.dispatcher.deliver(as_delivered(msg, n)).unwrap();
     }
 
     /// Stops as the daemon does at a crash-free stop: tasks aborted (kept for the next
@@ -296,6 +283,21 @@ impl Rig {
         self.tracker.wait().await;
         (self.dir, self.outbox)
     }
+}
+
+/// `msg` as the intake hands it on (rendered, then read back), its sender believed.
+fn as_delivered(msg: &AampMessage, n: usize) -> Mail {
+    let rendered = protocol::rfc5322::render(msg, SystemTime::now());
+    let view = protocol::rfc5322::parse_raw(&rendered.bytes).unwrap();
+    let message = AampMessage::parse(&view).unwrap();
+    Mail::Aamp(Box::new(Inbound {
+        email_id: format!("M{n}"),
+        message,
+        view,
+        sender_check: SenderCheck::Trusted,
+        truncated: false,
+        attachments: Vec::new(),
+    }))
 }
 
 #[tokio::test]
@@ -503,4 +505,47 @@ async fn answers_the_server_refused_are_kept_and_sent_once_after_a_restart() {
         outbox.intents(task.task_id()),
         vec![Intent::TaskAck, Intent::TaskResult]
     );
+}
+
+/// Issue 18: tasks of equal priority ran as 34, 32, 31, 33, 35: each took its place in the
+/// slot queue when the runtime first polled it. Now the place is taken at delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_equal_priority_runs_in_arrival_order() {
+    let marker = tempfile::tempdir().unwrap();
+    let order = marker.path().join("order");
+    let profile = format!(
+        "command = \"python3\"\nargs = [\"-c\", \"import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\\\n')\", {:?}, \"{{{{task_id}}}}\"]\n",
+        order.display().to_string()
+    );
+    let rig = Rig::new(
+        "profile = \"order.toml\"\nmax_concurrent_tasks = 1",
+        &[("order.toml", &profile)],
+    );
+    let tasks: Vec<AampMessage> = (0..12)
+        .map(|i| rig.dispatch(BOSS, &format!("Task {i}"), "note your id"))
+        .collect();
+    // Delivered from a task on a worker thread, as the daemon's intake does: what that task
+    // spawns lands in the worker's own queue, which the runtime does not run in order.
+    let (dispatcher, burst) = (rig.dispatcher.clone(), tasks.clone());
+    tokio::spawn(async move {
+        for (n, task) in burst.iter().enumerate() {
+            dispatcher.deliver(as_delivered(task, n)).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    for task in &tasks {
+        assert_eq!(
+            rig.outbox.result(task.task_id()).await.status,
+            Status::Completed
+        );
+    }
+    let ran: Vec<String> = std::fs::read_to_string(&order)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let sent: Vec<String> = tasks.iter().map(|t| t.task_id().to_string()).collect();
+    assert_eq!(ran, sent, "first come, first served");
+    rig.shut().await;
 }

@@ -36,10 +36,8 @@ pub struct Load {
     pub sender_last_hour: u32,
     /// Tasks admitted for this agent in the last 24 hours.
     pub agent_last_day: u32,
-    /// Tasks admitted with this dispatch's Session-Key so far.
+    /// Tasks admitted in this dispatch's conversation (its sender's Session-Key) so far.
     pub session_turns: u32,
-    /// The sender whose task first used this Session-Key.
-    pub session_owner: Option<String>,
     /// A cancel for this (sender, TaskId) came before the dispatch.
     pub cancelled_before: bool,
 }
@@ -90,13 +88,6 @@ pub fn admit(
             reason: "cancelled by the dispatcher before it started".into(),
             state: TaskState::Cancelled,
         };
-    }
-    if let (Some(key), Some(owner)) = (&dispatch.session_key, &load.session_owner) {
-        if !owner.eq_ignore_ascii_case(&env.from) {
-            return reject(format!(
-                "the Session-Key {key:?} belongs to another sender's conversation; choose another key"
-            ));
-        }
     }
     if load.active >= spec.max_queued {
         return reject(format!(
@@ -282,14 +273,6 @@ mod tests {
             },
             "turns",
         );
-        check(
-            &keyed,
-            Load {
-                session_owner: Some("b@x.test".into()),
-                ..Load::default()
-            },
-            "another sender",
-        );
         let early = admit(
             &spec,
             &policy,
@@ -317,7 +300,6 @@ mod tests {
                 &keyed,
                 false,
                 &Load {
-                    session_owner: Some("A@x.test".into()),
                     session_turns: 2,
                     ..Load::default()
                 },

@@ -793,22 +793,6 @@ impl Journal {
         })
     }
 
-    /// The sender whose task first used `session_key` with `agent`: the session is theirs.
-    pub fn session_owner(
-        &self,
-        agent: &str,
-        session_key: &str,
-    ) -> Result<Option<String>, JournalError> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT sender FROM tasks WHERE agent = ?1 AND session_key = ?2 AND admitted = 1 ORDER BY id LIMIT 1",
-                params![agent, session_key],
-                |r| r.get(0),
-            )
-            .optional()
-        })
-    }
-
     /// Adds an allow rule or a deny pattern for `agent` (replacing one for the same sender).
     pub fn add_policy(
         &self,
@@ -1225,8 +1209,9 @@ mod tests {
         assert_eq!(j.unfinished("coder").unwrap().len(), 1);
         j.record(&task("<new>", "t1", true), None).unwrap();
         assert_eq!(
-            j.session_owner("coder", "s1").unwrap().as_deref(),
-            Some("a@x.test")
+            j.count_admitted("coder", Some("a@x.test"), Some("s1"), UNIX_EPOCH)
+                .unwrap(),
+            1
         );
         drop(j);
         Connection::open(&path)

@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::journal::TaskState;
 use super::questions::PendingQuestion;
 use super::{
-    prompt, results, task_key, workspace, CancelReply, Dispatcher, Outbox, Task, OWNER_VAR, RUN_VAR,
+    arrival, conversation_key, prompt, results, session_scope, task_key, workspace, CancelReply,
+    Dispatcher, Outbox, Place, Task, OWNER_VAR, RUN_VAR,
 };
 use crate::mailbox::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
@@ -82,23 +83,24 @@ const STREAM_BUFFER: usize = 256;
 const MAX_ATTACHMENT: u64 = 25 << 20;
 
 impl<O: Outbox> Dispatcher<O> {
-    pub(super) async fn lifecycle(self, task: Task, cancel: CancellationToken) {
+    pub(super) async fn lifecycle(self, task: Task, place: Place, cancel: CancellationToken) {
         let inner = &self.inner;
         let started = Instant::now();
-        let session_lock = task.dispatch.session_key.as_ref().map(|key| {
-            let mut locks = inner.session_locks.lock().expect("session locks");
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            locks.entry(key.clone()).or_default().clone()
-        });
         let priority = task.dispatch.priority;
         let name = self.spec().name.clone();
         let slot = async {
-            let session = match &session_lock {
-                Some(lock) => Some(lock.clone().lock_owned().await),
-                None => None,
+            let (session, ticket) = match place {
+                Place::Queued { session, ticket } => (session, ticket),
+                Place::AfterSession(lock) => {
+                    let session = lock.lock_owned().await;
+                    let ticket = inner
+                        .settings
+                        .slots
+                        .enqueue(&name, priority, arrival(&task));
+                    (Some(session), ticket)
+                }
             };
-            let slot = inner.settings.slots.acquire(&name, priority).await;
-            Some((session, slot))
+            Some((session, ticket.granted().await))
         };
         let slot = tokio::select! {
             slot = slot => slot,
@@ -247,7 +249,11 @@ impl<O: Outbox> Dispatcher<O> {
             }
             None => Vec::new(),
         };
-        let key = dispatch.session_key.as_deref();
+        let scoped = dispatch
+            .session_key
+            .as_deref()
+            .map(|k| session_scope(&env.from, k));
+        let key = scoped.as_deref();
         let resume_id = match key {
             Some(k) => journal.session(&spec.name, k).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not read the agent's session id; starting a new session");
@@ -281,7 +287,10 @@ impl<O: Outbox> Dispatcher<O> {
                     history,
                 },
             ),
-            session_key: dispatch.session_key.clone(),
+            session_key: dispatch
+                .session_key
+                .as_deref()
+                .map(|k| conversation_key(&env.from, k)),
             resume_id,
             workspace: workspace.clone(),
             questions: Some(questions_tx),

@@ -184,6 +184,39 @@ struct Task {
     extras: MailExtras,
 }
 
+/// Where an admitted task waits to run.
+enum Place {
+    /// In the slot queue, its conversation's lock (if any) held.
+    Queued {
+        session: Option<tokio::sync::OwnedMutexGuard<()>>,
+        ticket: slots::Ticket,
+    },
+    /// Behind a running task of its conversation; it joins the slot queue after.
+    AfterSession(Arc<tokio::sync::Mutex<()>>),
+}
+
+/// A task's arrival, for first-come order among equal priorities: its journal row.
+fn arrival(task: &Task) -> u64 {
+    task.row.max(0) as u64
+}
+
+/// A conversation is one Session-Key of one sender: the same key from two senders is two
+/// conversations (no sender can take over, or lock out, another's).
+fn session_scope(sender: &str, key: &str) -> String {
+    format!("{}\n{key}", sender.to_ascii_lowercase())
+}
+
+/// The conversation as the agent sees it (`{{session_key}}`, `AAMP_SESSION_KEY`): the
+/// sender's Session-Key and a short tag of the sender, so an agent that keys its own sessions
+/// by it keeps two senders' conversations apart too.
+fn conversation_key(sender: &str, key: &str) -> String {
+    let tag = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        sender.to_ascii_lowercase().as_bytes(),
+    );
+    format!("{key}-{}", &tag.simple().to_string()[..8])
+}
+
 /// What a mail brings besides its AAMP message.
 #[derive(Clone, Debug, Default)]
 pub struct MailExtras {
@@ -594,13 +627,16 @@ impl<O: Outbox> Dispatcher<O> {
                 None,
                 now - Duration::from_secs(86_400),
             )?,
+            // A conversation is one sender's Session-Key: the same key from another sender
+            // is another conversation, never a reason to refuse.
             session_turns: match &dispatch.session_key {
-                Some(k) => journal.count_admitted(name, None, Some(k), SystemTime::UNIX_EPOCH)?,
+                Some(k) => journal.count_admitted(
+                    name,
+                    Some(&env.from),
+                    Some(k),
+                    SystemTime::UNIX_EPOCH,
+                )?,
                 None => 0,
-            },
-            session_owner: match &dispatch.session_key {
-                Some(k) => journal.session_owner(name, k)?,
-                None => None,
             },
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
@@ -849,10 +885,29 @@ impl<O: Outbox> Dispatcher<O> {
             .lock()
             .expect("running lock")
             .insert(task_key(&task.env.from, &task.env.task_id), cancel.clone());
+        // The task's place in the slot queue is taken now, in delivery order, unless it must
+        // first wait for an earlier task of its conversation.
+        let session_lock = task.dispatch.session_key.as_ref().map(|key| {
+            let scope = session_scope(&task.env.from, key);
+            let mut locks = self.inner.session_locks.lock().expect("session locks");
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            locks.entry(scope).or_default().clone()
+        });
+        let place = match session_lock.map(|lock| lock.clone().try_lock_owned().map_err(|_| lock)) {
+            Some(Err(lock)) => Place::AfterSession(lock),
+            session => Place::Queued {
+                session: session.map(|s| s.expect("the Err case is above")),
+                ticket: self.inner.settings.slots.enqueue(
+                    &self.spec().name,
+                    task.dispatch.priority,
+                    arrival(&task),
+                ),
+            },
+        };
         let this = self.clone();
         self.inner
             .tracker
-            .spawn(this.lifecycle(task, cancel).instrument(span));
+            .spawn(this.lifecycle(task, place, cancel).instrument(span));
     }
 
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are

@@ -5,6 +5,10 @@
 //! the bridge have room, so a task never holds one slot while it waits for the other (which
 //! would let a normal task stand before an urgent one). Waiting can be given up (the future
 //! dropped, when the task is cancelled) without losing a slot.
+//!
+//! "First come" is the task's arrival as the caller numbers it (its journal row), not the
+//! moment its future first asks: tasks are spawned on a multi-threaded runtime, which polls
+//! them in no particular order, so asking order is not arrival order.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +36,6 @@ struct State {
     agent_free: HashMap<String, usize>,
     /// In the order they are served: by rank (highest first), then by arrival.
     waiting: Vec<Waiter>,
-    next: u64,
     /// Slots granted and not yet given back.
     held: usize,
 }
@@ -64,6 +67,23 @@ impl Drop for Slot {
     }
 }
 
+/// A place in the queue; dropping it gives the place up (and the slot back, if granted).
+pub struct Ticket(Pending);
+
+impl Ticket {
+    /// Waits until the slot is granted.
+    pub async fn granted(mut self) -> Slot {
+        let pending = &mut self.0;
+        let granted = pending.grant.as_mut().expect("set at enqueue").await;
+        pending.grant = None;
+        debug_assert!(granted.is_ok(), "a waiter is only dropped once granted");
+        Slot {
+            slots: pending.slots.clone(),
+            agent: pending.agent.clone(),
+        }
+    }
+}
+
 /// A wait for a slot; if it is given up after the slot was granted, the slot goes back.
 struct Pending {
     slots: Arc<Slots>,
@@ -89,7 +109,6 @@ impl Slots {
                 bridge_free: bridge.map_or(usize::MAX, |n| n.max(1)),
                 agent_free: HashMap::new(),
                 waiting: Vec::new(),
-                next: 0,
                 held: 0,
             }),
         })
@@ -122,39 +141,36 @@ impl Slots {
         out
     }
 
-    /// Waits for a slot of `agent`, served by `priority`.
-    pub async fn acquire(self: &Arc<Self>, agent: &str, priority: Priority) -> Slot {
+    /// Waits for a slot of `agent`, served by `priority`, then by `arrival` (lowest first).
+    pub async fn acquire(self: &Arc<Self>, agent: &str, priority: Priority, arrival: u64) -> Slot {
+        self.enqueue(agent, priority, arrival).granted().await
+    }
+
+    /// Takes a place in the queue now (without waiting): a task enqueued at delivery holds
+    /// its place by arrival even before its future is first polled.
+    pub fn enqueue(self: &Arc<Self>, agent: &str, priority: Priority, arrival: u64) -> Ticket {
         let receiver = {
             let mut state = self.state.lock().expect("slots lock");
             state.agent_free.entry(agent.to_string()).or_insert(1);
             let (grant, receiver) = oneshot::channel();
-            let seq = state.next;
-            state.next += 1;
             let waiter = Waiter {
                 rank: rank(priority),
-                seq,
+                seq: arrival,
                 agent: agent.to_string(),
                 grant,
             };
             let at = state.waiting.partition_point(|w| {
-                (w.rank, std::cmp::Reverse(w.seq)) > (waiter.rank, std::cmp::Reverse(seq))
+                (w.rank, std::cmp::Reverse(w.seq)) > (waiter.rank, std::cmp::Reverse(arrival))
             });
             state.waiting.insert(at, waiter);
             serve(&mut state);
             receiver
         };
-        let mut pending = Pending {
+        Ticket(Pending {
             slots: self.clone(),
             agent: agent.to_string(),
             grant: Some(receiver),
-        };
-        let granted = pending.grant.as_mut().expect("set above").await;
-        pending.grant = None;
-        debug_assert!(granted.is_ok(), "a waiter is only dropped once granted");
-        Slot {
-            slots: self.clone(),
-            agent: agent.to_string(),
-        }
+        })
     }
 
     fn release(&self, agent: &str) {
@@ -212,7 +228,7 @@ mod tests {
         slots.add_agent("a", 2);
         slots.add_agent("b", 1);
         assert!(!slots.busy());
-        let held = slots.acquire("a", Priority::Normal).await;
+        let held = slots.acquire("a", Priority::Normal, 0).await;
         assert!(slots.busy());
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiting = Vec::new();
@@ -224,8 +240,9 @@ mod tests {
             ("a-high", "a", Priority::High),
         ] {
             let (pool, order) = (slots.clone(), order.clone());
+            let arrival = waiting.len() as u64 + 1;
             waiting.push(tokio::spawn(async move {
-                let _slot = pool.acquire(agent, p).await;
+                let _slot = pool.acquire(agent, p, arrival).await;
                 order.lock().unwrap().push(name);
             }));
             queued(&slots, waiting.len()).await;
@@ -242,26 +259,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn equal_priorities_go_by_arrival_whatever_order_they_ask_in() {
+        // Issue 18: a burst ran as 34, 32, 31, 33, 35: the spawned tasks asked out of order.
+        let slots = Slots::new(None);
+        slots.add_agent("a", 1);
+        let held = slots.acquire("a", Priority::Normal, 30).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for arrival in [34u64, 32, 31, 33, 35] {
+            let (pool, order) = (slots.clone(), order.clone());
+            waiting.push(tokio::spawn(async move {
+                let _slot = pool.acquire("a", Priority::Normal, arrival).await;
+                order.lock().unwrap().push(arrival);
+            }));
+            queued(&slots, waiting.len()).await;
+        }
+        drop(held);
+        for w in waiting {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![31, 32, 33, 34, 35]);
+    }
+
+    #[tokio::test]
     async fn an_agents_own_limit_holds_without_a_bridge_limit() {
         let slots = Slots::new(None);
         slots.add_agent("a", 1);
-        let held = slots.acquire("a", Priority::Normal).await;
+        let held = slots.acquire("a", Priority::Normal, 0).await;
         let other = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            slots.acquire("b", Priority::Normal),
+            slots.acquire("b", Priority::Normal, 0),
         )
         .await;
         assert!(other.is_ok(), "another agent is not held up");
         let blocked = tokio::time::timeout(
             std::time::Duration::from_millis(50),
-            slots.acquire("a", Priority::Urgent),
+            slots.acquire("a", Priority::Urgent, 0),
         )
         .await;
         assert!(blocked.is_err(), "a's one slot is taken");
         drop(held);
         assert!(tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            slots.acquire("a", Priority::Normal)
+            slots.acquire("a", Priority::Normal, 0)
         )
         .await
         .is_ok());
@@ -270,11 +310,11 @@ mod tests {
     #[tokio::test]
     async fn a_wait_given_up_does_not_lose_the_slot() {
         let slots = Slots::new(Some(1));
-        let held = slots.acquire("a", Priority::Normal).await;
+        let held = slots.acquire("a", Priority::Normal, 0).await;
         let gave_up = {
             let slots = slots.clone();
             tokio::spawn(async move {
-                let _ = slots.acquire("a", Priority::Urgent).await;
+                let _ = slots.acquire("a", Priority::Urgent, 0).await;
             })
         };
         queued(&slots, 1).await;
@@ -283,7 +323,7 @@ mod tests {
         drop(held);
         let again = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            slots.acquire("a", Priority::Normal),
+            slots.acquire("a", Priority::Normal, 0),
         )
         .await;
         assert!(again.is_ok(), "the slot came back");
