@@ -351,3 +351,38 @@ fn a_broken_amp_mailbox_is_refused_with_what_to_fix() {
     assert!(err.contains("amp_url") && err.contains("https"), "{err}");
     let _ = PathBuf::new();
 }
+
+/// Issue 18: two agents that allow each other answered each other's answers forever. An
+/// answer ends with the bridge's marker and never starts a task.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let helper = broker.register("helper").await;
+    let coder_dir = config(&broker, &coder, &helper.1, "echo");
+    let helper_dir = config(&broker, &helper, &coder.1, "echo");
+    let coder_bridge = Bridge::start(&coder_dir, 1);
+    let mut helper_bridge = Bridge::start(&helper_dir, 1);
+    let sent = send(&broker, &helper, &coder.1, "Start", "say hello").await;
+    let thread = sent["thread_id"].as_str().unwrap();
+    let answers = broker.replies(thread, &coder.1).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let answer = format!("amp:{thread}:{}", answers[0]["id"].as_str().unwrap());
+    let ignored = helper_bridge.wait_event("message.ignored", |e| e["taskId"] == answer.as_str());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Auto-Submitted"),
+        "{ignored}"
+    );
+    assert!(helper_bridge.stop().success());
+    assert!(coder_bridge.stop().success());
+    let thread = broker.thread(thread).await;
+    assert_eq!(
+        thread.len(),
+        2,
+        "the task and its one answer, nothing after: {thread:?}"
+    );
+    no_invalid_requests(&broker);
+}

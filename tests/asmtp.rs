@@ -441,3 +441,49 @@ async fn init_from_answers_sets_up_an_asmtp_agent_that_answers() {
     );
     assert!(bridge.stop().success());
 }
+
+/// Issue 18: two agents that allow each other answered each other's answers forever (675
+/// tasks journaled in 30 s on a real operator). An answer carries the bridge's mark in its
+/// data part and never starts a task.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
+    let operator = Operator::start(&["@alice.coder", "@alice.helper"], &[]);
+    let coder_dir = config(&operator, "@alice.coder", "@alice.*", 1);
+    let helper_dir = config(&operator, "@alice.helper", "@alice.*", 1);
+    let coder = Bridge::start(&coder_dir, 1);
+    let mut helper = Bridge::start(&helper_dir, 1);
+    let sent = operator
+        .send("@alice.helper", "@alice.coder", "Start", "say hello")
+        .await;
+    let answers = operator.replies("@alice.helper", &sent).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let answer = answers[0]["id"].as_str().unwrap().to_string();
+    let ignored = helper.wait_event("message.ignored", |e| {
+        e["taskId"] == format!("asmtp:{answer}").as_str()
+    });
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Auto-Submitted"),
+        "{ignored}"
+    );
+    assert!(helper.stop().success());
+    assert!(coder.stop().success());
+    let inbox = operator
+        .call(
+            "@alice.coder",
+            reqwest::Method::GET,
+            "/mailbox?direction=in&order=asc&limit=1000",
+            None,
+        )
+        .await;
+    let ids: Vec<&str> = inbox["envelope_headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["id"].as_str())
+        .collect();
+    assert_eq!(ids, vec![sent.as_str()], "nothing came back to the coder");
+    operator.no_invalid();
+}

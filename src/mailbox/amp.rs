@@ -197,8 +197,37 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
         body: m.body.clone(),
         session_key: format!("amp:{}", m.thread_id),
         believed_because: "the AMP broker checked the sender's key and tenant",
+        hop_count: hop_count(&m.body),
+        is_answer: is_answer(&m.body),
     }
     .into_inbound()
+}
+
+/// The end of every answer the bridge posts: an HTML comment (invisible where the broker
+/// renders markdown) naming the answer's Message-ID.
+fn answer_marker(message_id: &str) -> String {
+    format!("<!-- aamp-bridge {message_id} -->")
+}
+
+/// The body ends with an agent bridge's answer marker: the message is an answer.
+fn is_answer(body: &str) -> bool {
+    body.trim_end().lines().last().is_some_and(|line| {
+        let line = line.trim();
+        line.starts_with("<!-- aamp-bridge <") && line.ends_with("> -->")
+    })
+}
+
+/// The hop count an AMP message carries: a line `<!-- aamp-hop-count N -->` (an agent that
+/// passes work on writes it, one more than its own `AAMP_BRIDGE_HOPS`).
+fn hop_count(body: &str) -> Option<u32> {
+    body.lines().find_map(|line| {
+        line.trim()
+            .strip_prefix("<!-- aamp-hop-count ")?
+            .strip_suffix("-->")?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Polls the inbox until `stop`: every unread message is delivered, then marked read.
@@ -328,7 +357,7 @@ impl AmpOutbox {
             // Acks, stream announcements and the rest have no AMP equivalent.
             _ => return Ok(()),
         };
-        let marker = format!("<!-- aamp-bridge {} -->", mail.message_id);
+        let marker = answer_marker(&mail.message_id);
         let to = msg.envelope.to.first().cloned().unwrap_or_default();
         if self.client.thread(thread).await?.iter().any(|m| {
             m.from_agent.eq_ignore_ascii_case(self.client.address()) && m.body.contains(&marker)
@@ -380,6 +409,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(inbound.sender_check.is_believed());
+    }
+
+    /// Issue 18: two agents that allow each other answered each other's answers forever.
+    #[test]
+    fn an_answer_is_marked_automatic_and_a_hop_count_is_read() {
+        let mut m = message();
+        m.body = format!("All done.\n\n{}\n", answer_marker("<task.result.1@x>"));
+        let inbound = to_inbound(&m).unwrap();
+        assert_eq!(
+            inbound.view.header("Auto-Submitted").as_deref(),
+            Some("auto-replied")
+        );
+        m.body = "Please look at <!-- aamp-bridge <x> --> this".into();
+        assert_eq!(to_inbound(&m).unwrap().view.header("Auto-Submitted"), None);
+        m.body = "Relayed work\n<!-- aamp-hop-count 5 -->".into();
+        match &to_inbound(&m).unwrap().message.body {
+            Body::Dispatch(d) => assert_eq!(d.hop_count, Some(5)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -217,7 +217,14 @@ pub fn envelope_id(message_id: &str) -> String {
 /// The envelope an ASMTP message becomes as the bridge's inbound model: a task.
 pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
     let mut text = Vec::new();
+    let (mut hop_count, mut is_answer) = (None, false);
     for part in &e.content_parts {
+        if let Some(mark) = part["data"].get(super::FOREIGN_MARK) {
+            is_answer |= mark.get("answer").is_some();
+            hop_count = hop_count.or(mark["hopCount"]
+                .as_u64()
+                .map(|n| n.min(u32::MAX as u64) as u32));
+        }
         match part["type"].as_str() {
             Some("text") => text.push(part["text"].as_str().unwrap_or_default().to_string()),
             Some("data") => text.push(format!("```json\n{}\n```", part["data"])),
@@ -243,6 +250,8 @@ pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
         body: text.join("\n\n"),
         session_key: format!("asmtp:{root}"),
         believed_because: "the ASMTP operator stamps the sender from its token",
+        hop_count,
+        is_answer,
     }
     .into_inbound()
 }
@@ -503,6 +512,7 @@ impl AsmtpOutbox {
                 if let Some(fields) = &r.structured_result {
                     data["structuredResult"] = fields.clone();
                 }
+                data[super::FOREIGN_MARK] = json!({"answer": msg.intent().as_str()});
                 parts.push(json!({"type": "data", "data": data}));
             }
             Body::HelpNeeded(h) => {
@@ -511,9 +521,11 @@ impl AsmtpOutbox {
                     text.push_str(&format!("\n- {option}"));
                 }
                 parts.push(json!({"type": "text", "text": text}));
+                parts.push(json!({"type": "data", "data": {super::FOREIGN_MARK: {"answer": msg.intent().as_str()}}}));
             }
             Body::CardResponse { summary, text } => {
                 parts.push(json!({"type": "text", "text": format!("{summary}\n\n{text}")}));
+                parts.push(json!({"type": "data", "data": {super::FOREIGN_MARK: {"answer": msg.intent().as_str()}}}));
             }
             _ => return None,
         }
@@ -613,5 +625,50 @@ mod tests {
             envelope,
             "a resend is the same envelope"
         );
+    }
+
+    /// Issue 18: two agents that allow each other answered each other's answers forever.
+    #[test]
+    fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
+        let reply = AampMessage::reply(
+            &to_inbound(&envelope(), "@alice.coder")
+                .unwrap()
+                .message
+                .envelope,
+            "@alice.coder",
+            Body::Result(protocol::TaskResult {
+                status: protocol::Status::Completed,
+                output: "fixed".into(),
+                error: None,
+                structured_result: None,
+            }),
+        );
+        let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
+        let posted = AsmtpOutbox::envelope_for(&rendered).unwrap();
+        let answer = AsmtpEnvelope {
+            id: "01HYYYYYYYYYYYYYYYYYYYYYYY".into(),
+            from: "@alice.coder".into(),
+            to: vec!["@alice.boss".into()],
+            subject: None,
+            in_reply_to: posted["in_reply_to"].as_str().map(str::to_string),
+            references: vec![],
+            content_parts: posted["content_parts"].as_array().unwrap().clone(),
+        };
+        let inbound = to_inbound(&answer, "@alice.boss").unwrap();
+        assert_eq!(
+            inbound.view.header("Auto-Submitted").as_deref(),
+            Some("auto-replied")
+        );
+        let plain = to_inbound(&envelope(), "@alice.coder").unwrap();
+        assert_eq!(plain.view.header("Auto-Submitted"), None);
+
+        let mut relayed = envelope();
+        relayed
+            .content_parts
+            .push(json!({"type": "data", "data": {"aampBridge": {"hopCount": 3}}}));
+        match &to_inbound(&relayed, "@alice.coder").unwrap().message.body {
+            Body::Dispatch(d) => assert_eq!(d.hop_count, Some(3)),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -119,7 +119,17 @@ pub struct ForeignTask<'a> {
     pub session_key: String,
     /// Why the sender is believed (the system stamps it).
     pub believed_because: &'static str,
+    /// How many agents passed this task on before (the system's own metadata carries it).
+    pub hop_count: Option<u32>,
+    /// The message is an agent bridge's answer (it carries the bridge's answer marker): it is
+    /// marked `Auto-Submitted`, so it never starts a task, and two agents that allow each
+    /// other do not answer each other's answers forever.
+    pub is_answer: bool,
 }
+
+/// The AMP/ASMTP metadata key under which the bridge marks its answers and reads hop counts
+/// (`{"aampBridge": {"answer": INTENT}}`, `{"aampBridge": {"hopCount": N}}`).
+pub const FOREIGN_MARK: &str = "aampBridge";
 
 impl ForeignTask<'_> {
     pub fn into_inbound(self) -> Option<Inbound> {
@@ -150,12 +160,17 @@ impl ForeignTask<'_> {
                 title,
                 body_text: self.body,
                 session_key: Some(self.session_key),
+                hop_count: self.hop_count,
                 ..crate::protocol::Dispatch::default()
             }),
         };
         msg.envelope.subject = msg.subject();
         let rendered = crate::protocol::rfc5322::render(&msg, SystemTime::now());
-        let view = crate::protocol::rfc5322::parse_raw(&rendered.bytes)?;
+        let mut view = crate::protocol::rfc5322::parse_raw(&rendered.bytes)?;
+        if self.is_answer {
+            view.headers
+                .push(("Auto-Submitted".into(), "auto-replied".into()));
+        }
         let message = crate::protocol::AampMessage::parse(&view).ok()?;
         Some(Inbound {
             email_id: self.id.to_string(),
