@@ -549,3 +549,113 @@ async fn a_burst_of_equal_priority_runs_in_arrival_order() {
     assert_eq!(ran, sent, "first come, first served");
     rig.shut().await;
 }
+
+/// A `pair.request` from `from` with `code`.
+fn pair_request(rig: &Rig, from: &str, code: &str) -> AampMessage {
+    let mut msg = rig.dispatch(from, "pair", "");
+    msg.body = Body::PairRequest {
+        pair_code: code.into(),
+        rules: None,
+    };
+    msg.envelope.subject = msg.subject();
+    msg
+}
+
+fn pair_status(msg: &AampMessage) -> Option<(Status, Option<String>)> {
+    match &msg.body {
+        Body::PairRespond { status, reason } => Some((*status, reason.clone())),
+        _ => None,
+    }
+}
+
+/// Issue 18: five wrong codes from each of four ordinary users locked pairing for the agent,
+/// and a fifth user's valid code was refused without even an answer (the refusals' budget was
+/// used up). A correct code pairs unless its own sender is locked out.
+#[tokio::test]
+async fn guessing_senders_cannot_lock_pairing_for_someone_with_the_right_code() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    journal
+        .add_pair_code("agent", "the-right-code", Duration::from_secs(300))
+        .unwrap();
+    let mut wrong = Vec::new();
+    for user in 0..4 {
+        for attempt in 0..5 {
+            let msg = pair_request(
+                &rig,
+                &format!("guesser{user}@example.test"),
+                &format!("guess-{attempt}"),
+            );
+            rig.deliver(&msg);
+            wrong.push(msg);
+        }
+    }
+    // Past the agent's ceiling a wrong code is not answered; a locked sender is refused even
+    // with the right code.
+    let late_guess = pair_request(&rig, "guesser5@example.test", "guess");
+    rig.deliver(&late_guess);
+    let locked = pair_request(&rig, "guesser0@example.test", "the-right-code");
+    rig.deliver(&locked);
+    let fifth = pair_request(&rig, "newcomer@example.test", "the-right-code");
+    rig.deliver(&fifth);
+    let sent = rig
+        .outbox
+        .until("the newcomer's pairing answer", |s| {
+            s.iter().any(|m| m.task_id() == fifth.task_id())
+        })
+        .await;
+    let answer = sent
+        .iter()
+        .find(|m| m.task_id() == fifth.task_id())
+        .unwrap();
+    assert_eq!(pair_status(answer).unwrap().0, Status::Completed);
+    let (_, outbox) = rig.shut().await;
+    for msg in &wrong {
+        let answers: Vec<_> = outbox
+            .sent()
+            .into_iter()
+            .filter(|m| m.task_id() == msg.task_id())
+            .collect();
+        assert_eq!(answers.len(), 1, "each of the first twenty is answered");
+        assert_eq!(pair_status(&answers[0]).unwrap().0, Status::Rejected);
+    }
+    assert!(
+        outbox.intents(late_guess.task_id()).is_empty(),
+        "not answered past the ceiling"
+    );
+    // The locked sender's right code was not taken (the newcomer paired with it), and past
+    // the ceiling its refusal was not mailed either.
+    assert!(outbox.intents(locked.task_id()).is_empty());
+}
+
+#[tokio::test]
+async fn a_sender_with_five_wrong_codes_is_locked_out_even_with_the_right_one() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    journal
+        .add_pair_code("agent", "the-right-code", Duration::from_secs(300))
+        .unwrap();
+    for attempt in 0..5 {
+        rig.deliver(&pair_request(
+            &rig,
+            "guesser@example.test",
+            &format!("guess-{attempt}"),
+        ));
+    }
+    let right = pair_request(&rig, "guesser@example.test", "the-right-code");
+    rig.deliver(&right);
+    let sent = rig
+        .outbox
+        .until("the answer", |s| {
+            s.iter().any(|m| m.task_id() == right.task_id())
+        })
+        .await;
+    let answer = sent
+        .iter()
+        .find(|m| m.task_id() == right.task_id())
+        .unwrap();
+    let (status, reason) = pair_status(answer).unwrap();
+    assert_eq!(status, Status::Rejected);
+    assert!(reason.unwrap().contains("too many"));
+    rig.shut().await;
+}

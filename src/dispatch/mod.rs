@@ -225,9 +225,19 @@ pub struct MailExtras {
     pub attachments: Vec<Attachment>,
 }
 
+/// Pairing: the window wrong codes are counted in, how many one sender may give before it is
+/// locked out, how many the agent takes before wrong codes go unanswered, and how many
+/// refused pair requests are answered an hour.
+const PAIR_WINDOW_SECS: u64 = 15 * 60;
+const PAIR_SENDER_TRIES: u32 = 5;
+const PAIR_AGENT_TRIES: u32 = 20;
+const PAIR_REFUSALS_PER_HOUR: u32 = 20;
+
 struct Inner<O> {
     /// When rejections were last sent to refused senders (for `refusals_per_hour`).
     refusals: Mutex<std::collections::VecDeque<std::time::Instant>>,
+    /// When refused pair requests were last answered (their own budget).
+    pair_refusals: Mutex<std::collections::VecDeque<std::time::Instant>>,
     /// Replaced whole on a reload (policy, profile, queue bound).
     spec: std::sync::RwLock<Arc<AgentSpec>>,
     outbox: O,
@@ -349,6 +359,7 @@ impl<O: Outbox> Dispatcher<O> {
             inner: Arc::new(Inner {
                 spec: std::sync::RwLock::new(Arc::new(spec)),
                 refusals: Mutex::new(std::collections::VecDeque::new()),
+                pair_refusals: Mutex::new(std::collections::VecDeque::new()),
                 outbox,
                 journal,
                 events,
@@ -541,12 +552,22 @@ impl<O: Outbox> Dispatcher<O> {
 
     /// Whether another refusal may be answered now (at most `refusals_per_hour`).
     fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
-        let mut sent = self.inner.refusals.lock().expect("refusals lock");
+        self.may_answer(&self.inner.refusals, spec.refusals_per_hour)
+    }
+
+    /// Whether one more answer fits in `budget` (answers sent in the last hour) under `max`;
+    /// if so, it is counted.
+    fn may_answer(
+        &self,
+        budget: &Mutex<std::collections::VecDeque<std::time::Instant>>,
+        max: u32,
+    ) -> bool {
+        let mut sent = budget.lock().expect("refusals lock");
         let hour_ago = std::time::Instant::now() - Duration::from_secs(3600);
         while sent.front().is_some_and(|t| *t < hour_ago) {
             sent.pop_front();
         }
-        if sent.len() < spec.refusals_per_hour as usize {
+        if sent.len() < max as usize {
             sent.push_back(std::time::Instant::now());
             true
         } else {
@@ -706,10 +727,14 @@ impl<O: Outbox> Dispatcher<O> {
         let Body::PairRequest { pair_code, rules } = &inbound.message.body else {
             return Ok(());
         };
-        let window = SystemTime::now() - Duration::from_secs(15 * 60);
-        let locked = journal.pair_failures(&spec.name, Some(&env.from), window)? >= 5
-            || journal.pair_failures(&spec.name, None, window)? >= 20;
-        let paired = if locked {
+        // A sender with five wrong codes in 15 minutes is locked out for that long. Past
+        // twenty wrong codes for the agent (many senders guessing) wrong codes are no longer
+        // answered, but a correct code still pairs: nobody can lock pairing for everyone.
+        let window = SystemTime::now() - Duration::from_secs(PAIR_WINDOW_SECS);
+        let sender_locked =
+            journal.pair_failures(&spec.name, Some(&env.from), window)? >= PAIR_SENDER_TRIES;
+        let flooded = journal.pair_failures(&spec.name, None, window)? >= PAIR_AGENT_TRIES;
+        let paired = if sender_locked {
             Err("too many wrong pair codes; try again in 15 minutes")
         } else {
             let codes = journal.live_pair_codes(&spec.name)?;
@@ -762,7 +787,9 @@ impl<O: Outbox> Dispatcher<O> {
                 (Status::Rejected, Some(why.to_string()), TaskState::Rejected)
             }
         };
-        let answer = status == Status::Completed || self.may_answer_refusal(&spec);
+        // Pairing answers have a budget of their own: refused dispatches cannot use it up.
+        let answer = status == Status::Completed
+            || (!flooded && self.may_answer(&self.inner.pair_refusals, PAIR_REFUSALS_PER_HOUR));
         let reply = answer.then(|| {
             self.compose(
                 env,
