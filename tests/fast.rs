@@ -659,3 +659,57 @@ async fn a_sender_with_five_wrong_codes_is_locked_out_even_with_the_right_one() 
     assert!(reason.unwrap().contains("too many"));
     rig.shut().await;
 }
+
+/// The journal's size on disk, with its write-ahead log.
+fn journal_bytes(rig: &Rig) -> u64 {
+    ["journal.sqlite3", "journal.sqlite3-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(rig.dir.path().join("state").join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Issue 18: every refused dispatch was stored whole for 30 days (30 mails of 1 MiB from a
+/// stranger added 31.6 MB), and early cancels from strangers without limit.
+#[tokio::test]
+async fn refused_mail_and_strangers_cancels_do_not_fill_the_journal() {
+    let rig = Rig::new("profile = \"echo\"", &[]);
+    let before = journal_bytes(&rig);
+    let big = "x".repeat(1 << 20);
+    let mut refused = Vec::new();
+    for i in 0..30 {
+        let msg = rig.dispatch("stranger@elsewhere.test", &format!("Big {i}"), &big);
+        rig.deliver(&msg);
+        refused.push(msg);
+    }
+    for i in 0..200 {
+        let mut cancel = rig.dispatch("stranger@elsewhere.test", "c", "");
+        cancel.envelope.task_id = format!("early-{i}");
+        cancel.body = Body::Cancel {
+            reason: "stop".into(),
+        };
+        cancel.envelope.subject = cancel.subject();
+        rig.deliver(&cancel);
+    }
+    let grown = journal_bytes(&rig).saturating_sub(before);
+    assert!(grown < 2 << 20, "the journal grew by {grown} bytes");
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    assert!(!journal
+        .was_cancelled("agent", "stranger@elsewhere.test", "early-0")
+        .unwrap());
+    // A redelivery is still recognised: nothing is run or answered twice.
+    rig.deliver(&refused[0]);
+    rig.outbox
+        .until("the refusals", |s| {
+            s.iter()
+                .filter(|m| m.intent() == Intent::TaskResult)
+                .count()
+                >= 20
+        })
+        .await;
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(
+        outbox.intents(refused[0].task_id()),
+        vec![Intent::TaskResult]
+    );
+}

@@ -206,6 +206,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS tasks_by_task ON tasks (agent, sender, task_id);
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (agent, state);
 CREATE INDEX IF NOT EXISTS tasks_by_session ON tasks (agent, session_key);
+-- Bounding the rows of mail not admitted reads them newest first.
+CREATE INDEX IF NOT EXISTS tasks_by_admission ON tasks (agent, admitted);
 -- The admission limits count recent tasks from the index alone, not by reading every row.
 CREATE INDEX IF NOT EXISTS tasks_by_time ON tasks (agent, received_at, admitted, sender, session_key);
 CREATE TABLE IF NOT EXISTS policy (
@@ -246,6 +248,7 @@ CREATE TABLE IF NOT EXISTS cancels (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (agent, sender, task_id)
 );
+CREATE INDEX IF NOT EXISTS cancels_by_time ON cancels (agent, created_at);
 CREATE TABLE IF NOT EXISTS outbox (
     id         INTEGER PRIMARY KEY,
     agent      TEXT NOT NULL,
@@ -273,6 +276,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     PRIMARY KEY (agent, key)
 );
 ";
+
+/// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early
+/// cancels kept per agent; the oldest go first.
+pub const KEEP_NOT_ADMITTED: i64 = 10_000;
+const BOUND_NOT_ADMITTED: &str = "DELETE FROM tasks WHERE agent = ?1 AND admitted = 0
+    AND id < (SELECT id FROM tasks WHERE agent = ?1 AND admitted = 0 ORDER BY id DESC LIMIT 1 OFFSET ?2)
+    AND state IN ('answered', 'rejected', 'cancelled', 'expired')
+    AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.sent_at IS NULL AND o.failed_at IS NULL)";
 
 /// The queries run for every task, kept here so a test can check that each uses an index
 /// (a scan of a journal with months of history would cost every task more).
@@ -452,6 +463,12 @@ impl Journal {
             let id = tx.last_insert_rowid();
             if let Some(mail) = reply {
                 insert_outgoing(&tx, task.agent, Some(id), mail, now)?;
+            }
+            // Mail that is not admitted is kept as a summary, and at most KEEP_NOT_ADMITTED
+            // rows of it per agent (checked every hundredth row): a flood of refused mail
+            // cannot grow the journal without end.
+            if !task.admitted && id % 100 == 0 {
+                tx.execute(BOUND_NOT_ADMITTED, params![task.agent, KEEP_NOT_ADMITTED])?;
             }
             tx.commit()?;
             Ok(Some(id))
@@ -945,11 +962,18 @@ impl Journal {
         task_id: &str,
     ) -> Result<(), JournalError> {
         self.with(|c| {
-            c.execute(
+            let tx = c.transaction()?;
+            tx.execute(
                 "INSERT INTO cancels (agent, sender, task_id, created_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
                 params![agent, sender.to_ascii_lowercase(), task_id, now_ms()],
-            )
-            .map(drop)
+            )?;
+            // At most KEEP_NOT_ADMITTED early cancels per agent: the oldest go first.
+            tx.execute(
+                "DELETE FROM cancels WHERE agent = ?1 AND created_at < (SELECT created_at FROM cancels
+                   WHERE agent = ?1 ORDER BY created_at DESC LIMIT 1 OFFSET ?2)",
+                params![agent, KEEP_NOT_ADMITTED],
+            )?;
+            tx.commit()
         })
     }
 
@@ -1054,6 +1078,7 @@ mod tests {
             ("COUNT_OUTGOING", COUNT_OUTGOING, 2),
             ("DUE", DUE, 3),
             ("COUNT_ADMITTED", COUNT_ADMITTED, 4),
+            ("BOUND_NOT_ADMITTED", BOUND_NOT_ADMITTED, 2),
         ] {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let values: Vec<rusqlite::types::Value> =
@@ -1070,6 +1095,30 @@ mod tests {
                 "{name} scans a table: {plan:?}"
             );
         }
+    }
+
+    #[test]
+    fn mail_not_admitted_is_bounded_per_agent_and_pending_answers_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+        let keys: Vec<String> = (0..30).map(|i| format!("<r{i}>")).collect();
+        for key in &keys {
+            let mut t = task(key, key, false);
+            t.state = TaskState::Rejected;
+            journal.record(&t, None).unwrap();
+        }
+        journal
+            .with(|c| {
+                c.execute(BOUND_NOT_ADMITTED, params!["coder", 10])
+                    .map(drop)
+            })
+            .unwrap();
+        let left: Vec<bool> = keys
+            .iter()
+            .map(|k| journal.knows_message("coder", k).unwrap())
+            .collect();
+        assert_eq!(left.iter().filter(|k| **k).count(), 11, "{left:?}");
+        assert!(left[29] && !left[0], "the oldest go first");
     }
 
     fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {

@@ -584,12 +584,14 @@ impl<O: Outbox> Dispatcher<O> {
         let inner = &self.inner;
         let spec = self.spec();
         let name = &spec.name;
-        let mail = inbound.to_json();
         if let Some(why) = automatic(&inbound) {
             tracing::info!(reason = why, "ignored: automatic mail never starts a task");
             self.ignored(&inbound, why);
             return Ok(());
         }
+        // A task to run is kept whole (it is run again after a crash); anything else only as
+        // a summary.
+        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
         let Inbound {
             message,
             truncated,
@@ -602,6 +604,7 @@ impl<O: Outbox> Dispatcher<O> {
         };
         let record =
             |state: TaskState, admitted: bool, reason: Option<&str>, reply: Option<&Outgoing>| {
+                let mail = if admitted { &mail } else { &summary };
                 inner.journal.record(
                     &journal::NewTask {
                         agent: name,
@@ -611,7 +614,7 @@ impl<O: Outbox> Dispatcher<O> {
                         session_key: dispatch.session_key.as_deref(),
                         state,
                         admitted,
-                        mail: &mail,
+                        mail,
                         reason,
                     },
                     reply,
@@ -895,6 +898,10 @@ impl<O: Outbox> Dispatcher<O> {
         match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
             Some(_) => {
                 tracing::info!(from = %env.from, "cancel for a task that already ended; nothing to stop")
+            }
+            None if !self.policy(&spec)?.may_ever_dispatch(&env.from) => {
+                // Nothing of theirs could run: there is nothing to remember it for.
+                tracing::info!(from = %env.from, "cancel from a sender the policy does not allow; ignored");
             }
             None => {
                 tracing::info!(from = %env.from, "cancel before its dispatch; the dispatch will not run");

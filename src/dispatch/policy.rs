@@ -133,6 +133,14 @@ impl SenderPolicy {
         Verdict::Refused(format!("sender {sender} is not allowed"))
     }
 
+    /// Whether some dispatch of `sender` could be allowed (with the right dispatch context):
+    /// not denied, and named by an allow rule.
+    pub fn may_ever_dispatch(&self, sender: &str) -> bool {
+        let sender = sender.trim().to_ascii_lowercase();
+        !self.deny.iter().any(|p| glob(p, &sender))
+            && self.allow.iter().any(|r| glob(&r.sender, &sender))
+    }
+
     pub fn allows(&self, sender: &str) -> bool {
         matches!(self.check(sender, &BTreeMap::new()), Verdict::Allowed(_))
     }

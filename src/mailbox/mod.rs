@@ -239,6 +239,26 @@ impl Inbound {
         .expect("a stored mail serializes")
     }
 
+    /// What the journal keeps of a mail that is not admitted: enough to answer it, recognise
+    /// it again and show it (ids, sender, subject, sizes), never its body or attachments, so
+    /// mail the bridge refuses cannot fill the disk.
+    pub fn summary_json(&self) -> String {
+        let env = &self.message.envelope;
+        let subject: String = env.subject.chars().take(200).collect();
+        serde_json::json!({"summary": {
+            "emailId": self.email_id,
+            "from": env.from,
+            "taskId": env.task_id,
+            "messageId": env.message_id,
+            "subject": subject,
+            "bodyBytes": self.view.body_text.len(),
+            "attachments": self.attachments.len(),
+            "attachmentBytes": self.attachments.iter().map(|a| a.size).sum::<u64>(),
+            "truncated": self.truncated,
+        }})
+        .to_string()
+    }
+
     pub fn from_json(text: &str) -> Result<Inbound, String> {
         let stored: StoredInbound = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let message = AampMessage::parse(&stored.view).map_err(|e| e.to_string())?;
