@@ -285,6 +285,7 @@ impl<O: Outbox> Dispatcher<O> {
                     truncated: extras.truncated,
                     files,
                     history,
+                    boundary: prompt::boundary(),
                 },
             ),
             session_key: dispatch
