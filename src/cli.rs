@@ -1112,6 +1112,21 @@ async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32
                         format!("logged in as {} at {}", account.login, account.jmap_url),
                         "",
                     ));
+                    let cleartext: Vec<&url::Url> = std::iter::once(&account.jmap_url)
+                        .chain(account.aamp_url.as_ref())
+                        .filter(|u| {
+                            u.scheme() == "http"
+                                && !u.host_str().is_some_and(crate::config::is_loopback)
+                        })
+                        .collect();
+                    if let Some(url) = cleartext.first() {
+                        checks.push(check(
+                            what("transport"),
+                            "warn",
+                            format!("{url} is plain http: the password crosses the network unencrypted (insecure_http = true)"),
+                            "use https for jmap_url and aamp_url, and drop insecure_http",
+                        ));
+                    }
                     match (account.push, mailbox.push_target()) {
                         (false, _) => checks.push(check(what("push"), "warn", format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
                         (true, Some(target)) => checks.push(check(what("push"), "ok", format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),

@@ -188,6 +188,10 @@ pub struct MailboxConfig {
     /// Accept invalid TLS certificates from this mailbox's hosts. Off unless set.
     #[serde(default)]
     pub insecure_tls: bool,
+    /// Allow plain `http://` in `jmap_url`/`aamp_url` to a host that is not loopback: the
+    /// password then crosses the network unencrypted. Off unless set.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub insecure_http: bool,
     /// Seconds between `Email/changes` polls when push is not available.
     #[serde(default = "default_poll_secs")]
     pub poll_interval_secs: u64,
@@ -220,6 +224,10 @@ pub struct MailboxConfig {
 
 fn default_true() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_reconcile_secs() -> u64 {
@@ -655,6 +663,7 @@ impl LoadedConfig {
             ("password", m.password.is_some()),
             ("password_file", m.password_file.is_some()),
             ("aamp_url", m.aamp_url.is_some()),
+            ("insecure_http", m.insecure_http),
         ];
         let amp = [
             ("amp_url", m.amp_url.is_some()),
@@ -678,6 +687,28 @@ impl LoadedConfig {
             }
         }
         out
+    }
+
+    /// Plain `http://` to a host that is not loopback sends the mailbox's password in clear:
+    /// refused unless the mailbox says `insecure_http = true`.
+    fn refuse_cleartext(
+        &self,
+        key: &str,
+        field: &str,
+        url: &url::Url,
+        allowed: bool,
+    ) -> Result<(), ConfigError> {
+        if url.scheme() == "http" && !allowed && !url.host_str().is_some_and(is_loopback) {
+            return Err(self.error(
+                format!("{key}.{field}"),
+                format!(
+                    "plain http to {} would send the password unencrypted",
+                    url.host_str().unwrap_or_default()
+                ),
+                "use https; or, only on a network you trust, set insecure_http = true on this mailbox",
+            ));
+        }
+        Ok(())
     }
 
     /// A secret read from a 0600 file named by `key` (relative to the config's folder).
@@ -907,6 +938,7 @@ impl LoadedConfig {
                     "write e.g. https://mail.example.com/.well-known/jmap",
                 )
             })?;
+        self.refuse_cleartext(&key, "jmap_url", &jmap_url, m.insecure_http)?;
         let base = self.path.parent().unwrap_or(Path::new("."));
         let (email, password) = match &m.credentials_file {
             Some(file) => {
@@ -1019,6 +1051,10 @@ impl LoadedConfig {
                                 format!("{u:?} is not an http(s) URL"),
                                 "write e.g. https://aamp.example.com",
                             )
+                        })
+                        .and_then(|u| {
+                            self.refuse_cleartext(&key, "aamp_url", &u, m.insecure_http)?;
+                            Ok(u)
                         })?,
                 ),
             },
@@ -1204,7 +1240,7 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-fn is_loopback(host: &str) -> bool {
+pub fn is_loopback(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -1271,6 +1307,38 @@ allow_from = ["*@example.test"]
         write(dir.path(), "coder.pass", "secret\n", pass_mode);
         let path = write(dir.path(), "config.toml", config, config_mode);
         LoadedConfig::load(&path).unwrap_err().to_string()
+    }
+
+    /// Issue 18: `jmap_url = "http://mail.example.com/…"` loaded without a word and sent the
+    /// password with Basic auth in clear.
+    #[test]
+    fn plain_http_to_another_host_is_refused_unless_the_mailbox_says_so() {
+        let remote = GOOD.replace("http://127.0.0.1:18080", "http://mail.example.com");
+        let e = load_err(&remote, 0o600, 0o644);
+        assert!(
+            e.contains("mailboxes.coder.jmap_url")
+                && e.contains("unencrypted")
+                && e.contains("insecure_http"),
+            "{e}"
+        );
+        let e = load_err(
+            &GOOD.replace(
+                "smtp_security = \"plain\"",
+                "smtp_security = \"plain\"\naamp_url = \"http://aamp.example.com\"",
+            ),
+            0o600,
+            0o644,
+        );
+        assert!(e.contains("mailboxes.coder.aamp_url"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "coder.pass", "secret\n", 0o600);
+        let allowed = remote.replace(
+            "smtp_security = \"plain\"",
+            "smtp_security = \"plain\"\ninsecure_http = true",
+        );
+        let path = write(dir.path(), "config.toml", &allowed, 0o644);
+        let loaded = LoadedConfig::load(&path).unwrap();
+        assert_eq!(loaded.account("coder").unwrap().jmap_url.scheme(), "http");
     }
 
     #[test]
