@@ -1621,6 +1621,9 @@ async fn profile(config_path: &std::path::Path, action: ProfileAction) -> anyhow
             let text = maker::render(&new, format);
             let path = maker::target(&dirs, &name);
             maker::write(&path, &text, force)?;
+            for warning in Profile::parse(&text, &name, "the new profile")?.warnings() {
+                eprintln!("warning: {warning}");
+            }
             let report = if no_test {
                 None
             } else {

@@ -587,6 +587,9 @@ pub fn agent_spec(
     if spec.policy.is_empty() {
         tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
     }
+    for warning in spec.profile.warnings() {
+        tracing::warn!(agent = %agent.name, "{warning}");
+    }
     Ok(spec)
 }
 

@@ -229,6 +229,8 @@ pub struct Profile {
     pub attach_written_files: bool,
     /// Where it came from, for messages: a path or "built-in".
     pub origin: String,
+    /// `{{prompt}}` is in `args` (or `args_when_resuming`): see [`Profile::warnings`].
+    pub prompt_in_args: bool,
 }
 
 impl Profile {
@@ -301,7 +303,24 @@ impl Profile {
             help_lines: file.help_lines,
             attach_written_files: file.attach_written_files,
             origin: origin.to_string(),
+            prompt_in_args: file
+                .args
+                .iter()
+                .chain(file.args_when_resuming.iter().flatten())
+                .any(|a| a.contains("{{prompt}}")),
         })
+    }
+
+    /// What is unsafe about this profile, in words a person acts on.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.prompt_in_args {
+            out.push(format!(
+                "profile {} puts {{{{prompt}}}} in its arguments: every local user can read the task's text with ps; pass it on stdin instead (stdin = \"{{{{prompt}}}}\")",
+                self.name
+            ));
+        }
+        out
     }
 
     /// Finds a profile by name (in `dirs`, then built in) or by path (when it has a `/`).
@@ -406,6 +425,29 @@ pub fn render_args(args: &[Template], vars: &template::Vars) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18: a profile passing the prompt as an argument shows it to every local user.
+    #[test]
+    fn a_prompt_in_the_arguments_is_warned_about() {
+        let arg = Profile::parse(
+            "command = \"tool\"\nargs = [\"--ask\", \"{{prompt}}\"]\n",
+            "tool",
+            "test",
+        )
+        .unwrap();
+        assert!(arg.warnings()[0].contains("ps"), "{:?}", arg.warnings());
+        let stdin = Profile::parse(
+            "command = \"tool\"\nstdin = \"{{prompt}}\"\n",
+            "tool",
+            "test",
+        )
+        .unwrap();
+        assert!(stdin.warnings().is_empty());
+        for name in ["claude", "codex", "gemini", "echo"] {
+            let p = Profile::find(name, &[]).unwrap();
+            assert!(p.warnings().is_empty(), "{name}: {:?}", p.warnings());
+        }
+    }
 
     fn vars(session: &str) -> template::Vars {
         let mut v = template::Vars::default();

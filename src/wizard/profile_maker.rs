@@ -44,7 +44,8 @@ fn quoted(s: &str) -> String {
 /// The profile file's text.
 pub fn render(p: &NewProfile, stream: StreamFormat) -> String {
     let mut args = p.args.clone();
-    if p.prompt_via == PromptVia::Arg && !args.iter().any(|a| a.contains("{{prompt}}")) && !p.acp {
+    let in_args = args.iter().any(|a| a.contains("{{prompt}}"));
+    if p.prompt_via == PromptVia::Arg && !in_args && !p.acp {
         args.push("{{prompt}}".into());
     }
     let mut out = format!(
@@ -58,7 +59,9 @@ pub fn render(p: &NewProfile, stream: StreamFormat) -> String {
     out.push_str(&format!("command = {}\n", quoted(&p.command)));
     let args: Vec<String> = args.iter().map(|a| quoted(a)).collect();
     out.push_str(&format!("args = [{}]\n", args.join(", ")));
-    if p.prompt_via == PromptVia::Stdin && !p.acp {
+    // The prompt goes on stdin unless the arguments already carry it (then `profile new`
+    // warns: it shows in `ps`).
+    if p.prompt_via == PromptVia::Stdin && !in_args && !p.acp {
         out.push_str("stdin = \"{{prompt}}\"\n");
     }
     if let Some(cwd) = &p.cwd {
