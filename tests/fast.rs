@@ -31,6 +31,17 @@ struct FakeOutbox {
     sent: Arc<Mutex<Vec<AampMessage>>>,
     fail: Arc<AtomicUsize>,
     changed: Arc<tokio::sync::Notify>,
+    /// Attachments are served (each once the gate is open) instead of refused.
+    downloads: Option<Downloads>,
+}
+
+/// Attachment downloads held at a gate, counted.
+#[derive(Clone)]
+struct Downloads {
+    open: tokio::sync::watch::Sender<bool>,
+    in_flight: Arc<AtomicUsize>,
+    most_at_once: Arc<AtomicUsize>,
+    done: Arc<AtomicUsize>,
 }
 
 impl Outbox for FakeOutbox {
@@ -52,11 +63,20 @@ impl Outbox for FakeOutbox {
         Ok(())
     }
 
-    async fn download(&self, _: &Attachment, _: u64) -> Result<Vec<u8>, OutboxError> {
-        Err(OutboxError::new(
-            ErrorClass::Permanent,
-            "no attachments here",
-        ))
+    async fn download(&self, a: &Attachment, _: u64) -> Result<Vec<u8>, OutboxError> {
+        let Some(d) = &self.downloads else {
+            return Err(OutboxError::new(
+                ErrorClass::Permanent,
+                "no attachments here",
+            ));
+        };
+        let now = d.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        d.most_at_once.fetch_max(now, Ordering::SeqCst);
+        let mut open = d.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        d.in_flight.fetch_sub(1, Ordering::SeqCst);
+        d.done.fetch_add(1, Ordering::SeqCst);
+        Ok(a.name.as_bytes().to_vec())
     }
 
     async fn open_stream(&self, _: &str, _: &str) -> Option<String> {
@@ -287,6 +307,10 @@ impl Rig {
 
 /// `msg` as the intake hands it on (rendered, then read back), its sender believed.
 fn as_delivered(msg: &AampMessage, n: usize) -> Mail {
+    as_delivered_with(msg, n, Vec::new())
+}
+
+fn as_delivered_with(msg: &AampMessage, n: usize, attachments: Vec<Attachment>) -> Mail {
     let rendered = protocol::rfc5322::render(msg, SystemTime::now());
     let view = protocol::rfc5322::parse_raw(&rendered.bytes).unwrap();
     let message = AampMessage::parse(&view).unwrap();
@@ -296,7 +320,7 @@ fn as_delivered(msg: &AampMessage, n: usize) -> Mail {
         view,
         sender_check: SenderCheck::Trusted,
         truncated: false,
-        attachments: Vec::new(),
+        attachments,
     }))
 }
 
@@ -712,4 +736,54 @@ async fn refused_mail_and_strangers_cancels_do_not_fill_the_journal() {
         outbox.intents(refused[0].task_id()),
         vec![Intent::TaskResult]
     );
+}
+
+/// Issue 18: 3,000 tiny attachments held the agent's only slot for 50 s while they downloaded
+/// one by one. Now a task takes at most 32, four at a time, before it asks for a slot, and the
+/// prompt names what was left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out() {
+    let (open, _) = tokio::sync::watch::channel(false);
+    let downloads = Downloads {
+        open,
+        in_flight: Arc::default(),
+        most_at_once: Arc::default(),
+        done: Arc::default(),
+    };
+    let outbox = FakeOutbox {
+        downloads: Some(downloads.clone()),
+        ..FakeOutbox::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"\nmax_concurrent_tasks = 1",
+        &[],
+        outbox,
+    );
+    let heavy = rig.dispatch(BOSS, "Heavy", "read the files");
+    let attachments: Vec<Attachment> = (0..3000)
+        .map(|i| Attachment {
+            name: format!("note-{i}.txt"),
+            content_type: "text/plain".into(),
+            size: 10,
+            url: format!("http://127.0.0.1:9/{i}"),
+        })
+        .collect();
+    rig.dispatcher
+        .deliver(as_delivered_with(&heavy, 0, attachments))
+        .unwrap();
+    // While its downloads wait, the next task has the agent's only slot.
+    let light = rig.dispatch(BOSS, "Light", "quick one");
+    rig.dispatcher.deliver(as_delivered(&light, 1)).unwrap();
+    assert_eq!(rig.outbox.result(light.task_id()).await.status, Status::Completed);
+    assert!(downloads.done.load(Ordering::SeqCst) == 0, "the heavy task is still downloading");
+    downloads.open.send_replace(true);
+    let result = rig.outbox.result(heavy.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    assert!(result.output.contains("2968 more attachments"), "{}", result.output);
+    assert!(result.output.contains("attachments/note-31.txt"), "{}", result.output);
+    assert!(!result.output.contains("attachments/note-32.txt"));
+    assert_eq!(downloads.done.load(Ordering::SeqCst), 32);
+    assert!(downloads.most_at_once.load(Ordering::SeqCst) <= 4);
+    rig.shut().await;
 }

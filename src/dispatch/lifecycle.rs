@@ -81,6 +81,17 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
 const STREAM_BUFFER: usize = 256;
 /// The largest attachment a task takes.
 const MAX_ATTACHMENT: u64 = 25 << 20;
+/// The most attachments a task takes; the prompt names the rest as left out.
+const MAX_ATTACHMENTS: usize = 32;
+/// Attachments downloaded at once.
+const DOWNLOADS_AT_ONCE: usize = 4;
+
+/// A task's workspace made ready: the attachments saved in it, and those left out.
+#[derive(Default)]
+struct Prepared {
+    files: Vec<prompt::File>,
+    left_out: Vec<prompt::File>,
+}
 
 impl<O: Outbox> Dispatcher<O> {
     pub(super) async fn lifecycle(self, task: Task, place: Place, cancel: CancellationToken) {
@@ -88,36 +99,54 @@ impl<O: Outbox> Dispatcher<O> {
         let started = Instant::now();
         let priority = task.dispatch.priority;
         let name = self.spec().name.clone();
+        // The workspace and the mail's attachments are made ready before the task asks for a
+        // slot: downloads never hold one.
+        let workspace = workspace::path(&self.spec().workspace_root, &task.env.task_id, task.row);
+        let prepared = tokio::select! {
+            p = self.prepare(&workspace, &task.extras.attachments) => Some(p),
+            _ = cancel.cancelled() => None,
+        };
         let slot = async {
             let (session, ticket) = match place {
                 Place::Queued { session, ticket } => (session, ticket),
-                Place::AfterSession(lock) => {
-                    let session = lock.lock_owned().await;
+                Place::Later(lock) => {
+                    let session = match lock {
+                        Some(lock) => Some(lock.lock_owned().await),
+                        None => None,
+                    };
                     let ticket = inner
                         .settings
                         .slots
                         .enqueue(&name, priority, arrival(&task));
-                    (Some(session), ticket)
+                    (session, ticket)
                 }
             };
             Some((session, ticket.granted().await))
         };
-        let slot = tokio::select! {
-            slot = slot => slot,
-            _ = cancel.cancelled() => None,
+        let slot = match &prepared {
+            Some(Ok(_)) => tokio::select! {
+                slot = slot => slot,
+                _ = cancel.cancelled() => None,
+            },
+            _ => None,
         };
-        let outcome = match slot {
-            Some(_held) => match inner.journal.start_run(task.row) {
+        let outcome = match (slot, prepared) {
+            (_, Some(Err(e))) => Err(e),
+            (Some(_held), Some(Ok(prepared))) => match inner.journal.start_run(task.row) {
                 Ok(runs) => {
                     self.note(task.row, &format!("run {runs} started"), None);
-                    self.run(&task, runs, &cancel).await
+                    self.run(&task, runs, prepared, &cancel).await
                 }
                 Err(e) => Err(RunError::Prepare(format!(
                     "the task journal could not record the run: {e}"
                 ))),
             },
-            None => Err(RunError::Cancelled),
+            _ => Err(RunError::Cancelled),
         };
+        // `run` removes the workspace when it ran; otherwise it goes here.
+        if workspace.exists() {
+            let _ = std::fs::remove_dir_all(&workspace);
+        }
         inner
             .running
             .lock()
@@ -215,6 +244,7 @@ impl<O: Outbox> Dispatcher<O> {
         &self,
         task: &Task,
         runs: u32,
+        prepared: Prepared,
         cancel: &CancellationToken,
     ) -> Result<Answer, RunError> {
         let spec_now = self.spec();
@@ -222,14 +252,7 @@ impl<O: Outbox> Dispatcher<O> {
         let journal = &self.inner.journal;
         let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
         let workspace = workspace::path(&spec.workspace_root, &env.task_id, task.row);
-        workspace::fresh(&workspace)?;
-        let files = match self.save_attachments(&workspace, &extras.attachments).await {
-            Ok(files) => files,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&workspace);
-                return Err(e);
-            }
-        };
+        let Prepared { files, left_out } = prepared;
         let history = match &dispatch.parent_task_id {
             Some(parent) => {
                 let thread = self.inner.outbox.thread(parent).await;
@@ -284,6 +307,7 @@ impl<O: Outbox> Dispatcher<O> {
                 &prompt::PromptExtras {
                     truncated: extras.truncated,
                     files,
+                    left_out,
                     history,
                     boundary: prompt::boundary(),
                 },
@@ -431,42 +455,76 @@ impl<O: Outbox> Dispatcher<O> {
         outcome
     }
 
-    /// Downloads the mail's attachments into `workspace/attachments/`, under safe and
-    /// distinct names; returns (relative path, content type, size) for the prompt.
+    /// Makes the task's workspace afresh and downloads the mail's attachments into
+    /// `workspace/attachments/`, under safe and distinct names: at most [`MAX_ATTACHMENTS`]
+    /// of them (the rest are named in the prompt as left out), [`DOWNLOADS_AT_ONCE`] at a
+    /// time. On an error the workspace is gone again.
+    async fn prepare(
+        &self,
+        workspace: &std::path::Path,
+        attachments: &[Attachment],
+    ) -> Result<Prepared, RunError> {
+        workspace::fresh(workspace)?;
+        let saved = self.save_attachments(workspace, attachments).await;
+        if saved.is_err() {
+            let _ = std::fs::remove_dir_all(workspace);
+        }
+        saved
+    }
+
     async fn save_attachments(
         &self,
         workspace: &std::path::Path,
         attachments: &[Attachment],
-    ) -> Result<Vec<prompt::File>, RunError> {
+    ) -> Result<Prepared, RunError> {
         if attachments.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Prepared::default());
         }
         let dir = workspace.join("attachments");
         workspace::make_private_dir(&dir)?;
+        let (taken, left) = attachments.split_at(attachments.len().min(MAX_ATTACHMENTS));
         let mut files = Vec::new();
-        let mut taken = HashSet::new();
-        for attachment in attachments {
-            let bytes = self
-                .inner
-                .outbox
-                .download(attachment, MAX_ATTACHMENT)
-                .await
-                .map_err(|e| {
-                    RunError::Prepare(format!(
-                        "could not download the attachment {:?}: {e}",
-                        attachment.name
-                    ))
-                })?;
-            let name =
-                workspace::unique_name(&workspace::safe_file_name(&attachment.name), &mut taken);
-            std::fs::write(dir.join(&name), &bytes)?;
-            files.push(prompt::File {
-                path: format!("attachments/{name}"),
-                content_type: attachment.content_type.clone(),
-                size: bytes.len() as u64,
-            });
+        let mut names = HashSet::new();
+        // DOWNLOADS_AT_ONCE at a time, saved in the mail's order.
+        for chunk in taken.chunks(DOWNLOADS_AT_ONCE) {
+            let downloaded =
+                futures::future::join_all(chunk.iter().map(|a| self.download_one(a))).await;
+            for (attachment, bytes) in chunk.iter().zip(downloaded) {
+                let bytes = bytes?;
+                let name = workspace::unique_name(
+                    &workspace::safe_file_name(&attachment.name),
+                    &mut names,
+                );
+                std::fs::write(dir.join(&name), &bytes)?;
+                files.push(prompt::File {
+                    path: format!("attachments/{name}"),
+                    content_type: attachment.content_type.clone(),
+                    size: bytes.len() as u64,
+                });
+            }
         }
-        Ok(files)
+        let left_out = left
+            .iter()
+            .map(|a| prompt::File {
+                path: a.name.clone(),
+                content_type: a.content_type.clone(),
+                size: a.size,
+            })
+            .collect();
+        Ok(Prepared { files, left_out })
+    }
+
+    async fn download_one(&self, attachment: &Attachment) -> Result<Vec<u8>, RunError> {
+        self.inner
+            .outbox
+            .download(attachment, MAX_ATTACHMENT)
+            .await
+            .map_err(|e| {
+                RunError::Prepare(format!(
+                    "could not download the attachment {:?}: {e}",
+                    attachment.name
+                ))
+            })
     }
 
     /// Queues the agent's question to the dispatcher as `task.help_needed` and keeps its

@@ -191,8 +191,9 @@ enum Place {
         session: Option<tokio::sync::OwnedMutexGuard<()>>,
         ticket: slots::Ticket,
     },
-    /// Behind a running task of its conversation; it joins the slot queue after.
-    AfterSession(Arc<tokio::sync::Mutex<()>>),
+    /// It joins the slot queue later: after its attachments are downloaded, and behind a
+    /// running task of its conversation (the lock, if any).
+    Later(Option<Arc<tokio::sync::Mutex<()>>>),
 }
 
 /// A task's arrival, for first-come order among equal priorities: its journal row.
@@ -920,23 +921,29 @@ impl<O: Outbox> Dispatcher<O> {
             .expect("running lock")
             .insert(task_key(&task.env.from, &task.env.task_id), cancel.clone());
         // The task's place in the slot queue is taken now, in delivery order, unless it must
-        // first wait for an earlier task of its conversation.
+        // first wait for an earlier task of its conversation or download its attachments.
         let session_lock = task.dispatch.session_key.as_ref().map(|key| {
             let scope = session_scope(&task.env.from, key);
             let mut locks = self.inner.session_locks.lock().expect("session locks");
             locks.retain(|_, lock| Arc::strong_count(lock) > 1);
             locks.entry(scope).or_default().clone()
         });
-        let place = match session_lock.map(|lock| lock.clone().try_lock_owned().map_err(|_| lock)) {
-            Some(Err(lock)) => Place::AfterSession(lock),
-            session => Place::Queued {
-                session: session.map(|s| s.expect("the Err case is above")),
-                ticket: self.inner.settings.slots.enqueue(
-                    &self.spec().name,
-                    task.dispatch.priority,
-                    arrival(&task),
-                ),
-            },
+        // A task with attachments joins after downloading them, so it never holds a slot
+        // while it waits for them.
+        let place = if !task.extras.attachments.is_empty() {
+            Place::Later(session_lock)
+        } else {
+            match session_lock.map(|lock| lock.clone().try_lock_owned().map_err(|_| lock)) {
+                Some(Err(lock)) => Place::Later(Some(lock)),
+                session => Place::Queued {
+                    session: session.map(|s| s.expect("the Err case is above")),
+                    ticket: self.inner.settings.slots.enqueue(
+                        &self.spec().name,
+                        task.dispatch.priority,
+                        arrival(&task),
+                    ),
+                },
+            }
         };
         let this = self.clone();
         self.inner

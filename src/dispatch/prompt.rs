@@ -26,6 +26,8 @@ pub struct PromptExtras {
     /// The email was cut at the fetch limit.
     pub truncated: bool,
     pub files: Vec<File>,
+    /// Attachments not taken (past the number a task takes): named, not saved.
+    pub left_out: Vec<File>,
     /// The parent task's thread, oldest first.
     pub history: Vec<Earlier>,
     /// A marker made at random for this task ([`boundary`]): the lines that open and close
@@ -118,6 +120,24 @@ pub fn build(
                 one_line(&f.content_type),
                 f.size
             ));
+        }
+        p.push('\n');
+    }
+    if !extras.left_out.is_empty() {
+        p.push_str(&format!(
+            "The email had {} more attachments than a task takes; they were left out (not saved):\n",
+            extras.left_out.len()
+        ));
+        for f in extras.left_out.iter().take(20) {
+            p.push_str(&format!(
+                "- {} ({}, {} bytes)\n",
+                one_line(&f.path),
+                one_line(&f.content_type),
+                f.size
+            ));
+        }
+        if extras.left_out.len() > 20 {
+            p.push_str(&format!("- and {} more\n", extras.left_out.len() - 20));
         }
         p.push('\n');
     }
