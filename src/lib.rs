@@ -28,7 +28,8 @@
 //!   `deliver` callback before the cursor moves; an Inbox scan when the server lost the state;
 //!   push over WebSocket or EventSource), Inbox and address filtering, attachments, SMTP
 //!   submission with Sent copies, the helper API (streams, registration, thread, directory),
-//!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote), plain
+//!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote, its
+//!   `Received:` fields read by their grammar in `mailbox::received`, failing closed), plain
 //!   replies, and the link state a status command reads. Other mailbox systems are back-ends
 //!   beside it with the same inbound model: `mailbox::asmtp` (an ASMTP operator: push,
 //!   keyset catch-up, reply envelopes with client ids) and `mailbox::amp` (an AMP broker,

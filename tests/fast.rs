@@ -775,13 +775,27 @@ async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out
     // While its downloads wait, the next task has the agent's only slot.
     let light = rig.dispatch(BOSS, "Light", "quick one");
     rig.dispatcher.deliver(as_delivered(&light, 1)).unwrap();
-    assert_eq!(rig.outbox.result(light.task_id()).await.status, Status::Completed);
-    assert!(downloads.done.load(Ordering::SeqCst) == 0, "the heavy task is still downloading");
+    assert_eq!(
+        rig.outbox.result(light.task_id()).await.status,
+        Status::Completed
+    );
+    assert!(
+        downloads.done.load(Ordering::SeqCst) == 0,
+        "the heavy task is still downloading"
+    );
     downloads.open.send_replace(true);
     let result = rig.outbox.result(heavy.task_id()).await;
     assert_eq!(result.status, Status::Completed);
-    assert!(result.output.contains("2968 more attachments"), "{}", result.output);
-    assert!(result.output.contains("attachments/note-31.txt"), "{}", result.output);
+    assert!(
+        result.output.contains("2968 more attachments"),
+        "{}",
+        result.output
+    );
+    assert!(
+        result.output.contains("attachments/note-31.txt"),
+        "{}",
+        result.output
+    );
     assert!(!result.output.contains("attachments/note-32.txt"));
     assert_eq!(downloads.done.load(Ordering::SeqCst), 32);
     assert!(downloads.most_at_once.load(Ordering::SeqCst) <= 4);
