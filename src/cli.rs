@@ -539,7 +539,7 @@ async fn agents(config_path: &std::path::Path, json: bool, probe: bool) -> anyho
     }
     let configured = config
         .as_ref()
-        .map(|c| c.agent_profiles())
+        .map(crate::runner::scan::agent_profiles)
         .unwrap_or_default();
     let bin_dirs = scan::bin_dirs().await;
     let mut found = scan::scan(&profiles, &configured, &bin_dirs).await;

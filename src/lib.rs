@@ -11,8 +11,8 @@
 //!     mail server (JMAP + push in, SMTP out)      AAMP service (helper API: streams, ...)
 //!                 │                     ▲                      ▲
 //!                 ▼                     │                      │
-//!   mailbox::intake ── Inbound ──┐      │  mailbox::Sender (implements dispatch::Outbox:
-//!     (a page at a time; the     │      │  rendered mail out, attachments, streams, thread)
+//!   mailbox::intake ── Inbound ──┐      │  daemon::Outlet (dispatch::Outbox over the agent's
+//!     (a page at a time; the     │      │  back-end: rendered mail out, attachments, streams)
 //!      cursor saved after)       ▼      │
 //!   dispatch ── record in the journal → admit → lifecycle → record the answer → outbox
 //!                                │ ▲ stream events, questions (help_needed)
@@ -20,9 +20,21 @@
 //!   runner ── agent in its own process group: ACP session or CLI profile → answer or RunError
 //! ```
 //!
+//! Imports run against the data's way, bottom up, and `tests/layers.rs` checks them on every
+//! test run: each module below names only modules listed before it (`mailbox` and `runner`
+//! never name each other, `dispatch` never names `mailbox`; the shells on top name anything),
+//! and no two files of one module name each other.
+//!
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates,
-//!   RFC 5322 rendering/reading (with attachments), timestamps. Shared vocabulary of `mailbox`
-//!   and `dispatch`.
+//!   RFC 5322 rendering/reading (with attachments), timestamps. It names no other module.
+//! - [`config`]: the config file (read, and written back by `config::render`) and the value
+//!   types it owns, among them the sender policy (`config::policy`: rules, globs, the text
+//!   form, what a refused sender hears, how a cancel is answered).
+//! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`,
+//!   `Mail`, `Reply`, `Attachment`, and `SenderCheck`, what the back-end found about the
+//!   sender). Below both `mailbox` and `dispatch`.
+//! - [`error`], [`events`], [`fsio`], [`backoff`]: error classes, JSON-lines events, atomic
+//!   files and the state lock, the one retry schedule.
 //! - [`mailbox`]: the only code that knows mail and the AAMP service: the intake
 //!   (`mailbox::intake`: `Email/changes` from a persisted cursor, a page at a time, handed to a
 //!   `deliver` callback before the cursor moves; an Inbox scan when the server lost the state;
@@ -33,18 +45,22 @@
 //!   replies, and the link state a status command reads. Other mailbox systems are back-ends
 //!   beside it with the same inbound model: `mailbox::asmtp` (an ASMTP operator: push,
 //!   keyset catch-up, reply envelopes with client ids) and `mailbox::amp` (an AMP broker,
-//!   polled; answers as replies in the thread). It never imports `dispatch`.
+//!   polled; answers as replies in the thread); both mark the bridge's answers in their own
+//!   metadata so an answer never starts a task. It never names `dispatch` or `runner`.
+//! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
+//!   (`runner::profile`, which owns the permission policy both kinds apply) and their stream
+//!   formats (`runner::stream`), templates, process groups and tagged leftovers
+//!   (`runner::process`), the agent scan (`runner::scan`). It names only the bottom modules.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
 //!   what was received, decided, run and answered, and the outbox of mail to send), sender
-//!   policy (globs, context rules, pairing), limits and loop guards, de-duplication, expiry,
-//!   a slot scheduler by priority, one task at a time per Session-Key, the lifecycle,
-//!   recovery at start, cancel, questions to the dispatcher, the prompt, and what a result
-//!   carries (`dispatch::results`: fields and files from the workspace only). Pure where it
-//!   can be ([`dispatch::admit`], [`dispatch::policy`], [`dispatch::results::extract`]);
-//!   answers leave as rendered bytes through [`dispatch::Outbox`].
-//! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
-//!   and their stream formats (`runner::stream`), templates, process groups and tagged
-//!   leftovers (`runner::process`), the agent scan.
+//!   policy applied (from `config::policy`, plus rules kept in the journal and pairing), limits
+//!   and loop guards, de-duplication, expiry, a slot scheduler by priority and arrival, one
+//!   task at a time per conversation (a sender's Session-Key), the lifecycle, recovery at
+//!   start, cancel, questions to the dispatcher, the prompt, and what a result carries
+//!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
+//!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
+//!   as rendered bytes through [`dispatch::Outbox`]. It names `runner` and `inbound`, never
+//!   `mailbox`.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
 //!   a dispatcher and its outbox worker (`daemon::Outlet`: the agent's back-end as the one
 //!   `Outbox` dispatch sees); the stop (drain), abort and reload signals; the
@@ -53,9 +69,6 @@
 //!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,
 //!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd
 //!   agent; logging).
-//! - [`config`], [`error`], [`events`], [`fsio`], [`backoff`]: the config file (read, and
-//!   written back by `config::render`), error classes,
-//!   JSON-lines events, atomic files and the state lock, the one retry schedule.
 
 pub mod backoff;
 pub mod cli;
@@ -65,6 +78,7 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod fsio;
+pub mod inbound;
 pub mod mailbox;
 pub mod protocol;
 pub mod runner;

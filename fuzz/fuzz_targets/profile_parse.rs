@@ -2,7 +2,7 @@
 //! an error or a value, never a panic.
 #![no_main]
 
-use aamp_bridge::dispatch::policy::parse_text;
+use aamp_bridge::config::policy::parse_text;
 use aamp_bridge::runner::Profile;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 mod render;
 pub use render::render;
 
+pub mod policy;
+
 /// A config problem, said as `file: key: problem` followed by the fix.
 #[derive(Debug, thiserror::Error)]
 pub struct ConfigError {
@@ -318,7 +320,7 @@ pub struct AgentConfig {
     pub max_queued_tasks: usize,
     /// Allow rules with dispatch-context conditions (`[[agents.senders]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub senders: Vec<crate::dispatch::policy::Rule>,
+    pub senders: Vec<policy::Rule>,
     /// Allow rules in the reference bridges' text form (`allow_from: ...` and
     /// `context_equals: key=value` lines).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -328,7 +330,7 @@ pub struct AgentConfig {
     pub deny_from: Vec<String>,
     /// What a sender the policy refuses hears: `reject` (a rejected result) or `ignore`.
     #[serde(default)]
-    pub unknown_senders: crate::dispatch::UnknownSenders,
+    pub unknown_senders: policy::UnknownSenders,
     /// Rejections sent to refused senders per hour at most (the rest get nothing), so the
     /// bridge cannot be used to send mail to addresses of someone else's choosing.
     #[serde(default = "default_refusals")]
@@ -348,7 +350,7 @@ pub struct AgentConfig {
     pub max_hops: u32,
     /// How a cancelled task is answered: `result` (rejected, "cancelled") or `silent`.
     #[serde(default)]
-    pub cancel_reply: crate::dispatch::CancelReply,
+    pub cancel_reply: policy::CancelReply,
 }
 
 /// A mailbox with its password resolved.
@@ -438,13 +440,13 @@ pub struct LoadedConfig {
 impl AgentConfig {
     /// The agent's sender policy from the config (rules added with `aamp-bridge policy` or by
     /// pairing live in the journal and are added by the dispatcher).
-    pub fn sender_policy(&self) -> crate::dispatch::SenderPolicy {
+    pub fn sender_policy(&self) -> policy::SenderPolicy {
         let text_rules = self
             .sender_policy
             .as_deref()
-            .and_then(|t| crate::dispatch::policy::parse_text(t).ok())
+            .and_then(|t| policy::parse_text(t).ok())
             .unwrap_or_default();
-        crate::dispatch::SenderPolicy::new(&self.allow_from)
+        policy::SenderPolicy::new(&self.allow_from)
             .with_rules(self.senders.iter().cloned().chain(text_rules))
             .with_denied(self.deny_from.iter().cloned())
     }
@@ -583,7 +585,7 @@ impl LoadedConfig {
                 }
             }
             if let Some(text) = &agent.sender_policy {
-                if let Err(e) = crate::dispatch::policy::parse_text(text) {
+                if let Err(e) = policy::parse_text(text) {
                     return Err(self.error(
                         format!("{key}.sender_policy"),
                         e,
@@ -1121,22 +1123,6 @@ impl LoadedConfig {
         } else {
             profile.to_string()
         }
-    }
-
-    /// Each agent with the name of the profile it runs (its `profile` value when that does
-    /// not load).
-    pub fn agent_profiles(&self) -> Vec<(String, String)> {
-        let dirs = self.profile_dirs();
-        self.config
-            .agents
-            .iter()
-            .map(|a| {
-                let name = crate::runner::Profile::find(&self.profile_ref(&a.profile), &dirs)
-                    .map(|p| p.name)
-                    .unwrap_or_else(|_| a.profile.clone());
-                (a.name.clone(), name)
-            })
-            .collect()
     }
 
     /// The folders searched for profiles, most specific first.

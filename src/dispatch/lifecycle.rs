@@ -17,7 +17,7 @@ use super::{
     arrival, conversation_key, prompt, results, session_scope, task_key, workspace, CancelReply,
     Dispatcher, Outbox, Place, Task, OWNER_VAR, RUN_VAR,
 };
-use crate::mailbox::Attachment;
+use crate::inbound::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, RunError, SpawnHook, TaskInput};
 

@@ -10,7 +10,6 @@ pub mod admission;
 pub mod journal;
 mod lifecycle;
 mod outbox;
-pub mod policy;
 pub mod prompt;
 pub mod questions;
 pub mod results;
@@ -29,15 +28,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+pub use crate::config::policy::{self, CancelReply, SenderPolicy, UnknownSenders};
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
-use crate::mailbox::auth::SenderCheck;
-use crate::mailbox::{Attachment, Inbound, Mail, Reply};
+use crate::inbound::SenderCheck;
+use crate::inbound::{Attachment, Inbound, Mail, Reply};
 use crate::protocol::{AampMessage, Body, Dispatch, Envelope, RenderedMail, Status, TaskResult};
 use crate::runner::Profile;
 pub use admission::{admit, Admission};
 pub use journal::{Journal, JournalError, Outgoing, TaskState};
-pub use policy::SenderPolicy;
 pub use questions::choose;
 use questions::PendingQuestion;
 
@@ -124,28 +123,6 @@ pub struct AgentSpec {
     pub refusals_per_hour: u32,
     /// A dispatch passed on by agents this many times is not run (a loop between agents).
     pub max_hops: u32,
-}
-
-/// What a sender the policy refuses hears back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UnknownSenders {
-    /// A `rejected` result saying why (at most `max_refusals_per_hour` of them).
-    #[default]
-    Reject,
-    /// Nothing at all.
-    Ignore,
-}
-
-/// How a task cancelled by its dispatcher is answered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CancelReply {
-    /// `task.result` rejected with `X-AAMP-ErrorMsg: cancelled`.
-    #[default]
-    Result,
-    /// No answer.
-    Silent,
 }
 
 /// How the dispatcher lives with the rest of the bridge.

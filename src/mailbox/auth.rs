@@ -24,22 +24,7 @@
 use super::received::{self, Received};
 use crate::config::SenderAuth;
 
-/// What the headers say about the sender.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SenderCheck {
-    /// There is evidence the From address is genuine; how.
-    Verified(String),
-    /// The mailbox believes From as it is (`sender_auth = "none"`).
-    Trusted,
-    /// No evidence: why.
-    Unverified(String),
-}
-
-impl SenderCheck {
-    pub fn is_believed(&self) -> bool {
-        !matches!(self, SenderCheck::Unverified(_))
-    }
-}
+pub use crate::inbound::SenderCheck;
 
 /// Checks `from` against the header fields `headers` (name, raw value), under `mode`.
 pub fn check_sender(

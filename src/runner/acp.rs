@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::process::GroupChild;
+use super::profile::PermissionPolicy;
 use super::stream::{StreamEvent, TodoItem, ToolStatus};
 use super::{
     clean, profile, read_tail, vars_for, Profile, RunError, RunOutput, TaskInput, GRACE,
@@ -42,22 +43,6 @@ use super::{
 const MAX_LINE: usize = 8 << 20;
 /// Largest file an agent may read through `fs/read_text_file`.
 const MAX_READ: u64 = 16 << 20;
-
-/// How an agent's permission requests are answered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PermissionPolicy {
-    /// Allow everything (once).
-    Allow,
-    /// Allow tools that only read (read, search, think); reject the rest.
-    #[default]
-    ReadOnly,
-    /// Reject everything.
-    Deny,
-    /// Ask the dispatcher by mail (`task.help_needed`, the options as suggested options) and
-    /// use the option they answer with; reject when no answer comes within `ask_timeout_secs`.
-    Ask,
-}
 
 /// What the session driver found, returned from inside the connection.
 enum Driven {

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::acp::PermissionPolicy;
 use super::stream::StreamFormat;
 use super::template::{self, Template};
 
@@ -195,6 +194,22 @@ impl Default for OutputOptions {
             max_bytes: 1 << 20,
         }
     }
+}
+
+/// How an agent's permission requests are answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionPolicy {
+    /// Allow everything (once).
+    Allow,
+    /// Allow tools that only read (read, search, think); reject the rest.
+    #[default]
+    ReadOnly,
+    /// Reject everything.
+    Deny,
+    /// Ask the dispatcher by mail (`task.help_needed`, the options as suggested options) and
+    /// use the option they answer with; reject when no answer comes within `ask_timeout_secs`.
+    Ask,
 }
 
 /// A validated profile, its templates parsed.

@@ -237,3 +237,20 @@ pub fn login_state(command: &str) -> Option<String> {
         )),
     }
 }
+
+/// Each agent of `config` with the name of the profile it runs (its `profile` value when
+/// that does not load).
+pub fn agent_profiles(config: &crate::config::LoadedConfig) -> Vec<(String, String)> {
+    let dirs = config.profile_dirs();
+    config
+        .config
+        .agents
+        .iter()
+        .map(|a| {
+            let name = Profile::find(&config.profile_ref(&a.profile), &dirs)
+                .map(|p| p.name)
+                .unwrap_or_else(|_| a.profile.clone());
+            (a.name.clone(), name)
+        })
+        .collect()
+}

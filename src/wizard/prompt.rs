@@ -312,7 +312,9 @@ async fn scan(previous: Option<&LoadedConfig>) -> Vec<crate::runner::scan::Detec
         None => vec![crate::config::default_config_dir().join("profiles")],
     };
     let (profiles, _) = Profile::all(&dirs);
-    let configured = previous.map(|c| c.agent_profiles()).unwrap_or_default();
+    let configured = previous
+        .map(crate::runner::scan::agent_profiles)
+        .unwrap_or_default();
     scan::scan(&profiles, &configured, &scan::bin_dirs().await).await
 }
 

@@ -9,6 +9,28 @@
 
 use std::collections::BTreeMap;
 
+/// What a sender the policy refuses hears back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownSenders {
+    /// A `rejected` result saying why (at most `max_refusals_per_hour` of them).
+    #[default]
+    Reject,
+    /// Nothing at all.
+    Ignore,
+}
+
+/// How a task cancelled by its dispatcher is answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelReply {
+    /// `task.result` rejected with `X-AAMP-ErrorMsg: cancelled`.
+    #[default]
+    Result,
+    /// No answer.
+    Silent,
+}
+
 /// One allow rule.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
