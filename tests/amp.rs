@@ -386,3 +386,37 @@ async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
     );
     no_invalid_requests(&broker);
 }
+
+/// Issue 19: AMP and ASMTP retried a refused key forever and never recorded it. Now the one
+/// intake rule holds for every back-end: the refusal is logged once, the link says
+/// `auth_failed` (what `status` shows), and it is retried every 5 minutes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_key_is_recorded_and_shown_by_status() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let dir = config(&broker, &coder, "nobody@x", "echo");
+    dir.write("amp.key", "amk_revoked");
+    let bridge = Bridge::start(&dir, 0);
+    support::wait_until("the refusal is logged", || {
+        bridge
+            .log()
+            .contains("the AMP broker refused the credentials")
+    });
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "status",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains("auth_failed"), "{status}");
+    assert_eq!(
+        bridge.log().matches("refused the credentials").count(),
+        1,
+        "said once, not at every retry"
+    );
+    assert!(bridge.stop().success());
+}

@@ -18,9 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::DeliverError;
+use super::intake::{DeliverError, Health, IntakeError};
 use super::{Inbound, Mail, MailboxError};
-use crate::backoff::Backoff;
 use crate::config::AmpAccount;
 use crate::events::Events;
 use crate::protocol::{self, AampMessage, Body, RenderedMail};
@@ -240,7 +239,12 @@ pub async fn run_intake(
     poll_interval: Duration,
     stop: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut health = Health::new(
+        &link,
+        "the AMP broker",
+        client.address().to_string(),
+        "api_key_file (and agent_id)",
+    );
     let mut ready = false;
     loop {
         let polled = tokio::select! {
@@ -256,11 +260,7 @@ pub async fn run_intake(
                         json!({"agent": name, "email": client.address()}),
                     );
                 }
-                if backoff.failures() > 0 {
-                    tracing::info!("the AMP broker is reachable again");
-                }
-                backoff.reset();
-                link.mailbox(super::link::Reach::Connected, None);
+                health.ok();
                 link.push("polling");
                 if taken > 0 {
                     // More may have come while these were taken.
@@ -269,12 +269,7 @@ pub async fn run_intake(
                     poll_interval
                 }
             }
-            Err(e) => {
-                let delay = backoff.next_delay();
-                link.mailbox(super::link::Reach::Unreachable, Some(e.to_string()));
-                tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "the AMP broker cannot be read");
-                delay
-            }
+            Err(e) => health.failed(&e),
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -286,7 +281,7 @@ pub async fn run_intake(
 async fn poll_once(
     client: &AmpClient,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
-) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<usize, IntakeError> {
     let unread = client.unread().await?;
     let mut taken = 0;
     for m in unread {
@@ -294,7 +289,9 @@ async fn poll_once(
             continue;
         }
         match to_inbound(&m) {
-            Some(inbound) => deliver(Mail::Aamp(Box::new(inbound)))?,
+            Some(inbound) => {
+                deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
+            }
             None => {
                 tracing::warn!(id = %m.id, "an AMP message that cannot be read as a task; skipped")
             }

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::intake::DeliverError;
+use super::intake::{DeliverError, Health, IntakeError};
 use super::{Inbound, Mail, MailboxError};
 use crate::backoff::Backoff;
 use crate::config::AsmtpAccount;
@@ -327,7 +327,12 @@ pub async fn run_intake(
         }
     };
     let reading = async {
-        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        let mut health = Health::new(
+            &link,
+            "the ASMTP operator",
+            client.handle().to_string(),
+            "token_file",
+        );
         let mut ready = false;
         loop {
             let caught = tokio::select! {
@@ -343,8 +348,7 @@ pub async fn run_intake(
                             json!({"agent": name, "email": client.handle()}),
                         );
                     }
-                    backoff.reset();
-                    link.mailbox(super::link::Reach::Connected, None);
+                    health.ok();
                     if push_up.load(std::sync::atomic::Ordering::SeqCst) {
                         // A safety catch-up now and then even with push up.
                         Duration::from_secs(60)
@@ -352,12 +356,7 @@ pub async fn run_intake(
                         poll_interval
                     }
                 }
-                Err(e) => {
-                    let delay = backoff.next_delay();
-                    link.mailbox(super::link::Reach::Unreachable, Some(e.to_string()));
-                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "the ASMTP operator cannot be read");
-                    delay
-                }
+                Err(e) => health.failed(&e),
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -375,7 +374,7 @@ async fn catch_up(
     client: &AsmtpClient,
     watermark: &WatermarkFile,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), IntakeError> {
     let mut mark = match watermark.load()? {
         Some(w) => Some(w),
         None => {
@@ -401,7 +400,9 @@ async fn catch_up(
         for header in &headers {
             match bodies.iter().find(|b| b.id == header.id) {
                 Some(envelope) => match to_inbound(envelope, client.handle()) {
-                    Some(inbound) => deliver(Mail::Aamp(Box::new(inbound)))?,
+                    Some(inbound) => {
+                        deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
+                    }
                     None => {
                         tracing::warn!(id = %header.id, "an ASMTP envelope that cannot be read as a task; skipped")
                     }

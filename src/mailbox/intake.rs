@@ -27,14 +27,84 @@ const PAGE: usize = 50;
 /// moving the cursor past it.
 pub type DeliverError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why one read of a mailbox (any back-end) did not go through, classed for [`Health`].
 #[derive(Debug, thiserror::Error)]
-enum IntakeError {
+pub enum IntakeError {
     #[error(transparent)]
     Mailbox(#[from] MailboxError),
     #[error("cannot read or write the cursor file: {0}")]
     Cursor(#[from] std::io::Error),
     #[error("a mail could not be taken: {0}")]
     Deliver(DeliverError),
+}
+
+/// How one mailbox's reading is going, for every back-end alike: what its link shows
+/// (`status`, `doctor`), what the log says (a refused key once, not at every retry), and how
+/// long to wait before the next read: refused credentials every 5 minutes, a permanent error
+/// every minute, anything else with backoff.
+pub struct Health<'a> {
+    link: &'a Link,
+    /// "the mail server", "the AMP broker", ...
+    server: &'static str,
+    /// The account, and the config key to fix when its credentials are refused.
+    account: String,
+    fix: &'static str,
+    backoff: Backoff,
+    auth_reported: bool,
+}
+
+impl<'a> Health<'a> {
+    pub fn new(link: &'a Link, server: &'static str, account: String, fix: &'static str) -> Self {
+        Health {
+            link,
+            server,
+            account,
+            fix,
+            backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(60)),
+            auth_reported: false,
+        }
+    }
+
+    /// A read went through.
+    pub fn ok(&mut self) {
+        if self.backoff.failures() > 0 || self.auth_reported {
+            tracing::info!("{} is reachable again", self.server);
+        }
+        self.backoff.reset();
+        self.auth_reported = false;
+        self.link.mailbox(Reach::Connected, None);
+    }
+
+    /// A read failed: recorded, and the wait before the next one returned.
+    pub fn failed(&mut self, e: &(impl Classify + std::fmt::Display)) -> Duration {
+        let auth = e.class() == ErrorClass::Auth;
+        self.link.mailbox(
+            if auth {
+                Reach::AuthFailed
+            } else {
+                Reach::Unreachable
+            },
+            Some(e.to_string()),
+        );
+        match e.class() {
+            ErrorClass::Auth => {
+                if !self.auth_reported {
+                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes", self.server, self.account, self.fix);
+                    self.auth_reported = true;
+                }
+                Duration::from_secs(300)
+            }
+            ErrorClass::Permanent => {
+                tracing::error!(error = %e, "{} cannot be read; retrying in 60s", self.server);
+                Duration::from_secs(60)
+            }
+            _ => {
+                let delay = self.backoff.next_delay();
+                tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "{} cannot be read", self.server);
+                delay
+            }
+        }
+    }
 }
 
 impl Classify for IntakeError {
@@ -66,8 +136,12 @@ pub async fn run(
     let polling = async {
         let mut state: Option<Position> = None;
         let mut ready = false;
-        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
-        let mut auth_reported = false;
+        let mut health = Health::new(
+            &link,
+            "the mail server",
+            mailbox.email().to_string(),
+            "the password (password_file)",
+        );
         loop {
             let poll = tokio::select! {
                 result = poll_once(&name, events, &mut mailbox, &cursor, &mut state, &mut deliver) => result,
@@ -82,12 +156,7 @@ pub async fn run(
                             json!({"agent": name, "email": mailbox.email()}),
                         );
                     }
-                    if backoff.failures() > 0 {
-                        tracing::info!("mailbox reachable again");
-                    }
-                    backoff.reset();
-                    auth_reported = false;
-                    link.mailbox(Reach::Connected, None);
+                    health.ok();
                     if use_push {
                         let target = mailbox.push_target();
                         target_tx.send_if_modified(|current| {
@@ -107,30 +176,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     mailbox.disconnect();
-                    let reach = if e.class() == ErrorClass::Auth {
-                        Reach::AuthFailed
-                    } else {
-                        Reach::Unreachable
-                    };
-                    link.mailbox(reach, Some(e.to_string()));
-                    match e.class() {
-                        ErrorClass::Auth => {
-                            if !auth_reported {
-                                tracing::error!(error = %e, "the mail server refused the credentials of {}; fix the password in the config; retrying every 5 minutes", mailbox.email());
-                                auth_reported = true;
-                            }
-                            Duration::from_secs(300)
-                        }
-                        ErrorClass::Permanent => {
-                            tracing::error!(error = %e, "mailbox error; retrying in 60s");
-                            Duration::from_secs(60)
-                        }
-                        _ => {
-                            let delay = backoff.next_delay();
-                            tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "mailbox unreachable");
-                            delay
-                        }
-                    }
+                    health.failed(&e)
                 }
             };
             tokio::select! {
