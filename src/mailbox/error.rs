@@ -32,6 +32,14 @@ pub enum MailboxError {
     Push { detail: String, class: ErrorClass },
 }
 
+impl MailboxError {
+    /// Maps a failure to reach `url` (for `map_err`).
+    pub fn network(url: impl Into<String>) -> impl FnOnce(reqwest::Error) -> MailboxError {
+        let url = url.into();
+        move |source| MailboxError::Network { url, source }
+    }
+}
+
 impl Classify for MailboxError {
     fn class(&self) -> ErrorClass {
         match self {

@@ -82,10 +82,7 @@ impl HelperApi {
             .header("Accept", "text/event-stream")
             .send()
             .await
-            .map_err(|source| MailboxError::Network {
-                url: url.clone(),
-                source,
-            })?;
+            .map_err(MailboxError::network(url.clone()))?;
         if !response.status().is_success() {
             return Err(MailboxError::Http {
                 url,
@@ -93,40 +90,23 @@ impl HelperApi {
                 body: String::new(),
             });
         }
-        let mut pending: Vec<u8> = Vec::new();
-        let mut data = String::new();
+        let mut reader = crate::protocol::sse::SseReader::new(MAX_FRAME);
         loop {
             let chunk = response
                 .chunk()
                 .await
-                .map_err(|source| MailboxError::Network {
-                    url: url.clone(),
-                    source,
-                })?;
-            let Some(chunk) = chunk else {
-                return Ok(());
+                .map_err(MailboxError::network(url.clone()))?;
+            let events = match &chunk {
+                Some(chunk) => reader.feed(chunk),
+                None => reader.finish().into_iter().collect(),
             };
-            pending.extend_from_slice(&chunk);
-            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=end).collect();
-                let line = String::from_utf8_lossy(&line);
-                let line = line.trim_end_matches(['\r', '\n']);
-                if line.is_empty() {
-                    if let Ok(event) = serde_json::from_str::<Value>(&data) {
-                        each(event);
-                    }
-                    data.clear();
-                } else if let Some(rest) = line.strip_prefix("data:") {
-                    if data.len() + rest.len() <= MAX_FRAME {
-                        if !data.is_empty() {
-                            data.push('\n');
-                        }
-                        data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
-                    }
+            for event in events {
+                if let Ok(value) = serde_json::from_str::<Value>(&event.data) {
+                    each(value);
                 }
             }
-            if pending.len() > MAX_FRAME {
-                pending.clear();
+            if chunk.is_none() {
+                return Ok(());
             }
         }
     }
@@ -178,10 +158,7 @@ impl HelperApi {
             .basic_auth(&self.login, Some(&self.password))
             .send()
             .await
-            .map_err(|source| MailboxError::Network {
-                url: url.to_string(),
-                source,
-            })?;
+            .map_err(MailboxError::network(url.to_string()))?;
         if response.status().as_u16() == 404 {
             return Ok(None);
         }

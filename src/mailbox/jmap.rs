@@ -135,10 +135,7 @@ impl JmapClient {
             .basic_auth(&self.login, Some(&self.password))
             .send()
             .await
-            .map_err(|source| MailboxError::Network {
-                url: url.clone(),
-                source,
-            })?;
+            .map_err(MailboxError::network(url.clone()))?;
         let final_url = response.url().clone();
         let body = super::read_json(response, &url).await?;
         let api_url = body["apiUrl"]
@@ -327,10 +324,7 @@ impl JmapClient {
                 .basic_auth(&self.login, Some(&self.password))
                 .send()
                 .await
-                .map_err(|source| MailboxError::Network {
-                    url: url.to_string(),
-                    source,
-                })?;
+                .map_err(MailboxError::network(url.to_string()))?;
             let status = response.status().as_u16();
             if matches!(status, 404 | 429 | 503) && attempt < 6 {
                 tokio::time::sleep(backoff.next_delay()).await;
@@ -351,14 +345,10 @@ impl JmapClient {
             }
             let mut bytes = Vec::new();
             let mut response = response;
-            while let Some(chunk) =
-                response
-                    .chunk()
-                    .await
-                    .map_err(|source| MailboxError::Network {
-                        url: url.to_string(),
-                        source,
-                    })?
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(MailboxError::network(url.to_string()))?
             {
                 bytes.extend_from_slice(&chunk);
                 if bytes.len() as u64 > max {

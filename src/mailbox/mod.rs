@@ -721,10 +721,7 @@ pub async fn fetch_json(
     let response = request
         .send()
         .await
-        .map_err(|source| MailboxError::Network {
-            url: url.to_string(),
-            source,
-        })?;
+        .map_err(MailboxError::network(url.to_string()))?;
     read_json(response, url).await
 }
 

@@ -287,8 +287,8 @@ async fn run_event_source(
         ));
     }
     connected();
-    let mut pending = String::new();
-    let (mut event, mut data) = (String::new(), String::new());
+    // Bounded: a line this long is not an event we want.
+    let mut reader = crate::protocol::sse::SseReader::new(1 << 20);
     loop {
         let chunk = tokio::select! {
             c = tokio::time::timeout(SILENCE_LIMIT, response.chunk()) => match c {
@@ -299,29 +299,14 @@ async fn run_event_source(
             },
             _ = stop.cancelled() => return Ok(()),
         };
-        pending.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = pending.find('\n') {
-            let line: String = pending.drain(..=end).collect();
-            let line = line.trim_end_matches(['\r', '\n']);
-            if line.is_empty() {
-                if event == "state" {
-                    if let Ok(value) = serde_json::from_str::<Value>(&data) {
-                        on_state_change(&value, &target.account_id, push_state, changed);
-                    }
+        for event in reader.feed(&chunk) {
+            if event.event == "state" {
+                if let Ok(value) = serde_json::from_str::<Value>(&event.data) {
+                    on_state_change(&value, &target.account_id, push_state, changed);
                 }
-                event.clear();
-                data.clear();
-            } else if let Some(v) = line.strip_prefix("event:") {
-                event = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
             }
         }
-        // Bounded: an unterminated line this long is not an event we want.
-        if pending.len() > 1 << 20 {
+        if reader.overlong > 0 {
             return Err(push_error(
                 "an event source line is too long",
                 ErrorClass::Transient,

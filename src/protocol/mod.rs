@@ -6,6 +6,7 @@
 pub mod codec;
 pub mod message;
 pub mod rfc5322;
+pub mod sse;
 pub mod time;
 
 pub use message::{

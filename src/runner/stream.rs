@@ -133,11 +133,8 @@ pub struct StreamParser {
     pub end: StreamEnd,
     /// Claude: text already streamed as partial deltas for the current message.
     saw_partial: bool,
-    /// SSE framing state.
-    sse_event: Option<String>,
-    sse_data: Vec<String>,
-    /// Bytes in `sse_data`.
-    sse_held: usize,
+    /// SSE framing (one event's data held at most `max_text` bytes).
+    sse: crate::protocol::sse::SseReader,
     tool_names: std::collections::HashMap<String, String>,
 }
 
@@ -187,9 +184,7 @@ impl StreamParser {
             session_id: None,
             end: StreamEnd::default(),
             saw_partial: false,
-            sse_event: None,
-            sse_data: Vec::new(),
-            sse_held: 0,
+            sse: crate::protocol::sse::SseReader::new(max_text),
             tool_names: Default::default(),
         }
     }
@@ -283,42 +278,22 @@ impl StreamParser {
     }
 
     fn sse_line(&mut self, line: &str) -> Vec<StreamEvent> {
-        if line.is_empty() {
-            return self.sse_dispatch();
-        }
-        if line.starts_with(':') {
-            return Vec::new();
-        }
-        let (field, value) = line
-            .split_once(':')
-            .map(|(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)))
-            .unwrap_or((line, ""));
-        match field {
-            "event" => self.sse_event = Some(value.to_string()),
-            "data" => {
-                if self.sse_held + value.len() < self.max_text {
-                    self.sse_held += value.len() + 1;
-                    self.sse_data.push(value.to_string());
-                } else {
-                    self.text_cut = true;
-                }
-            }
-            _ => {}
-        }
-        Vec::new()
+        let event = self.sse.line(line);
+        self.sse_event(event)
     }
 
     fn sse_dispatch(&mut self) -> Vec<StreamEvent> {
-        if self.sse_data.is_empty() {
-            self.sse_event = None;
-            return Vec::new();
+        let event = self.sse.finish();
+        self.sse_event(event)
+    }
+
+    fn sse_event(&mut self, event: Option<crate::protocol::sse::SseEvent>) -> Vec<StreamEvent> {
+        if self.sse.cut {
+            self.text_cut = true;
         }
-        self.sse_held = 0;
-        let data = std::mem::take(&mut self.sse_data).join("\n");
-        let event = self
-            .sse_event
-            .take()
-            .unwrap_or_else(|| "message".to_string());
+        let Some(crate::protocol::sse::SseEvent { event, data }) = event else {
+            return Vec::new();
+        };
         let value = serde_json::from_str::<Value>(&data).unwrap_or(Value::String(data));
         let kind = if event == "message" {
             str_of(&value, &["type", "event", "kind", "sse_type"])
