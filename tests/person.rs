@@ -203,8 +203,31 @@ async fn doctor_names_each_problem_with_its_fix() {
     let pushless = host
         .mailbox_toml("pushless", &good)
         .replace(&host.jmap_url, &format!("{}/.well-known/jmap", no_push.url));
+    // An HTTPS server whose certificate nobody trusts (the mail host's self-signed one).
+    let tls_port = support::free_port();
+    let tls_dir = std::env::var("MAILHOST_DIR").unwrap_or_else(|_| "/tmp/aamp-mailhost".into());
+    let mut tls_server = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import http.server, ssl, sys\ns = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler)\nc = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\nc.load_cert_chain(sys.argv[2], sys.argv[3])\ns.socket = c.wrap_socket(s.socket, server_side=True)\ns.serve_forever()",
+            &tls_port.to_string(),
+            &format!("{tls_dir}/tls/cert.pem"),
+            &format!("{tls_dir}/tls/key.pem"),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    support::wait_until("the TLS server listens", || {
+        std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok()
+    });
+    let untrusted = unreachable
+        .replace("[mailboxes.unreachable]", "[mailboxes.untrusted]")
+        .replace(
+            &format!("http://127.0.0.1:{closed}/"),
+            &format!("https://127.0.0.1:{tls_port}/"),
+        );
     let text = format!(
-        "state_dir = \"state\"\n{}{wrong_box}{unreachable}{pushless}\n[[agents]]\nname = \"good\"\nmailbox = \"good\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"wrong\"\nmailbox = \"wrong\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"far\"\nmailbox = \"unreachable\"\nprofile = \"missing.toml\"\n\n[[agents]]\nname = \"pushless\"\nmailbox = \"pushless\"\nprofile = \"echo\"\n",
+        "state_dir = \"state\"\n{}{wrong_box}{unreachable}{untrusted}{pushless}\n[[agents]]\nname = \"good\"\nmailbox = \"good\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"wrong\"\nmailbox = \"wrong\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"far\"\nmailbox = \"unreachable\"\nprofile = \"missing.toml\"\n\n[[agents]]\nname = \"pushless\"\nmailbox = \"pushless\"\nprofile = \"echo\"\n\n[[agents]]\nname = \"doubted\"\nmailbox = \"untrusted\"\nprofile = \"echo\"\n",
         host.mailbox_toml_with("good", &good, "push = false\n")
     );
     dir.write("config.toml", &text);
@@ -227,6 +250,8 @@ async fn doctor_names_each_problem_with_its_fix() {
         Some(1),
         "a failed check fails the command"
     );
+    let _ = tls_server.kill();
+    let _ = tls_server.wait();
     let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let find = |name: &str| {
         checks
@@ -267,6 +292,13 @@ async fn doctor_names_each_problem_with_its_fix() {
         assert_eq!(c["status"], "fail", "{c}");
         assert!(c["fix"].as_str().unwrap().contains("runs"), "{c}");
     }
+    // Told by the error's cause, not by its words.
+    let tls = find("mailbox untrusted: JMAP");
+    assert_eq!(tls["status"], "fail", "{tls}");
+    assert!(
+        tls["fix"].as_str().unwrap().contains("insecure_tls"),
+        "{tls}"
+    );
     let agent = find("agent far");
     assert_eq!(agent["status"], "fail");
     assert!(

@@ -33,6 +33,33 @@ pub enum MailboxError {
 }
 
 impl MailboxError {
+    /// The server's TLS certificate was not trusted (so `insecure_tls` is the knob), read
+    /// from the error's causes, not its words.
+    pub fn certificate_refused(&self) -> bool {
+        fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+            if matches!(
+                e.downcast_ref::<rustls::Error>(),
+                Some(rustls::Error::InvalidCertificate(_))
+            ) {
+                return true;
+            }
+            // An io::Error hands on its inner error's source, not the inner error itself.
+            if let Some(inner) = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                if refused(inner) {
+                    return true;
+                }
+            }
+            e.source().is_some_and(refused)
+        }
+        match self {
+            MailboxError::Network { source, .. } => refused(source),
+            _ => false,
+        }
+    }
+
     /// Maps a failure to reach `url` (for `map_err`).
     pub fn network(url: impl Into<String>) -> impl FnOnce(reqwest::Error) -> MailboxError {
         let url = url.into();

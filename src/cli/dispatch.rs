@@ -1,0 +1,128 @@
+//! `aamp-bridge dispatch`: sends a task from one of the config's mailboxes and waits for its answer (with `--follow`, its live stream).
+
+use super::stream_printer::StreamPrinter;
+use super::*;
+
+pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i32> {
+    let account = config.account(&args.from)?;
+    let text = if args.text == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the task text from stdin")?;
+        s
+    } else {
+        args.text.clone()
+    };
+    let sender = Sender::new(&account)?;
+    let mut mailbox = Mailbox::new(account.clone())?;
+    mailbox
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the mailbox {}", account.email))?;
+    // Take the cursor before sending, so the answer cannot slip past it.
+    let mut state = crate::mailbox::Position::at(mailbox.current_state().await?);
+    let task_id = uuid::Uuid::new_v4().to_string();
+    let mut msg = AampMessage {
+        envelope: Envelope {
+            version: protocol::VERSION.into(),
+            task_id: task_id.clone(),
+            from: account.email.clone(),
+            to: vec![args.to.clone()],
+            message_id: String::new(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        },
+        body: Body::Dispatch(Dispatch {
+            title: args.title.clone(),
+            priority: Priority::Normal,
+            session_key: args.session_key.clone(),
+            // Run by an agent while it works on a task: one more hop than that task had.
+            hop_count: std::env::var(crate::dispatch::HOPS_VAR)
+                .ok()
+                .and_then(|h| h.trim().parse::<u32>().ok())
+                .map(|h| h.saturating_add(1)),
+            body_text: text,
+            ..Dispatch::default()
+        }),
+    };
+    msg.envelope.subject = msg.subject();
+    let message_id = sender.send(&msg).await.context("sending the dispatch")?;
+    eprintln!("sent task {task_id} to {} ({message_id})", args.to);
+    if args.no_wait {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"taskId": task_id, "messageId": message_id})
+            );
+        }
+        return Ok(0);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
+    // The stream follower, when there is one; aborted when the result is in.
+    let mut following = tokio::task::JoinSet::new();
+    let mut followed = false;
+    loop {
+        let (inbound, next) = mailbox.fetch_since(&state, 50).await?;
+        state = next;
+        for m in inbound
+            .into_iter()
+            .map(|i| i.message)
+            .filter(|m| m.task_id() == task_id)
+        {
+            match &m.body {
+                Body::StreamOpened { stream_id } if args.follow && !followed => {
+                    followed = true;
+                    match sender.helper().await {
+                        Ok(Some(helper)) => {
+                            let (stream_id, json) = (stream_id.clone(), args.json);
+                            following.spawn(async move {
+                                let mut printer = StreamPrinter::default();
+                                let done =
+                                    helper.follow(&stream_id, |e| printer.print(&e, json)).await;
+                                printer.end();
+                                if let Err(e) = done {
+                                    eprintln!("the live stream ended: {e}");
+                                }
+                            });
+                        }
+                        Ok(None) => {
+                            eprintln!("no live stream: the mailbox {} has no aamp_url", args.from)
+                        }
+                        Err(e) => eprintln!("no live stream: {e}"),
+                    }
+                }
+                Body::Ack => eprintln!("acknowledged by {}", m.envelope.from),
+                Body::HelpNeeded(h) => eprintln!("the agent needs help: {}", h.question),
+                Body::Result(r) => {
+                    // What the stream still has to say comes before the result.
+                    if followed {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), following.join_next())
+                            .await;
+                        following.abort_all();
+                    }
+                    if args.json && args.follow {
+                        println!("{}", serde_json::to_string(&m.to_json())?);
+                    } else if args.json {
+                        println!("{}", serde_json::to_string_pretty(&m.to_json())?);
+                    } else if r.status == Status::Completed {
+                        println!("{}", r.output);
+                    } else {
+                        eprintln!(
+                            "rejected: {}",
+                            r.error.as_deref().unwrap_or("no reason given")
+                        );
+                    }
+                    return Ok(if r.status == Status::Completed { 0 } else { 1 });
+                }
+                _ => {}
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no result for task {task_id} within {}s (it may still come; the agent's mailbox is {})", args.timeout, args.to);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,304 @@
+//! `aamp-bridge doctor`: checks the config, each mailbox (login, push, sender evidence, transport) and each agent, with what to do about each failure.
+
+use super::*;
+
+/// One line of `doctor`.
+#[derive(serde::Serialize)]
+pub(super) struct Check {
+    pub(super) check: String,
+    pub(super) status: &'static str,
+    pub(super) detail: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub(super) fix: String,
+}
+
+pub(super) fn check(
+    check: impl Into<String>,
+    status: &'static str,
+    detail: impl Into<String>,
+    fix: impl Into<String>,
+) -> Check {
+    Check {
+        check: check.into(),
+        status,
+        detail: detail.into(),
+        fix: fix.into(),
+    }
+}
+
+pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
+    use crate::error::{Classify, ErrorClass};
+    use crate::runner::{acp, profile::ProfileKind, scan, Profile};
+    use crate::wizard::Progress as _;
+    let spinner = crate::wizard::prompt::Spinner::new();
+    let mut checks = Vec::new();
+    let config = match LoadedConfig::load(config_path) {
+        Ok(c) => {
+            checks.push(check(
+                "config",
+                "ok",
+                format!("{} loads", c.path.display()),
+                "",
+            ));
+            Some(c)
+        }
+        Err(e) => {
+            checks.push(check("config", "fail", e.problem.clone(), e.fix.clone()));
+            None
+        }
+    };
+    if let Some(config) = &config {
+        match crate::fsio::StateLock::holder(&config.state_dir) {
+            Some(pid) => checks.push(check("bridge", "ok", format!("running (pid {pid})"), "")),
+            None => checks.push(check(
+                "bridge",
+                "warn",
+                "not running",
+                "aamp-bridge start, or install it as a service",
+            )),
+        }
+        let mut mailboxes: Vec<String> = config
+            .config
+            .agents
+            .iter()
+            .map(|a| a.mailbox.clone().unwrap_or_else(|| a.name.clone()))
+            .collect();
+        mailboxes.dedup();
+        for name in mailboxes {
+            spinner.step(&format!("checking mailbox {name}"));
+            let what = |part: &str| format!("mailbox {name}: {part}");
+            if let Some(probe) = crate::mailbox::probe_other_kind(config, &name).await {
+                match probe {
+                    Err(e) => checks.push(check(
+                        what("config"),
+                        "fail",
+                        e.problem.clone(),
+                        e.fix.clone(),
+                    )),
+                    Ok(probe) => match probe.result {
+                        Ok(read) => checks.push(check(what(probe.system), "ok", read, "")),
+                        Err(e) => checks.push(check(
+                            what(probe.system),
+                            "fail",
+                            e.to_string(),
+                            match e.class() {
+                                ErrorClass::Auth => probe.auth_fix,
+                                _ => probe.other_fix,
+                            },
+                        )),
+                    },
+                }
+                continue;
+            }
+            let account = match config.account(&name) {
+                Ok(a) => a,
+                Err(e) => {
+                    checks.push(check(
+                        what("config"),
+                        "fail",
+                        e.problem.clone(),
+                        e.fix.clone(),
+                    ));
+                    continue;
+                }
+            };
+            let fix_of = |e: &crate::mailbox::MailboxError, auth: &str, other: &str| -> String {
+                match e.class() {
+                    ErrorClass::Auth => auth.to_string(),
+                    _ => other.to_string(),
+                }
+            };
+            let mut mailbox = crate::mailbox::Mailbox::new(account.clone())?;
+            match mailbox.connect().await {
+                Ok(()) => {
+                    checks.push(check(
+                        what("JMAP"),
+                        "ok",
+                        format!("logged in as {} at {}", account.login, account.jmap_url),
+                        "",
+                    ));
+                    let cleartext: Vec<&url::Url> = std::iter::once(&account.jmap_url)
+                        .chain(account.aamp_url.as_ref())
+                        .filter(|u| {
+                            u.scheme() == "http"
+                                && !u.host_str().is_some_and(crate::config::is_loopback)
+                        })
+                        .collect();
+                    if let Some(url) = cleartext.first() {
+                        checks.push(check(
+                            what("transport"),
+                            "warn",
+                            format!("{url} is plain http: the password crosses the network unencrypted (insecure_http = true)"),
+                            "use https for jmap_url and aamp_url, and drop insecure_http",
+                        ));
+                    }
+                    match (account.push, mailbox.push_target()) {
+                        (false, _) => checks.push(check(what("push"), "warn", format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
+                        (true, Some(target)) => checks.push(check(what("push"), "ok", format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
+                        (true, None) => checks.push(check(what("push"), "warn", format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
+                    }
+                    match mailbox.newest_headers().await {
+                        Ok(Some(headers)) => {
+                            let ev = crate::mailbox::auth::evidence(&headers);
+                            let mut found = Vec::new();
+                            if ev.authenticated_submission {
+                                found.push("authenticated submission".to_string());
+                            }
+                            for id in &ev.authserv_ids {
+                                found.push(format!("Authentication-Results from {id}"));
+                            }
+                            let mode = account.sender_auth;
+                            if mode == crate::config::SenderAuth::None {
+                                checks.push(check(
+                                    what("sender evidence"),
+                                    "warn",
+                                    "sender_auth = \"none\": any From is believed",
+                                    "set sender_auth = \"auto\" if the server writes evidence",
+                                ));
+                            } else if let Some(problem) = &ev.problem {
+                                checks.push(check(
+                                    what("sender evidence"),
+                                    "warn",
+                                    format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
+                                    "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
+                                ));
+                            } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
+                                checks.push(check(what("sender evidence"), "warn", "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id"));
+                            } else if found.is_empty() {
+                                checks.push(check(what("sender evidence"), "warn", "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id; or sender_auth = \"none\" (not advised)"));
+                            } else {
+                                checks.push(check(
+                                    what("sender evidence"),
+                                    "ok",
+                                    format!("the server writes: {}", found.join(", ")),
+                                    "",
+                                ));
+                            }
+                        }
+                        Ok(None) => checks.push(check(
+                            what("sender evidence"),
+                            "warn",
+                            "no mail in the Inbox yet to look at",
+                            "run doctor again after the first dispatch",
+                        )),
+                        Err(e) => {
+                            checks.push(check(what("sender evidence"), "warn", e.to_string(), ""))
+                        }
+                    }
+                }
+                Err(e) => {
+                    let detail = e.to_string();
+                    let fix = if e.certificate_refused() {
+                        "the server's TLS certificate is not trusted: give it one from a trusted CA, or set insecure_tls = true on this mailbox (only for a host you control)".to_string()
+                    } else {
+                        fix_of(
+                            &e,
+                            "the server refused the login: fix the password (password_file) or login",
+                            "check jmap_url and that the server runs and is reachable from here",
+                        )
+                    };
+                    checks.push(check(what("JMAP"), "fail", detail, fix));
+                }
+            }
+            match crate::mailbox::Sender::new(&account) {
+                Ok(sender) => match sender.check_smtp().await {
+                    Ok(()) => checks.push(check(
+                        what("SMTP"),
+                        "ok",
+                        format!(
+                            "EHLO and login at {}:{} ({:?})",
+                            account.smtp_host, account.smtp_port, account.smtp_security
+                        ),
+                        "",
+                    )),
+                    Err(e) => {
+                        let fix = fix_of(&e, "the server refused the login: fix the password (password_file) or login", "check smtp_host, smtp_port and smtp_security, and that the server runs");
+                        checks.push(check(what("SMTP"), "fail", e.to_string(), fix));
+                    }
+                },
+                Err(e) => checks.push(check(
+                    what("SMTP"),
+                    "fail",
+                    e.to_string(),
+                    "check smtp_security and the host name",
+                )),
+            }
+            if let Some(base) = &account.aamp_url {
+                match crate::mailbox::helper::HelperApi::discover(base, &account).await {
+                    Ok(_) => checks.push(check(
+                        what("AAMP service"),
+                        "ok",
+                        format!("{base} answers /.well-known/aamp"),
+                        "",
+                    )),
+                    Err(e) => checks.push(check(
+                        what("AAMP service"),
+                        "warn",
+                        e.to_string(),
+                        "check aamp_url; without the service tasks run without live streams",
+                    )),
+                }
+            }
+        }
+        let dirs = config.profile_dirs();
+        let bin_dirs = scan::bin_dirs().await;
+        for agent in &config.config.agents {
+            spinner.step(&format!("checking agent {}", agent.name));
+            let what = format!("agent {}", agent.name);
+            let profile = match Profile::find(&config.profile_ref(&agent.profile), &dirs) {
+                Ok(p) => p,
+                Err(e) => {
+                    checks.push(check(
+                        what,
+                        "fail",
+                        e.to_string(),
+                        "fix the agent's profile in the config (aamp-bridge agents lists them)",
+                    ));
+                    continue;
+                }
+            };
+            let command = profile.command.render(&Default::default());
+            let Some(path) = scan::find(&command, &bin_dirs) else {
+                checks.push(check(
+                    what,
+                    "fail",
+                    format!("{command:?} (profile {}) is not installed", profile.name),
+                    profile
+                        .install
+                        .clone()
+                        .unwrap_or_else(|| format!("install {command}, or pick another profile")),
+                ));
+                continue;
+            };
+            if profile.kind == ProfileKind::Acp {
+                match acp::probe(&profile, &std::env::temp_dir(), false).await {
+                    Ok(info) => checks.push(check(what, "ok", format!("{} answers ACP initialize ({info:?})", path.display()).chars().take(300).collect::<String>(), "")),
+                    Err(e) => checks.push(check(what, "fail", format!("{}: {e}", path.display()), "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too")),
+                }
+            } else {
+                let version = scan::version(&path)
+                    .await
+                    .unwrap_or_else(|| "no --version answer".into());
+                checks.push(check(
+                    what,
+                    "ok",
+                    format!("{} ({version})", path.display()),
+                    "",
+                ));
+            }
+        }
+    }
+    let failed = checks.iter().any(|c| c.status == "fail");
+    spinner.clear();
+    if json {
+        println!("{}", serde_json::to_string(&checks)?);
+    } else {
+        for c in &checks {
+            println!("{:<4}  {}: {}", c.status.to_uppercase(), c.check, c.detail);
+            if !c.fix.is_empty() {
+                println!("      fix: {}", c.fix);
+            }
+        }
+    }
+    Ok(if failed { 1 } else { 0 })
+}

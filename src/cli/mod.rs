@@ -1,0 +1,404 @@
+//! The command line: the arguments (here) and one file per command family, each calling into
+//! the library. What a file does besides printing (doctor's checks, status's figures, the
+//! mail loop of `dispatch`) is its command's own; nothing another entry point needs lives
+//! here.
+
+mod agents;
+mod dispatch;
+mod doctor;
+mod policy;
+mod profile;
+mod service;
+mod setup;
+mod status;
+mod stream_printer;
+mod tasks;
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{default_config_path, LoadedConfig};
+use crate::daemon::{self, RunOptions};
+use crate::mailbox::{Mailbox, Sender};
+use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, Priority, Status};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "aamp-bridge",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("AAMP_BRIDGE_COMMIT"), ")"),
+    about = "Hands tasks that arrive by mail (AAMP) to the coding agents on this machine, and mails back their results."
+)]
+pub struct Cli {
+    /// The config file [default: $XDG_CONFIG_HOME/aamp-bridge/config.toml]
+    #[arg(long, global = true, env = "AAMP_BRIDGE_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the bridge: watch every agent's mailbox and run the tasks that arrive.
+    Start {
+        /// Print runtime events as JSON lines on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Run only this agent (repeatable).
+        #[arg(long = "agent", value_name = "NAME")]
+        agents: Vec<String>,
+    },
+    /// Set up the bridge: the AAMP service, which agents answer mail, their mailboxes (tested
+    /// live before anything is saved), who may send them tasks, and the background service.
+    /// Run again to change the config; your other settings stay.
+    Init {
+        /// Take the answers from a file (JSON or TOML; `-` for stdin) instead of asking.
+        #[arg(long, requires = "answers")]
+        non_interactive: bool,
+        #[arg(long, value_name = "FILE|-")]
+        answers: Option<PathBuf>,
+        /// Print what was done as JSON (with --non-interactive).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make this bridge's config from the reference bridges' (`~/.aamp/acp-bridge` and
+    /// `~/.aamp/cli-bridge`): agents, credentials, sender policies, pairing codes, profiles.
+    Import {
+        /// The folder holding acp-bridge/ and cli-bridge/ [default: ~/.aamp]
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Print what would be written, and write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Profiles: how a command-line agent is run. Make one for your own agent, and test it.
+    Profile {
+        #[command(subcommand)]
+        action: ProfileAction,
+    },
+    /// Send a task to an agent from one of the config's mailboxes, and wait for its result.
+    Dispatch(DispatchArgs),
+    /// List the agents this machine has: every profile, whether its command is installed,
+    /// its version, and what is missing.
+    Agents {
+        #[arg(long)]
+        json: bool,
+        /// Also start each installed ACP agent and ask it to `initialize`.
+        #[arg(long)]
+        probe: bool,
+    },
+    /// Who may send an agent tasks: list the policy, or allow, deny or forget a sender. The
+    /// rules are kept in the state directory and apply at once, also to a running bridge.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// Make a one-time pairing code for an agent: whoever sends it back in a `pair.request`
+    /// (from an app scanning the QR code, or `aamp-cli pair`) may then send the agent tasks.
+    Pair {
+        #[arg(long)]
+        agent: String,
+        /// How long the code is valid.
+        #[arg(long, default_value_t = 300)]
+        ttl_secs: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
+    /// (read from the state directory; works whether the bridge runs or not).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The tasks the bridge received, newest first.
+    Tasks {
+        #[arg(long)]
+        agent: Option<String>,
+        /// received, acked, running, help_needed, answered, rejected, cancelled or expired.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One task's timeline, from the inbound mail to the reply.
+    Task {
+        #[command(subcommand)]
+        action: TaskAction,
+    },
+    /// Check everything the bridge needs, each with OK / WARN / FAIL and the fix: the config,
+    /// each mailbox (JMAP login, push, SMTP login, the AAMP service, the sender evidence its
+    /// server writes) and each agent (installed, and its handshake).
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the bridge in the background: a systemd user service (Linux) or a launchd agent
+    /// (macOS) that starts at login and after a failure.
+    Service {
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
+    /// Print a shell completion script: `aamp-bridge completions bash > ~/.local/share/bash-completion/completions/aamp-bridge`.
+    Completions { shell: clap_complete::Shell },
+    /// Read a mail file (.eml) and show it as AAMP.
+    Inspect {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfileAction {
+    /// Every profile the bridge can use: yours first, then the built-in ones.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A profile's file.
+    Show { name: String },
+    /// Make a profile for a command-line agent, find how its output is framed by running it
+    /// once, and smoke-test it. Asks for what is not given when run in a terminal.
+    New {
+        name: String,
+        /// The program (found on PATH; never run through a shell).
+        #[arg(long)]
+        command: Option<String>,
+        /// An argument (repeatable); `{{prompt}}` is the task's text as one argument.
+        #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+        args: Vec<String>,
+        /// How the prompt reaches the agent.
+        #[arg(long, value_enum, default_value = "stdin")]
+        prompt_via: crate::wizard::profile_maker::PromptVia,
+        /// The working directory [default: the task's own workspace].
+        #[arg(long)]
+        cwd: Option<String>,
+        /// How its stdout is framed: auto (run it once to see), none, ndjson, sse, claude,
+        /// codex, gemini.
+        #[arg(long, default_value = "auto")]
+        stream: String,
+        #[arg(long, default_value_t = 1800)]
+        timeout_secs: u64,
+        /// An ACP agent (speaks the Agent Client Protocol on stdio) instead of a CLI.
+        #[arg(long)]
+        acp: bool,
+        /// ACP: allow, read_only, deny or ask.
+        #[arg(long)]
+        permissions: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+        /// The prompt for the detection run and the smoke test.
+        #[arg(long, default_value = "Reply with the word OK.")]
+        test_prompt: String,
+        /// Write it without running it.
+        #[arg(long)]
+        no_test: bool,
+        /// Replace a profile file of that name.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a profile once on a prompt, as the bridge would, and show what came back.
+    Test {
+        name: String,
+        #[arg(long, default_value = "Reply with the word OK.")]
+        prompt: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServiceAction {
+    /// Write the unit (or plist) for this binary and config, and enable it. Installing again
+    /// changes nothing unless something changed.
+    Install,
+    /// Stop and remove the service (the config and the state stay).
+    Uninstall,
+    Start,
+    Stop,
+    /// Whether the installed service runs this binary with this config, and the fix if not.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The service's log (journalctl, or the launchd log file).
+    Logs,
+    /// Print the file `install` would write.
+    Render {
+        /// The macOS launchd agent, whatever this machine is.
+        #[arg(long)]
+        launchd: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskAction {
+    /// Everything the journal knows of a task: ids, state, runs and each step with its time.
+    Show {
+        /// The TaskId, the inbound Message-ID, or the journal's row number.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Show the agent's rules: from the config, and those added here or by pairing.
+    List {
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allow a sender: an address, a glob (`disp-*@example.com`) or `@domain`.
+    Allow {
+        #[arg(long)]
+        agent: String,
+        sender: String,
+        /// Only dispatches whose X-AAMP-Dispatch-Context has KEY=VALUE (repeatable; several
+        /// values of one key are alternatives).
+        #[arg(long = "context", value_name = "KEY=VALUE")]
+        context: Vec<String>,
+    },
+    /// Refuse a sender, whatever else allows it.
+    Deny {
+        #[arg(long)]
+        agent: String,
+        sender: String,
+    },
+    /// Forget the rules added here (or by pairing) for a sender.
+    Remove {
+        #[arg(long)]
+        agent: String,
+        sender: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DispatchArgs {
+    /// The mailbox (a key of `[mailboxes]` in the config) to send from.
+    #[arg(long)]
+    pub from: String,
+    /// The agent's address.
+    #[arg(long)]
+    pub to: String,
+    #[arg(long, default_value = "Task from aamp-bridge")]
+    pub title: String,
+    #[arg(long)]
+    pub session_key: Option<String>,
+    /// Stop waiting for the result after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Send and exit without waiting for the result.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the result as JSON (with --follow: one JSON line per stream event, then the
+    /// result).
+    #[arg(long)]
+    pub json: bool,
+    /// Print the task's live stream while waiting: text as it arrives, tool calls and todos
+    /// as lines (needs the agent's mailbox to have an AAMP service).
+    #[arg(long, conflicts_with = "no_wait")]
+    pub follow: bool,
+    /// The task text; `-` reads it from stdin.
+    pub text: String,
+}
+
+/// The process exit code for a finished command.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let config_path = cli.config.clone().unwrap_or_else(default_config_path);
+    match cli.command {
+        Command::Start { json, agents } => {
+            if !config_path.exists() {
+                bail!(
+                    "no config at {}: run `aamp-bridge init` to make one (or `aamp-bridge import` from the reference bridges), or pass --config FILE",
+                    config_path.display()
+                );
+            }
+            let config = LoadedConfig::load(&config_path)?;
+            daemon::run(
+                config,
+                RunOptions { json, agents },
+                CancellationToken::new(),
+            )
+            .await?;
+            Ok(0)
+        }
+        Command::Init {
+            non_interactive,
+            answers,
+            json,
+        } => setup::init(&config_path, non_interactive, answers, json).await,
+        Command::Import {
+            from,
+            dry_run,
+            json,
+        } => setup::import(&config_path, from, dry_run, json),
+        Command::Profile { action } => profile::profile(&config_path, action).await,
+        Command::Dispatch(args) => {
+            dispatch::dispatch(&LoadedConfig::load(&config_path)?, args).await
+        }
+        Command::Inspect { file, json } => setup::inspect(&file, json),
+        Command::Policy { action } => policy::policy(&LoadedConfig::load(&config_path)?, action),
+        Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json),
+        Command::Doctor { json } => doctor::doctor(&config_path, json).await,
+        Command::Service { action } => service::service(&config_path, action),
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "aamp-bridge",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Tasks {
+            agent,
+            state,
+            limit,
+            json,
+        } => tasks::tasks(
+            &LoadedConfig::load(&config_path)?,
+            agent,
+            state,
+            limit,
+            json,
+        ),
+        Command::Task {
+            action: TaskAction::Show { id, json },
+        } => tasks::task_show(&LoadedConfig::load(&config_path)?, &id, json),
+        Command::Pair {
+            agent,
+            ttl_secs,
+            json,
+        } => policy::pair(&LoadedConfig::load(&config_path)?, &agent, ttl_secs, json),
+        Command::Agents { json, probe } => agents::agents(&config_path, json, probe).await,
+    }
+}
+
+pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {
+    let path = config.state_dir.join("journal.sqlite3");
+    if !path.exists() {
+        bail!(
+            "no task journal at {} yet: the bridge has not run with this state directory (aamp-bridge start)",
+            path.display()
+        );
+    }
+    Ok(crate::dispatch::Journal::open(&path)?)
+}
+
+pub(super) fn ms_time(ms: i64) -> String {
+    protocol::time::format_utc_ms(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}

@@ -1,0 +1,162 @@
+//! `aamp-bridge policy` and `pair`: the sender rules kept in the state directory, and pairing codes.
+
+use super::*;
+
+pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Result<i32> {
+    use crate::dispatch::policy::{normalize, Rule};
+    let agent_name = match &action {
+        PolicyAction::List { agent, .. }
+        | PolicyAction::Allow { agent, .. }
+        | PolicyAction::Deny { agent, .. }
+        | PolicyAction::Remove { agent, .. } => agent.clone(),
+    };
+    let Some(agent) = config.config.agents.iter().find(|a| a.name == agent_name) else {
+        bail!(
+            "no agent {agent_name:?} in {}; the agents are: {}",
+            config.path.display(),
+            config
+                .config
+                .agents
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let check_sender = |sender: &str| {
+        if sender.contains('@') {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "{sender:?} is not an address or a pattern: write a@b.com, disp-*@b.com or @b.com"
+            ))
+        }
+    };
+    match action {
+        PolicyAction::List { json, .. } => {
+            let from_config = agent.sender_policy();
+            let (allow, deny) = journal.policy(&agent.name)?;
+            let mut rows = Vec::new();
+            for rule in from_config.rules() {
+                rows.push(serde_json::json!({"kind": "allow", "sender": rule.sender, "context": rule.context, "source": "config"}));
+            }
+            for pattern in from_config.denied() {
+                rows.push(
+                    serde_json::json!({"kind": "deny", "sender": pattern, "source": "config"}),
+                );
+            }
+            for (rule, source) in allow {
+                rows.push(serde_json::json!({"kind": "allow", "sender": rule.sender, "context": rule.context, "source": source}));
+            }
+            for (pattern, source) in deny {
+                rows.push(serde_json::json!({"kind": "deny", "sender": pattern, "source": source}));
+            }
+            if json {
+                println!("{}", serde_json::Value::Array(rows));
+            } else if rows.is_empty() {
+                println!("agent {}: nobody may send tasks yet (aamp-bridge policy allow --agent {} ADDRESS)", agent.name, agent.name);
+            } else {
+                for row in rows {
+                    let context = match row["context"].as_object() {
+                        Some(c) if !c.is_empty() => {
+                            format!(" when {}", serde_json::Value::Object(c.clone()))
+                        }
+                        _ => String::new(),
+                    };
+                    println!(
+                        "{:<5} {}{context}  ({})",
+                        row["kind"].as_str().unwrap_or_default(),
+                        row["sender"].as_str().unwrap_or_default(),
+                        row["source"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+        }
+        PolicyAction::Allow {
+            sender, context, ..
+        } => {
+            check_sender(&sender)?;
+            let mut rule = Rule::sender(&sender);
+            for pair in context {
+                let (k, v) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--context {pair:?}: write KEY=VALUE"))?;
+                rule.context
+                    .entry(k.trim().to_string())
+                    .or_default()
+                    .push(v.trim().to_string());
+            }
+            journal.add_policy(&agent.name, false, &rule, "cli")?;
+            println!(
+                "agent {}: {} may send tasks",
+                agent.name,
+                normalize(&sender)
+            );
+        }
+        PolicyAction::Deny { sender, .. } => {
+            check_sender(&sender)?;
+            journal.add_policy(&agent.name, true, &Rule::sender(&sender), "cli")?;
+            println!("agent {}: {} is refused", agent.name, normalize(&sender));
+        }
+        PolicyAction::Remove { sender, .. } => {
+            let n = journal.remove_policy(&agent.name, &sender)?;
+            if n == 0 {
+                println!(
+                    "agent {}: no rule for {} was added here (rules in the config are changed there)",
+                    agent.name,
+                    normalize(&sender)
+                );
+                return Ok(1);
+            }
+            println!(
+                "agent {}: forgot {n} rule(s) for {}",
+                agent.name,
+                normalize(&sender)
+            );
+        }
+    }
+    Ok(0)
+}
+
+pub(super) fn pair(
+    config: &LoadedConfig,
+    agent_name: &str,
+    ttl_secs: u64,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let Some(agent) = config.config.agents.iter().find(|a| a.name == agent_name) else {
+        bail!("no agent {agent_name:?} in {}", config.path.display());
+    };
+    let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let email = config.mailbox_address(&mailbox)?;
+    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let code = crate::dispatch::new_pair_code();
+    let expires = journal.add_pair_code(&agent.name, &code, Duration::from_secs(ttl_secs))?;
+    let url = format!(
+        "aamp://connect?mailbox={}&pair_code={}",
+        protocol::codec::encode_uri_component(&email),
+        code
+    );
+    let expires_at = protocol::time::format_utc(expires);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"agent": agent.name, "mailbox": email, "code": code, "url": url, "expiresAt": expires_at})
+        );
+        return Ok(0);
+    }
+    let qr = qrcode::QrCode::new(url.as_bytes())
+        .map(|q| {
+            q.render::<qrcode::render::unicode::Dense1x2>()
+                .quiet_zone(true)
+                .build()
+        })
+        .unwrap_or_default();
+    println!("{qr}");
+    println!("Pair with agent {} ({email}):", agent.name);
+    println!("  {url}");
+    println!("  code {code}, valid until {expires_at} (once)");
+    println!("The bridge must be running to answer the pair request.");
+    Ok(0)
+}

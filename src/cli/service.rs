@@ -1,0 +1,96 @@
+//! `aamp-bridge service`: the systemd user unit or launchd agent.
+
+use super::*;
+
+pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> anyhow::Result<i32> {
+    use crate::service::{Kind, Service};
+    // The service runs `start` with this config: it must load.
+    let config = LoadedConfig::load(config_path)?;
+    let launchd = matches!(action, ServiceAction::Render { launchd: true });
+    let svc = Service::for_this_machine(&config.path, launchd)?;
+    match action {
+        ServiceAction::Render { .. } => print!("{}", svc.render()),
+        ServiceAction::Install => {
+            let changed = svc.install()?;
+            if changed {
+                println!(
+                    "installed {} (runs {} --config {})",
+                    svc.file.display(),
+                    svc.exe.display(),
+                    svc.config.display()
+                );
+            } else {
+                println!("already installed: {}", svc.file.display());
+            }
+            if svc.kind == Kind::Systemd {
+                println!("start it with `aamp-bridge service start`; to keep it running while you are logged out: `loginctl enable-linger $USER`");
+            } else {
+                println!("start it with `aamp-bridge service start`");
+            }
+        }
+        ServiceAction::Uninstall => {
+            if svc.uninstall()? {
+                println!(
+                    "removed {} (the config and the state directory stay)",
+                    svc.file.display()
+                );
+            } else {
+                println!("no service was installed");
+            }
+        }
+        ServiceAction::Start => svc.start()?,
+        ServiceAction::Stop => svc.stop()?,
+        ServiceAction::Status { json } => {
+            let problems = svc.problems();
+            if json {
+                let list: Vec<_> = problems
+                    .iter()
+                    .map(|(p, f)| serde_json::json!({"problem": p, "fix": f}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"file": svc.file, "ok": problems.is_empty(), "problems": list})
+                );
+            } else if problems.is_empty() {
+                println!(
+                    "{} runs this binary with {}",
+                    svc.file.display(),
+                    svc.config.display()
+                );
+                if svc.kind == Kind::Systemd {
+                    let _ = std::process::Command::new("systemctl")
+                        .args(["--user", "--no-pager", "status", "aamp-bridge.service"])
+                        .status();
+                }
+            } else {
+                for (problem, fix) in &problems {
+                    println!("{problem}\n  fix: {fix}");
+                }
+            }
+            return Ok(if problems.is_empty() { 0 } else { 1 });
+        }
+        ServiceAction::Logs => {
+            let status = match svc.kind {
+                Kind::Systemd => std::process::Command::new("journalctl")
+                    .args([
+                        "--user",
+                        "-u",
+                        "aamp-bridge.service",
+                        "-n",
+                        "200",
+                        "--no-pager",
+                    ])
+                    .status(),
+                Kind::Launchd => std::process::Command::new("tail")
+                    .args(["-n", "200"])
+                    .arg(
+                        std::path::Path::new(&std::env::var("HOME").unwrap_or_default())
+                            .join("Library/Logs/aamp-bridge/aamp-bridge.log"),
+                    )
+                    .status(),
+            };
+            return Ok(status.map(|s| s.code().unwrap_or(1)).unwrap_or(1));
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,148 @@
+//! `aamp-bridge init`, `import` and `inspect`: making a config, carrying over the reference bridges' files, and reading one mail as AAMP.
+
+use super::*;
+
+pub(super) async fn init(
+    config_path: &std::path::Path,
+    non_interactive: bool,
+    answers: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::wizard::{self, prompt};
+    let answers = match (non_interactive, answers) {
+        (true, Some(file)) => {
+            let text = if file.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                s
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read the answers file {}", file.display()))?
+            };
+            wizard::Answers::parse(&text)?
+        }
+        (false, Some(_)) => bail!("--answers goes with --non-interactive"),
+        _ => match prompt::ask(config_path).await {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                println!("Nothing was written.");
+                return Ok(1);
+            }
+            Err(e) if e.is::<prompt::Cancelled>() => {
+                println!("{e}");
+                return Ok(130);
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    let spinner = prompt::Spinner::new();
+    let applied = wizard::apply(&answers, config_path, &spinner).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&applied)?);
+        return Ok(0);
+    }
+    wizard::print_applied(&applied);
+    if !non_interactive {
+        if let Some(done) = prompt::offer_service(config_path)? {
+            println!("service: {done}");
+        }
+        println!(
+            "Check everything with `aamp-bridge doctor`; see each task with `aamp-bridge tasks`."
+        );
+    }
+    Ok(0)
+}
+
+pub(super) fn import(
+    config_path: &std::path::Path,
+    from: Option<PathBuf>,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::wizard::{self, import};
+    let from = from.unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".aamp")
+    });
+    let existing = wizard::existing(config_path)?.map(|c| c.config);
+    let plan = import::plan(&from, config_path, existing)?;
+    let text = crate::config::render(plan.config.as_ref().expect("a plan has a config"));
+    if !dry_run {
+        import::write(&plan, config_path)?;
+    }
+    if json {
+        let files: Vec<serde_json::Value> = plan
+            .files
+            .iter()
+            .map(|(p, _, mode)| serde_json::json!({"path": p, "mode": format!("{mode:o}")}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "config": config_path, "written": !dry_run, "sources": plan.sources,
+                "files": files, "pairCodes": plan.pair_codes.iter().map(|(a, _, _)| a).collect::<Vec<_>>(),
+                "notes": plan.notes, "text": text,
+            })
+        );
+        return Ok(0);
+    }
+    for source in &plan.sources {
+        println!("read {}", source.display());
+    }
+    if dry_run {
+        println!("\nwould write {}:\n", config_path.display());
+        print!("{text}");
+        for (path, bytes, mode) in &plan.files {
+            println!(
+                "\nwould write {} (mode {mode:o}, {} bytes)",
+                path.display(),
+                bytes.len()
+            );
+        }
+    } else {
+        println!("wrote {}", config_path.display());
+        for (path, _, mode) in &plan.files {
+            println!("wrote {} (mode {mode:o})", path.display());
+        }
+    }
+    for (agent, _, left) in &plan.pair_codes {
+        println!(
+            "pairing code of {agent} carried over (valid {} more minutes)",
+            left.as_secs() / 60
+        );
+    }
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+    if !dry_run {
+        println!("next: `aamp-bridge doctor`, then `aamp-bridge start`; stop the old bridges first, or both answer the same mail");
+    }
+    Ok(0)
+}
+
+pub(super) fn inspect(file: &PathBuf, json: bool) -> anyhow::Result<i32> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let view = protocol::parse_raw(&bytes)
+        .with_context(|| format!("{} is not a mail (no header found)", file.display()))?;
+    match AampMessage::parse(&view) {
+        Ok(msg) if json => println!("{}", serde_json::to_string_pretty(&msg.to_json())?),
+        Ok(msg) => {
+            println!(
+                "{} {} from {}",
+                msg.intent(),
+                msg.task_id(),
+                msg.envelope.from
+            );
+            for (k, v) in msg.to_json().as_object().into_iter().flatten() {
+                println!("  {k}: {v}");
+            }
+        }
+        Err(reason) => {
+            println!("not AAMP: {reason}");
+            return Ok(1);
+        }
+    }
+    Ok(0)
+}

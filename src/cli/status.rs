@@ -1,0 +1,127 @@
+//! `aamp-bridge status`: each agent's link, queue, running tasks and unsent answers (from the running bridge's control socket, else the state files).
+
+use super::*;
+
+pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
+    let running = crate::fsio::StateLock::holder(&config.state_dir);
+    // Live figures from the running bridge, when it answers on its control socket.
+    let live = running
+        .as_ref()
+        .and_then(|_| daemon::ask_control(&config.state_dir));
+    let journal_path = config.state_dir.join("journal.sqlite3");
+    let journal = journal_path
+        .exists()
+        .then(|| crate::dispatch::Journal::open(&journal_path))
+        .transpose()?;
+    let counts = match &journal {
+        Some(j) => j.counts()?,
+        None => Vec::new(),
+    };
+    let now = std::time::SystemTime::now();
+    let mut agents = Vec::new();
+    for agent in &config.config.agents {
+        let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        let email = config.mailbox_address(&mailbox).unwrap_or_default();
+        let link: serde_json::Value = std::fs::read(
+            config
+                .state_dir
+                .join("agents")
+                .join(&agent.name)
+                .join("link.json"),
+        )
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+        let count = |state: &str| {
+            counts
+                .iter()
+                .find(|(a, s, _)| *a == agent.name && s == state)
+                .map_or(0, |(_, _, n)| *n)
+        };
+        let running_tasks = match &journal {
+            Some(j) => j
+                .tasks(Some(&agent.name), Some(crate::dispatch::TaskState::Running), 100)?
+                .into_iter()
+                .chain(j.tasks(Some(&agent.name), Some(crate::dispatch::TaskState::HelpNeeded), 100)?)
+                .map(|t| {
+                    let age = now
+                        .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(t.updated_at_ms.max(0) as u64))
+                        .unwrap_or_default();
+                    serde_json::json!({"taskId": t.task_id, "state": t.state, "from": t.sender, "ageSecs": age.as_secs()})
+                })
+                .collect::<Vec<_>>(),
+            None => Vec::new(),
+        };
+        let slots = live.as_ref().and_then(|l| {
+            l["agents"]
+                .as_array()?
+                .iter()
+                .find(|a| a["agent"] == agent.name.as_str())
+                .cloned()
+        });
+        agents.push(serde_json::json!({
+            "agent": agent.name, "mailbox": email, "link": link,
+            "queued": count("received") + count("acked"), "running": running_tasks,
+            "unsent": count("unsent"), "slots": slots,
+        }));
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir,
+                "source": if live.is_some() { "daemon" } else { "state files" },
+                "daemon": live, "agents": agents})
+        );
+        return Ok(0);
+    }
+    match &running {
+        Some(pid) => println!(
+            "aamp-bridge is running (pid {pid}{}), state in {}",
+            live.as_ref()
+                .map(|l| format!(
+                    ", up {} s, version {}",
+                    l["uptimeSecs"],
+                    l["version"].as_str().unwrap_or("?")
+                ))
+                .unwrap_or_default(),
+            config.state_dir.display()
+        ),
+        None => println!(
+            "aamp-bridge is not running (state in {}); what it last knew:",
+            config.state_dir.display()
+        ),
+    }
+    for a in &agents {
+        let link = &a["link"];
+        let reach = link["mailbox"].as_str().unwrap_or("never connected");
+        println!(
+            "{}  <{}>  mailbox {reach} since {}, {}",
+            a["agent"].as_str().unwrap_or_default(),
+            a["mailbox"].as_str().unwrap_or_default(),
+            link["since"].as_str().unwrap_or("-"),
+            match link["push"].as_str() {
+                Some("polling") | None => "polling".to_string(),
+                Some(p) => format!("push over {p}"),
+            }
+        );
+        if let Some(error) = link["lastError"].as_str() {
+            println!("    last error: {error}");
+        }
+        println!(
+            "    {} queued, {} running, {} answers waiting to be sent",
+            a["queued"],
+            a["running"].as_array().map_or(0, Vec::len),
+            a["unsent"]
+        );
+        for t in a["running"].as_array().into_iter().flatten() {
+            println!(
+                "    - {} ({}, {} s, from {})",
+                t["taskId"].as_str().unwrap_or_default(),
+                t["state"].as_str().unwrap_or_default(),
+                t["ageSecs"],
+                t["from"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,103 @@
+//! `aamp-bridge tasks` and `task show`: the journal's read model for a person.
+
+use super::*;
+
+pub(super) fn tasks(
+    config: &LoadedConfig,
+    agent: Option<String>,
+    state: Option<String>,
+    limit: usize,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::dispatch::TaskState;
+    let state = match state {
+        Some(s) => Some(TaskState::parse(&s).with_context(|| {
+            format!(
+                "--state {s:?}: one of {}",
+                TaskState::ALL.map(TaskState::as_str).join(", ")
+            )
+        })?),
+        None => None,
+    };
+    let rows = open_journal(config)?.tasks(agent.as_deref(), state, limit)?;
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(0);
+    }
+    if rows.is_empty() {
+        println!("no tasks");
+    }
+    for t in rows {
+        println!(
+            "{:>5}  {}  {:<10} {:<11} {}  from {}{}",
+            t.id,
+            ms_time(t.received_at_ms),
+            t.agent,
+            t.state,
+            t.task_id,
+            t.sender,
+            t.reason
+                .map(|r| format!("  ({})", r.chars().take(80).collect::<String>()))
+                .unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
+pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::Result<i32> {
+    let journal = open_journal(config)?;
+    let found = journal.find_tasks(id)?;
+    if found.is_empty() {
+        eprintln!(
+            "no task {id:?} in {} (aamp-bridge tasks lists them)",
+            journal.path().display()
+        );
+        return Ok(1);
+    }
+    let mut shown = Vec::new();
+    for task in found {
+        let steps = journal.timeline(task.id)?;
+        shown.push(serde_json::json!({"task": task, "timeline": steps}));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(shown));
+        return Ok(0);
+    }
+    for item in shown {
+        let t = &item["task"];
+        println!(
+            "task {} (journal row {})",
+            t["taskId"].as_str().unwrap_or_default(),
+            t["id"]
+        );
+        println!("  agent       {}", t["agent"].as_str().unwrap_or_default());
+        println!("  from        {}", t["sender"].as_str().unwrap_or_default());
+        println!(
+            "  message id  {}",
+            t["messageId"].as_str().unwrap_or_default()
+        );
+        println!(
+            "  state       {} after {} run(s)",
+            t["state"].as_str().unwrap_or_default(),
+            t["runs"]
+        );
+        if let Some(reason) = t["reason"].as_str() {
+            println!("  reason      {reason}");
+        }
+        let start = item["timeline"][0]["atMs"].as_i64().unwrap_or(0);
+        for step in item["timeline"].as_array().into_iter().flatten() {
+            let at = step["atMs"].as_i64().unwrap_or(0);
+            println!(
+                "  {}  +{:>7} ms  {}{}",
+                ms_time(at),
+                at - start,
+                step["what"].as_str().unwrap_or_default(),
+                step["detail"]
+                    .as_str()
+                    .map(|d| format!(": {}", d.replace('\n', "\n        ")))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(0)
+}
