@@ -164,11 +164,57 @@ impl Outbox for Sender {
 /// stops taking mail and lets running tasks finish within `shutdown_grace_secs`; what has not
 /// finished then is stopped and left in the journal for the next start. A second signal
 /// stops the tasks at once.
-pub async fn run(
-    config: LoadedConfig,
-    opts: RunOptions,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
+/// How the bridge is told to stop, abort or reload. The binary ties them to signals
+/// ([`listen_for_signals`]); a test or an embedding program drives them itself.
+#[derive(Clone, Debug, Default)]
+pub struct Controls {
+    /// Stop taking mail, let running tasks finish (within `shutdown_grace_secs`), send what
+    /// they answered, and return.
+    pub stop: CancellationToken,
+    /// Stop running tasks now (they run again at the next start).
+    pub abort: CancellationToken,
+    /// Read the config and profiles again.
+    pub reload: Arc<tokio::sync::Notify>,
+}
+
+/// Ties `controls` to the process's signals until `done`: the first SIGTERM or SIGINT stops,
+/// a second aborts; SIGHUP reloads.
+pub async fn listen_for_signals(controls: Controls, done: CancellationToken) {
+    let hangups = {
+        let (reload, done) = (controls.reload.clone(), done.clone());
+        async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("cannot listen for SIGHUP; config changes need a restart");
+                return;
+            };
+            loop {
+                tokio::select! {
+                    Some(()) = hup.recv() => reload.notify_one(),
+                    _ = done.cancelled() => return,
+                }
+            }
+        }
+    };
+    let stops = async {
+        tokio::select! {
+            _ = wait_for_signal() => controls.stop.cancel(),
+            _ = controls.stop.cancelled() => {}
+            _ = done.cancelled() => return,
+        }
+        tokio::select! {
+            _ = wait_for_signal() => {
+                tracing::warn!("second signal: stopping the running tasks now");
+                controls.abort.cancel();
+            }
+            _ = done.cancelled() => {}
+        }
+    };
+    tokio::join!(hangups, stops);
+}
+
+pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> anyhow::Result<()> {
+    let stop = controls.stop.clone();
     let events = Events::new(opts.json);
     let state_dir = &config.state_dir;
     let _lock = StateLock::acquire(state_dir)?;
@@ -201,7 +247,7 @@ pub async fn run(
     // ends first, tasks drain, and the outbox sends what they answered before it ends.
     let services = TaskTracker::new();
     let tasks = TaskTracker::new();
-    let abort = CancellationToken::new();
+    let abort = controls.abort.clone();
     let outbox_stop = CancellationToken::new();
     let agents = config.agents(&opts.agents)?;
     let mut names = Vec::new();
@@ -329,40 +375,20 @@ pub async fn run(
     // Memory freed after a burst goes back to the system once no task runs.
     services.spawn(trim_when_idle(settings.slots.clone(), stop.clone()));
 
-    // SIGHUP: read the config and profiles again.
-    {
-        let (path, finished) = (config.path.clone(), stop.clone());
-        services.spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
-                tracing::warn!("cannot listen for SIGHUP; config changes need a restart");
-                return;
-            };
-            loop {
-                tokio::select! {
-                    Some(()) = hup.recv() => reload(&path, &dispatchers, events).await,
-                    _ = finished.cancelled() => return,
-                }
-            }
-        });
-    }
-
-    // First signal: stop (drain); second: abort.
+    // A reload: read the config and profiles again.
     let finished = CancellationToken::new();
     {
-        let (stop, abort, finished) = (stop.clone(), abort.clone(), finished.clone());
+        let (path, reload, done) = (
+            config.path.clone(),
+            controls.reload.clone(),
+            finished.clone(),
+        );
         services.spawn(async move {
-            tokio::select! {
-                _ = wait_for_signal() => stop.cancel(),
-                _ = stop.cancelled() => {}
-                _ = finished.cancelled() => return,
-            }
-            tokio::select! {
-                _ = wait_for_signal() => {
-                    tracing::warn!("second signal: stopping the running tasks now");
-                    abort.cancel();
+            loop {
+                tokio::select! {
+                    _ = reload.notified() => reload_config(&path, &dispatchers, events).await,
+                    _ = done.cancelled() => return,
                 }
-                _ = finished.cancelled() => {}
             }
         });
     }
@@ -596,7 +622,7 @@ pub fn agent_spec(
 /// Reads the config and profiles again and hands each running agent its new settings. A
 /// config that does not load changes nothing (and says why); agents added or removed wait
 /// for a restart.
-async fn reload(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>], events: Events) {
+async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>], events: Events) {
     tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,

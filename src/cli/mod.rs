@@ -327,12 +327,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             let config = LoadedConfig::load(&config_path)?;
-            daemon::run(
-                config,
-                RunOptions { json, agents },
-                CancellationToken::new(),
-            )
-            .await?;
+            let controls = daemon::Controls::default();
+            let done = CancellationToken::new();
+            let signals = tokio::spawn(daemon::listen_for_signals(controls.clone(), done.clone()));
+            let ran = daemon::run(config, RunOptions { json, agents }, controls).await;
+            done.cancel();
+            let _ = signals.await;
+            ran?;
             Ok(0)
         }
         Command::Init {

@@ -1,0 +1,202 @@
+//! The whole daemon in-process (intake → dispatch → runner → outbox), driven through its
+//! `Controls` instead of signals, over the test back-ends (the AMP broker and the ASMTP
+//! operator of tests/hosts, real HTTP on loopback): a task is answered, and a revoked key on
+//! either back-end is recorded as `auth_failed` while the other agents go on. No mail host.
+
+mod support;
+
+use std::time::Duration;
+
+use aamp_bridge::config::LoadedConfig;
+use aamp_bridge::daemon::{self, Controls, RunOptions};
+use serde_json::{json, Value};
+
+async fn amp(
+    url: &str,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> Value {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{url}{path}"))
+        .header("X-API-Key", key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    response.json().await.unwrap()
+}
+
+fn private(dir: &std::path::Path, name: &str, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// Waits (on real time: the daemon's own clock runs) until `cond` holds.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + support::WAIT;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {:?}",
+            support::WAIT
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
+    let amp_port = support::free_port();
+    let mut broker = support::spawn_test_server(
+        "amp_broker.py",
+        &[
+            "--port".into(),
+            amp_port.to_string().into(),
+            "--db".into(),
+            dir.path().join("broker.sqlite3").into(),
+            "--record".into(),
+            dir.path().join("broker.jsonl").into(),
+            "--user".into(),
+            format!("alice:{key}").into(),
+        ],
+    );
+    let asmtp_port = support::free_port();
+    let mut operator = support::spawn_test_server(
+        "asmtp_operator.py",
+        &[
+            "--port".into(),
+            asmtp_port.to_string().into(),
+            "--db".into(),
+            dir.path().join("operator.sqlite3").into(),
+            "--record".into(),
+            dir.path().join("operator.jsonl").into(),
+            "--agent".into(),
+            "@alice.coder:tok_valid".into(),
+        ],
+    );
+    let amp_url = format!("http://127.0.0.1:{amp_port}");
+    let register = |name: &'static str| {
+        let (url, key) = (amp_url.clone(), key.clone());
+        async move {
+            let agent = amp(
+                &url,
+                &key,
+                reqwest::Method::POST,
+                "/agents/register",
+                Some(json!({"name": name, "role": name, "system_prompt": "test"})),
+            )
+            .await;
+            (
+                agent["id"].as_str().unwrap().to_string(),
+                agent["address"].as_str().unwrap().to_string(),
+            )
+        }
+    };
+    let (coder, boss, locked) = (
+        register("coder").await,
+        register("boss").await,
+        register("locked").await,
+    );
+    private(dir.path(), "amp.key", &key);
+    private(dir.path(), "revoked.key", "amk_revoked");
+    private(dir.path(), "revoked.token", "tok_revoked");
+    let text = format!(
+        "state_dir = \"state\"\n\n\
+         [mailboxes.coder]\nkind = \"amp\"\namp_url = \"{amp_url}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n\n\
+         [mailboxes.locked]\nkind = \"amp\"\namp_url = \"{amp_url}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"revoked.key\"\npoll_interval_secs = 1\n\n\
+         [mailboxes.operator]\nkind = \"asmtp\"\nasmtp_url = \"http://127.0.0.1:{asmtp_port}\"\nhandle = \"@alice.coder\"\ntoken_file = \"revoked.token\"\npoll_interval_secs = 1\n\n\
+         [[agents]]\nname = \"coder\"\nmailbox = \"coder\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\n\n\
+         [[agents]]\nname = \"locked\"\nmailbox = \"locked\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\n\n\
+         [[agents]]\nname = \"asmtp\"\nmailbox = \"operator\"\nprofile = \"echo\"\nallow_from = [\"@alice.*\"]\n",
+        coder.1, coder.0, locked.1, locked.0, boss.1, boss.1
+    );
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, &text).unwrap();
+    let config = LoadedConfig::load(&path).unwrap();
+    let state = config.state_dir.clone();
+    let controls = Controls::default();
+    let running = tokio::spawn(daemon::run(
+        config,
+        RunOptions {
+            json: false,
+            agents: Vec::new(),
+        },
+        controls.clone(),
+    ));
+
+    let sent = amp(
+        &amp_url,
+        &key,
+        reqwest::Method::POST,
+        "/messages/send",
+        Some(
+            json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
+                    "action": "send", "subject": "Greet", "body": "say hello"}),
+        ),
+    )
+    .await;
+    let thread = sent["thread_id"].as_str().unwrap().to_string();
+    let mut reply = None;
+    let deadline = std::time::Instant::now() + support::WAIT;
+    while reply.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reply in the thread"
+        );
+        let messages = amp(
+            &amp_url,
+            &key,
+            reqwest::Method::GET,
+            &format!("/messages/thread/{thread}"),
+            None,
+        )
+        .await;
+        reply = messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["from_agent"] == coder.1.as_str())
+            .cloned();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reply.unwrap()["body"]
+        .as_str()
+        .unwrap()
+        .contains("say hello"));
+
+    let link = |agent: &str| {
+        std::fs::read_to_string(state.join("agents").join(agent).join("link.json"))
+            .unwrap_or_default()
+    };
+    until("the revoked AMP key is recorded", || {
+        link("locked").contains("auth_failed")
+    })
+    .await;
+    until("the revoked ASMTP token is recorded", || {
+        link("asmtp").contains("auth_failed")
+    })
+    .await;
+    assert!(link("coder").contains("connected"), "{}", link("coder"));
+
+    controls.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the daemon stops")
+        .unwrap()
+        .expect("and ends without an error");
+    let _ = broker.kill();
+    let _ = operator.kill();
+    let _ = broker.wait();
+    let _ = operator.wait();
+}
