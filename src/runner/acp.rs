@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -27,7 +26,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -35,8 +34,8 @@ use super::process::GroupChild;
 use super::profile::PermissionPolicy;
 use super::stream::{StreamEvent, TodoItem, ToolStatus};
 use super::{
-    clean, profile, read_tail, vars_for, Profile, RunError, RunOutput, TaskInput, GRACE,
-    STDERR_TAIL,
+    agent_cwd, clean, read_tail, spawn_agent, vars_for, Profile, RunError, RunOutput, TaskInput,
+    GRACE, STDERR_TAIL,
 };
 
 /// Longest JSON-RPC line accepted from an agent; a longer one is skipped whole.
@@ -88,23 +87,19 @@ pub async fn run_acp(
     let started = Instant::now();
     let vars = vars_for(task);
     let program = profile.command.render(&vars);
-    let cwd = match &profile.cwd {
-        Some(cwd) => PathBuf::from(cwd.render(&vars)),
-        None => task.workspace.clone(),
-    };
-    let Spawned {
-        mut child,
-        stdin,
-        stdout,
-        stderr,
-    } = spawn_agent(
+    let cwd = agent_cwd(profile, task, &vars);
+    let mut child = spawn_agent(
         profile,
+        Some(task),
         &program,
+        &profile.args,
         &vars,
         &cwd,
-        &[("AAMP_AGENT", &task.agent), ("AAMP_TASK_ID", &task.task_id)],
-        &task.env,
+        true,
     )?;
+    let stdin = child.child.stdin.take().expect("stdin is piped");
+    let stdout = child.child.stdout.take().expect("stdout is piped");
+    let stderr = child.child.stderr.take().expect("stderr is piped");
     tracing::Span::current().record("pid", child.pid());
     task.spawned(child.pid());
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
@@ -311,51 +306,6 @@ fn initialize_request() -> InitializeRequest {
 }
 
 /// A spawned agent: its process group and its pipes.
-struct Spawned {
-    child: GroupChild,
-    stdin: ChildStdin,
-    stdout: ChildStdout,
-    stderr: ChildStderr,
-}
-
-/// Starts `program` with the profile's arguments and environment, in its own process group,
-/// with all three pipes.
-fn spawn_agent(
-    profile: &Profile,
-    program: &str,
-    vars: &super::template::Vars,
-    cwd: &Path,
-    env: &[(&str, &str)],
-    tags: &[(String, String)],
-) -> Result<Spawned, RunError> {
-    let mut cmd = Command::new(program);
-    cmd.args(profile::render_args(&profile.args, vars))
-        .current_dir(cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (name, value) in env {
-        cmd.env(name, value);
-    }
-    for (name, value) in &profile.env {
-        cmd.env(name, value.render(vars));
-    }
-    cmd.envs(tags.iter().map(|(k, v)| (k, v)));
-    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
-        command: program.to_string(),
-        source,
-    })?;
-    let stdin = child.child.stdin.take().expect("stdin is piped");
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
-    Ok(Spawned {
-        child,
-        stdin,
-        stdout,
-        stderr,
-    })
-}
-
 /// Runs `connection` to its end and then stops the agent: after our side is done (`done`),
 /// an agent that keeps the connection open past the grace period is stopped; after the
 /// connection closes (stdin EOF) the agent gets the grace period to exit before its group is
@@ -476,12 +426,10 @@ pub async fn probe(
 ) -> Result<ProbeInfo, RunError> {
     let vars = super::template::Vars::default();
     let program = profile.command.render(&vars);
-    let Spawned {
-        mut child,
-        stdin,
-        stdout,
-        stderr,
-    } = spawn_agent(profile, &program, &vars, cwd, &[], &[])?;
+    let mut child = spawn_agent(profile, None, &program, &profile.args, &vars, cwd, true)?;
+    let stdin = child.child.stdin.take().expect("stdin is piped");
+    let stdout = child.child.stdout.take().expect("stdout is piped");
+    let stderr = child.child.stderr.take().expect("stderr is piped");
     let info: Mutex<Option<ProbeInfo>> = Mutex::new(None);
     let refused: Mutex<Option<RunError>> = Mutex::new(None);
     let done = Notify::new();

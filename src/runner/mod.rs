@@ -211,6 +211,53 @@ pub async fn run(
     }
 }
 
+/// The agent's working directory: the profile's `cwd`, or the task's own workspace.
+fn agent_cwd(profile: &Profile, task: &TaskInput, vars: &Vars) -> PathBuf {
+    match &profile.cwd {
+        Some(cwd) => PathBuf::from(cwd.render(vars)),
+        None => task.workspace.clone(),
+    }
+}
+
+/// The one way an agent process starts, for both kinds of profile: `program` with `args`
+/// rendered, in `cwd`, in a process group of its own, stdout and stderr piped and stdin piped
+/// when `stdin` (else closed); with the profile's `env` rendered and, for a task (not a
+/// probe), `AAMP_AGENT`, `AAMP_TASK_ID`, `AAMP_SESSION_KEY` and the bridge's tags (which its
+/// children inherit).
+fn spawn_agent(
+    profile: &Profile,
+    task: Option<&TaskInput>,
+    program: &str,
+    args: &[template::Template],
+    vars: &Vars,
+    cwd: &std::path::Path,
+    stdin: bool,
+) -> Result<GroupChild, RunError> {
+    let mut cmd = Command::new(program);
+    cmd.args(profile::render_args(args, vars))
+        .current_dir(cwd)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(task) = task {
+        cmd.env("AAMP_AGENT", &task.agent)
+            .env("AAMP_TASK_ID", &task.task_id);
+        if let Some(key) = &task.session_key {
+            cmd.env("AAMP_SESSION_KEY", key);
+        }
+    }
+    for (name, value) in &profile.env {
+        cmd.env(name, value.render(vars));
+    }
+    if let Some(task) = task {
+        cmd.envs(task.env.iter().map(|(k, v)| (k, v)));
+    }
+    GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
+        command: program.to_string(),
+        source,
+    })
+}
+
 /// Runs one task with a CLI profile. The prompt reaches the agent only through the profile's
 /// templates, as whole arguments or stdin; there is no shell. Stream events (for stream
 /// formats) go to `events` as they are read.
@@ -228,32 +275,17 @@ pub async fn run_cli(
         (Some(resuming), Some(id)) if !id.is_empty() => resuming,
         _ => &profile.args,
     };
-    let mut cmd = Command::new(&program);
-    cmd.args(profile::render_args(args, &vars))
-        .current_dir(match &profile.cwd {
-            Some(cwd) => PathBuf::from(cwd.render(&vars)),
-            None => task.workspace.clone(),
-        })
-        .env("AAMP_AGENT", &task.agent)
-        .env("AAMP_TASK_ID", &task.task_id)
-        .stdin(if profile.stdin.is_some() || profile.help_lines {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(key) = &task.session_key {
-        cmd.env("AAMP_SESSION_KEY", key);
-    }
-    for (name, value) in &profile.env {
-        cmd.env(name, value.render(&vars));
-    }
-    cmd.envs(task.env.iter().map(|(k, v)| (k, v)));
-    let mut child = GroupChild::spawn(&mut cmd).map_err(|source| RunError::Spawn {
-        command: program.clone(),
-        source,
-    })?;
+    let cwd = agent_cwd(profile, task, &vars);
+    let stdin_piped = profile.stdin.is_some() || profile.help_lines;
+    let mut child = spawn_agent(
+        profile,
+        Some(task),
+        &program,
+        args,
+        &vars,
+        &cwd,
+        stdin_piped,
+    )?;
     tracing::Span::current().record("pid", child.pid());
     task.spawned(child.pid());
     tracing::debug!("agent started");
