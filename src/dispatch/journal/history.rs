@@ -1,0 +1,90 @@
+//! The read model a person sees: task lists, a task's timeline, counts.
+
+use super::*;
+
+impl Journal {
+    /// Tasks, newest first, optionally of one agent and in one state.
+    pub fn tasks(
+        &self,
+        agent: Option<&str>,
+        state: Option<TaskState>,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+                 FROM tasks WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR state = ?2)
+                 ORDER BY id DESC LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(
+                params![agent, state.map(TaskState::as_str), limit as i64],
+                task_row,
+            )?;
+            rows.collect()
+        })
+    }
+
+    /// Notes a step of a task's life for its timeline (`aamp-bridge task show`).
+    pub fn note(&self, task: i64, what: &str, detail: Option<&str>) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO timeline (task, at, what, detail) VALUES (?1, ?2, ?3, ?4)",
+                params![task, now_ms(), what, detail],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A task's timeline: its steps, and the mails sent for it, oldest first.
+    pub fn timeline(&self, task: i64) -> Result<Vec<Step>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT received_at, 'received from ' || sender, message_key FROM tasks WHERE id = ?1
+                 UNION ALL
+                 SELECT at, what, detail FROM timeline WHERE task = ?1
+                 UNION ALL
+                 SELECT created_at, 'queued ' || intent, message_id FROM outbox WHERE task = ?1
+                 UNION ALL
+                 SELECT sent_at, 'sent ' || intent, message_id || ' (attempt ' || attempts || ')' FROM outbox WHERE task = ?1 AND sent_at IS NOT NULL
+                 UNION ALL
+                 SELECT failed_at, 'gave up sending ' || intent, last_error FROM outbox WHERE task = ?1 AND failed_at IS NOT NULL
+                 ORDER BY 1",
+            )?;
+            let rows = stmt.query_map(params![task], |r| {
+                Ok(Step {
+                    at_ms: r.get(0)?,
+                    what: r.get(1)?,
+                    detail: r.get(2)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Tasks whose TaskId or Message-ID is `id` (a journal row number also finds its task).
+    pub fn find_tasks(&self, id: &str) -> Result<Vec<TaskRow>, JournalError> {
+        let row: Option<i64> = id.parse().ok();
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+                 FROM tasks WHERE task_id = ?1 OR message_key LIKE '%|' || ?1 OR message_key = ?1 OR id = ?2
+                 ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![id, row], task_row)?;
+            rows.collect()
+        })
+    }
+
+    /// Unsent mails per agent, and unfinished tasks per agent and state.
+    pub fn counts(&self) -> Result<Vec<(String, String, u32)>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT agent, state, COUNT(*) FROM tasks WHERE admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed') GROUP BY agent, state
+                 UNION ALL
+                 SELECT agent, 'unsent', COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY agent",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect()
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! The outbox: every ack and result as a row with its bytes before it is sent, sent in order per task, retried, given up on.
+
+use super::*;
+
+impl Journal {
+    /// Queues a mail for a task that goes on (a question, a stream announcement). A mail
+    /// with a Message-ID already queued is not queued twice.
+    pub fn enqueue(
+        &self,
+        agent: &str,
+        task: Option<i64>,
+        mail: &Outgoing,
+    ) -> Result<(), JournalError> {
+        self.with(|c| insert_outgoing(c, agent, task, mail, now_ms()))
+    }
+
+    /// How many mails of `intent` were queued for the task.
+    pub fn count_outgoing(&self, task: i64, intent: &str) -> Result<u32, JournalError> {
+        self.with(|c| c.query_row(COUNT_OUTGOING, params![task, intent], |r| r.get(0)))
+    }
+
+    /// Mails of `agent` due now, oldest first; a mail waits while an earlier one of the same
+    /// task is unsent, so a task's mails leave in order.
+    pub fn due(&self, agent: &str, limit: usize) -> Result<Vec<Pending>, JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(DUE)?;
+            let rows = stmt.query_map(params![agent, now, limit as i64], |r| {
+                let recipients: String = r.get(7)?;
+                Ok(Pending {
+                    id: r.get(0)?,
+                    task: r.get(1)?,
+                    task_id: r.get(9)?,
+                    attempts: r.get(2)?,
+                    created_at: from_millis(r.get(3)?),
+                    mail: Outgoing {
+                        intent: r.get(4)?,
+                        mail: RenderedMail {
+                            message_id: r.get(5)?,
+                            from: r.get(6)?,
+                            to: serde_json::from_str(&recipients).unwrap_or_default(),
+                            bytes: r.get(8)?,
+                        },
+                    },
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// When the next unsent mail of `agent` is due, if there is one.
+    pub fn next_due(&self, agent: &str) -> Result<Option<SystemTime>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT MIN(next_at) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
+                params![agent],
+                |r| r.get::<_, Option<i64>>(0),
+            )
+        })
+        .map(|t| t.map(from_millis))
+    }
+
+    /// Unsent mails of `agent`.
+    pub fn unsent(&self, agent: &str) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
+                params![agent],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// The mail server accepted the mail; an ack moves its task from received to acked.
+    pub fn mark_sent(&self, pending: &Pending) -> Result<(), JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE outbox SET sent_at = ?2, attempts = attempts + 1, last_error = NULL WHERE id = ?1",
+                params![pending.id, now],
+            )?;
+            if let (Some(task), "task.ack") = (pending.task, pending.mail.intent.as_str()) {
+                tx.execute(
+                    "UPDATE tasks SET state = 'acked', updated_at = ?2 WHERE id = ?1 AND state = 'received'",
+                    params![task, now],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Sending failed; try again at `next`.
+    pub fn retry_at(
+        &self,
+        pending: &Pending,
+        next: SystemTime,
+        error: &str,
+    ) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![pending.id, millis(next), error],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Sending failed for good.
+    pub fn give_up(&self, pending: &Pending, error: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![pending.id, now_ms(), error],
+            )
+            .map(drop)
+        })
+    }
+}

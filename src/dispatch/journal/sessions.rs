@@ -1,0 +1,28 @@
+//! The agent's own session id per conversation.
+
+use super::*;
+
+impl Journal {
+    /// The agent's own session id for a Session-Key.
+    pub fn session(&self, agent: &str, key: &str) -> Result<Option<String>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT session_id FROM sessions WHERE agent = ?1 AND key = ?2",
+                params![agent, key],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    pub fn set_session(&self, agent: &str, key: &str, id: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO sessions (agent, key, session_id, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (agent, key) DO UPDATE SET session_id = excluded.session_id, updated_at = excluded.updated_at",
+                params![agent, key, id, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+}

@@ -1,0 +1,194 @@
+//! What happens to each inbound message and task: recorded once, admitted or not, run, finished; what is left unfinished at start; the counts admission reads.
+
+use super::*;
+
+impl Journal {
+    /// Whether a message with this key was recorded for `agent`.
+    pub fn knows_message(&self, agent: &str, message_key: &str) -> Result<bool, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT 1 FROM tasks WHERE agent = ?1 AND message_key = ?2",
+                params![agent, message_key],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+        })
+    }
+
+    /// The admitted task with this sender and TaskId, if any.
+    pub fn admitted_task(
+        &self,
+        agent: &str,
+        sender: &str,
+        task_id: &str,
+    ) -> Result<Option<(i64, TaskState)>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, state FROM tasks WHERE agent = ?1 AND sender = ?2 AND task_id = ?3 AND admitted = 1 ORDER BY id DESC LIMIT 1",
+                params![agent, sender.to_ascii_lowercase(), task_id],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+        })
+        .map(|r| r.map(|(id, s)| (id, TaskState::parse(&s).unwrap_or(TaskState::Received))))
+    }
+
+    /// Records a message and, in the same transaction, the mail it is answered with. `None`
+    /// when the message was recorded already (a duplicate delivery).
+    pub fn record(
+        &self,
+        task: &NewTask<'_>,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let inserted = tx.execute(
+                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at, session_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+                 ON CONFLICT (agent, message_key) DO NOTHING",
+                params![
+                    task.agent,
+                    task.message_key,
+                    task.sender.to_ascii_lowercase(),
+                    task.task_id,
+                    task.state.as_str(),
+                    task.admitted,
+                    task.mail,
+                    task.reason,
+                    now,
+                    task.session_key
+                ],
+            )?;
+            if inserted == 0 {
+                return Ok(None);
+            }
+            let id = tx.last_insert_rowid();
+            if let Some(mail) = reply {
+                insert_outgoing(&tx, task.agent, Some(id), mail, now)?;
+            }
+            // Mail that is not admitted is kept as a summary, and at most KEEP_NOT_ADMITTED
+            // rows of it per agent (checked every hundredth row): a flood of refused mail
+            // cannot grow the journal without end.
+            if !task.admitted && id % 100 == 0 {
+                tx.execute(BOUND_NOT_ADMITTED, params![task.agent, KEEP_NOT_ADMITTED])?;
+            }
+            tx.commit()?;
+            Ok(Some(id))
+        })
+    }
+
+    /// Moves a task to `state` (not touching finished tasks).
+    pub fn set_state(&self, id: i64, state: TaskState) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
+                params![id, state.as_str(), now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The task starts a run: `running`, one more run counted, no process group yet.
+    /// Returns the number of runs so far, this one included.
+    pub fn start_run(&self, id: i64) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "UPDATE tasks SET state = 'running', runs = runs + 1, pgid = NULL, updated_at = ?2 WHERE id = ?1 RETURNING runs",
+                params![id, now_ms()],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// Records the process group the task's agent runs in.
+    pub fn set_pgid(&self, id: i64, pgid: i32) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET pgid = ?2 WHERE id = ?1",
+                params![id, pgid],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Finishes a task and queues its answer, in one transaction.
+    pub fn finish(
+        &self,
+        agent: &str,
+        id: i64,
+        state: TaskState,
+        reason: Option<&str>,
+        reply: Option<&Outgoing>,
+    ) -> Result<(), JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE tasks SET state = ?2, reason = ?3, pgid = NULL, updated_at = ?4 WHERE id = ?1",
+                params![id, state.as_str(), reason, now],
+            )?;
+            if let Some(mail) = reply {
+                insert_outgoing(&tx, agent, Some(id), mail, now)?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Tasks of `agent` that were admitted and not finished, oldest first.
+    pub fn unfinished(&self, agent: &str) -> Result<Vec<Unfinished>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, state, mail, runs, pgid FROM tasks
+                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed')
+                 ORDER BY id",
+            )?;
+            let rows = stmt.query_map(params![agent], |r| {
+                let state: String = r.get(1)?;
+                Ok(Unfinished {
+                    id: r.get(0)?,
+                    state: TaskState::parse(&state).unwrap_or(TaskState::Running),
+                    mail: r.get(2)?,
+                    runs: r.get(3)?,
+                    pgid: r.get(4)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// The process groups recorded for unfinished tasks of any agent.
+    pub fn recorded_pgids(&self) -> Result<Vec<i32>, JournalError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT DISTINCT pgid FROM tasks WHERE pgid IS NOT NULL AND state IN ('running', 'help_needed')",
+            )?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Admitted tasks of `agent` received since `since`, of one sender and/or one Session-Key
+    /// when given.
+    pub fn count_admitted(
+        &self,
+        agent: &str,
+        sender: Option<&str>,
+        session_key: Option<&str>,
+        since: SystemTime,
+    ) -> Result<u32, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                COUNT_ADMITTED,
+                params![
+                    agent,
+                    millis(since),
+                    sender.map(str::to_ascii_lowercase),
+                    session_key
+                ],
+                |r| r.get(0),
+            )
+        })
+    }
+}

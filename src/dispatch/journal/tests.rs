@@ -1,0 +1,229 @@
+//! The journal's own tests: schema, queries' plans, the outbox order, recovery, pruning.
+
+use super::*;
+
+#[test]
+fn the_queries_run_for_every_task_use_indexes_not_scans() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let conn = journal.conn.lock().unwrap();
+    for (name, sql, n) in [
+        ("COUNT_OUTGOING", COUNT_OUTGOING, 2),
+        ("DUE", DUE, 3),
+        ("COUNT_ADMITTED", COUNT_ADMITTED, 4),
+        ("BOUND_NOT_ADMITTED", BOUND_NOT_ADMITTED, 2),
+    ] {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let values: Vec<rusqlite::types::Value> =
+            (0..n).map(|_| rusqlite::types::Value::Null).collect();
+        let plan: Vec<String> = stmt
+            .query_map(rusqlite::params_from_iter(values), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter().all(|step| !step.starts_with("SCAN")),
+            "{name} scans a table: {plan:?}"
+        );
+    }
+}
+
+#[test]
+fn mail_not_admitted_is_bounded_per_agent_and_pending_answers_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("<r{i}>")).collect();
+    for key in &keys {
+        let mut t = task(key, key, false);
+        t.state = TaskState::Rejected;
+        journal.record(&t, None).unwrap();
+    }
+    journal
+        .with(|c| {
+            c.execute(BOUND_NOT_ADMITTED, params!["coder", 10])
+                .map(drop)
+        })
+        .unwrap();
+    let left: Vec<bool> = keys
+        .iter()
+        .map(|k| journal.knows_message("coder", k).unwrap())
+        .collect();
+    assert_eq!(left.iter().filter(|k| **k).count(), 11, "{left:?}");
+    assert!(left[29] && !left[0], "the oldest go first");
+}
+
+fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {
+    NewTask {
+        agent: "coder",
+        message_key: key,
+        sender: "A@x.test",
+        task_id,
+        session_key: Some("s1"),
+        state: if admitted {
+            TaskState::Received
+        } else {
+            TaskState::Rejected
+        },
+        admitted,
+        mail: "{}",
+        reason: None,
+    }
+}
+
+fn mail(intent: &str, id: &str) -> Outgoing {
+    Outgoing {
+        intent: intent.into(),
+        mail: RenderedMail {
+            message_id: id.into(),
+            from: "coder@x.test".into(),
+            to: vec!["a@x.test".into()],
+            bytes: b"bytes".to_vec(),
+        },
+    }
+}
+
+#[test]
+fn a_message_is_recorded_once_and_its_task_key_held_only_when_admitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    let id = j
+        .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+        .unwrap()
+        .expect("recorded");
+    assert!(j.knows_message("coder", "<m1>").unwrap());
+    assert!(!j.knows_message("other", "<m1>").unwrap());
+    assert_eq!(
+        j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+            .unwrap(),
+        None,
+        "a second delivery is a duplicate"
+    );
+    assert_eq!(
+        j.admitted_task("coder", "a@X.test", "t1").unwrap(),
+        Some((id, TaskState::Received))
+    );
+    j.record(
+        &task("<m2>", "t2", false),
+        Some(&mail("task.result", "<r2>")),
+    )
+    .unwrap();
+    assert_eq!(j.admitted_task("coder", "a@x.test", "t2").unwrap(), None);
+    assert_eq!(j.unsent("coder").unwrap(), 2);
+}
+
+#[test]
+fn the_outbox_sends_a_tasks_mails_in_order_and_marks_the_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let id = j
+        .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+        .unwrap()
+        .unwrap();
+    j.finish(
+        "coder",
+        id,
+        TaskState::Answered,
+        None,
+        Some(&mail("task.result", "<r1>")),
+    )
+    .unwrap();
+    let due = j.due("coder", 10).unwrap();
+    assert_eq!(due.len(), 1, "the result waits for the ack");
+    assert_eq!(due[0].mail.intent, "task.ack");
+    j.retry_at(&due[0], SystemTime::now() + Duration::from_secs(60), "down")
+        .unwrap();
+    assert!(j.due("coder", 10).unwrap().is_empty());
+    assert!(j.next_due("coder").unwrap().is_some());
+    j.mark_sent(&due[0]).unwrap();
+    let due = j.due("coder", 10).unwrap();
+    assert_eq!(due[0].mail.intent, "task.result");
+    j.mark_sent(&due[0]).unwrap();
+    assert_eq!(j.unsent("coder").unwrap(), 0);
+    assert!(j.unfinished("coder").unwrap().is_empty());
+}
+
+#[test]
+fn unfinished_tasks_survive_reopening_with_their_runs_and_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.sqlite3");
+    {
+        let j = Journal::open(&path).unwrap();
+        let id = j.record(&task("<m1>", "t1", true), None).unwrap().unwrap();
+        assert_eq!(j.start_run(id).unwrap(), 1);
+        j.set_pgid(id, 4242).unwrap();
+        j.set_session("coder", "k", "s1").unwrap();
+        j.set_session("coder", "k", "s2").unwrap();
+    }
+    let j = Journal::open(&path).unwrap();
+    let left = j.unfinished("coder").unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        (left[0].state, left[0].runs, left[0].pgid),
+        (TaskState::Running, 1, Some(4242))
+    );
+    assert_eq!(j.recorded_pgids().unwrap(), vec![4242]);
+    assert_eq!(j.session("coder", "k").unwrap().as_deref(), Some("s2"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn a_journal_of_the_first_schema_is_brought_up_to_date() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.sqlite3");
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE tasks (id INTEGER PRIMARY KEY, agent TEXT NOT NULL, message_key TEXT NOT NULL,
+               sender TEXT NOT NULL, task_id TEXT NOT NULL, state TEXT NOT NULL, admitted INTEGER NOT NULL,
+               mail TEXT NOT NULL, reason TEXT, runs INTEGER NOT NULL DEFAULT 0, pgid INTEGER,
+               received_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, UNIQUE (agent, message_key));
+             INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, received_at, updated_at)
+               VALUES ('coder', '<old>', 'a@x.test', 't0', 'running', 1, '{}', 1, 1);",
+        )
+        .unwrap();
+    }
+    let j = Journal::open(&path).unwrap();
+    assert!(j.knows_message("coder", "<old>").unwrap());
+    assert_eq!(j.unfinished("coder").unwrap().len(), 1);
+    j.record(&task("<new>", "t1", true), None).unwrap();
+    assert_eq!(
+        j.count_admitted("coder", Some("a@x.test"), Some("s1"), UNIX_EPOCH)
+            .unwrap(),
+        1
+    );
+    drop(j);
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let newer = Journal::open(&path).unwrap_err().to_string();
+    assert!(newer.contains("newer aamp-bridge"), "{newer}");
+}
+
+#[test]
+fn pruning_keeps_unfinished_tasks_and_unsent_mail() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let done = j.record(&task("<m1>", "t1", true), None).unwrap().unwrap();
+    j.finish("coder", done, TaskState::Answered, None, None)
+        .unwrap();
+    let waiting = j.record(&task("<m2>", "t2", true), None).unwrap().unwrap();
+    j.finish(
+        "coder",
+        waiting,
+        TaskState::Answered,
+        None,
+        Some(&mail("task.result", "<r2>")),
+    )
+    .unwrap();
+    j.record(&task("<m3>", "t3", true), None).unwrap();
+    let removed = j.prune(SystemTime::now() + Duration::from_secs(1)).unwrap();
+    assert_eq!(removed, 1);
+    assert!(!j.knows_message("coder", "<m1>").unwrap());
+    assert!(j.knows_message("coder", "<m2>").unwrap());
+    assert!(j.knows_message("coder", "<m3>").unwrap());
+}
