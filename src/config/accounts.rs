@@ -1,0 +1,569 @@
+//! Mailboxes resolved for use: each kind's keys checked (with the key and the fix in every
+//! error), secrets read from 0600 files, URLs checked (plain http only to loopback unless
+//! the mailbox says so), and AAMP service registrations.
+
+use super::*;
+
+/// A mailbox with its password resolved.
+#[derive(Clone)]
+pub struct Account {
+    pub name: String,
+    pub email: String,
+    pub jmap_url: url::Url,
+    pub login: String,
+    pub password: String,
+    pub smtp_host: String,
+    pub smtp_port: u16,
+    pub smtp_security: SmtpSecurity,
+    pub insecure_tls: bool,
+    pub poll_interval: std::time::Duration,
+    pub push: bool,
+    pub push_transport: PushTransport,
+    pub reconcile_interval: std::time::Duration,
+    pub save_sent: bool,
+    pub aamp_url: Option<url::Url>,
+    pub sender_auth: SenderAuth,
+    pub authserv_id: Option<String>,
+}
+
+impl fmt::Debug for Account {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Account")
+            .field("name", &self.name)
+            .field("email", &self.email)
+            .field("jmap_url", &self.jmap_url.as_str())
+            .field("smtp", &format!("{}:{}", self.smtp_host, self.smtp_port))
+            .finish_non_exhaustive()
+    }
+}
+
+/// An AMP mailbox, checked and with its API key read.
+#[derive(Clone)]
+pub struct AmpAccount {
+    pub name: String,
+    pub url: url::Url,
+    pub address: String,
+    pub agent_id: String,
+    pub api_key: String,
+    pub poll_interval: std::time::Duration,
+    pub insecure_tls: bool,
+}
+
+impl fmt::Debug for AmpAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmpAccount")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An ASMTP mailbox, checked and with its token read.
+#[derive(Clone)]
+pub struct AsmtpAccount {
+    pub name: String,
+    pub url: url::Url,
+    pub handle: String,
+    pub token: String,
+    pub poll_interval: std::time::Duration,
+    pub insecure_tls: bool,
+}
+
+impl fmt::Debug for AsmtpAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsmtpAccount")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedConfig {
+    /// The keys set on mailbox `m` that belong to other kinds than `kind`.
+    fn foreign_keys(m: &MailboxConfig, kind: MailboxKind) -> Vec<&'static str> {
+        let aamp = [
+            ("email", m.email.is_some()),
+            ("credentials_file", m.credentials_file.is_some()),
+            ("jmap_url", !m.jmap_url.is_empty()),
+            ("smtp_host", !m.smtp_host.is_empty()),
+            ("password", m.password.is_some()),
+            ("password_file", m.password_file.is_some()),
+            ("aamp_url", m.aamp_url.is_some()),
+            ("insecure_http", m.insecure_http),
+        ];
+        let amp = [
+            ("amp_url", m.amp_url.is_some()),
+            ("address", m.address.is_some()),
+            ("agent_id", m.agent_id.is_some()),
+            ("api_key_file", m.api_key_file.is_some()),
+        ];
+        let asmtp = [
+            ("asmtp_url", m.asmtp_url.is_some()),
+            ("handle", m.handle.is_some()),
+            ("token_file", m.token_file.is_some()),
+        ];
+        let mut out = Vec::new();
+        for (owner, keys) in [
+            (MailboxKind::Aamp, &aamp[..]),
+            (MailboxKind::Amp, &amp[..]),
+            (MailboxKind::Asmtp, &asmtp[..]),
+        ] {
+            if owner != kind {
+                out.extend(keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k));
+            }
+        }
+        out
+    }
+
+    /// Plain `http://` to a host that is not loopback sends the mailbox's password in clear:
+    /// refused unless the mailbox says `insecure_http = true`.
+    fn refuse_cleartext(
+        &self,
+        key: &str,
+        field: &str,
+        url: &url::Url,
+        allowed: bool,
+    ) -> Result<(), ConfigError> {
+        if url.scheme() == "http" && !allowed && !url.host_str().is_some_and(is_loopback) {
+            return Err(self.error(
+                format!("{key}.{field}"),
+                format!(
+                    "plain http to {} would send the password unencrypted",
+                    url.host_str().unwrap_or_default()
+                ),
+                "use https; or, only on a network you trust, set insecure_http = true on this mailbox",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A secret read from a 0600 file named by `key` (relative to the config's folder).
+    fn secret_file(
+        &self,
+        key: &str,
+        file: Option<&PathBuf>,
+        what: &str,
+    ) -> Result<String, ConfigError> {
+        let file = file.ok_or_else(|| {
+            self.error(
+                key,
+                "missing",
+                format!("set it to a file holding {what} (mode 0600)"),
+            )
+        })?;
+        let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            self.error(
+                key,
+                format!("cannot read {}: {e}", file.display()),
+                format!("point it at a readable file that holds only {what}"),
+            )
+        })?;
+        if !is_private(&file) {
+            return Err(self.error(
+                key,
+                format!("{} can be read by other users", file.display()),
+                format!("run `chmod 600 {}`", file.display()),
+            ));
+        }
+        Ok(text.trim().to_string())
+    }
+
+    /// A broker or operator URL: http(s), and plain http only to a loopback host (the
+    /// credential would cross the network unencrypted).
+    fn service_url(
+        &self,
+        key: &str,
+        text: Option<&String>,
+        example: &str,
+    ) -> Result<url::Url, ConfigError> {
+        let text = text
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| self.error(key, "missing", format!("set it, e.g. {example}")))?;
+        let url = url::Url::parse(text)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| {
+                self.error(
+                    key,
+                    format!("{text:?} is not an http(s) URL"),
+                    format!("write e.g. {example}"),
+                )
+            })?;
+        if url.scheme() == "http" && !url.host_str().is_some_and(is_loopback) {
+            return Err(self.error(
+                key,
+                "plain http would send the credential unencrypted",
+                "use https; http is only allowed to a loopback host",
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The named mailbox and its config key (`mailboxes.<name>`), checked to hold only keys of
+    /// `kind` (an AAMP account is also refused when the mailbox is of another kind).
+    fn mailbox_of_kind(
+        &self,
+        name: &str,
+        kind: MailboxKind,
+    ) -> Result<(String, &MailboxConfig), ConfigError> {
+        let key = format!("mailboxes.{name}");
+        let m = self.config.mailboxes.get(name).ok_or_else(|| {
+            self.error(
+                &key,
+                "no such mailbox",
+                format!("use one of: {}", self.mailbox_names()),
+            )
+        })?;
+        if kind == MailboxKind::Aamp && m.kind != MailboxKind::Aamp {
+            return Err(self.error(
+                format!("{key}.kind"),
+                "an AMP or ASMTP mailbox has no JMAP or SMTP account",
+                "this command works with AAMP mailboxes only",
+            ));
+        }
+        let foreign = Self::foreign_keys(m, kind);
+        if !foreign.is_empty() {
+            let (problem, fix) = match kind {
+                MailboxKind::Aamp => (
+                    format!("{} belong to other kinds of mailbox", foreign.join(", ")),
+                    "set kind = \"amp\" or \"asmtp\" for those, or drop the keys",
+                ),
+                MailboxKind::Asmtp => (
+                    format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
+                    "an ASMTP mailbox takes asmtp_url, handle and token_file",
+                ),
+                MailboxKind::Amp => (
+                    format!("{} do not belong to kind = \"amp\"", foreign.join(", ")),
+                    "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
+                ),
+            };
+            return Err(self.error(&key, problem, fix));
+        }
+        Ok((key, m))
+    }
+
+    /// A mailbox's polling interval: at least a second.
+    fn poll_interval(
+        &self,
+        key: &str,
+        m: &MailboxConfig,
+    ) -> Result<std::time::Duration, ConfigError> {
+        if m.poll_interval_secs == 0 {
+            return Err(self.error(
+                format!("{key}.poll_interval_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds",
+            ));
+        }
+        Ok(std::time::Duration::from_secs(m.poll_interval_secs))
+    }
+
+    /// The named ASMTP mailbox with its token read and its settings checked.
+    pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Asmtp)?;
+        let url = self.service_url(
+            &format!("{key}.asmtp_url"),
+            m.asmtp_url.as_ref(),
+            "https://asmtp.example.com",
+        )?;
+        let handle = m.handle.clone().unwrap_or_default();
+        let valid = handle
+            .strip_prefix('@')
+            .and_then(|h| h.split_once('.'))
+            .is_some_and(|(owner, agent)| {
+                let ok = |s: &str| {
+                    !s.is_empty()
+                        && s.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+                        })
+                };
+                ok(owner) && ok(agent)
+            });
+        if !valid {
+            return Err(self.error(
+                format!("{key}.handle"),
+                format!("{handle:?} is not an ASMTP handle"),
+                "write the agent's handle, @owner.name (lower-case letters, digits, _ and -)",
+            ));
+        }
+        let token = self.secret_file(
+            &format!("{key}.token_file"),
+            m.token_file.as_ref(),
+            "the agent's bearer token",
+        )?;
+        let poll_interval = self.poll_interval(&key, m)?;
+        Ok(AsmtpAccount {
+            name: name.to_string(),
+            url,
+            handle,
+            token,
+            poll_interval,
+            insecure_tls: m.insecure_tls,
+        })
+    }
+
+    /// The named AMP mailbox with its API key read and its settings checked.
+    pub fn amp_account(&self, name: &str) -> Result<AmpAccount, ConfigError> {
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Amp)?;
+        let need = |field: &Option<String>, what: &str, fix: &str| {
+            field
+                .clone()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| self.error(format!("{key}.{what}"), "missing", fix))
+        };
+        let url = self.service_url(
+            &format!("{key}.amp_url"),
+            m.amp_url.as_ref(),
+            "https://amp.example.com",
+        )?;
+        let address = need(
+            &m.address,
+            "address",
+            "set address = \"<name>@<user>.<broker domain>\"",
+        )?;
+        if !address.contains('@') {
+            return Err(self.error(
+                format!("{key}.address"),
+                format!("{address:?} is not an AMP address"),
+                "write the agent's full address, name@user.domain",
+            ));
+        }
+        let agent_id = need(
+            &m.agent_id,
+            "agent_id",
+            "set agent_id = \"<the id POST /agents/register gave>\"",
+        )?;
+        let api_key = self.secret_file(
+            &format!("{key}.api_key_file"),
+            m.api_key_file.as_ref(),
+            "the user's amk_ API key",
+        )?;
+        let poll_interval = self.poll_interval(&key, m)?;
+        Ok(AmpAccount {
+            name: name.to_string(),
+            url,
+            address,
+            agent_id,
+            api_key,
+            poll_interval,
+            insecure_tls: m.insecure_tls,
+        })
+    }
+
+    /// The named mailbox with its password read and its settings checked.
+    pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Aamp)?;
+        let jmap_url = url::Url::parse(&m.jmap_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| {
+                self.error(
+                    format!("{key}.jmap_url"),
+                    format!("{:?} is not an http(s) URL", m.jmap_url),
+                    "write e.g. https://mail.example.com/.well-known/jmap",
+                )
+            })?;
+        self.refuse_cleartext(&key, "jmap_url", &jmap_url, m.insecure_http)?;
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        let (email, password) = match &m.credentials_file {
+            Some(file) => {
+                if m.email.is_some() || m.password.is_some() || m.password_file.is_some() {
+                    return Err(self.error(
+                        &key,
+                        "credentials_file is set together with email or a password",
+                        "keep credentials_file alone, or drop it and give email and password_file",
+                    ));
+                }
+                let file = base.join(file);
+                let creds = read_credentials(&file).map_err(|(problem, fix)| {
+                    self.error(format!("{key}.credentials_file"), problem, fix)
+                })?;
+                (creds.email, creds.smtp_password)
+            }
+            None => {
+                let email = m.email.clone().ok_or_else(|| {
+                    self.error(
+                        &key,
+                        "no email",
+                        "set email = \"<the mailbox's address>\", or credentials_file",
+                    )
+                })?;
+                let password = match (&m.password, &m.password_file) {
+                    (Some(_), Some(_)) => {
+                        return Err(self.error(
+                            &key,
+                            "both password and password_file are set",
+                            "keep one of them (password_file is safer)",
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(self.error(
+                            &key,
+                            "no password",
+                            "set password_file = \"<file holding the password>\" (mode 0600)",
+                        ))
+                    }
+                    (Some(p), None) => p.clone(),
+                    (None, Some(file)) => {
+                        let file = base.join(file);
+                        let text = std::fs::read_to_string(&file).map_err(|e| {
+                            self.error(
+                                format!("{key}.password_file"),
+                                format!("cannot read {}: {e}", file.display()),
+                                "point it at a readable file that holds only the password",
+                            )
+                        })?;
+                        if !is_private(&file) {
+                            return Err(self.error(
+                                format!("{key}.password_file"),
+                                format!("{} can be read by other users", file.display()),
+                                format!("run `chmod 600 {}`", file.display()),
+                            ));
+                        }
+                        text.trim_end_matches(['\r', '\n']).to_string()
+                    }
+                };
+                (email, password)
+            }
+        };
+        if !email.contains('@') || email.trim() != email {
+            return Err(self.error(
+                format!("{key}.email"),
+                format!("{email:?} is not an email address"),
+                "write the mailbox's full address",
+            ));
+        }
+        if m.smtp_security == SmtpSecurity::Plain && !is_loopback(&m.smtp_host) {
+            return Err(self.error(
+                format!("{key}.smtp_security"),
+                format!("plain-text SMTP to {} would send the password unencrypted", m.smtp_host),
+                "use \"starttls\" or \"tls\"; \"plain\" is only allowed to a loopback host (127.0.0.1, ::1, localhost)",
+            ));
+        }
+        let poll_interval = self.poll_interval(&key, m)?;
+        if m.sender_auth == SenderAuth::AuthenticationResults && m.authserv_id.is_none() {
+            return Err(self.error(
+                format!("{key}.authserv_id"),
+                "sender_auth = \"authentication-results\" needs the server's authserv-id",
+                "set authserv_id to the name your mail server writes first in its Authentication-Results headers",
+            ));
+        }
+        Ok(Account {
+            sender_auth: m.sender_auth,
+            authserv_id: m.authserv_id.clone(),
+            name: name.to_string(),
+            email: email.clone(),
+            jmap_url,
+            login: m.login.clone().unwrap_or_else(|| email.clone()),
+            password,
+            smtp_host: m.smtp_host.clone(),
+            smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
+            smtp_security: m.smtp_security,
+            insecure_tls: m.insecure_tls,
+            poll_interval,
+            push: m.push,
+            push_transport: m.push_transport,
+            save_sent: m.save_sent,
+            aamp_url: match &m.aamp_url {
+                None => None,
+                Some(u) => Some(
+                    url::Url::parse(u)
+                        .ok()
+                        .filter(|u| matches!(u.scheme(), "http" | "https"))
+                        .ok_or_else(|| {
+                            self.error(
+                                format!("{key}.aamp_url"),
+                                format!("{u:?} is not an http(s) URL"),
+                                "write e.g. https://aamp.example.com",
+                            )
+                        })
+                        .and_then(|u| {
+                            self.refuse_cleartext(&key, "aamp_url", &u, m.insecure_http)?;
+                            Ok(u)
+                        })?,
+                ),
+            },
+            reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
+        })
+    }
+
+    /// The registration a mailbox still needs: it has a `credentials_file` that does not exist
+    /// yet, and an `aamp_url` to register with.
+    pub fn registration(&self, name: &str) -> Option<Registration> {
+        let m = self.config.mailboxes.get(name)?;
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        let file = base.join(m.credentials_file.as_ref()?);
+        if file.exists() {
+            return None;
+        }
+        Some(Registration {
+            aamp_url: url::Url::parse(m.aamp_url.as_deref()?).ok()?,
+            slug: m.slug.clone().unwrap_or_else(|| name.replace('_', "-")),
+            description: m
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("aamp-bridge mailbox {name}")),
+            credentials_file: file,
+            insecure_tls: m.insecure_tls,
+        })
+    }
+}
+
+/// A mailbox still to be registered with its AAMP service.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    pub aamp_url: url::Url,
+    pub slug: String,
+    pub description: String,
+    /// Where to write the credentials.
+    pub credentials_file: PathBuf,
+    pub insecure_tls: bool,
+}
+
+/// What a credentials file holds (the AAMP bridges' format).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Credentials {
+    pub email: String,
+    pub mailbox_token: String,
+    pub smtp_password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("email", &self.email)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a credentials file, which must be private; errors as (problem, fix).
+fn read_credentials(file: &Path) -> Result<Credentials, (String, String)> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        (format!("cannot read {}: {e}", file.display()), "set aamp_url so the bridge registers the mailbox and writes it, or point credentials_file at an existing file".to_string())
+    })?;
+    if !is_private(file) {
+        return Err((
+            format!("{} can be read by other users", file.display()),
+            format!("run `chmod 600 {}`", file.display()),
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| {
+        (
+            format!("{} is not a credentials file: {e}", file.display()),
+            "it holds {\"email\", \"mailboxToken\", \"smtpPassword\"}".to_string(),
+        )
+    })
+}
+
+/// Writes a credentials file atomically with mode 0600.
+pub fn write_credentials(file: &Path, credentials: &Credentials) -> std::io::Result<()> {
+    crate::fsio::write_atomic(
+        file,
+        &serde_json::to_vec_pretty(credentials).expect("credentials serialize"),
+        0o600,
+    )
+}
