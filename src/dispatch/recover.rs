@@ -1,0 +1,88 @@
+//! What the journal holds from the bridge's last life, picked up at start.
+
+use super::*;
+
+impl<O: Outbox> Dispatcher<O> {
+    /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
+    /// queued again; tasks that were running are run again (workspace emptied first) when
+    /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise
+    /// answered rejected. Returns how many tasks were picked up.
+    pub fn recover(&self) -> Result<usize, JournalError> {
+        let inner = &self.inner;
+        let spec = self.spec();
+        let name = &spec.name;
+        let unfinished = inner.journal.unfinished(name)?;
+        for left in &unfinished {
+            let inbound = match Inbound::from_json(&left.mail) {
+                Ok(inbound) => inbound,
+                Err(e) => {
+                    tracing::error!(row = left.id, error = %e, "a task in the journal cannot be read back; it is closed without an answer");
+                    inner.journal.finish(
+                        name,
+                        left.id,
+                        TaskState::Rejected,
+                        Some("could not be read back from the journal"),
+                        None,
+                    )?;
+                    continue;
+                }
+            };
+            let key = inbound.message_key();
+            let Body::Dispatch(dispatch) = inbound.message.body else {
+                continue;
+            };
+            let env = inbound.message.envelope;
+            let span = tracing::info_span!("task", agent = %name, task_id = %env.task_id, message_id = %key, email_id = %inbound.email_id);
+            let _enter = span.enter();
+            let interrupted = matches!(left.state, TaskState::Running | TaskState::HelpNeeded);
+            if interrupted && (!spec.profile.rerun_interrupted || left.runs >= MAX_RUNS) {
+                let reason = if spec.profile.rerun_interrupted {
+                    format!("interrupted by a bridge restart {} times; not run again; dispatch it again", left.runs)
+                } else {
+                    "interrupted by a bridge restart; this agent's tasks are not run twice; dispatch it again".to_string()
+                };
+                tracing::warn!(runs = left.runs, "{reason}");
+                let reply = self.rejection(&env, &key, &reason);
+                inner.journal.finish(
+                    name,
+                    left.id,
+                    TaskState::Rejected,
+                    Some(&reason),
+                    Some(&reply),
+                )?;
+                inner.events.emit("task.completed", json!({"agent": name, "taskId": env.task_id, "status": "rejected", "error": reason, "recovered": true}));
+                continue;
+            }
+            tracing::info!(
+                state = left.state.as_str(),
+                runs = left.runs,
+                "picking up a task from the journal"
+            );
+            self.note(
+                left.id,
+                "picked up at a restart",
+                Some(&format!(
+                    "was {} after {} run(s)",
+                    left.state.as_str(),
+                    left.runs
+                )),
+            );
+            inner.events.emit("task.recovered", json!({"agent": name, "taskId": env.task_id, "state": left.state.as_str(), "runs": left.runs}));
+            self.start(
+                Task {
+                    row: left.id,
+                    key,
+                    env,
+                    dispatch,
+                    extras: MailExtras {
+                        truncated: inbound.truncated,
+                        attachments: inbound.attachments,
+                    },
+                },
+                span.clone(),
+            );
+        }
+        inner.wake.notify_one();
+        Ok(unfinished.len())
+    }
+}

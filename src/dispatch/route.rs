@@ -1,0 +1,432 @@
+//! Where each inbound message goes: a plain reply to a question, a dispatch (admitted or refused, before anything is acknowledged), a card query, a cancel; what the journal keeps of each.
+
+use super::*;
+
+/// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
+/// it is: such mail never starts a task, so two automatons cannot keep each other busy.
+pub(super) fn automatic(inbound: &Inbound) -> Option<&'static str> {
+    let view = &inbound.view;
+    if view
+        .header("Auto-Submitted")
+        .is_some_and(|v| !v.eq_ignore_ascii_case("no"))
+    {
+        return Some("marked Auto-Submitted");
+    }
+    let from = view.from.to_ascii_lowercase();
+    if from.starts_with("mailer-daemon@") || from.starts_with("postmaster@") || from.is_empty() {
+        return Some("a bounce (from the mail system)");
+    }
+    if view
+        .header("Content-Type")
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/report"))
+    {
+        return Some("a delivery or disposition report");
+    }
+    None
+}
+
+impl<O: Outbox> Dispatcher<O> {
+    /// Takes one inbound message: records it in the journal (with the ack or rejection it is
+    /// answered with) before returning, then starts its work on the tracker. An error means
+    /// the message was not recorded; the caller must offer it again later.
+    pub fn deliver(&self, mail: Mail) -> Result<(), JournalError> {
+        match mail {
+            Mail::Aamp(inbound) => self.deliver_aamp(*inbound),
+            Mail::Reply(reply) => self.on_reply(reply),
+        }
+    }
+
+    /// A plain reply answers a waiting question when it replies to the question's mail and
+    /// comes from the task's dispatcher; anything else is left alone.
+    pub(super) fn on_reply(&self, reply: Reply) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let span = tracing::info_span!("reply", agent = %spec.name, message_id = %reply.message_id, email_id = %reply.email_id);
+        let _enter = span.enter();
+        let ignore = |reason: String| {
+            tracing::info!(from = %reply.from, %reason, "plain reply ignored");
+            self.inner.events.emit(
+                "message.ignored",
+                json!({"agent": spec.name, "from": reply.from, "messageId": reply.message_id, "intent": null, "reason": reason}),
+            );
+            Ok(())
+        };
+        if let SenderCheck::Unverified(why) = &reply.sender_check {
+            return ignore(format!("sender not authenticated: {why}"));
+        }
+        if reply.auto_submitted {
+            return ignore("an automatic reply (Auto-Submitted)".into());
+        }
+        let waiting = {
+            let pending = self.inner.questions.lock().expect("questions lock");
+            let sender = format!("{}\n", reply.from.to_ascii_lowercase());
+            pending
+                .iter()
+                .find(|(k, q)| {
+                    k.starts_with(&sender)
+                        && (reply.in_reply_to.as_deref() == Some(q.help_message_id.as_str())
+                            || reply.references.contains(&q.help_message_id))
+                })
+                .map(|(k, q)| (k.clone(), q.task_row))
+        };
+        let Some((waiting, row)) = waiting else {
+            return ignore(
+                "a plain mail that answers no open question (AAMP needs X-AAMP-Intent)".into(),
+            );
+        };
+        let key = format!(
+            "{}|{}",
+            reply.from.to_ascii_lowercase(),
+            if reply.message_id.is_empty() {
+                format!("email-id:{}", reply.email_id)
+            } else {
+                reply.message_id.clone()
+            }
+        );
+        let task_id = waiting
+            .split_once('\n')
+            .map(|(_, t)| t.to_string())
+            .unwrap_or_default();
+        let recorded = self.inner.journal.record(
+            &journal::NewTask {
+                agent: &spec.name,
+                message_key: &key,
+                sender: &reply.from,
+                task_id: &task_id,
+                session_key: None,
+                state: TaskState::Answered,
+                admitted: false,
+                mail: &json!({"reply": {"from": reply.from, "messageId": reply.message_id, "text": reply.text}}).to_string(),
+                reason: Some("a plain reply to a question"),
+            },
+            None,
+        )?;
+        if recorded.is_some() {
+            tracing::info!(row, "a plain reply answers the agent's question");
+            self.answer_question(&waiting, &task_id, &reply.text, "");
+        }
+        Ok(())
+    }
+
+    pub(super) fn deliver_aamp(&self, inbound: Inbound) -> Result<(), JournalError> {
+        let env = &inbound.message.envelope;
+        let span = tracing::info_span!("task", agent = %self.spec().name,
+            task_id = %env.task_id, message_id = %inbound.message_key(), email_id = %inbound.email_id);
+        let _enter = span.enter();
+        if let SenderCheck::Unverified(why) = &inbound.sender_check {
+            tracing::warn!(from = %env.from, reason = %why, "ignored: nothing shows this mail comes from its From address");
+            self.ignored(&inbound, &format!("sender not authenticated: {why}"));
+            return Ok(());
+        }
+        // A Message-ID counts per sender, so nobody can use up another sender's ids.
+        let key = format!(
+            "{}|{}",
+            env.from.to_ascii_lowercase(),
+            inbound.message_key()
+        );
+        if self.inner.journal.knows_message(&self.spec().name, &key)? {
+            tracing::debug!("this mail is in the journal already; a second delivery is ignored");
+            return Ok(());
+        }
+        match &inbound.message.body {
+            Body::Dispatch(_) => self.on_dispatch(inbound, key, span.clone()),
+            Body::Cancel { .. } => self.on_cancel(&inbound.message.envelope),
+            Body::CardQuery { .. } => self.on_card_query(&inbound, &key),
+            Body::PairRequest { .. } => self.on_pair_request(&inbound, &key),
+            other => {
+                tracing::debug!(intent = %other.intent(), "not for an executor; ignored");
+                self.ignored(
+                    &inbound,
+                    &format!("{} is not for an executor", other.intent()),
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// A message the bridge does not act on: one log line (by the caller) and one event.
+    pub(super) fn ignored(&self, inbound: &Inbound, reason: &str) {
+        let env = &inbound.message.envelope;
+        self.inner.events.emit(
+            "message.ignored",
+            json!({"agent": self.spec().name, "from": env.from, "taskId": env.task_id,
+                   "intent": inbound.message.intent().as_str(), "messageId": env.message_id,
+                   "reason": reason}),
+        );
+    }
+
+    /// The sender policy in force: the config's rules and those kept in the journal (added
+    /// with `aamp-bridge policy` or by pairing).
+    pub(super) fn policy(&self, spec: &AgentSpec) -> Result<SenderPolicy, JournalError> {
+        let (allow, deny) = self.inner.journal.policy(&spec.name)?;
+        Ok(spec
+            .policy
+            .clone()
+            .with_rules(allow.into_iter().map(|(rule, _)| rule))
+            .with_denied(deny.into_iter().map(|(p, _)| p)))
+    }
+
+    /// Whether another refusal may be answered now (at most `refusals_per_hour`).
+    pub(super) fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
+        self.may_answer(&self.inner.refusals, spec.refusals_per_hour)
+    }
+
+    /// Whether one more answer fits in `budget` (answers sent in the last hour) under `max`;
+    /// if so, it is counted.
+    pub(super) fn may_answer(
+        &self,
+        budget: &Mutex<std::collections::VecDeque<std::time::Instant>>,
+        max: u32,
+    ) -> bool {
+        let mut sent = budget.lock().expect("refusals lock");
+        let hour_ago = std::time::Instant::now() - Duration::from_secs(3600);
+        while sent.front().is_some_and(|t| *t < hour_ago) {
+            sent.pop_front();
+        }
+        if sent.len() < max as usize {
+            sent.push_back(std::time::Instant::now());
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(super) fn on_dispatch(
+        &self,
+        inbound: Inbound,
+        key: String,
+        span: tracing::Span,
+    ) -> Result<(), JournalError> {
+        let inner = &self.inner;
+        let spec = self.spec();
+        let name = &spec.name;
+        if let Some(why) = automatic(&inbound) {
+            tracing::info!(reason = why, "ignored: automatic mail never starts a task");
+            self.ignored(&inbound, why);
+            return Ok(());
+        }
+        // A task to run is kept whole (it is run again after a crash); anything else only as
+        // a summary.
+        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
+        let Inbound {
+            message,
+            truncated,
+            attachments,
+            ..
+        } = inbound;
+        let env = message.envelope;
+        let Body::Dispatch(dispatch) = message.body else {
+            return Ok(());
+        };
+        let record =
+            |state: TaskState, admitted: bool, reason: Option<&str>, reply: Option<&Outgoing>| {
+                let mail = if admitted { &mail } else { &summary };
+                inner.journal.record(
+                    &journal::NewTask {
+                        agent: name,
+                        message_key: &key,
+                        sender: &env.from,
+                        task_id: &env.task_id,
+                        session_key: dispatch.session_key.as_deref(),
+                        state,
+                        admitted,
+                        mail,
+                        reason,
+                    },
+                    reply,
+                )
+            };
+        if let Some(waiting) = self.question_answered_by(&env, &dispatch) {
+            let recorded = record(
+                TaskState::Answered,
+                false,
+                Some("an answer to a question of an earlier task"),
+                None,
+            )?;
+            if recorded.is_some() {
+                self.answer_question(&waiting, &env.task_id, &dispatch.body_text, &dispatch.title);
+            }
+            return Ok(());
+        }
+        let journal = &inner.journal;
+        let duplicate = journal
+            .admitted_task(name, &env.from, &env.task_id)?
+            .is_some();
+        let now = SystemTime::now();
+        let load = admission::Load {
+            active: inner.running.lock().expect("running lock").len(),
+            sender_last_hour: journal.count_admitted(
+                name,
+                Some(&env.from),
+                None,
+                now - Duration::from_secs(3600),
+            )?,
+            agent_last_day: journal.count_admitted(
+                name,
+                None,
+                None,
+                now - Duration::from_secs(86_400),
+            )?,
+            // A conversation is one sender's Session-Key: the same key from another sender
+            // is another conversation, never a reason to refuse.
+            session_turns: match &dispatch.session_key {
+                Some(k) => journal.count_admitted(
+                    name,
+                    Some(&env.from),
+                    Some(k),
+                    SystemTime::UNIX_EPOCH,
+                )?,
+                None => 0,
+            },
+            cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
+        };
+        let policy = self.policy(&spec)?;
+        let rejected = |reason: &str| self.rejection(&env, &key, reason);
+        match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
+            Admission::Duplicate => {
+                tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
+                inner.events.emit("task.duplicate", json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+            }
+            Admission::Refuse { reason } => {
+                let answer = spec.unknown_senders == UnknownSenders::Reject
+                    && self.may_answer_refusal(&spec);
+                let reply = answer.then(|| rejected(&reason));
+                if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
+                    tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
+                    inner.events.emit(
+                        "message.ignored",
+                        json!({"agent": name, "from": env.from, "taskId": env.task_id,
+                        "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
+                    );
+                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
+                    inner.wake.notify_one();
+                }
+            }
+            Admission::Reject { reason, state } => {
+                let reply = rejected(&reason);
+                if record(state, false, Some(&reason), Some(&reply))?.is_some() {
+                    tracing::info!(%reason, "dispatch refused");
+                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
+                    inner.wake.notify_one();
+                }
+            }
+            Admission::Run => {
+                let ack = self.compose(&env, &key, Body::Ack, 0);
+                let Some(row) = record(TaskState::Received, true, None, Some(&ack))? else {
+                    return Ok(());
+                };
+                inner.events.emit("task.received", json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
+                inner.wake.notify_one();
+                self.start(
+                    Task {
+                        row,
+                        key,
+                        env,
+                        dispatch,
+                        extras: MailExtras {
+                            truncated,
+                            attachments,
+                        },
+                    },
+                    span,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a message that is answered but not run (a pair request, a card query), with
+    /// its answer.
+    pub(super) fn record_answered(
+        &self,
+        inbound: &Inbound,
+        key: &str,
+        state: TaskState,
+        reason: &str,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let env = &inbound.message.envelope;
+        self.inner.journal.record(
+            &journal::NewTask {
+                agent: &self.spec().name,
+                message_key: key,
+                sender: &env.from,
+                task_id: &env.task_id,
+                session_key: None,
+                state,
+                admitted: false,
+                mail: &inbound.to_json(),
+                reason: Some(reason),
+            },
+            reply,
+        )
+    }
+
+    /// `card.query`: the agent's card, to senders the policy allows.
+    pub(super) fn on_card_query(&self, inbound: &Inbound, key: &str) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let env = &inbound.message.envelope;
+        if !matches!(
+            self.policy(&spec)?.check(&env.from, &Default::default()),
+            policy::Verdict::Allowed(_)
+        ) {
+            tracing::info!(from = %env.from, "card query from a sender the policy refuses; not answered");
+            self.ignored(inbound, "card.query from a sender the policy refuses");
+            return Ok(());
+        }
+        let (summary, text) = spec.card.clone().unwrap_or_else(|| {
+            (
+                spec.name.clone(),
+                format!("Agent {} (no card configured).", spec.name),
+            )
+        });
+        let reply = self.compose(env, key, Body::CardResponse { summary, text }, 0);
+        let recorded = self.record_answered(
+            inbound,
+            key,
+            TaskState::Answered,
+            "card.query",
+            Some(&reply),
+        )?;
+        if recorded.is_some() {
+            self.inner.events.emit(
+                "card.answered",
+                json!({"agent": spec.name, "taskId": env.task_id, "from": env.from}),
+            );
+            self.inner.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// A cancel stops the sender's own task (the key includes the sender, so nobody else's);
+    /// one that comes before its dispatch is remembered, and the dispatch is then answered
+    /// cancelled without running.
+    pub(super) fn on_cancel(&self, env: &Envelope) -> Result<(), JournalError> {
+        let spec = self.spec();
+        if let Some(cancel) = self
+            .inner
+            .running
+            .lock()
+            .expect("running lock")
+            .get(&task_key(&env.from, &env.task_id))
+        {
+            tracing::info!(from = %env.from, "cancel received; stopping the task");
+            cancel.cancel();
+            return Ok(());
+        }
+        let journal = &self.inner.journal;
+        match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
+            Some(_) => {
+                tracing::info!(from = %env.from, "cancel for a task that already ended; nothing to stop")
+            }
+            None if !self.policy(&spec)?.may_ever_dispatch(&env.from) => {
+                // Nothing of theirs could run: there is nothing to remember it for.
+                tracing::info!(from = %env.from, "cancel from a sender the policy does not allow; ignored");
+            }
+            None => {
+                tracing::info!(from = %env.from, "cancel before its dispatch; the dispatch will not run");
+                journal.remember_cancel(&spec.name, &env.from, &env.task_id)?;
+            }
+        }
+        Ok(())
+    }
+}
