@@ -218,9 +218,8 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let events = Events::new(opts.json);
     let state_dir = &config.state_dir;
     let _lock = StateLock::acquire(state_dir)?;
-    let journal = Arc::new(
-        Journal::open(&state_dir.join("journal.sqlite3")).context("opening the task journal")?,
-    );
+    let journal =
+        Arc::new(Journal::open(&config.state().journal()).context("opening the task journal")?);
     let retention = Duration::from_secs(config.config.journal_retention_days * 86_400);
     match journal.prune(std::time::SystemTime::now() - retention) {
         Ok(0) => {}
@@ -253,7 +252,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let mut names = Vec::new();
     let mut dispatchers = Vec::new();
     for agent in agents {
-        let agent_dir = state_dir.join("agents").join(&agent.name);
+        let agent_dir = config.state().agent(&agent.name);
         let (outlet, intake) = open_backend(
             &config,
             &agent,
@@ -287,7 +286,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 .deliver(inbound)
                 .map_err(|e| Box::new(e) as intake::DeliverError)
         };
-        let link = crate::mailbox::link::Link::new(agent_dir.join("link.json"));
+        let link = crate::mailbox::link::Link::new(config.state().link(&agent.name));
         let name = agent.name.clone();
         match intake {
             Intake::Aamp(mailbox) => services.spawn(
@@ -358,7 +357,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 "agents": agents,
             })
         };
-        match control_socket(&state_dir.join(CONTROL_SOCKET)) {
+        match control_socket(&config.state().control_socket()) {
             Ok(listener) => {
                 services.spawn(serve_control(listener, live, stop.clone()));
             }
@@ -447,7 +446,7 @@ async fn open_backend(
     services: &TaskTracker,
     outbox_stop: &CancellationToken,
 ) -> anyhow::Result<(Outlet, Intake)> {
-    let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let mailbox_name = agent.mailbox_name().to_string();
     if config.is_asmtp(&mailbox_name) {
         let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
             .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
@@ -559,7 +558,7 @@ pub fn agent_spec(
     config: &LoadedConfig,
     agent: &crate::config::AgentConfig,
 ) -> anyhow::Result<AgentSpec> {
-    let mailbox_name = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let mailbox_name = agent.mailbox_name().to_string();
     let email = config.mailbox_address(&mailbox_name)?;
     let profile = Profile::find(&config.profile_ref(&agent.profile), &config.profile_dirs())
         .with_context(|| {
@@ -604,11 +603,7 @@ pub fn agent_spec(
         max_concurrent: agent.max_concurrent_tasks,
         max_queued: agent.max_queued_tasks,
         profile,
-        workspace_root: config
-            .state_dir
-            .join("agents")
-            .join(&agent.name)
-            .join("tasks"),
+        workspace_root: config.state().workspaces(&agent.name),
     };
     if spec.policy.is_empty() {
         tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");
@@ -769,9 +764,6 @@ async fn wait_for_signal() {
     }
 }
 
-/// The control socket's name in the state directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
-
 /// Binds the control socket, owner-only. A socket left by a crashed bridge is replaced (the
 /// state lock, held by now, says no other bridge uses this directory).
 fn control_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
@@ -820,7 +812,10 @@ async fn serve_control(
 /// answers within a second.
 pub fn ask_control(state_dir: &std::path::Path) -> Option<serde_json::Value> {
     use std::io::Read as _;
-    let stream = std::os::unix::net::UnixStream::connect(state_dir.join(CONTROL_SOCKET)).ok()?;
+    let stream = std::os::unix::net::UnixStream::connect(
+        crate::paths::StateDir::new(state_dir).control_socket(),
+    )
+    .ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     let mut text = String::new();
     stream.take(1 << 20).read_to_string(&mut text).ok()?;

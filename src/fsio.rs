@@ -69,7 +69,7 @@ pub enum LockError {
 impl StateLock {
     /// The pid of the bridge holding `state_dir`, if one runs (without taking the lock).
     pub fn holder(state_dir: &Path) -> Option<String> {
-        let mut file = File::open(state_dir.join("bridge.lock")).ok()?;
+        let mut file = File::open(crate::paths::StateDir::new(state_dir).lock()).ok()?;
         match file.try_lock_shared() {
             Ok(()) => None,
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -87,7 +87,7 @@ impl StateLock {
             source,
         };
         std::fs::create_dir_all(state_dir).map_err(io)?;
-        let path = state_dir.join("bridge.lock");
+        let path = crate::paths::StateDir::new(state_dir).lock();
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)

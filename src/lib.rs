@@ -80,6 +80,7 @@ pub mod events;
 pub mod fsio;
 pub mod inbound;
 pub mod mailbox;
+pub mod paths;
 pub mod protocol;
 pub mod runner;
 pub mod service;

@@ -12,10 +12,11 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("backoff", &[]),
-    ("fsio", &[]),
+    ("paths", &[]),
+    ("fsio", &["paths"]),
     ("error", &[]),
     ("events", &["protocol"]),
-    ("config", &["protocol", "error", "fsio"]),
+    ("config", &["protocol", "error", "fsio", "paths"]),
     ("inbound", &["protocol", "config"]),
     (
         "runner",

@@ -444,8 +444,7 @@ fn import_carries_over_the_reference_bridges_files() {
     assert_eq!(custom.kind, aamp_bridge::runner::profile::ProfileKind::Acp);
     aamp_bridge::runner::Profile::find(&agent("coco").profile, &loaded.profile_dirs()).unwrap();
     // The live pairing code still works here.
-    let journal =
-        aamp_bridge::dispatch::Journal::open(&loaded.state_dir.join("journal.sqlite3")).unwrap();
+    let journal = aamp_bridge::dispatch::Journal::open(&loaded.state().journal()).unwrap();
     let live = journal
         .fresh_pair_code("claude", std::time::Duration::ZERO)
         .unwrap();

@@ -61,7 +61,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
             .config
             .agents
             .iter()
-            .map(|a| a.mailbox.clone().unwrap_or_else(|| a.name.clone()))
+            .map(|a| a.mailbox_name().to_string())
             .collect();
         mailboxes.dedup();
         for name in mailboxes {

@@ -390,7 +390,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {
-    let path = config.state_dir.join("journal.sqlite3");
+    let path = config.state().journal();
     if !path.exists() {
         bail!(
             "no task journal at {} yet: the bridge has not run with this state directory (aamp-bridge start)",

@@ -23,7 +23,7 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
                 .join(", ")
         );
     };
-    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let journal = crate::dispatch::Journal::open(&config.state().journal())?;
     let check_sender = |sender: &str| {
         if sender.contains('@') {
             Ok(())
@@ -128,9 +128,9 @@ pub(super) fn pair(
     let Some(agent) = config.config.agents.iter().find(|a| a.name == agent_name) else {
         bail!("no agent {agent_name:?} in {}", config.path.display());
     };
-    let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+    let mailbox = agent.mailbox_name().to_string();
     let email = config.mailbox_address(&mailbox)?;
-    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let journal = crate::dispatch::Journal::open(&config.state().journal())?;
     let code = crate::dispatch::new_pair_code();
     let expires = journal.add_pair_code(&agent.name, &code, Duration::from_secs(ttl_secs))?;
     let url = format!(

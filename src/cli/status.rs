@@ -8,7 +8,7 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let live = running
         .as_ref()
         .and_then(|_| daemon::ask_control(&config.state_dir));
-    let journal_path = config.state_dir.join("journal.sqlite3");
+    let journal_path = config.state().journal();
     let journal = journal_path
         .exists()
         .then(|| crate::dispatch::Journal::open(&journal_path))
@@ -20,18 +20,12 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let now = std::time::SystemTime::now();
     let mut agents = Vec::new();
     for agent in &config.config.agents {
-        let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+        let mailbox = agent.mailbox_name().to_string();
         let email = config.mailbox_address(&mailbox).unwrap_or_default();
-        let link: serde_json::Value = std::fs::read(
-            config
-                .state_dir
-                .join("agents")
-                .join(&agent.name)
-                .join("link.json"),
-        )
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or(serde_json::Value::Null);
+        let link: serde_json::Value = std::fs::read(config.state().link(&agent.name))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
         let count = |state: &str| {
             counts
                 .iter()

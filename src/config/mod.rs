@@ -131,7 +131,7 @@ impl LoadedConfig {
                     "give each agent its own name",
                 ));
             }
-            let mailbox = agent.mailbox.clone().unwrap_or_else(|| agent.name.clone());
+            let mailbox = agent.mailbox_name().to_string();
             if !self.config.mailboxes.contains_key(&mailbox) {
                 return Err(self.error(
                     format!("{key}.mailbox"),
@@ -283,6 +283,11 @@ impl LoadedConfig {
 
     /// An agent's `profile` value as `runner::Profile::find` takes it: a path (anything with
     /// a `/` or ending in `.toml`) is made relative to the config file's folder.
+    /// The state directory's layout.
+    pub fn state(&self) -> crate::paths::StateDir {
+        crate::paths::StateDir::new(&self.state_dir)
+    }
+
     pub fn profile_ref(&self, profile: &str) -> String {
         if profile.contains('/') || profile.ends_with(".toml") {
             let base = self.path.parent().unwrap_or(Path::new("."));

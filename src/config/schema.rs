@@ -321,6 +321,11 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
+    /// The mailbox the agent reads: its `mailbox`, else the mailbox of its own name.
+    pub fn mailbox_name(&self) -> &str {
+        self.mailbox.as_deref().unwrap_or(&self.name)
+    }
+
     /// The agent's sender policy from the config (rules added with `aamp-bridge policy` or by
     /// pairing live in the journal and are added by the dispatcher).
     pub fn sender_policy(&self) -> policy::SenderPolicy {

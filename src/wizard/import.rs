@@ -560,7 +560,7 @@ pub fn write(plan: &Plan, config_path: &Path) -> anyhow::Result<()> {
     let loaded = crate::config::LoadedConfig::load(config_path)?;
     if !plan.pair_codes.is_empty() {
         std::fs::create_dir_all(&loaded.state_dir)?;
-        let journal = crate::dispatch::Journal::open(&loaded.state_dir.join("journal.sqlite3"))?;
+        let journal = crate::dispatch::Journal::open(&loaded.state().journal())?;
         for (agent, code, left) in &plan.pair_codes {
             if journal
                 .fresh_pair_code(agent, Duration::ZERO)?

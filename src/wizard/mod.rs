@@ -528,11 +528,11 @@ pub fn pairing(config: &LoadedConfig, agent: &str, ttl: Duration) -> anyhow::Res
         .iter()
         .find(|a| a.name == agent)
         .with_context(|| format!("no agent {agent:?} in {}", config.path.display()))?;
-    let mailbox = entry.mailbox.clone().unwrap_or_else(|| entry.name.clone());
+    let mailbox = entry.mailbox_name().to_string();
     let email = config.mailbox_address(&mailbox)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create {}", config.state_dir.display()))?;
-    let journal = crate::dispatch::Journal::open(&config.state_dir.join("journal.sqlite3"))?;
+    let journal = crate::dispatch::Journal::open(&config.state().journal())?;
     let (code, expires) = match journal.fresh_pair_code(agent, Duration::from_secs(120))? {
         Some(live) => live,
         None => {

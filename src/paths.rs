@@ -1,0 +1,68 @@
+//! The state directory's layout: one place names every file the bridge keeps there.
+//!
+//! ```text
+//! STATE/journal.sqlite3           the task journal (and its -wal, -shm)
+//! STATE/bridge.lock               held by the running bridge
+//! STATE/control.sock              the running bridge's owner-only control socket
+//! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark,
+//! STATE/agents/NAME/link.json       the link state `status` reads,
+//! STATE/agents/NAME/tasks/          and the task workspaces
+//! ```
+
+use std::path::{Path, PathBuf};
+
+/// A state directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateDir(PathBuf);
+
+impl StateDir {
+    pub fn new(path: impl Into<PathBuf>) -> StateDir {
+        StateDir(path.into())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn journal(&self) -> PathBuf {
+        self.0.join("journal.sqlite3")
+    }
+
+    pub fn lock(&self) -> PathBuf {
+        self.0.join("bridge.lock")
+    }
+
+    pub fn control_socket(&self) -> PathBuf {
+        self.0.join("control.sock")
+    }
+
+    /// The folder of one agent.
+    pub fn agent(&self, name: &str) -> PathBuf {
+        self.0.join("agents").join(name)
+    }
+
+    /// The link state of one agent's mailbox.
+    pub fn link(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("link.json")
+    }
+
+    /// Where one agent's task workspaces are made.
+    pub fn workspaces(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("tasks")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_is_under_the_state_directory() {
+        let dir = StateDir::new("/s");
+        assert_eq!(dir.journal(), Path::new("/s/journal.sqlite3"));
+        assert_eq!(dir.link("coder"), Path::new("/s/agents/coder/link.json"));
+        assert_eq!(dir.workspaces("coder"), Path::new("/s/agents/coder/tasks"));
+        assert_eq!(dir.control_socket(), Path::new("/s/control.sock"));
+        assert_eq!(dir.lock(), Path::new("/s/bridge.lock"));
+    }
+}
