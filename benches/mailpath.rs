@@ -24,7 +24,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use aamp_bridge::config::{Account, PushTransport, SenderAuth, SmtpSecurity};
-use aamp_bridge::protocol::{AampMessage, Body, Dispatch, Envelope, Intent, Priority};
+use aamp_bridge::protocol::{AampMessage, Dispatch, Intent, Priority};
 use serde_json::{json, Value};
 
 const JMAP: &str = "http://127.0.0.1:18080/.well-known/jmap";
@@ -309,27 +309,17 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 fn dispatch(from: &str, to: &str, n: usize) -> AampMessage {
-    let mut msg = AampMessage {
-        envelope: Envelope {
-            version: aamp_bridge::protocol::VERSION.into(),
-            task_id: format!("bench-{n}-{}", uuid::Uuid::new_v4()),
-            from: from.into(),
-            to: vec![to.into()],
-            message_id: String::new(),
-            subject: String::new(),
-            in_reply_to: None,
-            references: vec![],
-            received_body: None,
-        },
-        body: Body::Dispatch(Dispatch {
+    AampMessage::dispatch(
+        format!("bench-{n}-{}", uuid::Uuid::new_v4()),
+        from,
+        to,
+        Dispatch {
             title: format!("bench {n}"),
             priority: Priority::Normal,
             body_text: "instant".into(),
             ..Dispatch::default()
-        }),
-    };
-    msg.envelope.subject = msg.subject();
-    msg
+        },
+    )
 }
 
 fn main() {

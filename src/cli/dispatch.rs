@@ -23,19 +23,11 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     // Take the cursor before sending, so the answer cannot slip past it.
     let mut state = crate::mailbox::Position::at(mailbox.current_state().await?);
     let task_id = uuid::Uuid::new_v4().to_string();
-    let mut msg = AampMessage {
-        envelope: Envelope {
-            version: protocol::VERSION.into(),
-            task_id: task_id.clone(),
-            from: account.email.clone(),
-            to: vec![args.to.clone()],
-            message_id: String::new(),
-            subject: String::new(),
-            in_reply_to: None,
-            references: vec![],
-            received_body: None,
-        },
-        body: Body::Dispatch(Dispatch {
+    let msg = AampMessage::dispatch(
+        task_id.clone(),
+        &account.email,
+        &args.to,
+        Dispatch {
             title: args.title.clone(),
             priority: Priority::Normal,
             session_key: args.session_key.clone(),
@@ -46,9 +38,8 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
                 .map(|h| h.saturating_add(1)),
             body_text: text,
             ..Dispatch::default()
-        }),
-    };
-    msg.envelope.subject = msg.subject();
+        },
+    );
     let message_id = sender.send(&msg).await.context("sending the dispatch")?;
     eprintln!("sent task {task_id} to {} ({message_id})", args.to);
     if args.no_wait {

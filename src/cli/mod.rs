@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{default_config_path, LoadedConfig};
 use crate::daemon::{self, RunOptions};
 use crate::mailbox::{Mailbox, Sender};
-use crate::protocol::{self, AampMessage, Body, Dispatch, Envelope, Priority, Status};
+use crate::protocol::{self, AampMessage, Body, Dispatch, Priority, Status};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -677,6 +677,27 @@ impl AampMessage {
         Value::Object(m)
     }
 
+    /// A new task from `from` to `to`: `dispatch` with a fresh envelope (no Message-ID yet:
+    /// the sender gives it one) and its subject.
+    pub fn dispatch(task_id: String, from: &str, to: &str, dispatch: Dispatch) -> AampMessage {
+        let mut msg = AampMessage {
+            envelope: Envelope {
+                version: VERSION.to_string(),
+                task_id,
+                from: from.to_string(),
+                to: vec![to.to_string()],
+                message_id: String::new(),
+                subject: String::new(),
+                in_reply_to: None,
+                references: vec![],
+                received_body: None,
+            },
+            body: Body::Dispatch(dispatch),
+        };
+        msg.envelope.subject = msg.subject();
+        msg
+    }
+
     /// A reply on the same task: to the sender of `to_this`, threaded under it.
     pub fn reply(to_this: &Envelope, from: &str, body: Body) -> AampMessage {
         let mut references: Vec<String> = to_this.references.clone();

@@ -501,26 +501,16 @@ impl Peer {
     }
 
     pub fn dispatch_to(&self, to: &str, title: &str, body: &str) -> AampMessage {
-        let mut msg = AampMessage {
-            envelope: Envelope {
-                version: protocol::VERSION.into(),
-                task_id: uuid::Uuid::new_v4().to_string(),
-                from: self.account.email.clone(),
-                to: vec![to.to_string()],
-                message_id: String::new(),
-                subject: String::new(),
-                in_reply_to: None,
-                references: vec![],
-                received_body: None,
-            },
-            body: Body::Dispatch(Dispatch {
+        AampMessage::dispatch(
+            uuid::Uuid::new_v4().to_string(),
+            &self.account.email,
+            to,
+            Dispatch {
                 title: title.into(),
                 body_text: body.into(),
                 ..Dispatch::default()
-            }),
-        };
-        msg.envelope.subject = msg.subject();
-        msg
+            },
+        )
     }
 
     /// Sends `msg`; returns it with its Message-ID filled in.
