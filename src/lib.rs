@@ -35,18 +35,18 @@
 //!   sender). Below both `mailbox` and `dispatch`.
 //! - [`error`], [`events`], [`fsio`], [`backoff`]: error classes, JSON-lines events, atomic
 //!   files and the state lock, the one retry schedule.
-//! - [`mailbox`]: the only code that knows mail and the AAMP service: the intake
-//!   (`mailbox::intake`: `Email/changes` from a persisted cursor, a page at a time, handed to a
-//!   `deliver` callback before the cursor moves; an Inbox scan when the server lost the state;
-//!   push over WebSocket or EventSource), Inbox and address filtering, attachments, SMTP
-//!   submission with Sent copies, the helper API (streams, registration, thread, directory),
-//!   sender authenticity (`mailbox::auth`: only evidence the receiving server wrote, its
-//!   `Received:` fields read by their grammar in `mailbox::received`, failing closed), plain
-//!   replies, and the link state a status command reads. Other mailbox systems are back-ends
-//!   beside it with the same inbound model: `mailbox::asmtp` (an ASMTP operator: push,
-//!   keyset catch-up, reply envelopes with client ids) and `mailbox::amp` (an AMP broker,
-//!   polled; answers as replies in the thread); both mark the bridge's answers in their own
-//!   metadata so an answer never starts a task. It never names `dispatch` or `runner`.
+//! - [`mailbox`]: the only code that knows mail and the mailbox systems. One folder or file
+//!   per back-end, each turning its messages into the inbound model: `mailbox::aamp` (AAMP
+//!   mail: JMAP reading from a persisted cursor with push over WebSocket or EventSource, Inbox
+//!   and address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
+//!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
+//!   grammar in `aamp::received`, failing closed, and plain replies), `mailbox::asmtp` (an
+//!   ASMTP operator: push, keyset catch-up, reply envelopes with client ids) and
+//!   `mailbox::amp` (an AMP broker, polled; answers as replies in the thread); both mark the
+//!   bridge's answers in their own metadata so an answer never starts a task. Shared by all:
+//!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
+//!   mailbox's link state, refused keys and retries), HTTP clients, errors, the link state a
+//!   status command reads. It never names `dispatch` or `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
 //!   (`runner::profile`, which owns the permission policy both kinds apply) and their stream
 //!   formats (`runner::stream`), templates, process groups and tagged leftovers

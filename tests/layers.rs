@@ -175,10 +175,17 @@ fn no_two_files_of_one_module_name_each_other() {
     files(&src(), &mut all);
     let mut edges: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for path in &all {
-        let (module, file) = place(path);
-        if file.is_empty() || file == "mod" || file.contains('/') {
+        // The folder (`mailbox/aamp`) and the file's name in it; a folder's `mod.rs` is the
+        // parent of the others, not a sibling.
+        let rel = path.strip_prefix(src()).unwrap();
+        let Some(folder) = rel.parent().filter(|f| !f.as_os_str().is_empty()) else {
+            continue;
+        };
+        let file = rel.file_stem().unwrap().to_string_lossy().to_string();
+        if file == "mod" {
             continue;
         }
+        let module = folder.to_string_lossy().replace('/', "::");
         let text = std::fs::read_to_string(path).unwrap();
         edges.insert((module.clone(), file), siblings(&module, &code(&text)));
     }
@@ -193,7 +200,7 @@ fn no_two_files_of_one_module_name_each_other() {
                     .get(&(module.clone(), other.clone()))
                     .is_some_and(|back| back.contains(file))
             {
-                circles.push(format!("{module}/{file}.rs <-> {module}/{other}.rs"));
+                circles.push(format!("{module}::{file} <-> {module}::{other}"));
             }
         }
     }
