@@ -1,0 +1,103 @@
+//! A cheap check that an installed agent speaks ACP, how it authenticates, and whether it is logged in.
+
+use super::*;
+
+/// What an agent says about itself in `initialize`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProbeInfo {
+    /// `name version` from `agentInfo`, when given.
+    pub agent: Option<String>,
+    pub auth_methods: Vec<String>,
+    pub load_session: bool,
+    pub resume_session: bool,
+    /// With `open_session`: the session the agent opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+/// Starts the agent, sends `initialize` (and with `open_session` also opens a session,
+/// authenticating the way a task would), and stops it: a cheap check that an installed agent
+/// really speaks ACP, how it authenticates, and whether it is logged in.
+pub async fn probe(
+    profile: &Profile,
+    cwd: &Path,
+    open_session_too: bool,
+) -> Result<ProbeInfo, RunError> {
+    let vars = crate::runner::template::Vars::default();
+    let program = profile.command.render(&vars);
+    let mut child = spawn_agent(profile, None, &program, &profile.args, &vars, cwd, true)?;
+    let stdin = child.child.stdin.take().expect("stdin is piped");
+    let stdout = child.child.stdout.take().expect("stdout is piped");
+    let stderr = child.child.stderr.take().expect("stderr is piped");
+    let info: Mutex<Option<ProbeInfo>> = Mutex::new(None);
+    let refused: Mutex<Option<RunError>> = Mutex::new(None);
+    let done = Notify::new();
+    let connection = Client.v1().name("aamp-bridge").connect_with(
+        Lines::new(line_sink(stdin), line_stream(stdout)),
+        async |cx: ConnectionTo<Agent>| {
+            let request = initialize_request();
+            let reply =
+                tokio::time::timeout(profile.init_timeout, cx.send_request(request).block_task())
+                    .await;
+            done.notify_one();
+            let Ok(reply) = reply else { return Ok(()) };
+            let init = reply?;
+            let mut found = ProbeInfo {
+                agent: init
+                    .agent_info
+                    .as_ref()
+                    .map(|i| format!("{} {}", i.name, i.version)),
+                auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
+                load_session: init.agent_capabilities.load_session,
+                resume_session: init
+                    .agent_capabilities
+                    .session_capabilities
+                    .resume
+                    .is_some(),
+                session_id: None,
+            };
+            if open_session_too {
+                let shared = Shared::default();
+                match open_session(&cx, profile, &init, cwd, None, &shared).await? {
+                    Ok(id) => found.session_id = Some(id),
+                    Err(why) => {
+                        *refused.lock().expect("probe lock") = Some(match why {
+                            Driven::NotLoggedIn(d) => not_logged_in(&d),
+                            Driven::SessionRefused(d) => session_refused(&d),
+                            _ => RunError::Reported(
+                                "the agent did not open a session in time".into(),
+                            ),
+                        });
+                        return Ok(());
+                    }
+                }
+            }
+            *info.lock().expect("probe lock") = Some(found);
+            Ok(())
+        },
+    );
+    let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
+    if let Some(why) = refused.into_inner().expect("probe lock") {
+        return Err(why);
+    }
+    match (info.into_inner().expect("probe lock"), connection) {
+        (Some(info), _) => Ok(info),
+        (None, result) => {
+            let what = match result {
+                Err(e) => format!("did not answer initialize ({})", e.message),
+                Ok(()) => format!(
+                    "did not answer initialize within {}s",
+                    profile.init_timeout.as_secs()
+                ),
+            };
+            let status = match status.and_then(|s| s.code()) {
+                Some(code) => format!("{what} (exit status {code})"),
+                None => what,
+            };
+            Err(RunError::Failed {
+                status,
+                stderr: stderr_text,
+            })
+        }
+    }
+}

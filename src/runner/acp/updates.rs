@@ -1,0 +1,180 @@
+//! Session updates as stream events: text, tool calls with their status and output, plans as todos, files the agent hands over.
+
+use super::*;
+
+pub(super) fn tool_status(status: ToolCallStatus) -> ToolStatus {
+    match status {
+        ToolCallStatus::Pending => ToolStatus::Pending,
+        ToolCallStatus::Completed => ToolStatus::Completed,
+        ToolCallStatus::Failed => ToolStatus::Failed,
+        _ => ToolStatus::Running,
+    }
+}
+
+pub(super) fn json_text(value: &Option<serde_json::Value>) -> Option<String> {
+    value.as_ref().map(|v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+/// A tool's content as text: its text blocks, and a one-line summary per diff.
+pub(super) fn content_text(content: &[ToolCallContent]) -> Option<String> {
+    let parts: Vec<String> = content
+        .iter()
+        .filter_map(|c| match c {
+            ToolCallContent::Content(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.clone()),
+                _ => None,
+            },
+            ToolCallContent::Diff(d) => {
+                let old = d.old_text.as_deref().map_or(0, |t| t.lines().count());
+                Some(format!(
+                    "edited {}: {} lines → {} lines",
+                    d.path.display(),
+                    old,
+                    d.new_text.lines().count()
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("\n"))
+}
+
+/// One `session/update` as stream events. Thoughts never reach the output.
+impl Shared {
+    /// Adds to the answer, keeping at most `text_max` bytes however much the agent sends.
+    fn append_text(&self, more: &str) {
+        let mut text = self.text.lock().expect("text lock");
+        let room = self.text_max.saturating_sub(text.len());
+        if more.len() <= room {
+            text.push_str(more);
+        } else {
+            let mut end = room;
+            while !more.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.push_str(&more[..end]);
+            self.text_cut.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// An embedded resource as a file: named after the last part of its URI.
+pub(super) fn embedded_file(
+    resource: &EmbeddedResourceResource,
+) -> Option<crate::runner::OutputFile> {
+    use base64::Engine as _;
+    let name_of = |uri: &str| {
+        uri.rsplit('/')
+            .find(|s| !s.is_empty())
+            .unwrap_or("resource")
+            .to_string()
+    };
+    match resource {
+        EmbeddedResourceResource::TextResourceContents(t) => {
+            Some(crate::runner::OutputFile::Inline {
+                name: name_of(&t.uri),
+                content_type: t.mime_type.clone(),
+                bytes: t.text.clone().into_bytes(),
+            })
+        }
+        EmbeddedResourceResource::BlobResourceContents(b) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b.blob.trim())
+                .ok()?;
+            Some(crate::runner::OutputFile::Inline {
+                name: name_of(&b.uri),
+                content_type: b.mime_type.clone(),
+                bytes,
+            })
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
+    match update {
+        SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
+            ContentBlock::Text(t) if !t.text.is_empty() => {
+                shared.append_text(&t.text);
+                vec![StreamEvent::TextDelta(t.text.clone())]
+            }
+            ContentBlock::ResourceLink(link) => {
+                match link.uri.strip_prefix("file://") {
+                    Some(path) => shared
+                        .files
+                        .lock()
+                        .expect("files lock")
+                        .push(crate::runner::OutputFile::Path(PathBuf::from(path))),
+                    None => {
+                        tracing::info!(uri = %link.uri, "a resource link that is not a file is not attached")
+                    }
+                }
+                Vec::new()
+            }
+            ContentBlock::Resource(embedded) => {
+                if let Some(file) = embedded_file(&embedded.resource) {
+                    shared.files.lock().expect("files lock").push(file);
+                }
+                Vec::new()
+            }
+            _ => Vec::new(),
+        },
+        SessionUpdate::ToolCall(call) => {
+            let id = call.tool_call_id.0.to_string();
+            shared
+                .titles
+                .lock()
+                .expect("titles lock")
+                .insert(id.clone(), call.title.clone());
+            vec![StreamEvent::ToolCall {
+                id,
+                label: call.title.clone(),
+                status: tool_status(call.status),
+                input: json_text(&call.raw_input),
+                output: content_text(&call.content).or_else(|| json_text(&call.raw_output)),
+            }]
+        }
+        SessionUpdate::ToolCallUpdate(update) => {
+            let id = update.tool_call_id.0.to_string();
+            let mut titles = shared.titles.lock().expect("titles lock");
+            if let Some(title) = &update.fields.title {
+                titles.insert(id.clone(), title.clone());
+            }
+            vec![StreamEvent::ToolCall {
+                label: titles.get(&id).cloned().unwrap_or_else(|| "tool".into()),
+                id,
+                status: update
+                    .fields
+                    .status
+                    .map_or(ToolStatus::Running, tool_status),
+                input: json_text(&update.fields.raw_input),
+                output: update
+                    .fields
+                    .content
+                    .as_deref()
+                    .and_then(content_text)
+                    .or_else(|| json_text(&update.fields.raw_output)),
+            }]
+        }
+        SessionUpdate::Plan(plan) => vec![StreamEvent::Todo(
+            plan.entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| TodoItem {
+                    id: format!("plan-{i}"),
+                    content: e.content.clone(),
+                    status: match e.status {
+                        PlanEntryStatus::InProgress => "in_progress",
+                        PlanEntryStatus::Completed => "completed",
+                        _ => "pending",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        )],
+        _ => Vec::new(),
+    }
+}
