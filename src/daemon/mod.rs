@@ -3,6 +3,16 @@
 //! answers through the agent's sender. One stop token, one abort token and two task trackers
 //! own everything that runs.
 
+mod backend;
+mod control;
+mod signals;
+
+pub use backend::Outlet;
+use backend::*;
+pub use control::ask_control;
+use control::*;
+pub use signals::listen_for_signals;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,139 +37,6 @@ pub struct RunOptions {
     pub agents: Vec<String>,
 }
 
-/// A mailbox back-end's error as dispatch sees it: its class and what it says.
-impl From<crate::mailbox::MailboxError> for OutboxError {
-    fn from(e: crate::mailbox::MailboxError) -> OutboxError {
-        use crate::error::Classify as _;
-        OutboxError::new(e.class(), e.to_string())
-    }
-}
-
-/// Where one agent's answers go: its mailbox back-end. `dispatch` sees only [`Outbox`].
-pub enum Outlet {
-    /// AAMP: SMTP submission, Sent copies, the AAMP service's streams and threads.
-    Aamp(Box<Sender>),
-    /// AMP: replies on the broker.
-    Amp(Box<crate::mailbox::amp::AmpOutbox>),
-    /// ASMTP: reply envelopes with client ids.
-    Asmtp(Box<crate::mailbox::asmtp::AsmtpOutbox>),
-}
-
-impl Outbox for Outlet {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
-        match self {
-            Outlet::Aamp(s) => Outbox::submit(s.as_ref(), mail).await,
-            Outlet::Amp(a) => Ok(a.submit(mail).await?),
-            Outlet::Asmtp(a) => Ok(a.submit(mail).await?),
-        }
-    }
-
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
-        match self {
-            Outlet::Aamp(s) => Outbox::download(s.as_ref(), attachment, max).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(OutboxError::new(
-                crate::error::ErrorClass::Permanent,
-                "AMP and ASMTP messages carry no attachments the bridge fetches",
-            )),
-        }
-    }
-
-    async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
-        match self {
-            Outlet::Aamp(s) => Outbox::open_stream(s.as_ref(), task_id, peer).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => None,
-        }
-    }
-
-    async fn pump_stream(
-        &self,
-        stream_id: &str,
-        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> usize {
-        match self {
-            Outlet::Aamp(s) => Outbox::pump_stream(s.as_ref(), stream_id, events).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => 0,
-        }
-    }
-
-    async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
-        match self {
-            Outlet::Aamp(s) => Outbox::thread(s.as_ref(), task_id).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => Vec::new(),
-        }
-    }
-
-    async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
-        if let Outlet::Aamp(s) = self {
-            Outbox::close_stream(s.as_ref(), stream_id, payload).await
-        }
-    }
-}
-
-impl Outbox for Sender {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
-        Ok(Sender::submit(self, mail).await?)
-    }
-
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
-        Ok(Sender::download(self, attachment, max).await?)
-    }
-
-    async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
-        let created = match self.helper().await {
-            Ok(Some(api)) => api.create_stream(task_id, peer).await,
-            Ok(None) => return None,
-            Err(e) => Err(e),
-        };
-        created.map_err(|e| tracing::warn!(error = %e, "could not open the task's stream; running without one")).ok()
-    }
-
-    async fn pump_stream(
-        &self,
-        stream_id: &str,
-        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> usize {
-        match self.helper().await {
-            Ok(Some(api)) => api.pump(stream_id, events).await,
-            _ => 0,
-        }
-    }
-
-    async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
-        let events = match self.helper().await {
-            Ok(Some(api)) => api.thread(task_id).await,
-            Ok(None) => return Vec::new(),
-            Err(e) => Err(e),
-        };
-        match events {
-            Ok(events) => events
-                .iter()
-                .map(|e| crate::dispatch::prompt::Earlier {
-                    intent: e["intent"].as_str().unwrap_or("message").to_string(),
-                    from: e["from"].as_str().unwrap_or_default().to_string(),
-                    text: ["output", "question", "bodyText", "errorMsg"]
-                        .iter()
-                        .find_map(|k| e[*k].as_str().filter(|t| !t.is_empty()))
-                        .unwrap_or_default()
-                        .to_string(),
-                })
-                .collect(),
-            Err(e) => {
-                tracing::warn!(task_id, error = %e, "could not read the parent task's thread; going on without it");
-                Vec::new()
-            }
-        }
-    }
-
-    async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
-        if let Ok(Some(api)) = self.helper().await {
-            if let Err(e) = api.close(stream_id, &payload).await {
-                tracing::warn!(stream_id, error = %e, "could not close the task's stream");
-            }
-        }
-    }
-}
-
 /// Runs until SIGINT or SIGTERM, or until `stop` is cancelled. The first signal (or `stop`)
 /// stops taking mail and lets running tasks finish within `shutdown_grace_secs`; what has not
 /// finished then is stopped and left in the journal for the next start. A second signal
@@ -175,42 +52,6 @@ pub struct Controls {
     pub abort: CancellationToken,
     /// Read the config and profiles again.
     pub reload: Arc<tokio::sync::Notify>,
-}
-
-/// Ties `controls` to the process's signals until `done`: the first SIGTERM or SIGINT stops,
-/// a second aborts; SIGHUP reloads.
-pub async fn listen_for_signals(controls: Controls, done: CancellationToken) {
-    let hangups = {
-        let (reload, done) = (controls.reload.clone(), done.clone());
-        async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
-                tracing::warn!("cannot listen for SIGHUP; config changes need a restart");
-                return;
-            };
-            loop {
-                tokio::select! {
-                    Some(()) = hup.recv() => reload.notify_one(),
-                    _ = done.cancelled() => return,
-                }
-            }
-        }
-    };
-    let stops = async {
-        tokio::select! {
-            _ = wait_for_signal() => controls.stop.cancel(),
-            _ = controls.stop.cancelled() => {}
-            _ = done.cancelled() => return,
-        }
-        tokio::select! {
-            _ = wait_for_signal() => {
-                tracing::warn!("second signal: stopping the running tasks now");
-                controls.abort.cancel();
-            }
-            _ = done.cancelled() => {}
-        }
-    };
-    tokio::join!(hangups, stops);
 }
 
 pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> anyhow::Result<()> {
@@ -425,89 +266,6 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     events.emit("bridge.stopped", json!({}));
     crate::events::flush(Duration::from_secs(2));
     Ok(())
-}
-
-/// How an agent's mail comes in, once its dispatcher exists.
-enum Intake {
-    Aamp(Box<Mailbox>),
-    Asmtp(crate::mailbox::asmtp::AsmtpClient),
-    Amp(crate::mailbox::amp::AmpClient, Duration),
-}
-
-/// An agent's mailbox back-end: where its answers go and how its mail comes in. For AAMP,
-/// the mailbox is registered first when it has to be, and its Sent-copy worker and directory
-/// card are set up.
-async fn open_backend(
-    config: &LoadedConfig,
-    agent: &crate::config::AgentConfig,
-    agent_dir: &std::path::Path,
-    journal: &Journal,
-    events: Events,
-    services: &TaskTracker,
-    outbox_stop: &CancellationToken,
-) -> anyhow::Result<(Outlet, Intake)> {
-    let mailbox_name = agent.mailbox_name().to_string();
-    if config.is_asmtp(&mailbox_name) {
-        let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
-            .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
-        let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpOutbox::new(
-            client.clone(),
-        )));
-        return Ok((outlet, Intake::Asmtp(client)));
-    }
-    if config.is_amp(&mailbox_name) {
-        let account = config.amp_account(&mailbox_name)?;
-        let poll = account.poll_interval;
-        let client = crate::mailbox::amp::AmpClient::new(account)
-            .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
-        let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpOutbox::new(
-            client.clone(),
-        )));
-        return Ok((outlet, Intake::Amp(client, poll)));
-    }
-    if let Some(registration) = config.registration(&mailbox_name) {
-        let credentials = crate::mailbox::helper::register(&registration)
-            .await
-            .with_context(|| {
-                format!(
-                    "registering mailbox {mailbox_name:?} with {}",
-                    registration.aamp_url
-                )
-            })?;
-        crate::config::write_credentials(&registration.credentials_file, &credentials)
-            .with_context(|| {
-                format!(
-                    "saving the credentials to {}",
-                    registration.credentials_file.display()
-                )
-            })?;
-        tracing::info!(mailbox = %mailbox_name, email = %credentials.email, file = %registration.credentials_file.display(), "registered a new mailbox");
-        events.emit(
-            "mailbox.registered",
-            json!({"mailbox": mailbox_name, "email": credentials.email}),
-        );
-    }
-    let account = config.account(&mailbox_name)?;
-    if account.sender_auth == crate::config::SenderAuth::None {
-        tracing::warn!(agent = %agent.name, mailbox = %mailbox_name, "sender_auth = \"none\": the From header is believed as it is, so anyone who can put mail in this Inbox can act as an allowed sender");
-    }
-    import_sessions(journal, &agent.name, &agent_dir.join("sessions.json"));
-    let mut sender =
-        Sender::new(&account).with_context(|| format!("agent {:?}: SMTP setup", agent.name))?;
-    // Sent copies are kept beside the outbox, never on a reply's path.
-    if let Some(copies) = sender
-        .sent_copies()
-        .with_context(|| format!("agent {:?}: JMAP setup", agent.name))?
-    {
-        services.spawn(copies.run(outbox_stop.clone()));
-    }
-    publish_card(config, agent, &sender, events).await;
-    let mailbox =
-        Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
-    Ok((
-        Outlet::Aamp(Box::new(sender)),
-        Intake::Aamp(Box::new(mailbox)),
-    ))
 }
 
 /// Picks up what the journal holds for one agent from the bridge's last life.
@@ -746,78 +504,4 @@ async fn publish_card(
             tracing::warn!(agent = %agent.name, error = %e, "could not reach the AAMP service to publish the agent's card")
         }
     }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM; stop with Ctrl-C");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received; stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; stopping"),
-    }
-}
-
-/// Binds the control socket, owner-only. A socket left by a crashed bridge is replaced (the
-/// state lock, held by now, says no other bridge uses this directory).
-fn control_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-/// Answers each connection with one JSON line of live status, then closes it.
-async fn serve_control(
-    listener: tokio::net::UnixListener,
-    live: impl Fn() -> serde_json::Value,
-    stop: CancellationToken,
-) {
-    use tokio::io::AsyncWriteExt as _;
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.cancelled() => break,
-        };
-        match accepted {
-            Ok((mut stream, _)) => {
-                let mut line = live().to_string();
-                line.push('\n');
-                // A client that does not read is not waited for.
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes()))
-                        .await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "control socket: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-    if let Ok(addr) = listener.local_addr() {
-        if let Some(path) = addr.as_pathname() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// Asks a running bridge for its live status over the control socket; `None` when none
-/// answers within a second.
-pub fn ask_control(state_dir: &std::path::Path) -> Option<serde_json::Value> {
-    use std::io::Read as _;
-    let stream = std::os::unix::net::UnixStream::connect(
-        crate::paths::StateDir::new(state_dir).control_socket(),
-    )
-    .ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    let mut text = String::new();
-    stream.take(1 << 20).read_to_string(&mut text).ok()?;
-    serde_json::from_str(text.trim()).ok()
 }
