@@ -1,0 +1,136 @@
+//! Claude Code's `stream-json` lines.
+
+use super::*;
+
+pub(super) fn claude_todos(input: &Value) -> Vec<TodoItem> {
+    input["todos"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| TodoItem {
+            id: str_of(t, &["id"])
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("todo-{i}")),
+            content: str_of(t, &["content"]).unwrap_or_default().to_string(),
+            status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
+        })
+        .collect()
+}
+
+impl StreamParser {
+    /// `claude -p --output-format stream-json --verbose [--include-partial-messages]`.
+    pub(super) fn claude(&mut self, v: &Value) -> Vec<StreamEvent> {
+        if let Some(id) = str_of(v, &["session_id"]) {
+            self.session_id = Some(id.to_string());
+        }
+        match str_of(v, &["type"]).unwrap_or_default() {
+            "stream_event" => {
+                let event = &v["event"];
+                match str_of(event, &["type"]) {
+                    Some("content_block_delta")
+                        if event["delta"]["type"] == "text_delta"
+                            && v["parent_tool_use_id"].is_null() =>
+                    {
+                        self.saw_partial = true;
+                        let text = event["delta"]["text"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        self.delta(&text)
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            "assistant" => {
+                let mut events = Vec::new();
+                let top_level = v["parent_tool_use_id"].is_null();
+                for block in v["message"]["content"].as_array().into_iter().flatten() {
+                    match str_of(block, &["type"]) {
+                        // With partial messages on, this text was streamed already.
+                        Some("text") if top_level && !self.saw_partial => {
+                            let text = block["text"].as_str().unwrap_or_default().to_string();
+                            events.extend(self.delta(&text));
+                        }
+                        Some("tool_use") => {
+                            let id = str_of(block, &["id"]).unwrap_or("tool").to_string();
+                            let name = str_of(block, &["name"]).unwrap_or("tool").to_string();
+                            self.tool_names.insert(id.clone(), name.clone());
+                            if name == "TodoWrite" {
+                                events.push(StreamEvent::Todo(claude_todos(&block["input"])));
+                            }
+                            events.push(StreamEvent::ToolCall {
+                                id,
+                                label: name,
+                                status: ToolStatus::Running,
+                                input: json_text(&block["input"]),
+                                output: None,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                if top_level {
+                    self.saw_partial = false;
+                }
+                if let Some(err) = str_of(v, &["error"]) {
+                    self.end.error = Some(format!("claude reported {err}"));
+                }
+                events
+            }
+            "user" => {
+                let mut events = Vec::new();
+                for block in v["message"]["content"].as_array().into_iter().flatten() {
+                    if str_of(block, &["type"]) == Some("tool_result") {
+                        let id = str_of(block, &["tool_use_id"])
+                            .unwrap_or("tool")
+                            .to_string();
+                        let failed = block["is_error"].as_bool().unwrap_or(false);
+                        let output = match &block["content"] {
+                            Value::Array(parts) => Some(clip(
+                                &parts
+                                    .iter()
+                                    .filter_map(|p| p["text"].as_str())
+                                    .collect::<Vec<_>>()
+                                    .join("\n"),
+                            )),
+                            other => json_text(other),
+                        };
+                        events.push(self.finished_tool(id, failed, output));
+                    }
+                }
+                events
+            }
+            "result" => {
+                self.end.finished = true;
+                let is_error = v["is_error"].as_bool().unwrap_or(false)
+                    || str_of(v, &["subtype"]).is_some_and(|s| s.starts_with("error"));
+                let result = str_of(v, &["result"]).map(str::to_string);
+                if is_error {
+                    let errors: Vec<&str> = v["errors"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    self.end.error = Some(
+                        result
+                            .filter(|r| !r.is_empty())
+                            .or_else(|| (!errors.is_empty()).then(|| errors.join("; ")))
+                            .unwrap_or_else(|| {
+                                format!(
+                                    "claude ended with {}",
+                                    str_of(v, &["subtype"]).unwrap_or("an error")
+                                )
+                            }),
+                    );
+                } else {
+                    self.end.error = None;
+                    self.end.final_text = result;
+                }
+                Vec::new()
+            }
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Codex's `exec --json` lines.
+
+use super::*;
+
+impl StreamParser {
+    /// `codex exec --json`: whole items, no token deltas.
+    pub(super) fn codex(&mut self, v: &Value) -> Vec<StreamEvent> {
+        match str_of(v, &["type"]).unwrap_or_default() {
+            "thread.started" => {
+                self.session_id = str_of(v, &["thread_id"]).map(str::to_string);
+                Vec::new()
+            }
+            "turn.completed" => {
+                self.end.finished = true;
+                self.end.error = None;
+                Vec::new()
+            }
+            "turn.failed" => {
+                self.end.finished = true;
+                self.end.error = Some(
+                    str_of(&v["error"], &["message"])
+                        .unwrap_or("codex reported a failed turn")
+                        .to_string(),
+                );
+                Vec::new()
+            }
+            kind @ ("item.started" | "item.updated" | "item.completed") => {
+                let item = &v["item"];
+                let id = str_of(item, &["id"]).unwrap_or("item").to_string();
+                let done = kind == "item.completed";
+                match str_of(item, &["type"]).unwrap_or_default() {
+                    "agent_message" if done => {
+                        let text = str_of(item, &["text"]).unwrap_or_default().to_string();
+                        self.last_message = Some(text.clone());
+                        let sep = if self.text.is_empty() { "" } else { "\n\n" };
+                        self.delta(&format!("{sep}{text}"))
+                    }
+                    "command_execution" => {
+                        let status = match str_of(item, &["status"]) {
+                            Some("completed") if item["exit_code"].as_i64().unwrap_or(0) == 0 => {
+                                ToolStatus::Completed
+                            }
+                            Some("completed") | Some("failed") | Some("declined") => {
+                                ToolStatus::Failed
+                            }
+                            _ => ToolStatus::Running,
+                        };
+                        vec![StreamEvent::ToolCall {
+                            id,
+                            label: format!(
+                                "Run: {}",
+                                str_of(item, &["command"]).unwrap_or_default()
+                            ),
+                            status,
+                            input: item.get("command").and_then(json_text),
+                            output: if done {
+                                item.get("aggregated_output").and_then(json_text)
+                            } else {
+                                None
+                            },
+                        }]
+                    }
+                    "file_change" => {
+                        let paths: Vec<&str> = item["changes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| c["path"].as_str())
+                            .collect();
+                        vec![StreamEvent::ToolCall {
+                            id,
+                            label: format!("Edit: {}", paths.join(", ")),
+                            status: if !done {
+                                ToolStatus::Running
+                            } else if str_of(item, &["status"]) == Some("failed") {
+                                ToolStatus::Failed
+                            } else {
+                                ToolStatus::Completed
+                            },
+                            input: None,
+                            output: item.get("changes").and_then(json_text),
+                        }]
+                    }
+                    "mcp_tool_call" => vec![StreamEvent::ToolCall {
+                        id,
+                        label: format!(
+                            "{}.{}",
+                            str_of(item, &["server"]).unwrap_or("mcp"),
+                            str_of(item, &["tool"]).unwrap_or("tool")
+                        ),
+                        status: if !done {
+                            ToolStatus::Running
+                        } else if item["error"].is_object() {
+                            ToolStatus::Failed
+                        } else {
+                            ToolStatus::Completed
+                        },
+                        input: item.get("arguments").and_then(json_text),
+                        output: if done {
+                            item.get("result")
+                                .or_else(|| item.get("error"))
+                                .and_then(json_text)
+                        } else {
+                            None
+                        },
+                    }],
+                    "todo_list" => vec![StreamEvent::Todo(
+                        item["items"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .enumerate()
+                            .map(|(i, t)| TodoItem {
+                                id: format!("{id}-{i}"),
+                                content: str_of(t, &["text"]).unwrap_or_default().to_string(),
+                                status: if t["completed"].as_bool().unwrap_or(false) {
+                                    "completed"
+                                } else {
+                                    "pending"
+                                }
+                                .to_string(),
+                            })
+                            .collect(),
+                    )],
+                    _ => Vec::new(),
+                }
+            }
+            // `error` events are retries and warnings: the run goes on.
+            _ => Vec::new(),
+        }
+    }
+}
