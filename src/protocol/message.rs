@@ -1,5 +1,8 @@
 //! The typed AAMP message: what each intent carries, how it is read from a mail's headers and
 //! text body, and how it is written back into them. Pure code, no I/O.
+//!
+//! Over 600 lines on purpose: every intent is read and written here side by side, so a field
+//! cannot be added to one direction and forgotten in the other.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -5,6 +5,8 @@
 //!
 //! Applying the same answers twice changes nothing: a mailbox registered before is reused,
 //! the file is rewritten only when its text changes, and a live pairing code is shown again.
+//!
+//! Just over 600 lines: the answers' model and their one application belong together.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,0 +1,117 @@
+//! The ASMTP back-end's own tests: envelopes to tasks and answers to reply envelopes.
+
+use super::*;
+
+#[test]
+fn envelope_ids_are_stable_ulid_shaped_and_distinct() {
+    let a = envelope_id("<task.result.1@x>");
+    assert_eq!(a, envelope_id("<task.result.1@x>"));
+    assert_ne!(a, envelope_id("<task.result.2@x>"));
+    assert_eq!(a.len(), 26);
+    assert!(a.starts_with("01"));
+    assert!(a
+        .chars()
+        .skip(2)
+        .all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
+}
+
+fn envelope() -> AsmtpEnvelope {
+    AsmtpEnvelope {
+        id: "01HZZZZZZZZZZZZZZZZZZZZZZZ".into(),
+        from: "@alice.boss".into(),
+        to: vec!["@alice.coder".into()],
+        subject: Some("Fix the build".into()),
+        in_reply_to: None,
+        references: vec![],
+        content_parts: vec![
+            json!({"type": "text", "text": "It fails."}),
+            json!({"type": "data", "data": {"branch": "main"}}),
+        ],
+    }
+}
+
+#[test]
+fn an_envelope_becomes_a_task_and_its_answer_a_reply_the_same_every_time() {
+    let inbound = to_inbound(&envelope(), "@alice.coder").unwrap();
+    let msg = &inbound.message;
+    assert_eq!(msg.task_id(), "asmtp:01HZZZZZZZZZZZZZZZZZZZZZZZ");
+    assert_eq!(msg.envelope.from, "@alice.boss");
+    match &msg.body {
+        Body::Dispatch(d) => {
+            assert_eq!(d.title, "Fix the build");
+            assert!(d.body_text.contains("It fails.") && d.body_text.contains("\"branch\""));
+            assert_eq!(
+                d.session_key.as_deref(),
+                Some("asmtp:01HZZZZZZZZZZZZZZZZZZZZZZZ")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut reply = AampMessage::reply(
+        &msg.envelope,
+        "@alice.coder",
+        Body::Result(protocol::TaskResult {
+            status: protocol::Status::Completed,
+            output: "fixed".into(),
+            error: None,
+            structured_result: None,
+        }),
+    );
+    reply.envelope.message_id = "<task.result.1@x>".into();
+    let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
+    let envelope = AsmtpOutbox::envelope_for(&rendered).unwrap();
+    assert_eq!(envelope["in_reply_to"], "01HZZZZZZZZZZZZZZZZZZZZZZZ");
+    assert_eq!(envelope["to"], json!(["@alice.boss"]));
+    assert_eq!(envelope["content_parts"][0]["text"], "fixed");
+    assert!(envelope.get("from").is_none(), "the operator stamps from");
+    assert_eq!(
+        AsmtpOutbox::envelope_for(&rendered).unwrap(),
+        envelope,
+        "a resend is the same envelope"
+    );
+}
+
+/// Issue 18: two agents that allow each other answered each other's answers forever.
+#[test]
+fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
+    let reply = AampMessage::reply(
+        &to_inbound(&envelope(), "@alice.coder")
+            .unwrap()
+            .message
+            .envelope,
+        "@alice.coder",
+        Body::Result(protocol::TaskResult {
+            status: protocol::Status::Completed,
+            output: "fixed".into(),
+            error: None,
+            structured_result: None,
+        }),
+    );
+    let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
+    let posted = AsmtpOutbox::envelope_for(&rendered).unwrap();
+    let answer = AsmtpEnvelope {
+        id: "01HYYYYYYYYYYYYYYYYYYYYYYY".into(),
+        from: "@alice.coder".into(),
+        to: vec!["@alice.boss".into()],
+        subject: None,
+        in_reply_to: posted["in_reply_to"].as_str().map(str::to_string),
+        references: vec![],
+        content_parts: posted["content_parts"].as_array().unwrap().clone(),
+    };
+    let inbound = to_inbound(&answer, "@alice.boss").unwrap();
+    assert_eq!(
+        inbound.view.header("Auto-Submitted").as_deref(),
+        Some("auto-replied")
+    );
+    let plain = to_inbound(&envelope(), "@alice.coder").unwrap();
+    assert_eq!(plain.view.header("Auto-Submitted"), None);
+
+    let mut relayed = envelope();
+    relayed
+        .content_parts
+        .push(json!({"type": "data", "data": {"aampBridge": {"hopCount": 3}}}));
+    match &to_inbound(&relayed, "@alice.coder").unwrap().message.body {
+        Body::Dispatch(d) => assert_eq!(d.hop_count, Some(3)),
+        other => panic!("{other:?}"),
+    }
+}
