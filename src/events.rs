@@ -7,6 +7,109 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Value};
 
+/// Every event the bridge emits: the names scripts read (`"event"` in `--json` lines). A
+/// closed set, so a name cannot be misspelt at one call site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Event {
+    AgentCard,
+    AgentReady,
+    BridgeReloadFailed,
+    BridgeReloaded,
+    BridgeRunning,
+    BridgeStopped,
+    BridgeStopping,
+    CardAnswered,
+    MailFailed,
+    MailRetrying,
+    MailSent,
+    MailboxChanged,
+    MailboxPush,
+    MailboxRegistered,
+    MessageIgnored,
+    PairRefused,
+    SenderPaired,
+    TaskAcked,
+    TaskAnswered,
+    TaskCompleted,
+    TaskDuplicate,
+    TaskHelpNeeded,
+    TaskInterrupted,
+    TaskReceived,
+    TaskRecovered,
+    TaskRejected,
+    TaskStarted,
+    TaskStream,
+    TaskStreamOpened,
+}
+
+impl Event {
+    pub const ALL: [Event; 29] = [
+        Event::AgentCard,
+        Event::AgentReady,
+        Event::BridgeReloadFailed,
+        Event::BridgeReloaded,
+        Event::BridgeRunning,
+        Event::BridgeStopped,
+        Event::BridgeStopping,
+        Event::CardAnswered,
+        Event::MailFailed,
+        Event::MailRetrying,
+        Event::MailSent,
+        Event::MailboxChanged,
+        Event::MailboxPush,
+        Event::MailboxRegistered,
+        Event::MessageIgnored,
+        Event::PairRefused,
+        Event::SenderPaired,
+        Event::TaskAcked,
+        Event::TaskAnswered,
+        Event::TaskCompleted,
+        Event::TaskDuplicate,
+        Event::TaskHelpNeeded,
+        Event::TaskInterrupted,
+        Event::TaskReceived,
+        Event::TaskRecovered,
+        Event::TaskRejected,
+        Event::TaskStarted,
+        Event::TaskStream,
+        Event::TaskStreamOpened,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::AgentCard => "agent.card",
+            Event::AgentReady => "agent.ready",
+            Event::BridgeReloadFailed => "bridge.reload_failed",
+            Event::BridgeReloaded => "bridge.reloaded",
+            Event::BridgeRunning => "bridge.running",
+            Event::BridgeStopped => "bridge.stopped",
+            Event::BridgeStopping => "bridge.stopping",
+            Event::CardAnswered => "card.answered",
+            Event::MailFailed => "mail.failed",
+            Event::MailRetrying => "mail.retrying",
+            Event::MailSent => "mail.sent",
+            Event::MailboxChanged => "mailbox.changed",
+            Event::MailboxPush => "mailbox.push",
+            Event::MailboxRegistered => "mailbox.registered",
+            Event::MessageIgnored => "message.ignored",
+            Event::PairRefused => "pair.refused",
+            Event::SenderPaired => "sender.paired",
+            Event::TaskAcked => "task.acked",
+            Event::TaskAnswered => "task.answered",
+            Event::TaskCompleted => "task.completed",
+            Event::TaskDuplicate => "task.duplicate",
+            Event::TaskHelpNeeded => "task.help_needed",
+            Event::TaskInterrupted => "task.interrupted",
+            Event::TaskReceived => "task.received",
+            Event::TaskRecovered => "task.recovered",
+            Event::TaskRejected => "task.rejected",
+            Event::TaskStarted => "task.started",
+            Event::TaskStream => "task.stream",
+            Event::TaskStreamOpened => "task.stream.opened",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Events {
     json: bool,
@@ -19,14 +122,16 @@ impl Events {
 
     /// Emits `event` with `fields` (an object). Write errors are ignored: a closed stdout must
     /// not stop the daemon.
-    pub fn emit(&self, event: &str, fields: Value) {
+    pub fn emit(&self, event: Event, fields: Value) {
+        let event = event.as_str();
         tracing::info!(target: "aamp_bridge::events", event, %fields);
         self.write(event, fields);
     }
 
     /// Like [`Events::emit`], for detail too fine for the log's usual level (a task's every
     /// stream event): logged at debug level, written in full with `--json`.
-    pub fn emit_detail(&self, event: &str, fields: Value) {
+    pub fn emit_detail(&self, event: Event, fields: Value) {
+        let event = event.as_str();
         tracing::debug!(target: "aamp_bridge::events", event, %fields);
         self.write(event, fields);
     }
@@ -117,4 +222,17 @@ pub fn flush(max: std::time::Duration) {
 /// `2026-11-29T10:02:18.123Z`.
 pub fn now_rfc3339() -> String {
     crate::protocol::time::format_utc_ms(std::time::SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_are_distinct_and_dotted() {
+        let names: std::collections::BTreeSet<&str> =
+            Event::ALL.iter().map(|e| e.as_str()).collect();
+        assert_eq!(names.len(), Event::ALL.len());
+        assert!(names.iter().all(|n| n.contains('.') && !n.contains(' ')));
+    }
 }

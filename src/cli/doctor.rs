@@ -2,11 +2,20 @@
 
 use super::*;
 
+/// How one check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
 /// One line of `doctor`.
 #[derive(serde::Serialize)]
 pub(super) struct Check {
     pub(super) check: String,
-    pub(super) status: &'static str,
+    pub(super) status: Verdict,
     pub(super) detail: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub(super) fix: String,
@@ -14,7 +23,7 @@ pub(super) struct Check {
 
 pub(super) fn check(
     check: impl Into<String>,
-    status: &'static str,
+    status: Verdict,
     detail: impl Into<String>,
     fix: impl Into<String>,
 ) -> Check {
@@ -36,23 +45,33 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
         Ok(c) => {
             checks.push(check(
                 "config",
-                "ok",
+                Verdict::Ok,
                 format!("{} loads", c.path.display()),
                 "",
             ));
             Some(c)
         }
         Err(e) => {
-            checks.push(check("config", "fail", e.problem.clone(), e.fix.clone()));
+            checks.push(check(
+                "config",
+                Verdict::Fail,
+                e.problem.clone(),
+                e.fix.clone(),
+            ));
             None
         }
     };
     if let Some(config) = &config {
         match crate::fsio::StateLock::holder(&config.state_dir) {
-            Some(pid) => checks.push(check("bridge", "ok", format!("running (pid {pid})"), "")),
+            Some(pid) => checks.push(check(
+                "bridge",
+                Verdict::Ok,
+                format!("running (pid {pid})"),
+                "",
+            )),
             None => checks.push(check(
                 "bridge",
-                "warn",
+                Verdict::Warn,
                 "not running",
                 "aamp-bridge start, or install it as a service",
             )),
@@ -71,15 +90,15 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 match probe {
                     Err(e) => checks.push(check(
                         what("config"),
-                        "fail",
+                        Verdict::Fail,
                         e.problem.clone(),
                         e.fix.clone(),
                     )),
                     Ok(probe) => match probe.result {
-                        Ok(read) => checks.push(check(what(probe.system), "ok", read, "")),
+                        Ok(read) => checks.push(check(what(probe.system), Verdict::Ok, read, "")),
                         Err(e) => checks.push(check(
                             what(probe.system),
-                            "fail",
+                            Verdict::Fail,
                             e.to_string(),
                             match e.class() {
                                 ErrorClass::Auth => probe.auth_fix,
@@ -95,7 +114,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 Err(e) => {
                     checks.push(check(
                         what("config"),
-                        "fail",
+                        Verdict::Fail,
                         e.problem.clone(),
                         e.fix.clone(),
                     ));
@@ -113,7 +132,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 Ok(()) => {
                     checks.push(check(
                         what("JMAP"),
-                        "ok",
+                        Verdict::Ok,
                         format!("logged in as {} at {}", account.login, account.jmap_url),
                         "",
                     ));
@@ -127,15 +146,15 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     if let Some(url) = cleartext.first() {
                         checks.push(check(
                             what("transport"),
-                            "warn",
+                            Verdict::Warn,
                             format!("{url} is plain http: the password crosses the network unencrypted (insecure_http = true)"),
                             "use https for jmap_url and aamp_url, and drop insecure_http",
                         ));
                     }
                     match (account.push, mailbox.push_target()) {
-                        (false, _) => checks.push(check(what("push"), "warn", format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
-                        (true, Some(target)) => checks.push(check(what("push"), "ok", format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
-                        (true, None) => checks.push(check(what("push"), "warn", format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
+                        (false, _) => checks.push(check(what("push"), Verdict::Warn, format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
+                        (true, Some(target)) => checks.push(check(what("push"), Verdict::Ok, format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
+                        (true, None) => checks.push(check(what("push"), Verdict::Warn, format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
                     }
                     match mailbox.newest_headers().await {
                         Ok(Some(headers)) => {
@@ -151,25 +170,25 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                             if mode == crate::config::SenderAuth::None {
                                 checks.push(check(
                                     what("sender evidence"),
-                                    "warn",
+                                    Verdict::Warn,
                                     "sender_auth = \"none\": any From is believed",
                                     "set sender_auth = \"auto\" if the server writes evidence",
                                 ));
                             } else if let Some(problem) = &ev.problem {
                                 checks.push(check(
                                     what("sender evidence"),
-                                    "warn",
+                                    Verdict::Warn,
                                     format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
                                     "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
                                 ));
                             } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
-                                checks.push(check(what("sender evidence"), "warn", "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id"));
+                                checks.push(check(what("sender evidence"), Verdict::Warn, "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id"));
                             } else if found.is_empty() {
-                                checks.push(check(what("sender evidence"), "warn", "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id; or sender_auth = \"none\" (not advised)"));
+                                checks.push(check(what("sender evidence"), Verdict::Warn, "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id; or sender_auth = \"none\" (not advised)"));
                             } else {
                                 checks.push(check(
                                     what("sender evidence"),
-                                    "ok",
+                                    Verdict::Ok,
                                     format!("the server writes: {}", found.join(", ")),
                                     "",
                                 ));
@@ -177,13 +196,16 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                         }
                         Ok(None) => checks.push(check(
                             what("sender evidence"),
-                            "warn",
+                            Verdict::Warn,
                             "no mail in the Inbox yet to look at",
                             "run doctor again after the first dispatch",
                         )),
-                        Err(e) => {
-                            checks.push(check(what("sender evidence"), "warn", e.to_string(), ""))
-                        }
+                        Err(e) => checks.push(check(
+                            what("sender evidence"),
+                            Verdict::Warn,
+                            e.to_string(),
+                            "",
+                        )),
                     }
                 }
                 Err(e) => {
@@ -197,14 +219,14 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                             "check jmap_url and that the server runs and is reachable from here",
                         )
                     };
-                    checks.push(check(what("JMAP"), "fail", detail, fix));
+                    checks.push(check(what("JMAP"), Verdict::Fail, detail, fix));
                 }
             }
             match crate::mailbox::Sender::new(&account) {
                 Ok(sender) => match sender.check_smtp().await {
                     Ok(()) => checks.push(check(
                         what("SMTP"),
-                        "ok",
+                        Verdict::Ok,
                         format!(
                             "EHLO and login at {}:{} ({:?})",
                             account.smtp_host, account.smtp_port, account.smtp_security
@@ -213,12 +235,12 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     )),
                     Err(e) => {
                         let fix = fix_of(&e, "the server refused the login: fix the password (password_file) or login", "check smtp_host, smtp_port and smtp_security, and that the server runs");
-                        checks.push(check(what("SMTP"), "fail", e.to_string(), fix));
+                        checks.push(check(what("SMTP"), Verdict::Fail, e.to_string(), fix));
                     }
                 },
                 Err(e) => checks.push(check(
                     what("SMTP"),
-                    "fail",
+                    Verdict::Fail,
                     e.to_string(),
                     "check smtp_security and the host name",
                 )),
@@ -227,13 +249,13 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 match crate::mailbox::helper::HelperApi::discover(base, &account).await {
                     Ok(_) => checks.push(check(
                         what("AAMP service"),
-                        "ok",
+                        Verdict::Ok,
                         format!("{base} answers /.well-known/aamp"),
                         "",
                     )),
                     Err(e) => checks.push(check(
                         what("AAMP service"),
-                        "warn",
+                        Verdict::Warn,
                         e.to_string(),
                         "check aamp_url; without the service tasks run without live streams",
                     )),
@@ -250,7 +272,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 Err(e) => {
                     checks.push(check(
                         what,
-                        "fail",
+                        Verdict::Fail,
                         e.to_string(),
                         "fix the agent's profile in the config (aamp-bridge agents lists them)",
                     ));
@@ -261,7 +283,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
             let Some(path) = scan::find(&command, &bin_dirs) else {
                 checks.push(check(
                     what,
-                    "fail",
+                    Verdict::Fail,
                     format!("{command:?} (profile {}) is not installed", profile.name),
                     profile
                         .install
@@ -272,8 +294,8 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
             };
             if profile.kind == ProfileKind::Acp {
                 match acp::probe(&profile, &std::env::temp_dir(), false).await {
-                    Ok(info) => checks.push(check(what, "ok", format!("{} answers ACP initialize ({info:?})", path.display()).chars().take(300).collect::<String>(), "")),
-                    Err(e) => checks.push(check(what, "fail", format!("{}: {e}", path.display()), "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too")),
+                    Ok(info) => checks.push(check(what, Verdict::Ok, format!("{} answers ACP initialize ({info:?})", path.display()).chars().take(300).collect::<String>(), "")),
+                    Err(e) => checks.push(check(what, Verdict::Fail, format!("{}: {e}", path.display()), "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too")),
                 }
             } else {
                 let version = scan::version(&path)
@@ -281,20 +303,25 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     .unwrap_or_else(|| "no --version answer".into());
                 checks.push(check(
                     what,
-                    "ok",
+                    Verdict::Ok,
                     format!("{} ({version})", path.display()),
                     "",
                 ));
             }
         }
     }
-    let failed = checks.iter().any(|c| c.status == "fail");
+    let failed = checks.iter().any(|c| c.status == Verdict::Fail);
     spinner.clear();
     if json {
         println!("{}", serde_json::to_string(&checks)?);
     } else {
         for c in &checks {
-            println!("{:<4}  {}: {}", c.status.to_uppercase(), c.check, c.detail);
+            let word = match c.status {
+                Verdict::Ok => "OK",
+                Verdict::Warn => "WARN",
+                Verdict::Fail => "FAIL",
+            };
+            println!("{word:<4}  {}: {}", c.check, c.detail);
             if !c.fix.is_empty() {
                 println!("      fix: {}", c.fix);
             }

@@ -19,13 +19,11 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     };
     let now = std::time::SystemTime::now();
     let mut agents = Vec::new();
+    let mut links = Vec::new();
     for agent in &config.config.agents {
         let mailbox = agent.mailbox_name().to_string();
         let email = config.mailbox_address(&mailbox).unwrap_or_default();
-        let link: serde_json::Value = std::fs::read(config.state().link(&agent.name))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(serde_json::Value::Null);
+        let link = crate::mailbox::link::read(&config.state().link(&agent.name));
         let count = |state: &str| {
             counts
                 .iter()
@@ -53,6 +51,7 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
                 .find(|a| a["agent"] == agent.name.as_str())
                 .cloned()
         });
+        links.push(link.clone());
         agents.push(serde_json::json!({
             "agent": agent.name, "mailbox": email, "link": link,
             "queued": count("received") + count("acked"), "running": running_tasks,
@@ -85,20 +84,21 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
             config.state_dir.display()
         ),
     }
-    for a in &agents {
-        let link = &a["link"];
-        let reach = link["mailbox"].as_str().unwrap_or("never connected");
+    for (a, link) in agents.iter().zip(&links) {
+        let reach = link
+            .as_ref()
+            .map_or("never connected", |l| l.mailbox.as_str());
         println!(
             "{}  <{}>  mailbox {reach} since {}, {}",
             a["agent"].as_str().unwrap_or_default(),
             a["mailbox"].as_str().unwrap_or_default(),
-            link["since"].as_str().unwrap_or("-"),
-            match link["push"].as_str() {
+            link.as_ref().map_or("-", |l| l.since.as_str()),
+            match link.as_ref().map(|l| l.push.as_str()) {
                 Some("polling") | None => "polling".to_string(),
                 Some(p) => format!("push over {p}"),
             }
         );
-        if let Some(error) = link["lastError"].as_str() {
+        if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
             println!("    last error: {error}");
         }
         println!(

@@ -191,7 +191,7 @@ pub(super) async fn open_backend(
             })?;
         tracing::info!(mailbox = %mailbox_name, email = %credentials.email, file = %registration.credentials_file.display(), "registered a new mailbox");
         events.emit(
-            "mailbox.registered",
+            crate::events::Event::MailboxRegistered,
             json!({"mailbox": mailbox_name, "email": credentials.email}),
         );
     }

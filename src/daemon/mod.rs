@@ -208,7 +208,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         }
     }
     events.emit(
-        "bridge.running",
+        crate::events::Event::BridgeRunning,
         json!({"agents": names, "pid": std::process::id()}),
     );
 
@@ -234,7 +234,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     }
     stop.cancelled().await;
     events.emit(
-        "bridge.stopping",
+        crate::events::Event::BridgeStopping,
         json!({"graceSecs": grace.as_secs(), "running": tasks.len()}),
     );
     tasks.close();
@@ -263,7 +263,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     {
         tracing::warn!("the mailbox loops did not end in time");
     }
-    events.emit("bridge.stopped", json!({}));
+    events.emit(crate::events::Event::BridgeStopped, json!({}));
     crate::events::flush(Duration::from_secs(2));
     Ok(())
 }
@@ -381,7 +381,10 @@ async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>
         Ok(config) => config,
         Err(e) => {
             tracing::error!("the config was not reloaded: {e}");
-            events.emit("bridge.reload_failed", json!({"error": e.to_string()}));
+            events.emit(
+                crate::events::Event::BridgeReloadFailed,
+                json!({"error": e.to_string()}),
+            );
             return;
         }
     };
@@ -413,7 +416,10 @@ async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>
     if !added.is_empty() {
         tracing::warn!(?added, "new agents start at the next restart");
     }
-    events.emit("bridge.reloaded", json!({"agents": reloaded}));
+    events.emit(
+        crate::events::Event::BridgeReloaded,
+        json!({"agents": reloaded}),
+    );
 }
 
 /// How long the outbox may try to send at a stop before leaving the rest for the next start.
@@ -492,7 +498,10 @@ async fn publish_card(
             .directory_upsert(agent.summary.as_deref(), card.as_deref())
             .await
         {
-            Ok(()) => events.emit("agent.card", json!({"agent": agent.name})),
+            Ok(()) => events.emit(
+                crate::events::Event::AgentCard,
+                json!({"agent": agent.name}),
+            ),
             Err(e) => {
                 tracing::warn!(agent = %agent.name, error = %e, "could not publish the agent's card")
             }

@@ -160,7 +160,7 @@ impl<O: Outbox> Dispatcher<O> {
                 Some("picked up at the next start"),
             );
             inner.events.emit(
-                "task.interrupted",
+                crate::events::Event::TaskInterrupted,
                 json!({"agent": self.spec().name, "taskId": task.env.task_id}),
             );
             return;
@@ -234,7 +234,7 @@ impl<O: Outbox> Dispatcher<O> {
         }
         self.finish(&task, state, error.as_deref(), reply);
         inner.events.emit(
-            "task.completed",
+            crate::events::Event::TaskCompleted,
             json!({"agent": self.spec().name, "taskId": task.env.task_id, "status": status.as_str(),
                    "error": error, "durationMs": started.elapsed().as_millis() as u64}),
         );
@@ -330,7 +330,7 @@ impl<O: Outbox> Dispatcher<O> {
             on_spawn: Some(on_spawn),
         };
         self.inner.events.emit(
-            "task.started",
+            crate::events::Event::TaskStarted,
             json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
         );
         // A live stream for the dispatcher, when the mailbox has an AAMP service, opened with
@@ -343,7 +343,7 @@ impl<O: Outbox> Dispatcher<O> {
         let observe = async move {
             while let Some(event) = rx.recv().await {
                 let (kind, payload) = event.to_aamp();
-                events.emit_detail("task.stream", json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                events.emit_detail(crate::events::Event::TaskStream, json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
                 let _ = to_stream.send((kind, payload)).await;
             }
         };
@@ -366,7 +366,7 @@ impl<O: Outbox> Dispatcher<O> {
             );
             match self.enqueue(task, &opened) {
                 Ok(()) => self.inner.events.emit(
-                    "task.stream.opened",
+                    crate::events::Event::TaskStreamOpened,
                     json!({"agent": spec.name, "taskId": env.task_id, "streamId": stream_id}),
                 ),
                 Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
@@ -551,7 +551,7 @@ impl<O: Outbox> Dispatcher<O> {
                     "asked the dispatcher",
                     Some(&mail.mail.message_id),
                 );
-                inner.events.emit("task.help_needed", json!({"agent": self.spec().name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
+                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
                 let pending = PendingQuestion {
                     help_message_id: mail.mail.message_id.clone(),
                     options: question.options,

@@ -398,7 +398,7 @@ impl<O: Outbox> Dispatcher<O> {
         };
         let choice = choose(&question.options, text).or_else(|| choose(&question.options, title));
         inner.events.emit(
-            "task.answered",
+            crate::events::Event::TaskAnswered,
             json!({"agent": self.spec().name, "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
         );
         if choice.is_none() {

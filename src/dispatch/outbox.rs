@@ -108,9 +108,11 @@ impl<O: Outbox> Dispatcher<O> {
                 journal.mark_sent(pending)?;
                 tracing::info!(attempt = pending.attempts + 1, "sent");
                 if mail.intent == "task.ack" {
-                    inner.events.emit("task.acked", event.clone());
+                    inner
+                        .events
+                        .emit(crate::events::Event::TaskAcked, event.clone());
                 }
-                inner.events.emit("mail.sent", event);
+                inner.events.emit(crate::events::Event::MailSent, event);
                 Ok(Sent::Yes)
             }
             Err(e) => {
@@ -126,7 +128,7 @@ impl<O: Outbox> Dispatcher<O> {
                     };
                     tracing::error!(error = %e, attempts = pending.attempts + 1, "could not send {}; giving up ({why})", mail.intent);
                     journal.give_up(pending, &error)?;
-                    inner.events.emit("mail.failed", event);
+                    inner.events.emit(crate::events::Event::MailFailed, event);
                     Ok(Sent::Yes)
                 } else {
                     let delay = if e.class() == ErrorClass::Auth {
@@ -136,7 +138,7 @@ impl<O: Outbox> Dispatcher<O> {
                     };
                     tracing::warn!(error = %e, attempts = pending.attempts + 1, retry_in_s = delay.as_secs(), "could not send {}; it stays in the outbox", mail.intent);
                     journal.retry_at(pending, SystemTime::now() + delay, &error)?;
-                    inner.events.emit("mail.retrying", event);
+                    inner.events.emit(crate::events::Event::MailRetrying, event);
                     Ok(Sent::Later)
                 }
             }

@@ -83,7 +83,7 @@ impl<O: Outbox> Dispatcher<O> {
                 journal.add_policy(&spec.name, false, &rule, "pairing")?;
                 tracing::info!(from = %env.from, "paired: the sender may now dispatch tasks");
                 self.inner.events.emit(
-                    "sender.paired",
+                    crate::events::Event::SenderPaired,
                     json!({"agent": spec.name, "from": env.from, "context": rule.context}),
                 );
                 (Status::Completed, None, TaskState::Answered)
@@ -91,7 +91,7 @@ impl<O: Outbox> Dispatcher<O> {
             Err(why) => {
                 tracing::warn!(from = %env.from, reason = why, "pairing refused");
                 self.inner.events.emit(
-                    "pair.refused",
+                    crate::events::Event::PairRefused,
                     json!({"agent": spec.name, "from": env.from, "reason": why}),
                 );
                 (Status::Rejected, Some(why.to_string()), TaskState::Rejected)

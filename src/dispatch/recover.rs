@@ -50,7 +50,7 @@ impl<O: Outbox> Dispatcher<O> {
                     Some(&reason),
                     Some(&reply),
                 )?;
-                inner.events.emit("task.completed", json!({"agent": name, "taskId": env.task_id, "status": "rejected", "error": reason, "recovered": true}));
+                inner.events.emit(crate::events::Event::TaskCompleted, json!({"agent": name, "taskId": env.task_id, "status": "rejected", "error": reason, "recovered": true}));
                 continue;
             }
             tracing::info!(
@@ -67,7 +67,7 @@ impl<O: Outbox> Dispatcher<O> {
                     left.runs
                 )),
             );
-            inner.events.emit("task.recovered", json!({"agent": name, "taskId": env.task_id, "state": left.state.as_str(), "runs": left.runs}));
+            inner.events.emit(crate::events::Event::TaskRecovered, json!({"agent": name, "taskId": env.task_id, "state": left.state.as_str(), "runs": left.runs}));
             self.start(
                 Task {
                     row: left.id,

@@ -45,7 +45,7 @@ impl<O: Outbox> Dispatcher<O> {
         let ignore = |reason: String| {
             tracing::info!(from = %reply.from, %reason, "plain reply ignored");
             self.inner.events.emit(
-                "message.ignored",
+                crate::events::Event::MessageIgnored,
                 json!({"agent": spec.name, "from": reply.from, "messageId": reply.message_id, "intent": null, "reason": reason}),
             );
             Ok(())
@@ -147,7 +147,7 @@ impl<O: Outbox> Dispatcher<O> {
     pub(super) fn ignored(&self, inbound: &Inbound, reason: &str) {
         let env = &inbound.message.envelope;
         self.inner.events.emit(
-            "message.ignored",
+            crate::events::Event::MessageIgnored,
             json!({"agent": self.spec().name, "from": env.from, "taskId": env.task_id,
                    "intent": inbound.message.intent().as_str(), "messageId": env.message_id,
                    "reason": reason}),
@@ -284,7 +284,7 @@ impl<O: Outbox> Dispatcher<O> {
         match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
-                inner.events.emit("task.duplicate", json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+                inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
             }
             Admission::Refuse { reason } => {
                 let answer = spec.unknown_senders == UnknownSenders::Reject
@@ -293,11 +293,11 @@ impl<O: Outbox> Dispatcher<O> {
                 if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
                     tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
                     inner.events.emit(
-                        "message.ignored",
+                        crate::events::Event::MessageIgnored,
                         json!({"agent": name, "from": env.from, "taskId": env.task_id,
                         "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
                     );
-                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
+                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
                     inner.wake.notify_one();
                 }
             }
@@ -305,7 +305,7 @@ impl<O: Outbox> Dispatcher<O> {
                 let reply = rejected(&reason);
                 if record(state, false, Some(&reason), Some(&reply))?.is_some() {
                     tracing::info!(%reason, "dispatch refused");
-                    inner.events.emit("task.rejected", json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
+                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
                     inner.wake.notify_one();
                 }
             }
@@ -314,7 +314,7 @@ impl<O: Outbox> Dispatcher<O> {
                 let Some(row) = record(TaskState::Received, true, None, Some(&ack))? else {
                     return Ok(());
                 };
-                inner.events.emit("task.received", json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
+                inner.events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
                 inner.wake.notify_one();
                 self.start(
                     Task {
@@ -389,7 +389,7 @@ impl<O: Outbox> Dispatcher<O> {
         )?;
         if recorded.is_some() {
             self.inner.events.emit(
-                "card.answered",
+                crate::events::Event::CardAnswered,
                 json!({"agent": spec.name, "taskId": env.task_id, "from": env.from}),
             );
             self.inner.wake.notify_one();

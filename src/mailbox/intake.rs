@@ -152,7 +152,7 @@ pub async fn run(
                     if !ready {
                         ready = true;
                         events.emit(
-                            "agent.ready",
+                            crate::events::Event::AgentReady,
                             json!({"agent": name, "email": mailbox.email()}),
                         );
                     }
@@ -184,7 +184,7 @@ pub async fn run(
                 Some(()) = wake_rx.recv() => {
                     tracing::debug!("woken by push");
                     // When the server said the mailbox changed: where a task's clock starts.
-                    events.emit("mailbox.changed", json!({"agent": name}));
+                    events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
                 }
                 _ = stop.cancelled() => return,
             }
@@ -229,7 +229,7 @@ pub async fn run(
                 };
                 link.push(kind);
                 events.emit(
-                    "mailbox.push",
+                    crate::events::Event::MailboxPush,
                     json!({"agent": name, "connected": true, "transport": kind}),
                 );
                 // Catch up on whatever changed while push was down.
@@ -247,7 +247,10 @@ pub async fn run(
             let was_up = push_up.swap(false, Ordering::SeqCst);
             if was_up {
                 link.push("polling");
-                events.emit("mailbox.push", json!({"agent": name, "connected": false}));
+                events.emit(
+                    crate::events::Event::MailboxPush,
+                    json!({"agent": name, "connected": false}),
+                );
             }
             let Err(e) = result else { return };
             if was_up {
@@ -353,7 +356,7 @@ async fn poll_once(
         let page = mailbox.next_page(&position, PAGE).await?;
         for ignored in &page.ignored {
             events.emit(
-                "message.ignored",
+                crate::events::Event::MessageIgnored,
                 json!({"agent": name, "from": ignored.from, "messageId": ignored.message_id,
                        "emailId": ignored.email_id, "reason": ignored.reason}),
             );

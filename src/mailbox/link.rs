@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The reachability of the mailbox itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reach {
     Connecting,
@@ -17,29 +17,46 @@ pub enum Reach {
     AuthFailed,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// What `link.json` holds: written by the running bridge, read by `status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct State {
-    mailbox: Reach,
+pub struct LinkState {
+    pub mailbox: Reach,
     /// `websocket`, `eventsource`, or `polling`.
-    push: &'static str,
+    pub push: String,
     /// When `mailbox` last changed (RFC 3339).
-    since: String,
-    last_error: Option<String>,
+    pub since: String,
+    pub last_error: Option<String>,
+}
+
+impl Reach {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reach::Connecting => "connecting",
+            Reach::Connected => "connected",
+            Reach::Unreachable => "unreachable",
+            Reach::AuthFailed => "auth_failed",
+        }
+    }
+}
+
+/// Reads a link file; `None` when there is none (or it is not one).
+pub fn read(path: &std::path::Path) -> Option<LinkState> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
 pub struct Link {
     path: PathBuf,
-    state: Mutex<State>,
+    state: Mutex<LinkState>,
 }
 
 impl Link {
     pub fn new(path: PathBuf) -> Link {
         let link = Link {
             path,
-            state: Mutex::new(State {
+            state: Mutex::new(LinkState {
                 mailbox: Reach::Connecting,
-                push: "polling",
+                push: "polling".into(),
                 since: crate::events::now_rfc3339(),
                 last_error: None,
             }),
@@ -68,12 +85,12 @@ impl Link {
     pub fn push(&self, how: &'static str) {
         let mut state = self.state.lock().expect("link lock");
         if state.push != how {
-            state.push = how;
+            state.push = how.into();
             self.save(&state);
         }
     }
 
-    fn save(&self, state: &State) {
+    fn save(&self, state: &LinkState) {
         let bytes = serde_json::to_vec_pretty(state).expect("link state serializes");
         if let Err(e) = crate::fsio::write_atomic(&self.path, &bytes, 0o600) {
             tracing::debug!(error = %e, "could not write the link state");

@@ -344,7 +344,7 @@ pub async fn run_intake(
                     if !ready {
                         ready = true;
                         events.emit(
-                            "agent.ready",
+                            crate::events::Event::AgentReady,
                             json!({"agent": name, "email": client.handle()}),
                         );
                     }
