@@ -356,7 +356,7 @@ fn main() {
         let bridge = Bridge::start(&config_path);
         bridge.wait(|e| e["event"] == "agent.ready");
         let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
-        let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
+        let mut mailbox = aamp_bridge::mailbox::Reader::new(account(&boss)).unwrap();
         rt.block_on(mailbox.connect()).unwrap();
         let perf = std::env::var_os("AAMP_BENCH_PERF").map(|_| {
             let _ = std::fs::create_dir_all(repo().join("target/bench"));
@@ -441,7 +441,7 @@ fn main() {
 
     // 2. End to end, as the dispatcher sees it; 3. a burst of 100, from the first dispatch
     // sent to the last result seen by the dispatcher.
-    let mut mailbox = aamp_bridge::mailbox::Mailbox::new(account(&boss)).unwrap();
+    let mut mailbox = aamp_bridge::mailbox::Reader::new(account(&boss)).unwrap();
     rt.block_on(mailbox.connect()).unwrap();
     let e2e = end_to_end(&rt, &sender, &mailbox, &boss, &agent, 20.min(tasks));
     let burst = 100;
@@ -821,7 +821,7 @@ fn stream_ingest(
 fn end_to_end(
     rt: &tokio::runtime::Runtime,
     sender: &aamp_bridge::mailbox::Sender,
-    mailbox: &aamp_bridge::mailbox::Mailbox,
+    mailbox: &aamp_bridge::mailbox::Reader,
     boss: &str,
     to: &str,
     n: usize,
@@ -860,7 +860,7 @@ fn end_to_end(
 fn burst_run(
     rt: &tokio::runtime::Runtime,
     sender: &aamp_bridge::mailbox::Sender,
-    mailbox: &aamp_bridge::mailbox::Mailbox,
+    mailbox: &aamp_bridge::mailbox::Reader,
     boss: &str,
     to: &str,
     n: usize,

@@ -11,7 +11,7 @@
 //!     mail server (JMAP + push in, SMTP out)      AAMP service (helper API: streams, ...)
 //!                 │                     ▲                      ▲
 //!                 ▼                     │                      │
-//!   mailbox::intake ── Inbound ──┐      │  daemon::Outlet (dispatch::Outbox over the agent's
+//!   mailbox::intake ── Inbound ──┐      │  daemon::Outlet (dispatch::Backend over the agent's
 //!     (a page at a time; the     │      │  back-end: rendered mail out, attachments, streams)
 //!      cursor saved after)       ▼      │
 //!   dispatch ── record in the journal → admit → lifecycle → record the answer → outbox
@@ -59,12 +59,13 @@
 //!   start, cancel, questions to the dispatcher, the prompt, and what a result carries
 //!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
 //!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
-//!   as rendered bytes through [`dispatch::Outbox`]. It names `runner` and `inbound`, never
+//!   as rendered bytes through [`dispatch::Backend`]. It names `runner` and `inbound`, never
 //!   `mailbox`.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
 //!   a dispatcher and its outbox worker (`daemon::Outlet`: the agent's back-end as the one
-//!   `Outbox` dispatch sees); the stop (drain), abort and reload signals; the
-//!   owner-only control socket `status` asks.
+//!   `dispatch::Backend` dispatch sees); stop, abort and reload from its caller
+//!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
+//!   `status` asks.
 //! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (the commands; `init`, its
 //!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,
 //!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd

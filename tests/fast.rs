@@ -1,4 +1,4 @@
-//! The fast tier: dispatch in-process, with a fake `Outbox` in place of the mailbox and no
+//! The fast tier: dispatch in-process, with a fake `Backend` in place of the mailbox and no
 //! mail server, so the lifecycle, policy and journal rules are checked in milliseconds on any
 //! machine (`cargo test --test fast`). Agents are real processes from real profiles; where a
 //! rule is about time (an agent that hangs until its timeout) the clock is tokio's, paused and
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aamp_bridge::config::LoadedConfig;
-use aamp_bridge::dispatch::{prompt, Dispatcher, Journal, Outbox, OutboxError, Settings};
+use aamp_bridge::dispatch::{prompt, Backend, BackendError, Dispatcher, Journal, Settings};
 use aamp_bridge::error::ErrorClass;
 use aamp_bridge::events::Events;
 use aamp_bridge::mailbox::auth::SenderCheck;
@@ -27,7 +27,7 @@ const BOSS: &str = "boss@example.test";
 /// Records what would have been mailed; fails the next `fail` submissions as a server that
 /// is down would.
 #[derive(Clone, Default)]
-struct FakeOutbox {
+struct FakeBackend {
     sent: Arc<Mutex<Vec<AampMessage>>>,
     fail: Arc<AtomicUsize>,
     changed: Arc<tokio::sync::Notify>,
@@ -44,14 +44,14 @@ struct Downloads {
     done: Arc<AtomicUsize>,
 }
 
-impl Outbox for FakeOutbox {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
+impl Backend for FakeBackend {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         if self
             .fail
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(OutboxError::new(
+            return Err(BackendError::new(
                 ErrorClass::Transient,
                 "connection refused",
             ));
@@ -63,9 +63,9 @@ impl Outbox for FakeOutbox {
         Ok(())
     }
 
-    async fn download(&self, a: &Attachment, _: u64) -> Result<Vec<u8>, OutboxError> {
+    async fn download(&self, a: &Attachment, _: u64) -> Result<Vec<u8>, BackendError> {
         let Some(d) = &self.downloads else {
-            return Err(OutboxError::new(
+            return Err(BackendError::new(
                 ErrorClass::Permanent,
                 "no attachments here",
             ));
@@ -99,7 +99,7 @@ impl Outbox for FakeOutbox {
     async fn close_stream(&self, _: &str, _: serde_json::Value) {}
 }
 
-impl FakeOutbox {
+impl FakeBackend {
     fn sent(&self) -> Vec<AampMessage> {
         self.sent.lock().unwrap().clone()
     }
@@ -169,8 +169,8 @@ impl FakeOutbox {
 /// One agent's dispatcher over a journal in a folder of its own, its outbox worker running.
 struct Rig {
     dir: tempfile::TempDir,
-    outbox: FakeOutbox,
-    dispatcher: Dispatcher<FakeOutbox>,
+    outbox: FakeBackend,
+    dispatcher: Dispatcher<FakeBackend>,
     tracker: TaskTracker,
     stop: CancellationToken,
     abort: CancellationToken,
@@ -185,7 +185,7 @@ impl Rig {
             tempfile::tempdir().unwrap(),
             agent,
             files,
-            FakeOutbox::default(),
+            FakeBackend::default(),
         )
     }
 
@@ -193,7 +193,7 @@ impl Rig {
         dir: tempfile::TempDir,
         agent: &str,
         files: &[(&str, &str)],
-        outbox: FakeOutbox,
+        outbox: FakeBackend,
     ) -> Rig {
         for (name, text) in files {
             std::fs::write(dir.path().join(name), text).unwrap();
@@ -296,7 +296,7 @@ impl Rig {
 
     /// Stops as the daemon does at a crash-free stop: tasks aborted (kept for the next
     /// start), the outbox's last round, everything awaited. Returns the folder.
-    async fn shut(self) -> (tempfile::TempDir, FakeOutbox) {
+    async fn shut(self) -> (tempfile::TempDir, FakeBackend) {
         self.abort.cancel();
         self.stop.cancel();
         self.tracker.close();
@@ -499,7 +499,7 @@ async fn a_full_queue_says_busy_and_the_queued_task_still_runs() {
 
 #[tokio::test]
 async fn answers_the_server_refused_are_kept_and_sent_once_after_a_restart() {
-    let outbox = FakeOutbox::default();
+    let outbox = FakeBackend::default();
     // The server is down for this whole life of the bridge.
     outbox.fail.store(usize::MAX, Ordering::SeqCst);
     let rig = Rig::in_dir(
@@ -520,7 +520,7 @@ async fn answers_the_server_refused_are_kept_and_sent_once_after_a_restart() {
     assert!(old.sent().is_empty());
 
     // The next life: the server is back.
-    let rig = Rig::in_dir(dir, "profile = \"echo\"", &[], FakeOutbox::default());
+    let rig = Rig::in_dir(dir, "profile = \"echo\"", &[], FakeBackend::default());
     let result = rig.outbox.result(task.task_id()).await;
     assert_eq!(result.status, Status::Completed);
     rig.deliver(&task); // and the same mail again, as after a lost cursor
@@ -750,9 +750,9 @@ async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out
         most_at_once: Arc::default(),
         done: Arc::default(),
     };
-    let outbox = FakeOutbox {
+    let outbox = FakeBackend {
         downloads: Some(downloads.clone()),
-        ..FakeOutbox::default()
+        ..FakeBackend::default()
     };
     let rig = Rig::in_dir(
         tempfile::tempdir().unwrap(),

@@ -15,7 +15,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
         args.text.clone()
     };
     let sender = Sender::new(&account)?;
-    let mut mailbox = Mailbox::new(account.clone())?;
+    let mut mailbox = Reader::new(account.clone())?;
     mailbox
         .connect()
         .await

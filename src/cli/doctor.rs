@@ -127,7 +127,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     _ => other.to_string(),
                 }
             };
-            let mut mailbox = crate::mailbox::Mailbox::new(account.clone())?;
+            let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
             match mailbox.connect().await {
                 Ok(()) => {
                     checks.push(check(

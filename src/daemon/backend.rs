@@ -1,38 +1,38 @@
-//! Choosing an agent's mailbox back-end: its intake (how mail comes in) and its `Outlet` (the one `dispatch::Outbox` over whichever system it is).
+//! Choosing an agent's mailbox back-end: its intake (how mail comes in) and its `Outlet` (the one `dispatch::Backend` over whichever system it is).
 
 use super::*;
 
 /// A mailbox back-end's error as dispatch sees it: its class and what it says.
-impl From<crate::mailbox::MailboxError> for OutboxError {
-    fn from(e: crate::mailbox::MailboxError) -> OutboxError {
+impl From<crate::mailbox::MailboxError> for BackendError {
+    fn from(e: crate::mailbox::MailboxError) -> BackendError {
         use crate::error::Classify as _;
-        OutboxError::new(e.class(), e.to_string())
+        BackendError::new(e.class(), e.to_string())
     }
 }
 
-/// Where one agent's answers go: its mailbox back-end. `dispatch` sees only [`Outbox`].
+/// Where one agent's answers go: its mailbox back-end. `dispatch` sees only [`Backend`].
 pub enum Outlet {
     /// AAMP: SMTP submission, Sent copies, the AAMP service's streams and threads.
     Aamp(Box<Sender>),
     /// AMP: replies on the broker.
-    Amp(Box<crate::mailbox::amp::AmpOutbox>),
+    Amp(Box<crate::mailbox::amp::AmpReplies>),
     /// ASMTP: reply envelopes with client ids.
-    Asmtp(Box<crate::mailbox::asmtp::AsmtpOutbox>),
+    Asmtp(Box<crate::mailbox::asmtp::AsmtpReplies>),
 }
 
-impl Outbox for Outlet {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
+impl Backend for Outlet {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         match self {
-            Outlet::Aamp(s) => Outbox::submit(s.as_ref(), mail).await,
+            Outlet::Aamp(s) => Backend::submit(s.as_ref(), mail).await,
             Outlet::Amp(a) => Ok(a.submit(mail).await?),
             Outlet::Asmtp(a) => Ok(a.submit(mail).await?),
         }
     }
 
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, BackendError> {
         match self {
-            Outlet::Aamp(s) => Outbox::download(s.as_ref(), attachment, max).await,
-            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(OutboxError::new(
+            Outlet::Aamp(s) => Backend::download(s.as_ref(), attachment, max).await,
+            Outlet::Amp(_) | Outlet::Asmtp(_) => Err(BackendError::new(
                 crate::error::ErrorClass::Permanent,
                 "AMP and ASMTP messages carry no attachments the bridge fetches",
             )),
@@ -41,7 +41,7 @@ impl Outbox for Outlet {
 
     async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
         match self {
-            Outlet::Aamp(s) => Outbox::open_stream(s.as_ref(), task_id, peer).await,
+            Outlet::Aamp(s) => Backend::open_stream(s.as_ref(), task_id, peer).await,
             Outlet::Amp(_) | Outlet::Asmtp(_) => None,
         }
     }
@@ -52,31 +52,31 @@ impl Outbox for Outlet {
         events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
     ) -> usize {
         match self {
-            Outlet::Aamp(s) => Outbox::pump_stream(s.as_ref(), stream_id, events).await,
+            Outlet::Aamp(s) => Backend::pump_stream(s.as_ref(), stream_id, events).await,
             Outlet::Amp(_) | Outlet::Asmtp(_) => 0,
         }
     }
 
     async fn thread(&self, task_id: &str) -> Vec<crate::dispatch::prompt::Earlier> {
         match self {
-            Outlet::Aamp(s) => Outbox::thread(s.as_ref(), task_id).await,
+            Outlet::Aamp(s) => Backend::thread(s.as_ref(), task_id).await,
             Outlet::Amp(_) | Outlet::Asmtp(_) => Vec::new(),
         }
     }
 
     async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
         if let Outlet::Aamp(s) = self {
-            Outbox::close_stream(s.as_ref(), stream_id, payload).await
+            Backend::close_stream(s.as_ref(), stream_id, payload).await
         }
     }
 }
 
-impl Outbox for Sender {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), OutboxError> {
+impl Backend for Sender {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         Ok(Sender::submit(self, mail).await?)
     }
 
-    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, OutboxError> {
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, BackendError> {
         Ok(Sender::download(self, attachment, max).await?)
     }
 
@@ -137,7 +137,7 @@ impl Outbox for Sender {
 
 /// How an agent's mail comes in, once its dispatcher exists.
 pub(super) enum Intake {
-    Aamp(Box<Mailbox>),
+    Aamp(Box<Reader>),
     Asmtp(crate::mailbox::asmtp::AsmtpClient),
     Amp(crate::mailbox::amp::AmpClient, Duration),
 }
@@ -158,7 +158,7 @@ pub(super) async fn open_backend(
     if config.is_asmtp(&mailbox_name) {
         let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
             .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
-        let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpOutbox::new(
+        let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpReplies::new(
             client.clone(),
         )));
         return Ok((outlet, Intake::Asmtp(client)));
@@ -168,7 +168,7 @@ pub(super) async fn open_backend(
         let poll = account.poll_interval;
         let client = crate::mailbox::amp::AmpClient::new(account)
             .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
-        let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpOutbox::new(
+        let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpReplies::new(
             client.clone(),
         )));
         return Ok((outlet, Intake::Amp(client, poll)));
@@ -211,7 +211,7 @@ pub(super) async fn open_backend(
     }
     publish_card(config, agent, &sender, events).await;
     let mailbox =
-        Mailbox::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
+        Reader::new(account).with_context(|| format!("agent {:?}: JMAP setup", agent.name))?;
     Ok((
         Outlet::Aamp(Box::new(sender)),
         Intake::Aamp(Box::new(mailbox)),

@@ -23,10 +23,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Dispatcher, Journal, Outbox, OutboxError, Settings, OWNER_VAR};
+use crate::dispatch::{AgentSpec, Backend, BackendError, Dispatcher, Journal, Settings, OWNER_VAR};
 use crate::events::Events;
 use crate::fsio::StateLock;
-use crate::mailbox::{intake, Attachment, Cursor, Mailbox, Sender};
+use crate::mailbox::{intake, Attachment, Cursor, Reader, Sender};
 use crate::protocol::RenderedMail;
 use crate::runner::{self, Profile};
 

@@ -24,7 +24,7 @@ pub(super) fn derived_message_id(agent_email: &str, key: &str, intent: &str, n: 
     format!("<{intent}.{}@{domain}>", id.simple())
 }
 
-impl<O: Outbox> Dispatcher<O> {
+impl<O: Backend> Dispatcher<O> {
     /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
     /// task (`n` tells apart several mails of one intent).
     pub(super) fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {

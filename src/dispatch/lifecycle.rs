@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::journal::TaskState;
 use super::questions::PendingQuestion;
 use super::{
-    arrival, conversation_key, prompt, results, session_scope, task_key, workspace, CancelReply,
-    Dispatcher, Outbox, Place, Task, OWNER_VAR, RUN_VAR,
+    arrival, conversation_key, prompt, results, session_scope, task_key, workspace, Backend,
+    CancelReply, Dispatcher, Place, Task, OWNER_VAR, RUN_VAR,
 };
 use crate::inbound::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
@@ -93,7 +93,7 @@ struct Prepared {
     left_out: Vec<prompt::File>,
 }
 
-impl<O: Outbox> Dispatcher<O> {
+impl<O: Backend> Dispatcher<O> {
     pub(super) async fn lifecycle(self, task: Task, place: Place, cancel: CancellationToken) {
         let inner = &self.inner;
         let started = Instant::now();

@@ -4,7 +4,7 @@
 //! (pure, in [`admission`]); the task lifecycle waits for a slot, runs it through
 //! `runner`, and records the answer; the outbox worker sends acks and results, retrying
 //! until the mail server takes them. Cancels stop the matching task. Nothing here knows SMTP
-//! or JMAP: answers leave as rendered bytes through the [`Outbox`] seam.
+//! or JMAP: answers leave as rendered bytes through the [`Backend`] seam.
 
 pub mod admission;
 mod compose;
@@ -49,38 +49,41 @@ use questions::PendingQuestion;
 /// outbox's retry rule. Dispatch sees only this, whichever mailbox system is behind.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct OutboxError {
+pub struct BackendError {
     pub message: String,
     pub class: ErrorClass,
 }
 
-impl OutboxError {
-    pub fn new(class: ErrorClass, message: impl Into<String>) -> OutboxError {
-        OutboxError {
+impl BackendError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> BackendError {
+        BackendError {
             message: message.into(),
             class,
         }
     }
 }
 
-impl Classify for OutboxError {
+impl Classify for BackendError {
     fn class(&self) -> ErrorClass {
         self.class
     }
 }
 
-/// Where answers go: a mailbox back-end (the daemon's `Outlet`); tests may use a fake.
-pub trait Outbox: Send + Sync + 'static {
+/// The agent's mailbox back-end as dispatch sees it (the daemon's `Outlet`; tests use a
+/// fake): where answers are submitted, attachments downloaded, live streams fed and earlier
+/// threads read. "Outbox" is only the journal's queue of answers and the worker that empties
+/// it into this.
+pub trait Backend: Send + Sync + 'static {
     /// Submits a rendered mail once, exactly as it is (a back-end without mail translates it
     /// into its own idiom, or drops what it has no place for).
-    fn submit(&self, mail: &RenderedMail) -> impl Future<Output = Result<(), OutboxError>> + Send;
+    fn submit(&self, mail: &RenderedMail) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Fetches an inbound attachment, at most `max` bytes.
     fn download(
         &self,
         attachment: &Attachment,
         max: u64,
-    ) -> impl Future<Output = Result<Vec<u8>, OutboxError>> + Send;
+    ) -> impl Future<Output = Result<Vec<u8>, BackendError>> + Send;
 
     /// Opens a live stream for a task; `None` when there is no stream service (or it failed,
     /// which is logged: a task never fails for its stream).
@@ -258,7 +261,7 @@ fn task_key(from: &str, task_id: &str) -> String {
     format!("{}\n{}", from.to_ascii_lowercase(), task_id)
 }
 
-impl<O: Outbox> Dispatcher<O> {
+impl<O: Backend> Dispatcher<O> {
     /// Tasks are spawned on `tracker`; `abort` stops them without an answer.
     pub fn new(
         spec: AgentSpec,

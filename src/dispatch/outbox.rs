@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::Pending;
-use super::{Dispatcher, Outbox};
+use super::{Backend, Dispatcher};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
 
@@ -27,7 +27,7 @@ enum Sent {
     Later,
 }
 
-impl<O: Outbox> Dispatcher<O> {
+impl<O: Backend> Dispatcher<O> {
     /// Sends what is due until `stop`; then makes one last round (bounded by `last_round`) so
     /// answers recorded during the shutdown still leave when the server is up.
     pub async fn send_outbox(self, stop: CancellationToken, last_round: Duration) {

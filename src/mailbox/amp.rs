@@ -305,13 +305,13 @@ async fn poll_once(
 
 /// Where an AMP agent's answers go: replies in the task's thread.
 #[derive(Clone)]
-pub struct AmpOutbox {
+pub struct AmpReplies {
     client: AmpClient,
 }
 
-impl AmpOutbox {
-    pub fn new(client: AmpClient) -> AmpOutbox {
-        AmpOutbox { client }
+impl AmpReplies {
+    pub fn new(client: AmpClient) -> AmpReplies {
+        AmpReplies { client }
     }
 
     /// Posts the answer in `mail` as a reply, unless the thread holds it already.

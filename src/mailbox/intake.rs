@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{Link, Reach};
 use super::push::{self, PushTarget};
-use super::{Cursor, Mail, Mailbox, MailboxError, Position};
+use super::{Cursor, Mail, MailboxError, Position, Reader};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
@@ -120,7 +120,7 @@ impl Classify for IntakeError {
 /// Watches one mailbox and hands its AAMP mail to `deliver`, until `stop`.
 pub async fn run(
     name: String,
-    mut mailbox: Mailbox,
+    mut mailbox: Reader,
     cursor: Cursor,
     link: Link,
     mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
@@ -287,7 +287,7 @@ pub async fn run(
 }
 
 /// What the poll step reads from: a mailbox that hands out pages of new mail after a
-/// position. [`Mailbox`] (JMAP) is the one in use; the tests below use a fake.
+/// position. [`Reader`] (JMAP) is the one in use; the tests below use a fake.
 pub(crate) trait Source: Send {
     fn is_connected(&self) -> bool;
     fn connect(&mut self) -> impl std::future::Future<Output = Result<(), MailboxError>> + Send;
@@ -303,25 +303,25 @@ pub(crate) trait Source: Send {
     ) -> impl std::future::Future<Output = Result<super::Page, MailboxError>> + Send;
 }
 
-impl Source for Mailbox {
+impl Source for Reader {
     fn is_connected(&self) -> bool {
-        Mailbox::is_connected(self)
+        Reader::is_connected(self)
     }
     async fn connect(&mut self) -> Result<(), MailboxError> {
-        Mailbox::connect(self).await
+        Reader::connect(self).await
     }
     fn email(&self) -> &str {
-        Mailbox::email(self)
+        Reader::email(self)
     }
     async fn current_state(&self) -> Result<String, MailboxError> {
-        Mailbox::current_state(self).await
+        Reader::current_state(self).await
     }
     async fn next_page(
         &self,
         position: &Position,
         page: usize,
     ) -> Result<super::Page, MailboxError> {
-        Mailbox::next_page(self, position, page).await
+        Reader::next_page(self, position, page).await
     }
 }
 

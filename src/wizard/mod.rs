@@ -216,7 +216,7 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
         return Ok(probe.address);
     }
     let account = config.account(name)?;
-    let mut mailbox = crate::mailbox::Mailbox::new(account.clone())?;
+    let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
     mailbox.connect().await.with_context(|| {
         format!(
             "JMAP login as {} at {} failed: check the address, password and jmap_url",

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use aamp_bridge::config::{Account, SmtpSecurity};
-use aamp_bridge::mailbox::{Inbound, Mailbox, Sender};
+use aamp_bridge::mailbox::{Inbound, Reader, Sender};
 use aamp_bridge::protocol::{self, AampMessage, Body, Dispatch, Envelope, Intent};
 use serde_json::Value;
 
@@ -480,7 +480,7 @@ impl Drop for Bridge {
 pub struct Peer {
     pub account: Account,
     sender: Sender,
-    mailbox: Mailbox,
+    mailbox: Reader,
     state: aamp_bridge::mailbox::Position,
     pub inbox: Vec<Inbound>,
 }
@@ -488,7 +488,7 @@ pub struct Peer {
 impl Peer {
     pub async fn new(account: Account) -> Peer {
         let sender = Sender::new(&account).unwrap();
-        let mut mailbox = Mailbox::new(account.clone()).unwrap();
+        let mut mailbox = Reader::new(account.clone()).unwrap();
         mailbox.connect().await.expect("peer connects over JMAP");
         let state = aamp_bridge::mailbox::Position::at(mailbox.current_state().await.unwrap());
         Peer {

@@ -18,15 +18,15 @@ use super::*;
 use jmap::{Email, JmapClient};
 
 /// Reading one account over JMAP.
-pub struct Mailbox {
+pub struct Reader {
     pub account: Account,
     jmap: JmapClient,
     inbox_id: Option<String>,
 }
 
-impl Mailbox {
-    pub fn new(account: Account) -> Result<Mailbox, MailboxError> {
-        Ok(Mailbox {
+impl Reader {
+    pub fn new(account: Account) -> Result<Reader, MailboxError> {
+        Ok(Reader {
             jmap: JmapClient::new(&account)?,
             account,
             inbox_id: None,

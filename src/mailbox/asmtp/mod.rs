@@ -480,13 +480,13 @@ async fn run_push(
 
 /// Where an ASMTP agent's answers go: reply envelopes.
 #[derive(Clone)]
-pub struct AsmtpOutbox {
+pub struct AsmtpReplies {
     client: AsmtpClient,
 }
 
-impl AsmtpOutbox {
-    pub fn new(client: AsmtpClient) -> AsmtpOutbox {
-        AsmtpOutbox { client }
+impl AsmtpReplies {
+    pub fn new(client: AsmtpClient) -> AsmtpReplies {
+        AsmtpReplies { client }
     }
 
     /// The reply envelope for the answer in `mail`; `None` for what ASMTP has no place for.
@@ -547,7 +547,7 @@ impl AsmtpOutbox {
     }
 
     pub async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
-        match AsmtpOutbox::envelope_for(mail) {
+        match AsmtpReplies::envelope_for(mail) {
             Some(envelope) => self.client.post(&envelope).await,
             // Acks, streams and the rest have no ASMTP equivalent.
             None => Ok(()),

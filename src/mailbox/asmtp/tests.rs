@@ -59,13 +59,13 @@ fn an_envelope_becomes_a_task_and_its_answer_a_reply_the_same_every_time() {
     );
     reply.envelope.message_id = "<task.result.1@x>".into();
     let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
-    let envelope = AsmtpOutbox::envelope_for(&rendered).unwrap();
+    let envelope = AsmtpReplies::envelope_for(&rendered).unwrap();
     assert_eq!(envelope["in_reply_to"], "01HZZZZZZZZZZZZZZZZZZZZZZZ");
     assert_eq!(envelope["to"], json!(["@alice.boss"]));
     assert_eq!(envelope["content_parts"][0]["text"], "fixed");
     assert!(envelope.get("from").is_none(), "the operator stamps from");
     assert_eq!(
-        AsmtpOutbox::envelope_for(&rendered).unwrap(),
+        AsmtpReplies::envelope_for(&rendered).unwrap(),
         envelope,
         "a resend is the same envelope"
     );
@@ -88,7 +88,7 @@ fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
         }),
     );
     let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
-    let posted = AsmtpOutbox::envelope_for(&rendered).unwrap();
+    let posted = AsmtpReplies::envelope_for(&rendered).unwrap();
     let answer = AsmtpEnvelope {
         id: "01HYYYYYYYYYYYYYYYYYYYYYYY".into(),
         from: "@alice.coder".into(),
