@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::{DeliverError, Health, IntakeError};
+use super::intake::{self, DeliverError, Health, IntakeError, Watched};
 use super::{Inbound, Mail, MailboxError};
 use crate::config::AmpAccount;
 use crate::events::Events;
@@ -229,53 +229,57 @@ fn hop_count(body: &str) -> Option<u32> {
     })
 }
 
-/// Polls the inbox until `stop`: every unread message is delivered, then marked read.
+/// The broker's inbox for [`intake::watch`]: every unread message delivered, then marked read.
+struct AmpWatched<'a, D> {
+    client: AmpClient,
+    deliver: D,
+    link: &'a super::link::Link,
+    poll_interval: Duration,
+}
+
+impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AmpWatched<'_, D> {
+    async fn read(&mut self) -> Result<usize, IntakeError> {
+        poll_once(&self.client, &mut self.deliver).await
+    }
+
+    fn next_read(&mut self, taken: usize) -> Duration {
+        self.link.push("polling");
+        if taken > 0 {
+            // More may have come while these were taken.
+            Duration::ZERO
+        } else {
+            self.poll_interval
+        }
+    }
+
+    fn address(&self) -> String {
+        self.client.address().to_string()
+    }
+}
+
+/// Polls the inbox until `stop` (AMP has no push).
 pub async fn run_intake(
     name: String,
     client: AmpClient,
     link: super::link::Link,
-    mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+    deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     poll_interval: Duration,
     stop: CancellationToken,
 ) {
-    let mut health = Health::new(
+    let health = Health::new(
         &link,
         "the AMP broker",
         client.address().to_string(),
         "api_key_file (and agent_id)",
     );
-    let mut ready = false;
-    loop {
-        let polled = tokio::select! {
-            r = poll_once(&client, &mut deliver) => r,
-            _ = stop.cancelled() => return,
-        };
-        let wait = match polled {
-            Ok(taken) => {
-                if !ready {
-                    ready = true;
-                    events.emit(
-                        crate::events::Event::AgentReady,
-                        json!({"agent": name, "email": client.address()}),
-                    );
-                }
-                health.ok();
-                link.push("polling");
-                if taken > 0 {
-                    // More may have come while these were taken.
-                    Duration::ZERO
-                } else {
-                    poll_interval
-                }
-            }
-            Err(e) => health.failed(&e),
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
+    let mut watched = AmpWatched {
+        client,
+        deliver,
+        link: &link,
+        poll_interval,
+    };
+    intake::watch(&name, events, health, &mut watched, None, &stop).await;
 }
 
 async fn poll_once(

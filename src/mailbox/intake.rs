@@ -117,13 +117,132 @@ impl Classify for IntakeError {
     }
 }
 
+/// One mailbox as the reading loop sees it, whichever system it is on.
+pub trait Watched: Send {
+    /// Reads what is new and delivers it; how many messages were taken.
+    fn read(&mut self) -> impl std::future::Future<Output = Result<usize, IntakeError>> + Send;
+    /// How long to wait before the next read, after a good one that took `taken`.
+    fn next_read(&mut self, taken: usize) -> Duration;
+    /// After a failed read (a reader drops its connection here).
+    fn failed(&mut self) {}
+    /// The address `agent.ready` names.
+    fn address(&self) -> String;
+}
+
+/// The one reading loop of every back-end, until `stop`: read, say the agent is ready after
+/// the first good read, keep the mailbox's [`Health`], then wait the back-end's interval (or
+/// the health rule's delay) unless push wakes it sooner.
+pub async fn watch(
+    name: &str,
+    events: Events,
+    mut health: Health<'_>,
+    watched: &mut impl Watched,
+    mut wake: Option<&mut tokio::sync::mpsc::Receiver<()>>,
+    stop: &CancellationToken,
+) {
+    let mut ready = false;
+    loop {
+        let read = tokio::select! {
+            r = watched.read() => r,
+            _ = stop.cancelled() => return,
+        };
+        let wait = match read {
+            Ok(taken) => {
+                if !ready {
+                    ready = true;
+                    events.emit(
+                        crate::events::Event::AgentReady,
+                        json!({"agent": name, "email": watched.address()}),
+                    );
+                }
+                health.ok();
+                watched.next_read(taken)
+            }
+            Err(e) => {
+                watched.failed();
+                health.failed(&e)
+            }
+        };
+        let woken = async {
+            match wake.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            Some(()) = woken => {
+                tracing::debug!("woken by push");
+                // When the server said the mailbox changed: where a task's clock starts.
+                events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// The JMAP mailbox for [`watch`]: `Email/changes` from the cursor, and after each good read
+/// the push loop told where to connect.
+struct JmapWatched<'a, D> {
+    name: &'a str,
+    events: Events,
+    mailbox: Reader,
+    cursor: Cursor,
+    state: Option<Position>,
+    deliver: D,
+    target_tx: &'a tokio::sync::watch::Sender<Option<PushTarget>>,
+    push_up: &'a AtomicBool,
+}
+
+impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for JmapWatched<'_, D> {
+    async fn read(&mut self) -> Result<usize, IntakeError> {
+        poll_once(
+            self.name,
+            self.events,
+            &mut self.mailbox,
+            &self.cursor,
+            &mut self.state,
+            &mut self.deliver,
+        )
+        .await
+        .map(|()| 0)
+    }
+
+    fn next_read(&mut self, _taken: usize) -> Duration {
+        if self.mailbox.account.push {
+            let target = self.mailbox.push_target();
+            self.target_tx.send_if_modified(|current| {
+                let changed = current.as_ref().map(|t| &t.transports)
+                    != target.as_ref().map(|t| &t.transports);
+                if changed {
+                    *current = target;
+                }
+                changed
+            });
+        }
+        if self.push_up.load(Ordering::SeqCst) {
+            self.mailbox.account.reconcile_interval
+        } else {
+            self.mailbox.account.poll_interval
+        }
+    }
+
+    fn failed(&mut self) {
+        self.mailbox.disconnect();
+    }
+
+    fn address(&self) -> String {
+        self.mailbox.email().to_string()
+    }
+}
+
 /// Watches one mailbox and hands its AAMP mail to `deliver`, until `stop`.
 pub async fn run(
     name: String,
-    mut mailbox: Reader,
+    mailbox: Reader,
     cursor: Cursor,
     link: Link,
-    mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+    deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     stop: CancellationToken,
 ) {
@@ -134,61 +253,31 @@ pub async fn run(
     let poll_secs = mailbox.account.poll_interval.as_secs();
 
     let polling = async {
-        let mut state: Option<Position> = None;
-        let mut ready = false;
-        let mut health = Health::new(
+        let health = Health::new(
             &link,
             "the mail server",
             mailbox.email().to_string(),
             "the password (password_file)",
         );
-        loop {
-            let poll = tokio::select! {
-                result = poll_once(&name, events, &mut mailbox, &cursor, &mut state, &mut deliver) => result,
-                _ = stop.cancelled() => return,
-            };
-            let wait = match poll {
-                Ok(()) => {
-                    if !ready {
-                        ready = true;
-                        events.emit(
-                            crate::events::Event::AgentReady,
-                            json!({"agent": name, "email": mailbox.email()}),
-                        );
-                    }
-                    health.ok();
-                    if use_push {
-                        let target = mailbox.push_target();
-                        target_tx.send_if_modified(|current| {
-                            let changed = current.as_ref().map(|t| &t.transports)
-                                != target.as_ref().map(|t| &t.transports);
-                            if changed {
-                                *current = target;
-                            }
-                            changed
-                        });
-                    }
-                    if push_up.load(Ordering::SeqCst) {
-                        mailbox.account.reconcile_interval
-                    } else {
-                        mailbox.account.poll_interval
-                    }
-                }
-                Err(e) => {
-                    mailbox.disconnect();
-                    health.failed(&e)
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                Some(()) = wake_rx.recv() => {
-                    tracing::debug!("woken by push");
-                    // When the server said the mailbox changed: where a task's clock starts.
-                    events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
-                }
-                _ = stop.cancelled() => return,
-            }
-        }
+        let mut watched = JmapWatched {
+            name: &name,
+            events,
+            mailbox,
+            cursor,
+            state: None,
+            deliver,
+            target_tx: &target_tx,
+            push_up: &push_up,
+        };
+        watch(
+            &name,
+            events,
+            health,
+            &mut watched,
+            Some(&mut wake_rx),
+            &stop,
+        )
+        .await;
     };
 
     let pushing = async {

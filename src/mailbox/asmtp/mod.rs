@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::intake::{DeliverError, Health, IntakeError};
+use super::intake::{self, DeliverError, Health, IntakeError, Watched};
 use super::{Inbound, Mail, MailboxError};
 use crate::backoff::Backoff;
 use crate::config::AsmtpAccount;
@@ -283,6 +283,36 @@ impl WatermarkFile {
     }
 }
 
+/// The operator's mailbox for [`intake::watch`]: a catch-up from the watermark.
+struct AsmtpWatched<'a, D> {
+    client: &'a AsmtpClient,
+    watermark: &'a WatermarkFile,
+    deliver: D,
+    push_up: &'a std::sync::atomic::AtomicBool,
+    poll_interval: Duration,
+}
+
+impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AsmtpWatched<'_, D> {
+    async fn read(&mut self) -> Result<usize, IntakeError> {
+        catch_up(self.client, self.watermark, &mut self.deliver)
+            .await
+            .map(|()| 0)
+    }
+
+    fn next_read(&mut self, _taken: usize) -> Duration {
+        if self.push_up.load(std::sync::atomic::Ordering::SeqCst) {
+            // A safety catch-up now and then even with push up.
+            Duration::from_secs(60)
+        } else {
+            self.poll_interval
+        }
+    }
+
+    fn address(&self) -> String {
+        self.client.handle().to_string()
+    }
+}
+
 /// Reads the mailbox until `stop`: catch-up at start, on every push frame, after every
 /// reconnection, and every `poll_interval_secs` while the push socket is down.
 pub async fn run_intake(
@@ -290,7 +320,7 @@ pub async fn run_intake(
     client: AsmtpClient,
     link: super::link::Link,
     watermark: WatermarkFile,
-    mut deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+    deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     stop: CancellationToken,
 ) {
@@ -327,43 +357,28 @@ pub async fn run_intake(
         }
     };
     let reading = async {
-        let mut health = Health::new(
+        let health = Health::new(
             &link,
             "the ASMTP operator",
             client.handle().to_string(),
             "token_file",
         );
-        let mut ready = false;
-        loop {
-            let caught = tokio::select! {
-                r = catch_up(&client, &watermark, &mut deliver) => r,
-                _ = stop.cancelled() => return,
-            };
-            let wait = match caught {
-                Ok(()) => {
-                    if !ready {
-                        ready = true;
-                        events.emit(
-                            crate::events::Event::AgentReady,
-                            json!({"agent": name, "email": client.handle()}),
-                        );
-                    }
-                    health.ok();
-                    if push_up.load(std::sync::atomic::Ordering::SeqCst) {
-                        // A safety catch-up now and then even with push up.
-                        Duration::from_secs(60)
-                    } else {
-                        poll_interval
-                    }
-                }
-                Err(e) => health.failed(&e),
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                Some(()) = wake_rx.recv() => tracing::debug!("woken by ASMTP push"),
-                _ = stop.cancelled() => return,
-            }
-        }
+        let mut watched = AsmtpWatched {
+            client: &client,
+            watermark: &watermark,
+            deliver,
+            push_up: &push_up,
+            poll_interval,
+        };
+        intake::watch(
+            &name,
+            events,
+            health,
+            &mut watched,
+            Some(&mut wake_rx),
+            &stop,
+        )
+        .await;
     };
     tokio::join!(push, reading);
 }
