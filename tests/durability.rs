@@ -44,9 +44,11 @@ fn config(
         &format!("smtp_port = {}", host.smtp_port),
         &format!("smtp_port = {smtp_port}"),
     );
-    format!(
-        "shutdown_grace_secs = 5\n{mailbox}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"{profile}\"\nallow_from = [\"{allow}\"]\n{agent_extra}\n"
-    )
+    support::Toml::new()
+        .top("shutdown_grace_secs = 5")
+        .mailbox_text(&mailbox)
+        .agent("agent", profile, &[allow], agent_extra)
+        .text()
 }
 
 fn path(dir: &ConfigDir, name: &str) -> PathBuf {

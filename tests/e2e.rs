@@ -13,10 +13,7 @@ fn agent_config(
     profile: &str,
     allow: &str,
 ) -> String {
-    format!(
-        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"{profile}\"\nallow_from = [\"{allow}\"]\n",
-        host.mailbox_toml("agent", agent)
-    )
+    support::one_agent(host, agent, profile, allow).text()
 }
 
 #[tokio::test(flavor = "multi_thread")]

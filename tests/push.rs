@@ -13,10 +13,10 @@ fn config(
     boss: &str,
     settings: &str,
 ) -> String {
-    format!(
-        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{boss}\"]\n",
-        host.mailbox_toml_with("agent", agent, settings)
-    )
+    support::Toml::new()
+        .host_mailbox(host, "agent", agent, settings)
+        .agent("agent", "echo", &[boss], "")
+        .text()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -20,10 +20,7 @@ fn config(
     profile: &str,
     allow: &str,
 ) -> String {
-    format!(
-        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"{profile}\"\nallow_from = [\"{allow}\"]\n",
-        host.mailbox_toml("agent", agent)
-    )
+    support::one_agent(host, agent, profile, allow).text()
 }
 
 /// A dispatcher's side on the PyPI AAMP SDK, watching `boss`'s mailbox for `task_id`'s

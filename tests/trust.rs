@@ -6,16 +6,17 @@ mod support;
 use aamp_bridge::protocol::{Body, Intent, Status};
 use support::{inject_mx, inject_mx_as, mailhost, Bridge, ConfigDir, Peer};
 
+/// One echo agent taking tasks from `allow`; `extra` are more keys of its mailbox.
 fn config(
     host: &support::MailHost,
     agent: &aamp_bridge::config::Account,
     allow: &str,
     extra: &str,
 ) -> String {
-    format!(
-        "{}{extra}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{allow}\"]\n",
-        host.mailbox_toml("agent", agent)
-    )
+    support::Toml::new()
+        .host_mailbox(host, "agent", agent, extra)
+        .agent("agent", "echo", &[allow], "")
+        .text()
 }
 
 fn dispatch_text(from: &str, to: &str, task_id: &str, extra_headers: &str) -> String {

@@ -1,0 +1,241 @@
+//! A config folder and a running bridge process, read through its --json events.
+
+use super::*;
+
+/// A folder holding a config, its password file and any profiles.
+pub struct ConfigDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    pub fn new(host: &MailHost, config: &str) -> ConfigDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("password"), &host.password).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("password"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!("state_dir = \"state\"\n{config}"),
+        )
+        .unwrap();
+        ConfigDir { dir }
+    }
+
+    /// Writes `config.toml`: `text` under `state_dir = "state"`.
+    pub fn write_config(&self, text: &str) {
+        self.write("config.toml", &format!("state_dir = \"state\"\n{text}"));
+    }
+
+    /// Writes `asking.toml`: the ACP test agent asking permission to edit README.md, under
+    /// `permissions = "ask"` with `ask_timeout_secs`.
+    pub fn write_asking_agent(&self, ask_timeout_secs: u64) {
+        let script = serde_json::json!({"steps": [
+            {"say": "Need to edit. "},
+            {"permission": {"id": "edit", "title": "Edit README.md", "kind": "edit"}},
+            {"say": "Done."}
+        ]});
+        self.write("asking-script.json", &script.to_string());
+        self.write(
+            "asking.toml",
+            &format!(
+                "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\npermissions = \"ask\"\nask_timeout_secs = {ask_timeout_secs}\n",
+                repo().join("tests/agents/acp_agent.py").display(),
+                self.dir.path().join("asking-script.json").display()
+            ),
+        );
+    }
+
+    pub fn write(&self, name: &str, text: &str) {
+        std::fs::write(self.dir.path().join(name), text).unwrap();
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+}
+
+/// `aamp-bridge start --json` as a child process, with its events readable.
+pub struct Bridge {
+    child: Child,
+    events: mpsc::Receiver<Value>,
+    pub seen: Vec<Value>,
+    stderr_path: PathBuf,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_aamp-bridge")
+}
+
+impl Bridge {
+    /// Starts the bridge and waits until every agent is ready.
+    pub fn start(config: &ConfigDir, agents: usize) -> Bridge {
+        let stderr_path = config.dir.path().join(format!(
+            "bridge-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = Command::new(bin())
+            .args([
+                "--config",
+                config.config().to_str().unwrap(),
+                "start",
+                "--json",
+            ])
+            .env("AAMP_BRIDGE_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("the bridge starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Every line is read to the end of the stream, whatever it holds: a reader that
+            // stopped would fill the pipe.
+            let mut reader = BufReader::new(stdout);
+            let mut bytes = Vec::new();
+            while reader.read_until(b'\n', &mut bytes).is_ok_and(|n| n > 0) {
+                let line = String::from_utf8_lossy(&bytes).trim_end().to_string();
+                bytes.clear();
+                let event = serde_json::from_str(&line).unwrap_or_else(
+                    |e| serde_json::json!({"event": "not-json", "line": line, "error": e.to_string()}),
+                );
+                if tx.send(event).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut bridge = Bridge {
+            child,
+            events,
+            seen: Vec::new(),
+            stderr_path,
+        };
+        // Every agent's own event: `wait_event` would find the first one again.
+        bridge.wait_count("agent.ready", agents);
+        bridge
+    }
+
+    /// Waits until `n` events named `name` have been seen.
+    pub fn wait_count(&mut self, name: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.seen.iter().filter(|e| e["event"] == name).count() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(e) => self.seen.push(e),
+                Err(_) => panic!(
+                    "fewer than {n} {name} events within {WAIT:?}; events: {:#?}\nbridge log:\n{}",
+                    self.seen,
+                    self.log()
+                ),
+            }
+        }
+    }
+
+    /// Waits for an event named `name` that satisfies `pred`.
+    pub fn wait_event(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(e) = self.seen.iter().find(|e| e["event"] == name && pred(e)) {
+            return e.clone();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(e) => {
+                    self.seen.push(e.clone());
+                    if e["event"] == name && pred(&e) {
+                        return e;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {name} event within {WAIT:?}; events: {:#?}\nbridge log:\n{}",
+                    self.seen,
+                    self.log()
+                ),
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGTERM, and waits for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    /// SIGKILL, as a crash or an out-of-memory kill would: no chance to clean up.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` and returns at once.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// Waits (up to WAIT) for the bridge to exit on its own, reading its events meanwhile.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            while let Ok(e) = self.events.try_recv() {
+                self.seen.push(e);
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(e) = self.events.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(e);
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the bridge did not exit within {WAIT:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
+            eprintln!("--- the bridge's log ends with:");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The test mail host (scripts/mailhost.sh): the shared instance started on first use, private instances for tests that stop it, fresh mailboxes per test, and a stranger's way in (the inbound port).
+
+use super::*;
+
+pub struct MailHost {
+    pub domain: String,
+    pub password: String,
+    pub jmap_url: String,
+    pub smtp_port: u16,
+    /// Submission that requires STARTTLS (a self-signed certificate), as strict clients use it.
+    pub smtp_tls_port: u16,
+    /// Submission as stock Postfix does it: its Received field does not name the login.
+    pub smtp_stock_port: u16,
+    /// The inbound (MX) port: plain SMTP from other servers, no authentication.
+    pub mx_port: u16,
+    /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
+    env: Vec<(String, String)>,
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script(args: &[&str]) -> std::process::Output {
+    script_with(&[], args)
+}
+
+fn script_with(env: &[(String, String)], args: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .arg(repo().join("scripts/mailhost.sh"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("bash runs scripts/mailhost.sh")
+}
+
+/// The mail host for a test, started on first use when it is not running already; `None` on a
+/// machine that has none, so the test returns at once (`let Some(host) = mailhost() else
+/// { return };`) after saying, past the test harness's capture, that it needs one.
+///
+/// A machine has none when the host is not running, Cyrus is not installed or this is not
+/// root, and `AAMP_REQUIRE_MAILHOST` is unset. `scripts/test.sh` (and so CI) sets it: there
+/// a host that cannot start fails the test, never skips it.
+pub fn mailhost() -> Option<&'static MailHost> {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    let available = *AVAILABLE.get_or_init(|| {
+        std::env::var_os("AAMP_REQUIRE_MAILHOST").is_some()
+            || script(&["check"]).status.success()
+            || (Path::new("/usr/lib/cyrus/bin/master").exists()
+                && nix::unistd::Uid::effective().is_root())
+    });
+    if available {
+        return Some(shared_host());
+    }
+    use std::io::Write as _;
+    static BANNER: std::sync::Once = std::sync::Once::new();
+    let mut err = std::io::stderr().lock();
+    BANNER.call_once(|| {
+        let _ = writeln!(
+            err,
+            "\nThis machine has no test mail host (Cyrus + Postfix, root): tests that need it pass \
+             without running. `sudo scripts/test.sh` installs it and runs them all."
+        );
+    });
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let _ = writeln!(err, "  not run here, needs the mail host: {test}");
+    None
+}
+
+/// The shared mail host, started when it is not running; a failure to start it fails the test.
+pub fn shared_host() -> &'static MailHost {
+    static HOST: OnceLock<MailHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        if !script(&["check"]).status.success() {
+            let out = script(&["start"]);
+            assert!(
+                out.status.success(),
+                "the mail host did not start (run `bash scripts/mailhost.sh install` as root first):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let port = |var: &str, default: u16| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        MailHost {
+            domain: std::env::var("MAILHOST_DOMAIN").unwrap_or_else(|_| "example.test".into()),
+            password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
+            jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
+            smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
+            smtp_tls_port: port("MAILHOST_SUBMIT_TLS_PORT", 15588),
+            smtp_stock_port: port("MAILHOST_SUBMIT_STOCK_PORT", 15589),
+            mx_port: port("MAILHOST_MX_PORT", 12525),
+            env: Vec::new(),
+        }
+    })
+}
+
+/// A mail host instance of its own (own folder and ports), for tests that stop and start it.
+/// It is stopped and deleted on drop.
+pub struct PrivateHost(pub MailHost);
+
+impl PrivateHost {
+    /// Starts an instance on six ports the OS says are free (the machine may run other
+    /// servers).
+    pub fn start(name: &str) -> PrivateHost {
+        shared_host(); // the packages are installed and the shared instance's syslog sink runs
+        let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
+        let listeners: Vec<std::net::TcpListener> = (0..6)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(listeners);
+        let (jmap, imap, submit, mx, submit_tls) =
+            (ports[0], ports[1], ports[2], ports[3], ports[4]);
+        let env: Vec<(String, String)> = vec![
+            ("MAILHOST_DIR".into(), dir),
+            ("MAILHOST_JMAP_PORT".into(), jmap.to_string()),
+            ("MAILHOST_IMAP_PORT".into(), imap.to_string()),
+            ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
+            ("MAILHOST_MX_PORT".into(), mx.to_string()),
+            ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
+            ("MAILHOST_SUBMIT_STOCK_PORT".into(), ports[5].to_string()),
+        ];
+        let out = script_with(&env, &["start"]);
+        assert!(
+            out.status.success(),
+            "private mail host did not start:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PrivateHost(MailHost {
+            domain: "example.test".into(),
+            password: "secret".into(),
+            jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
+            smtp_port: submit,
+            smtp_tls_port: submit_tls,
+            smtp_stock_port: ports[5],
+            mx_port: mx,
+            env,
+        })
+    }
+
+    pub fn stop(&self) {
+        let out = script_with(&self.0.env, &["stop"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn restart(&self) {
+        let out = script_with(&self.0.env, &["start"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateHost {
+    fn drop(&mut self) {
+        let _ = script_with(&self.0.env, &["clean"]);
+    }
+}
+
+impl MailHost {
+    /// A new mailbox whose name starts with `prefix`, unique to this test run.
+    pub fn user(&self, prefix: &str) -> Account {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = script_with(&self.env, &["adduser", &name]);
+        assert!(
+            out.status.success(),
+            "adduser {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let email = format!("{name}@{}", self.domain);
+        Account {
+            name: name.clone(),
+            email: email.clone(),
+            jmap_url: url::Url::parse(&self.jmap_url).unwrap(),
+            login: email,
+            password: self.password.clone(),
+            smtp_host: "127.0.0.1".into(),
+            smtp_port: self.smtp_port,
+            smtp_security: SmtpSecurity::Plain,
+            insecure_tls: false,
+            poll_interval: Duration::from_secs(1),
+            push: false,
+            push_transport: aamp_bridge::config::PushTransport::Auto,
+            reconcile_interval: Duration::from_secs(60),
+            save_sent: false,
+            aamp_url: None,
+            sender_auth: aamp_bridge::config::SenderAuth::Auto,
+            authserv_id: None,
+        }
+    }
+
+    /// A `[mailboxes.<key>]` table for `account`, reading the password from `password_file`.
+    pub fn mailbox_toml(&self, key: &str, account: &Account) -> String {
+        self.mailbox_toml_with(key, account, "poll_interval_secs = 1\n")
+    }
+
+    /// Like [`MailHost::mailbox_toml`], with other settings (poll interval, push) given.
+    pub fn mailbox_toml_with(&self, key: &str, account: &Account, settings: &str) -> String {
+        format!(
+            "[mailboxes.{key}]\nemail = \"{}\"\njmap_url = \"{}\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {}\nsmtp_security = \"plain\"\n{settings}\n",
+            account.email, self.jmap_url, self.smtp_port
+        )
+    }
+}
+
+/// Hands `data` to the mail host's inbound (MX) port as another server would: plain SMTP, no
+/// login, any envelope and headers. What a forger can do.
+pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
+    inject_mx_as(host, "forger.test", from, to, data)
+}
+
+/// [`inject_mx`] with the EHLO name `ehlo`, which Postfix copies into its own Received field.
+pub fn inject_mx_as(host: &MailHost, ehlo: &str, from: &str, to: &str, data: &str) {
+    use std::io::{BufRead, Write};
+    let stream = std::net::TcpStream::connect(("127.0.0.1", host.mx_port)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let expect = |code: &str, reader: &mut BufReader<std::net::TcpStream>| loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.starts_with(code), "expected {code}, got {line:?}");
+        if line.as_bytes().get(3) != Some(&b'-') {
+            break;
+        }
+    };
+    expect("220", &mut reader);
+    for (command, code) in [
+        (format!("EHLO {ehlo}"), "250"),
+        (format!("MAIL FROM:<{from}>"), "250"),
+        (format!("RCPT TO:<{to}>"), "250"),
+        ("DATA".to_string(), "354"),
+    ] {
+        write!(writer, "{command}\r\n").unwrap();
+        expect(code, &mut reader);
+    }
+    let body = data.replace("\r\n", "\n").replace('\n', "\r\n");
+    write!(writer, "{body}\r\n.\r\n").unwrap();
+    expect("250", &mut reader);
+    write!(writer, "QUIT\r\n").unwrap();
+}
