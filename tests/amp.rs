@@ -146,24 +146,19 @@ impl Drop for Broker {
 
 /// A config of one agent on an AMP mailbox, answering `boss`.
 fn config(broker: &Broker, agent: &(String, String), boss: &str, profile: &str) -> ConfigDir {
-    let dir = ConfigDir {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    dir.write("amp.key", &broker.key);
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            dir.dir.path().join("amp.key"),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
-    }
-    dir.write_config(&format!(
-        "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"{}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n\n[[agents]]\nname = \"coder\"\nmailbox = \"coder\"\nprofile = \"{profile}\"\nallow_from = [\"{boss}\"]\n",
-        broker.url(),
-        agent.1,
-        agent.0
-    ));
+    let dir = ConfigDir::empty();
+    dir.write_private("amp.key", &broker.key);
+    dir.write_config(
+        &support::Toml::new()
+            .mailbox_text(&format!(
+                "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"{}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n",
+                broker.url(),
+                agent.1,
+                agent.0
+            ))
+            .agent("coder", profile, &[boss], "")
+            .text(),
+    );
     dir
 }
 

@@ -189,22 +189,17 @@ impl Drop for Operator {
 
 /// `poll` is the polling interval while push is down.
 fn config(operator: &Operator, agent: &str, allow: &str, poll: u64) -> ConfigDir {
-    let dir = ConfigDir {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    dir.write("asmtp.token", operator.token(agent));
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            dir.dir.path().join("asmtp.token"),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
-    }
-    dir.write_config(&format!(
-        "[mailboxes.coder]\nkind = \"asmtp\"\nasmtp_url = \"{}\"\nhandle = \"{agent}\"\ntoken_file = \"asmtp.token\"\npoll_interval_secs = {poll}\n\n[[agents]]\nname = \"coder\"\nmailbox = \"coder\"\nprofile = \"echo\"\nallow_from = [\"{allow}\"]\n",
-        operator.url()
-    ));
+    let dir = ConfigDir::empty();
+    dir.write_private("asmtp.token", operator.token(agent));
+    dir.write_config(
+        &support::Toml::new()
+            .mailbox_text(&format!(
+                "[mailboxes.coder]\nkind = \"asmtp\"\nasmtp_url = \"{}\"\nhandle = \"{agent}\"\ntoken_file = \"asmtp.token\"\npoll_interval_secs = {poll}\n",
+                operator.url()
+            ))
+            .agent("coder", "echo", &[allow], "")
+            .text(),
+    );
     dir
 }
 

@@ -9,20 +9,25 @@ pub struct ConfigDir {
 
 impl ConfigDir {
     pub fn new(host: &MailHost, config: &str) -> ConfigDir {
+        let dir = ConfigDir::empty();
+        dir.write_private("password", &host.password);
+        dir.write_config(config);
+        dir
+    }
+
+    /// A folder with nothing in it yet.
+    pub fn empty() -> ConfigDir {
+        ConfigDir {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Writes a secret file, mode 0600 (as the config loader requires).
+    pub fn write_private(&self, name: &str, text: &str) {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("password"), &host.password).unwrap();
-        std::fs::set_permissions(
-            dir.path().join("password"),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!("state_dir = \"state\"\n{config}"),
-        )
-        .unwrap();
-        ConfigDir { dir }
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 
     /// Writes `config.toml`: `text` under `state_dir = "state"`.
