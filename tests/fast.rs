@@ -6,165 +6,24 @@
 //! real mail host in tests/e2e.rs, tests/trust.rs and tests/durability.rs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aamp_bridge::config::LoadedConfig;
-use aamp_bridge::dispatch::{prompt, Backend, BackendError, Dispatcher, Journal, Settings};
-use aamp_bridge::error::ErrorClass;
+use aamp_bridge::dispatch::{Dispatcher, Journal, Settings};
 use aamp_bridge::events::Events;
 use aamp_bridge::mailbox::auth::SenderCheck;
 use aamp_bridge::mailbox::{Attachment, Inbound, Mail};
-use aamp_bridge::protocol::{
-    self, AampMessage, Body, Dispatch, Envelope, Intent, RenderedMail, Status,
-};
+use aamp_bridge::protocol::{self, AampMessage, Body, Dispatch, Envelope, Intent, Status};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod support;
+
+use support::{Downloads, FakeBackend};
+
 const AGENT: &str = "agent@example.test";
 const BOSS: &str = "boss@example.test";
-
-/// Records what would have been mailed; fails the next `fail` submissions as a server that
-/// is down would.
-#[derive(Clone, Default)]
-struct FakeBackend {
-    sent: Arc<Mutex<Vec<AampMessage>>>,
-    fail: Arc<AtomicUsize>,
-    changed: Arc<tokio::sync::Notify>,
-    /// Attachments are served (each once the gate is open) instead of refused.
-    downloads: Option<Downloads>,
-}
-
-/// Attachment downloads held at a gate, counted.
-#[derive(Clone)]
-struct Downloads {
-    open: tokio::sync::watch::Sender<bool>,
-    in_flight: Arc<AtomicUsize>,
-    most_at_once: Arc<AtomicUsize>,
-    done: Arc<AtomicUsize>,
-}
-
-impl Backend for FakeBackend {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        if self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(BackendError::new(
-                ErrorClass::Transient,
-                "connection refused",
-            ));
-        }
-        let view = protocol::rfc5322::parse_raw(&mail.bytes).expect("a mail the parser reads");
-        let msg = AampMessage::parse(&view).expect("an AAMP mail");
-        self.sent.lock().unwrap().push(msg);
-        self.changed.notify_waiters();
-        Ok(())
-    }
-
-    async fn download(&self, a: &Attachment, _: u64) -> Result<Vec<u8>, BackendError> {
-        let Some(d) = &self.downloads else {
-            return Err(BackendError::new(
-                ErrorClass::Permanent,
-                "no attachments here",
-            ));
-        };
-        let now = d.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        d.most_at_once.fetch_max(now, Ordering::SeqCst);
-        let mut open = d.open.subscribe();
-        let _ = open.wait_for(|o| *o).await;
-        d.in_flight.fetch_sub(1, Ordering::SeqCst);
-        d.done.fetch_add(1, Ordering::SeqCst);
-        Ok(a.name.as_bytes().to_vec())
-    }
-
-    async fn open_stream(&self, _: &str, _: &str) -> Option<String> {
-        None
-    }
-
-    async fn pump_stream(
-        &self,
-        _: &str,
-        mut events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> usize {
-        while events.recv().await.is_some() {}
-        0
-    }
-
-    async fn thread(&self, _: &str) -> Vec<prompt::Earlier> {
-        Vec::new()
-    }
-
-    async fn close_stream(&self, _: &str, _: serde_json::Value) {}
-}
-
-impl FakeBackend {
-    fn sent(&self) -> Vec<AampMessage> {
-        self.sent.lock().unwrap().clone()
-    }
-
-    /// The intents mailed for `task_id`, in order.
-    fn intents(&self, task_id: &str) -> Vec<Intent> {
-        self.sent()
-            .iter()
-            .filter(|m| m.task_id() == task_id)
-            .map(|m| m.intent())
-            .collect()
-    }
-
-    /// Waits until `cond` holds over what was sent. The limit is a minute of real time,
-    /// kept by a thread of its own: a timer of the runtime would fire at once under paused
-    /// time, while an agent process (real I/O) is still exiting.
-    async fn until(&self, what: &str, cond: impl Fn(&[AampMessage]) -> bool) -> Vec<AampMessage> {
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let watchdog = {
-            let (done, what, sent) = (done.clone(), what.to_string(), self.sent.clone());
-            std::thread::spawn(move || {
-                let deadline = std::time::Instant::now() + Duration::from_secs(60);
-                while std::time::Instant::now() < deadline {
-                    if done.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    std::thread::park_timeout(Duration::from_millis(50));
-                }
-                eprintln!(
-                    "{what}: not sent within a minute; sent: {:?}",
-                    sent.lock().unwrap()
-                );
-                std::process::abort();
-            })
-        };
-        let sent = loop {
-            let changed = self.changed.notified();
-            let sent = self.sent();
-            if cond(&sent) {
-                break sent;
-            }
-            changed.await;
-        };
-        done.store(true, Ordering::SeqCst);
-        watchdog.thread().unpark();
-        sent
-    }
-
-    async fn result(&self, task_id: &str) -> aamp_bridge::protocol::TaskResult {
-        let sent = self
-            .until("the result", |s| {
-                s.iter()
-                    .any(|m| m.task_id() == task_id && m.intent() == Intent::TaskResult)
-            })
-            .await;
-        let msg = sent
-            .iter()
-            .find(|m| m.task_id() == task_id && m.intent() == Intent::TaskResult)
-            .unwrap();
-        match &msg.body {
-            Body::Result(r) => r.clone(),
-            other => panic!("{other:?}"),
-        }
-    }
-}
 
 /// One agent's dispatcher over a journal in a folder of its own, its outbox worker running.
 struct Rig {

@@ -4,12 +4,14 @@
 
 mod bridge;
 mod config;
+mod fake;
 mod mailhost;
 mod peer;
 mod servers;
 
 pub use bridge::*;
 pub use config::*;
+pub use fake::*;
 pub use mailhost::*;
 pub use peer::*;
 pub use servers::*;
