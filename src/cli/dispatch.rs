@@ -1,4 +1,5 @@
-//! `aamp-bridge dispatch`: sends a task from one of the config's mailboxes and waits for its answer (with `--follow`, its live stream).
+//! `aamp-bridge dispatch`: sends a task from one of the config's mailboxes and waits for its answer
+//! (with `--follow`, its live stream).
 
 use super::stream_printer::StreamPrinter;
 use super::*;

@@ -1,4 +1,5 @@
-//! `aamp-bridge doctor`: checks the config, each mailbox (login, push, sender evidence, transport) and each agent, with what to do about each failure.
+//! `aamp-bridge doctor`: checks the config, each mailbox (login, push, sender evidence, transport)
+//! and each agent, with what to do about each failure.
 
 use super::*;
 

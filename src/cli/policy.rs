@@ -1,4 +1,5 @@
-//! `aamp-bridge policy` and `pair`: the sender rules kept in the state directory, and pairing codes.
+//! `aamp-bridge policy` and `pair`: the sender rules kept in the state directory, and pairing
+//! codes.
 
 use super::*;
 

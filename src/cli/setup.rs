@@ -1,4 +1,5 @@
-//! `aamp-bridge init`, `import` and `inspect`: making a config, carrying over the reference bridges' files, and reading one mail as AAMP.
+//! `aamp-bridge init`, `import` and `inspect`: making a config, carrying over the reference
+//! bridges' files, and reading one mail as AAMP.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! `aamp-bridge status`: each agent's link, queue, running tasks and unsent answers (from the running bridge's control socket, else the state files).
+//! `aamp-bridge status`: each agent's link, queue, running tasks and unsent answers (from the
+//! running bridge's control socket, else the state files).
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Choosing an agent's mailbox back-end: its intake (how mail comes in) and its `Outlet` (the one `dispatch::Backend` over whichever system it is).
+//! Choosing an agent's mailbox back-end: its intake (how mail comes in) and its `Outlet` (the one
+//! `dispatch::Backend` over whichever system it is).
 
 use super::*;
 

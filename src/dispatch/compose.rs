@@ -1,4 +1,5 @@
-//! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail made again after a crash is the same mail.
+//! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail
+//! made again after a crash is the same mail.
 
 use super::*;
 

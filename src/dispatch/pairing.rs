@@ -1,4 +1,5 @@
-//! Pairing: a `pair.request` with a live one-time code adds its sender to the agent's allowed senders; wrong codes lock out their own sender, never everyone.
+//! Pairing: a `pair.request` with a live one-time code adds its sender to the agent's allowed
+//! senders; wrong codes lock out their own sender, never everyone.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Where each inbound message goes: a plain reply to a question, a dispatch (admitted or refused, before anything is acknowledged), a card query, a cancel; what the journal keeps of each.
+//! Where each inbound message goes: a plain reply to a question, a dispatch (admitted or refused,
+//! before anything is acknowledged), a card query, a cancel; what the journal keeps of each.
 
 use super::*;
 

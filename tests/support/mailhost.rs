@@ -1,4 +1,6 @@
-//! The test mail host (scripts/mailhost.sh): the shared instance started on first use, private instances for tests that stop it, fresh mailboxes per test, and a stranger's way in (the inbound port).
+//! The test mail host (scripts/mailhost.sh): the shared instance started on first use, private
+//! instances for tests that stop it, fresh mailboxes per test, and a stranger's way in (the inbound
+//! port).
 
 use super::*;
 

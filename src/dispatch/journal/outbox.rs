@@ -1,4 +1,5 @@
-//! The outbox: every ack and result as a row with its bytes before it is sent, sent in order per task, retried, given up on.
+//! The outbox: every ack and result as a row with its bytes before it is sent, sent in order per
+//! task, retried, given up on.
 
 use super::*;
 

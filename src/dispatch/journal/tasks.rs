@@ -1,4 +1,5 @@
-//! What happens to each inbound message and task: recorded once, admitted or not, run, finished; what is left unfinished at start; the counts admission reads.
+//! What happens to each inbound message and task: recorded once, admitted or not, run, finished;
+//! what is left unfinished at start; the counts admission reads.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Who may send: rules kept by `policy` and pairing, pairing codes and wrong guesses, early cancels.
+//! Who may send: rules kept by `policy` and pairing, pairing codes and wrong guesses, early
+//! cancels.
 
 use super::*;
 

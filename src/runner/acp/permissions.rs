@@ -1,4 +1,5 @@
-//! Permission requests answered by the profile's policy, or asked of the dispatcher, without blocking the connection.
+//! Permission requests answered by the profile's policy, or asked of the dispatcher, without
+//! blocking the connection.
 
 use super::*;
 

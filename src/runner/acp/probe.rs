@@ -1,4 +1,5 @@
-//! A cheap check that an installed agent speaks ACP, how it authenticates, and whether it is logged in.
+//! A cheap check that an installed agent speaks ACP, how it authenticates, and whether it is logged
+//! in.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Session updates as stream events: text, tool calls with their status and output, plans as todos, files the agent hands over.
+//! Session updates as stream events: text, tool calls with their status and output, plans as todos,
+//! files the agent hands over.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Generic NDJSON and SSE events (`type`/`event` and a payload), and SSE framing through `protocol::sse`.
+//! Generic NDJSON and SSE events (`type`/`event` and a payload), and SSE framing through
+//! `protocol::sse`.
 
 use super::*;
 
