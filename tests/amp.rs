@@ -209,6 +209,7 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
     let reply = &replies[0];
     assert_eq!(reply["action"], "reply");
     assert_eq!(reply["parent_id"], sent["id"]);
+    assert_eq!(reply["subject"], "Re: Greet", "a reply reads like one");
     assert_eq!(reply["to_agent"], boss.1.as_str());
     assert!(
         reply["body"].as_str().unwrap().contains("say hello"),

@@ -202,6 +202,23 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
     .into_inbound()
 }
 
+/// `Re: <subject>` (one `Re:`, however many the subject had); `Re: (no subject)` for none.
+fn reply_subject(subject: &str) -> String {
+    let mut rest = subject.trim();
+    while let Some(stripped) = rest
+        .get(..3)
+        .filter(|p| p.eq_ignore_ascii_case("re:"))
+        .map(|_| rest[3..].trim_start())
+    {
+        rest = stripped;
+    }
+    if rest.is_empty() {
+        "Re: (no subject)".into()
+    } else {
+        format!("Re: {rest}")
+    }
+}
+
 /// The end of every answer the bridge posts: an HTML comment (invisible where the broker
 /// renders markdown) naming the answer's Message-ID.
 fn answer_marker(message_id: &str) -> String {
@@ -360,13 +377,20 @@ impl AmpReplies {
         };
         let marker = answer_marker(&mail.message_id);
         let to = msg.envelope.to.first().cloned().unwrap_or_default();
-        if self.client.thread(thread).await?.iter().any(|m| {
+        let messages = self.client.thread(thread).await?;
+        if messages.iter().any(|m| {
             m.from_agent.eq_ignore_ascii_case(self.client.address()) && m.body.contains(&marker)
         }) {
             tracing::info!(message_id = %mail.message_id, "the reply is in the thread already; not posting it again");
             return Ok(());
         }
-        let subject = format!("Re: {}", msg.envelope.subject.trim_start_matches("Re: "));
+        // A reply reads like one: `Re:` and the subject of the message it answers.
+        let subject = reply_subject(
+            messages
+                .iter()
+                .find(|m| m.id == parent)
+                .map_or("", |m| m.subject.as_str()),
+        );
         self.client
             .reply(parent, &to, &subject, &format!("{text}\n\n{marker}"))
             .await
@@ -410,6 +434,15 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(inbound.sender_check.is_believed());
+    }
+
+    /// Issue 21: replies were titled `Re: [AAMP Result] Task amp:<thread>:<id> - completed`.
+    #[test]
+    fn a_reply_is_titled_after_the_message_it_answers() {
+        assert_eq!(reply_subject("Fix the build"), "Re: Fix the build");
+        assert_eq!(reply_subject("RE: re: Fix the build"), "Re: Fix the build");
+        assert_eq!(reply_subject("  "), "Re: (no subject)");
+        assert_eq!(reply_subject("Réponse"), "Re: Réponse");
     }
 
     /// Issue 18: two agents that allow each other answered each other's answers forever.
