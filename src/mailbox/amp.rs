@@ -196,6 +196,7 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
         body: m.body.clone(),
         session_key: format!("amp:{}", m.thread_id),
         believed_because: "the AMP broker checked the sender's key and tenant",
+        references: Vec::new(),
         hop_count: hop_count(&m.body),
         is_answer: is_answer(&m.body),
     }

@@ -102,6 +102,9 @@ pub struct ForeignTask<'a> {
     pub title: &'a str,
     pub body: String,
     pub session_key: String,
+    /// The thread the message answers, oldest first, as Message-IDs (`<id@system>`), so that
+    /// an answer's `References` carries the whole chain.
+    pub references: Vec<String>,
     /// Why the sender is believed (the system stamps it).
     pub believed_because: &'static str,
     /// How many agents passed this task on before (the system's own metadata carries it).
@@ -138,7 +141,7 @@ impl ForeignTask<'_> {
                 message_id: self.message_id,
                 subject: String::new(),
                 in_reply_to: None,
-                references: vec![],
+                references: self.references,
                 received_body: None,
             },
             body: crate::protocol::Body::Dispatch(crate::protocol::Dispatch {

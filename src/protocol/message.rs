@@ -704,9 +704,10 @@ impl AampMessage {
     /// A reply on the same task: to the sender of `to_this`, threaded under it.
     pub fn reply(to_this: &Envelope, from: &str, body: Body) -> AampMessage {
         let mut references: Vec<String> = to_this.references.clone();
-        // Keep the chain short; the dispatch's own id always goes last.
+        // Keep the chain short: the thread's root (it names the conversation) and the newest
+        // ones (RFC 5322 §3.6.4); the dispatch's own id always goes last.
         if references.len() > 9 {
-            references.drain(..references.len() - 9);
+            references.drain(1..references.len() - 8);
         }
         if !to_this.message_id.is_empty() {
             references.push(to_this.message_id.clone());
@@ -842,4 +843,32 @@ fn strip_list_marker(line: &str) -> Option<String> {
     };
     let rest = rest.trim();
     (!rest.is_empty()).then(|| rest.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long thread keeps its root (which names the conversation) and its newest ids.
+    #[test]
+    fn a_reply_keeps_the_threads_root_and_the_newest_references() {
+        let refs: Vec<String> = (0..12).map(|i| format!("<r{i}@x>")).collect();
+        let env = Envelope {
+            version: VERSION.into(),
+            task_id: "t".into(),
+            from: "a@x".into(),
+            to: vec!["b@x".into()],
+            message_id: "<m@x>".into(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: refs.clone(),
+            received_body: None,
+        };
+        let reply = AampMessage::reply(&env, "b@x", Body::Ack);
+        let got = &reply.envelope.references;
+        assert_eq!(got.len(), 10);
+        assert_eq!(got[0], "<r0@x>");
+        assert_eq!(&got[1..9], &refs[4..12]);
+        assert_eq!(got[9], "<m@x>");
+    }
 }

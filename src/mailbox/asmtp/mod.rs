@@ -214,6 +214,16 @@ pub fn envelope_id(message_id: &str) -> String {
     out
 }
 
+/// The envelopes `e` answers, oldest first: its `references`, or its `in_reply_to` alone
+/// when a client sent no references (the reference CLI's `--in-reply-to`).
+fn thread_of(e: &AsmtpEnvelope) -> Vec<String> {
+    if e.references.is_empty() {
+        e.in_reply_to.iter().cloned().collect()
+    } else {
+        e.references.clone()
+    }
+}
+
 /// The envelope an ASMTP message becomes as the bridge's inbound model: a task.
 pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
     let mut text = Vec::new();
@@ -249,6 +259,10 @@ pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
         title: e.subject.as_deref().unwrap_or_default(),
         body: text.join("\n\n"),
         session_key: format!("asmtp:{root}"),
+        references: thread_of(e)
+            .iter()
+            .map(|id| format!("<{id}@asmtp>"))
+            .collect(),
         believed_because: "the ASMTP operator stamps the sender from its token",
         hop_count,
         is_answer,
@@ -510,6 +524,20 @@ impl AsmtpReplies {
         let view = protocol::rfc5322::parse_raw(&mail.bytes)?;
         let msg = AampMessage::parse(&view).ok()?;
         let parent = msg.task_id().strip_prefix("asmtp:")?.to_string();
+        // The whole chain (RFC 5322: the parent's references, then the parent), ending with the
+        // envelope answered, as the operator requires.
+        let mut references: Vec<String> = msg
+            .envelope
+            .references
+            .iter()
+            .filter_map(|r| {
+                r.strip_prefix('<')?
+                    .strip_suffix("@asmtp>")
+                    .map(str::to_string)
+            })
+            .filter(|id| *id != parent)
+            .collect();
+        references.push(parent.clone());
         let mut parts = Vec::new();
         match &msg.body {
             Body::Result(r) => {
@@ -555,7 +583,7 @@ impl AsmtpReplies {
             "id": envelope_id(&mail.message_id),
             "to": msg.envelope.to,
             "in_reply_to": parent,
-            "references": [parent],
+            "references": references,
             "date_ms": date_ms,
             "content_parts": parts,
         }))

@@ -115,3 +115,58 @@ fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 21: replies carried `references: [parent]` only, so a client following RFC 5322
+/// kept the conversation at turn 2 and lost it at turn 3. A reply now carries the whole chain.
+#[test]
+fn a_reply_carries_the_whole_chain_ending_with_the_envelope_it_answers() {
+    let answer_to = |e: &AsmtpEnvelope| {
+        let inbound = to_inbound(e, "@alice.coder").unwrap();
+        let reply = AampMessage::reply(
+            &inbound.message.envelope,
+            "@alice.coder",
+            Body::Result(protocol::TaskResult {
+                status: protocol::Status::Completed,
+                output: "ok".into(),
+                error: None,
+                structured_result: None,
+            }),
+        );
+        let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
+        AsmtpReplies::envelope_for(&rendered).unwrap()
+    };
+    // Turn 3 of a thread that keeps its references.
+    let mut turn3 = envelope();
+    turn3.id = "01HTURN3ZZZZZZZZZZZZZZZZZZ".into();
+    turn3.in_reply_to = Some("01HTURN2ZZZZZZZZZZZZZZZZZZ".into());
+    turn3.references = vec![
+        "01HROOTZZZZZZZZZZZZZZZZZZZ".into(),
+        "01HTURN2ZZZZZZZZZZZZZZZZZZ".into(),
+    ];
+    let reply = answer_to(&turn3);
+    assert_eq!(
+        reply["references"],
+        json!([
+            "01HROOTZZZZZZZZZZZZZZZZZZZ",
+            "01HTURN2ZZZZZZZZZZZZZZZZZZ",
+            "01HTURN3ZZZZZZZZZZZZZZZZZZ"
+        ])
+    );
+    assert_eq!(reply["in_reply_to"], "01HTURN3ZZZZZZZZZZZZZZZZZZ");
+    // The reference CLI's --in-reply-to sends no references: the parent stands for the thread.
+    let mut cli = envelope();
+    cli.id = "01HCLIZZZZZZZZZZZZZZZZZZZZ".into();
+    cli.in_reply_to = Some("01HROOTZZZZZZZZZZZZZZZZZZZ".into());
+    let reply = answer_to(&cli);
+    assert_eq!(
+        reply["references"],
+        json!(["01HROOTZZZZZZZZZZZZZZZZZZZ", "01HCLIZZZZZZZZZZZZZZZZZZZZ"])
+    );
+    match &to_inbound(&cli, "@alice.coder").unwrap().message.body {
+        Body::Dispatch(d) => assert_eq!(
+            d.session_key.as_deref(),
+            Some("asmtp:01HROOTZZZZZZZZZZZZZZZZZZZ")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
