@@ -482,3 +482,82 @@ async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
     assert_eq!(ids, vec![sent.as_str()], "nothing came back to the coder");
     operator.no_invalid();
 }
+
+/// Issue 21: the first start took the newest envelope as its starting point, so a task
+/// waiting unread before the bridge ever ran was never answered. Now the unread backlog is
+/// answered first (once each); `skip_backlog = true` keeps the old start.
+#[tokio::test(flavor = "multi_thread")]
+async fn unread_envelopes_waiting_before_the_first_start_are_answered_once() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let early: Vec<String> = {
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            ids.push(
+                operator
+                    .send(
+                        "@alice.boss",
+                        "@alice.coder",
+                        &format!("Early {n}"),
+                        "say hello",
+                    )
+                    .await,
+            );
+        }
+        ids
+    };
+    let dir = config(&operator, "@alice.coder", "@alice.*", 1);
+    let bridge = Bridge::start(&dir, 1);
+    for id in &early {
+        let replies = operator.replies("@alice.boss", id).await;
+        assert_eq!(replies.len(), 1, "{replies:?}");
+    }
+    assert!(bridge.stop().success());
+    // A restart does not answer them again.
+    let bridge = Bridge::start(&dir, 1);
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "say hello")
+        .await;
+    operator.replies("@alice.boss", &later).await;
+    assert!(bridge.stop().success());
+    for id in &early {
+        assert_eq!(operator.replies("@alice.boss", id).await.len(), 1);
+    }
+    operator.no_invalid();
+
+    // With skip_backlog, what waits before the first start is left alone.
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let waiting = operator
+        .send("@alice.boss", "@alice.coder", "Old", "say hello")
+        .await;
+    let dir = config(&operator, "@alice.coder", "@alice.*", 1);
+    let text = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &text.replace(
+            "poll_interval_secs = 1\n",
+            "poll_interval_secs = 1\nskip_backlog = true\n",
+        ),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let fresh = operator
+        .send("@alice.boss", "@alice.coder", "New", "say hello")
+        .await;
+    operator.replies("@alice.boss", &fresh).await;
+    assert!(bridge.stop().success());
+    let listed = operator
+        .call(
+            "@alice.boss",
+            reqwest::Method::GET,
+            "/mailbox?direction=in&order=asc&limit=1000",
+            None,
+        )
+        .await;
+    assert!(
+        !listed["envelope_headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["in_reply_to"] == waiting.as_str()),
+        "the old envelope was not answered"
+    );
+}

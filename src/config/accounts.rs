@@ -68,6 +68,8 @@ pub struct AsmtpAccount {
     pub token: String,
     pub poll_interval: std::time::Duration,
     pub insecure_tls: bool,
+    /// At the first start, skip the unread envelopes already waiting.
+    pub skip_backlog: bool,
 }
 
 impl fmt::Debug for AsmtpAccount {
@@ -103,6 +105,7 @@ impl LoadedConfig {
             ("asmtp_url", m.asmtp_url.is_some()),
             ("handle", m.handle.is_some()),
             ("token_file", m.token_file.is_some()),
+            ("skip_backlog", m.skip_backlog),
         ];
         let mut out = Vec::new();
         for (owner, keys) in [
@@ -302,6 +305,7 @@ impl LoadedConfig {
             token,
             poll_interval,
             insecure_tls: m.insecure_tls,
+            skip_backlog: m.skip_backlog,
         })
     }
 

@@ -121,6 +121,10 @@ pub struct MailboxConfig {
     /// ASMTP: a file holding the agent's bearer token, mode 0600.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// ASMTP: at the first start, begin with what arrives from then on instead of answering
+    /// the unread envelopes already waiting.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub skip_backlog: bool,
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -63,6 +63,11 @@ pub struct AsmtpEnvelope {
 pub struct Watermark {
     pub created_at: i64,
     pub envelope_id: String,
+    /// Unread envelopes found at the first start, still to be answered (ids, oldest first).
+    /// Kept in the file until each is journaled, so a crash in between loses none of them
+    /// although fetching them marked them read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backlog: Vec<String>,
 }
 
 /// The operator's agent API, authenticated with the agent's bearer token.
@@ -136,6 +141,40 @@ impl AsmtpClient {
             })?;
         let more = !value["next_cursor"].is_null();
         Ok((headers, more))
+    }
+
+    /// The ids of unread envelopes in the mailbox, oldest first: a first start's backlog.
+    pub async fn unread_ids(&self) -> Result<Vec<String>, MailboxError> {
+        let mut ids = Vec::new();
+        let mut after: Option<(i64, String)> = None;
+        loop {
+            let mut query = vec![
+                ("direction", "in".to_string()),
+                ("order", "asc".to_string()),
+                ("unread", "true".to_string()),
+                ("limit", "1000".to_string()),
+            ];
+            if let Some((created_at, id)) = &after {
+                query.push(("after_created_at", created_at.to_string()));
+                query.push(("after_envelope_id", id.clone()));
+            }
+            let value = self
+                .call(reqwest::Method::GET, "mailbox", &query, None)
+                .await?;
+            let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
+                .map_err(|e| MailboxError::Protocol {
+                    what: "the ASMTP mailbox".into(),
+                    detail: e.to_string(),
+                })?;
+            let Some(last) = headers.last() else {
+                return Ok(ids);
+            };
+            after = Some((last.created_at, last.id.clone()));
+            ids.extend(headers.iter().map(|h| h.id.clone()));
+            if value["next_cursor"].is_null() {
+                return Ok(ids);
+            }
+        }
     }
 
     /// The newest envelope header, where a first start begins.
@@ -407,15 +446,54 @@ async fn catch_up(
     let mut mark = match watermark.load()? {
         Some(w) => Some(w),
         None => {
-            // First start: work begins with what arrives from now on.
-            let w = client.newest().await?.map(|h| Watermark {
-                created_at: h.created_at,
-                envelope_id: h.id,
-            });
-            watermark.save(&w.clone().unwrap_or_default())?;
-            w
+            // First start: new work is what arrives from the newest envelope on; the unread
+            // envelopes already waiting are the backlog, answered first (unless the mailbox
+            // says skip_backlog).
+            // The newest first: what arrives after it is read by the catch-up, what arrives
+            // while the unread are listed may be in both (the journal knows it the second time).
+            let mut w = client
+                .newest()
+                .await?
+                .map(|h| Watermark {
+                    created_at: h.created_at,
+                    envelope_id: h.id,
+                    backlog: Vec::new(),
+                })
+                .unwrap_or_default();
+            if !client.account.skip_backlog {
+                w.backlog = client.unread_ids().await?;
+            }
+            if !w.backlog.is_empty() {
+                tracing::info!(
+                    unread = w.backlog.len(),
+                    "first start: answering the unread envelopes already waiting"
+                );
+            }
+            watermark.save(&w)?;
+            Some(w)
         }
     };
+    // The backlog, a page at a time; each page leaves the file once the journal holds it.
+    while let Some(w) = mark.as_mut().filter(|w| !w.backlog.is_empty()) {
+        let page: Vec<String> = w.backlog.iter().take(PAGE.min(100)).cloned().collect();
+        let bodies = client.fetch(&page).await?;
+        for id in &page {
+            match bodies
+                .iter()
+                .find(|b| &b.id == id)
+                .and_then(|e| to_inbound(e, client.handle()))
+            {
+                Some(inbound) => {
+                    deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
+                }
+                None => {
+                    tracing::warn!(%id, "a backlog envelope that cannot be read as a task; skipped")
+                }
+            }
+        }
+        w.backlog.drain(..page.len());
+        watermark.save(w)?;
+    }
     if mark.as_ref().is_some_and(|w| w.envelope_id.is_empty()) {
         mark = None;
     }
@@ -445,6 +523,7 @@ async fn catch_up(
         let next = Watermark {
             created_at: last.created_at,
             envelope_id: last.id.clone(),
+            backlog: Vec::new(),
         };
         watermark.save(&next)?;
         mark = Some(next);
