@@ -190,6 +190,11 @@ message_size_limit = 52428800
 # recipient; recipients in parallel): an ack never lands after its result.
 lmtp_destination_recipient_limit = 1
 lmtp_destination_concurrency_limit = 1
+# A test host: mail deferred while Cyrus starts or restarts (its LMTP socket not there yet) is
+# tried again within seconds; Postfix's defaults wait five minutes or more.
+queue_run_delay = 1s
+minimal_backoff_time = 1s
+maximal_backoff_time = 5s
 CONF
   cat >"$etc/master.cf" <<CONF
 127.0.0.1:$MX_PORT inet n - n - - smtpd
