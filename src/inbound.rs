@@ -127,7 +127,7 @@ impl Inbound {
     }
 }
 
-/// A file attached to an inbound mail, to download with [`Sender::download`].
+/// A file attached to an inbound mail, to download with `mailbox::Sender::download`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     pub name: String,

@@ -378,7 +378,7 @@ impl JmapClient {
     }
 
     /// Email changes since a state and the created mails, in one request (the mails by a
-    /// back-reference): one round trip for a push. At most [`GET_BATCH`] changes, so the answer
+    /// back-reference): one round trip for a push. At most `GET_BATCH` changes, so the answer
     /// stays small. A state the server no longer knows, or rejects outright (Cyrus answers
     /// `invalidArguments` for a state it cannot read), is `CannotCalculateChanges`: either way
     /// the caller must recover without it.
