@@ -33,13 +33,6 @@ async fn amp(
     response.json().await.unwrap()
 }
 
-fn private(dir: &std::path::Path, name: &str, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
 /// Waits (on real time: the daemon's own clock runs) until `cond` holds.
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + support::WAIT;
@@ -55,7 +48,8 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp() {
-    let dir = tempfile::tempdir().unwrap();
+    let config_dir = support::ConfigDir::empty();
+    let dir = &config_dir.dir;
     let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
     let amp_port = support::free_port();
     let mut broker = support::spawn_test_server(
@@ -108,9 +102,9 @@ async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp
         register("boss").await,
         register("locked").await,
     );
-    private(dir.path(), "amp.key", &key);
-    private(dir.path(), "revoked.key", "amk_revoked");
-    private(dir.path(), "revoked.token", "tok_revoked");
+    config_dir.write_private("amp.key", &key);
+    config_dir.write_private("revoked.key", "amk_revoked");
+    config_dir.write_private("revoked.token", "tok_revoked");
     let text = format!(
         "state_dir = \"state\"\n\n\
          [mailboxes.coder]\nkind = \"amp\"\namp_url = \"{amp_url}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n\n\

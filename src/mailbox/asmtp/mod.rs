@@ -116,20 +116,30 @@ impl AsmtpClient {
         super::fetch_json(request, url.as_str()).await
     }
 
-    /// One page of envelope headers after `after` (oldest first), and whether more follow.
-    pub async fn headers_after(
+    /// One page of the inbound mailbox's headers (`GET /mailbox`): `newest_first` or oldest
+    /// first, only unread ones when `unread`, after the keyset position `after`; and whether
+    /// more follow.
+    async fn mailbox_page(
         &self,
-        after: Option<&Watermark>,
+        newest_first: bool,
+        unread: bool,
+        after: Option<(i64, &str)>,
         limit: usize,
     ) -> Result<(Vec<Header>, bool), MailboxError> {
         let mut query = vec![
             ("direction", "in".to_string()),
-            ("order", "asc".to_string()),
+            (
+                "order",
+                if newest_first { "desc" } else { "asc" }.to_string(),
+            ),
             ("limit", limit.to_string()),
         ];
-        if let Some(w) = after {
-            query.push(("after_created_at", w.created_at.to_string()));
-            query.push(("after_envelope_id", w.envelope_id.clone()));
+        if unread {
+            query.push(("unread", "true".to_string()));
+        }
+        if let Some((created_at, id)) = after {
+            query.push(("after_created_at", created_at.to_string()));
+            query.push(("after_envelope_id", id.to_string()));
         }
         let value = self
             .call(reqwest::Method::GET, "mailbox", &query, None)
@@ -139,8 +149,17 @@ impl AsmtpClient {
                 what: "the ASMTP mailbox".into(),
                 detail: e.to_string(),
             })?;
-        let more = !value["next_cursor"].is_null();
-        Ok((headers, more))
+        Ok((headers, !value["next_cursor"].is_null()))
+    }
+
+    /// One page of envelope headers after `after` (oldest first), and whether more follow.
+    pub async fn headers_after(
+        &self,
+        after: Option<&Watermark>,
+        limit: usize,
+    ) -> Result<(Vec<Header>, bool), MailboxError> {
+        let after = after.map(|w| (w.created_at, w.envelope_id.as_str()));
+        self.mailbox_page(false, false, after, limit).await
     }
 
     /// The ids of unread envelopes in the mailbox, oldest first: a first start's backlog.
@@ -148,30 +167,14 @@ impl AsmtpClient {
         let mut ids = Vec::new();
         let mut after: Option<(i64, String)> = None;
         loop {
-            let mut query = vec![
-                ("direction", "in".to_string()),
-                ("order", "asc".to_string()),
-                ("unread", "true".to_string()),
-                ("limit", "1000".to_string()),
-            ];
-            if let Some((created_at, id)) = &after {
-                query.push(("after_created_at", created_at.to_string()));
-                query.push(("after_envelope_id", id.clone()));
-            }
-            let value = self
-                .call(reqwest::Method::GET, "mailbox", &query, None)
-                .await?;
-            let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
-                .map_err(|e| MailboxError::Protocol {
-                    what: "the ASMTP mailbox".into(),
-                    detail: e.to_string(),
-                })?;
+            let position = after.as_ref().map(|(at, id)| (*at, id.as_str()));
+            let (headers, more) = self.mailbox_page(false, true, position, 1000).await?;
             let Some(last) = headers.last() else {
                 return Ok(ids);
             };
             after = Some((last.created_at, last.id.clone()));
             ids.extend(headers.iter().map(|h| h.id.clone()));
-            if value["next_cursor"].is_null() {
+            if !more {
                 return Ok(ids);
             }
         }
@@ -179,19 +182,7 @@ impl AsmtpClient {
 
     /// The newest envelope header, where a first start begins.
     pub async fn newest(&self) -> Result<Option<Header>, MailboxError> {
-        let query = [
-            ("direction", "in".to_string()),
-            ("order", "desc".to_string()),
-            ("limit", "1".to_string()),
-        ];
-        let value = self
-            .call(reqwest::Method::GET, "mailbox", &query, None)
-            .await?;
-        let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
-            .map_err(|e| MailboxError::Protocol {
-                what: "the ASMTP mailbox".into(),
-                detail: e.to_string(),
-            })?;
+        let (headers, _) = self.mailbox_page(true, false, None, 1).await?;
         Ok(headers.into_iter().next())
     }
 

@@ -72,23 +72,26 @@ fn an_envelope_becomes_a_task_and_its_answer_a_reply_the_same_every_time() {
 }
 
 /// Issue 18: two agents that allow each other answered each other's answers forever.
-#[test]
-fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
+/// The reply envelope the coder's completed result to `e` becomes, with `output`.
+fn answer_to(e: &AsmtpEnvelope, output: &str) -> serde_json::Value {
+    let inbound = to_inbound(e, "@alice.coder").unwrap();
     let reply = AampMessage::reply(
-        &to_inbound(&envelope(), "@alice.coder")
-            .unwrap()
-            .message
-            .envelope,
+        &inbound.message.envelope,
         "@alice.coder",
         Body::Result(protocol::TaskResult {
             status: protocol::Status::Completed,
-            output: "fixed".into(),
+            output: output.into(),
             error: None,
             structured_result: None,
         }),
     );
     let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
-    let posted = AsmtpReplies::envelope_for(&rendered).unwrap();
+    AsmtpReplies::envelope_for(&rendered).unwrap()
+}
+
+#[test]
+fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
+    let posted = answer_to(&envelope(), "fixed");
     let answer = AsmtpEnvelope {
         id: "01HYYYYYYYYYYYYYYYYYYYYYYY".into(),
         from: "@alice.coder".into(),
@@ -120,21 +123,6 @@ fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
 /// kept the conversation at turn 2 and lost it at turn 3. A reply now carries the whole chain.
 #[test]
 fn a_reply_carries_the_whole_chain_ending_with_the_envelope_it_answers() {
-    let answer_to = |e: &AsmtpEnvelope| {
-        let inbound = to_inbound(e, "@alice.coder").unwrap();
-        let reply = AampMessage::reply(
-            &inbound.message.envelope,
-            "@alice.coder",
-            Body::Result(protocol::TaskResult {
-                status: protocol::Status::Completed,
-                output: "ok".into(),
-                error: None,
-                structured_result: None,
-            }),
-        );
-        let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());
-        AsmtpReplies::envelope_for(&rendered).unwrap()
-    };
     // Turn 3 of a thread that keeps its references.
     let mut turn3 = envelope();
     turn3.id = "01HTURN3ZZZZZZZZZZZZZZZZZZ".into();
@@ -143,7 +131,7 @@ fn a_reply_carries_the_whole_chain_ending_with_the_envelope_it_answers() {
         "01HROOTZZZZZZZZZZZZZZZZZZZ".into(),
         "01HTURN2ZZZZZZZZZZZZZZZZZZ".into(),
     ];
-    let reply = answer_to(&turn3);
+    let reply = answer_to(&turn3, "ok");
     assert_eq!(
         reply["references"],
         json!([
@@ -157,7 +145,7 @@ fn a_reply_carries_the_whole_chain_ending_with_the_envelope_it_answers() {
     let mut cli = envelope();
     cli.id = "01HCLIZZZZZZZZZZZZZZZZZZZZ".into();
     cli.in_reply_to = Some("01HROOTZZZZZZZZZZZZZZZZZZZ".into());
-    let reply = answer_to(&cli);
+    let reply = answer_to(&cli, "ok");
     assert_eq!(
         reply["references"],
         json!(["01HROOTZZZZZZZZZZZZZZZZZZZ", "01HCLIZZZZZZZZZZZZZZZZZZZZ"])
