@@ -899,3 +899,104 @@ async fn a_cancel_from_anyone_but_the_dispatcher_stops_nothing() {
     assert!(why.contains("cancelled"), "{why}");
     assert!(bridge.stop().success());
 }
+
+/// Issue 18 over the real mail host: five wrong codes from each of four users, then a fifth
+/// user's valid code pairs and is answered (before, pairing was locked for everyone and the
+/// answer went unsent).
+#[tokio::test(flavor = "multi_thread")]
+async fn guessers_over_the_mail_host_cannot_lock_pairing_for_someone_with_the_right_code() {
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("agent");
+    let text = format!(
+        "{}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\n",
+        host.mailbox_toml("agent", &agent)
+    );
+    let dir = ConfigDir::new(host, &text);
+    let mut bridge = Bridge::start(&dir, 1);
+    let code = pair_code(&dir, "300");
+    let mut guesses = Vec::new();
+    for n in 0..4 {
+        let guesser = Peer::new(host.user(&format!("guesser{n}"))).await;
+        for attempt in 0..5 {
+            let sent = guesser
+                .send(pair_request(
+                    &guesser,
+                    &agent.email,
+                    &format!("WRONG{attempt}WRONG"),
+                ))
+                .await;
+            guesses.push(sent.task_id().to_string());
+        }
+    }
+    // Every guess refused (journaled) before the newcomer tries.
+    bridge.wait_count("pair.refused", guesses.len());
+    let mut newcomer = Peer::new(host.user("newcomer")).await;
+    let sent = newcomer
+        .send(pair_request(&newcomer, &agent.email, &code))
+        .await;
+    let (status, reason) = pair_status(&mut newcomer, &sent).await;
+    assert_eq!(status, Status::Completed, "{reason}");
+    assert!(bridge.stop().success());
+}
+
+/// Issue 18 over the real mail host: a burst of equal priority behind one slot starts in the
+/// order the bridge received it (before, the runtime's polling order reordered it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_equal_priority_over_the_mail_host_starts_in_arrival_order() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let release = dir.dir.path().join("release");
+    dir.write(
+        "waits.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}, \"--wait-for\", {:?}]\n",
+            format!("{}/tests/agents/fault_agent.py", env!("CARGO_MANIFEST_DIR")),
+            release.to_str().unwrap()
+        ),
+    );
+    dir.write_config(
+        &support::Toml::new()
+            .host_mailbox(host, "agent", &agent, "")
+            .agent(
+                "agent",
+                "waits.toml",
+                &[&boss.email],
+                "max_concurrent_tasks = 1",
+            )
+            .text(),
+    );
+    let peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "holds the slot"))
+        .await;
+    bridge.wait_event("task.started", |e| e["taskId"] == first.task_id());
+    // Sent back to back: the bridge reads them in one or a few pages.
+    let mut burst = Vec::new();
+    for n in 0..8 {
+        let msg = peer
+            .send(peer.dispatch_to(&agent.email, &format!("Burst {n}"), "waits"))
+            .await;
+        burst.push(msg.task_id().to_string());
+    }
+    for id in &burst {
+        bridge.wait_event("task.received", |e| e["taskId"] == id.as_str());
+    }
+    std::fs::write(&release, "").unwrap();
+    for id in &burst {
+        bridge.wait_event("task.completed", |e| e["taskId"] == id.as_str());
+    }
+    let order_of = |event: &str| -> Vec<String> {
+        bridge
+            .seen
+            .iter()
+            .filter(|e| e["event"] == event)
+            .filter_map(|e| e["taskId"].as_str())
+            .filter(|id| burst.iter().any(|b| b == id))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(order_of("task.started"), order_of("task.received"));
+    assert!(bridge.stop().success());
+}
