@@ -46,6 +46,8 @@ pub struct AmpAccount {
     pub agent_id: String,
     pub api_key: String,
     pub poll_interval: std::time::Duration,
+    /// How long one HTTP call may take.
+    pub timeout: std::time::Duration,
     pub insecure_tls: bool,
 }
 
@@ -67,6 +69,8 @@ pub struct AsmtpAccount {
     pub handle: String,
     pub token: String,
     pub poll_interval: std::time::Duration,
+    /// How long one HTTP call may take.
+    pub timeout: std::time::Duration,
     pub insecure_tls: bool,
     /// At the first start, skip the unread envelopes already waiting.
     pub skip_backlog: bool,
@@ -100,12 +104,15 @@ impl LoadedConfig {
             ("address", m.address.is_some()),
             ("agent_id", m.agent_id.is_some()),
             ("api_key_file", m.api_key_file.is_some()),
+            ("timeout_secs", m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp),
         ];
         let asmtp = [
             ("asmtp_url", m.asmtp_url.is_some()),
             ("handle", m.handle.is_some()),
             ("token_file", m.token_file.is_some()),
             ("skip_backlog", m.skip_backlog),
+            // (Shown once, with the AMP keys, when another kind sets it.)
+            ("timeout_secs", m.timeout_secs.is_some() && m.kind == MailboxKind::Asmtp),
         ];
         let mut out = Vec::new();
         for (owner, keys) in [
@@ -264,6 +271,23 @@ impl LoadedConfig {
         Ok(std::time::Duration::from_secs(m.poll_interval_secs))
     }
 
+    /// How long one HTTP call to an AMP broker or ASMTP operator may take.
+    fn call_timeout(
+        &self,
+        key: &str,
+        m: &MailboxConfig,
+        default_secs: u64,
+    ) -> Result<std::time::Duration, ConfigError> {
+        match m.timeout_secs {
+            Some(0) => Err(self.error(
+                format!("{key}.timeout_secs"),
+                "must be at least 1",
+                "set it to 1 or more seconds, or leave it out for the default",
+            )),
+            secs => Ok(std::time::Duration::from_secs(secs.unwrap_or(default_secs))),
+        }
+    }
+
     /// The named ASMTP mailbox with its token read and its settings checked.
     pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
         let (key, m) = self.mailbox_of_kind(name, MailboxKind::Asmtp)?;
@@ -298,12 +322,14 @@ impl LoadedConfig {
             "the agent's bearer token",
         )?;
         let poll_interval = self.poll_interval(&key, m)?;
+        let timeout = self.call_timeout(&key, m, 30)?;
         Ok(AsmtpAccount {
             name: name.to_string(),
             url,
             handle,
             token,
             poll_interval,
+            timeout,
             insecure_tls: m.insecure_tls,
             skip_backlog: m.skip_backlog,
         })
@@ -346,6 +372,7 @@ impl LoadedConfig {
             "the user's amk_ API key",
         )?;
         let poll_interval = self.poll_interval(&key, m)?;
+        let timeout = self.call_timeout(&key, m, 120)?;
         Ok(AmpAccount {
             name: name.to_string(),
             url,
@@ -353,6 +380,7 @@ impl LoadedConfig {
             agent_id,
             api_key,
             poll_interval,
+            timeout,
             insecure_tls: m.insecure_tls,
         })
     }

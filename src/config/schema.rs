@@ -125,6 +125,10 @@ pub struct MailboxConfig {
     /// the unread envelopes already waiting.
     #[serde(default, skip_serializing_if = "is_false")]
     pub skip_backlog: bool,
+    /// AMP and ASMTP: seconds one HTTP call to the broker or operator may take (default:
+    /// AMP 120, since its broker renders every message it returns; ASMTP 30).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
     #[serde(skip_serializing_if = "Option::is_none")]

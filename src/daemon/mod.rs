@@ -159,6 +159,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                     name,
                     client,
                     link,
+                    crate::mailbox::amp::PositionFile::new(agent_dir.join("amp-position")),
                     deliver,
                     events,
                     poll,

@@ -1,20 +1,30 @@
 //! The AMP back-end (Agent Mailer Protocol, the study8677/agent-mailer broker): an agent's
-//! mailbox on an HTTP broker. Read by polling its unread inbox (the broker has no push and no
-//! cursor), with backoff; each message is handed to `deliver` (the journal) and only then
-//! marked read, so a crash in between delivers it again and the journal recognises it.
+//! mailbox on an HTTP broker, polled (the broker has no push). The inbox is followed by
+//! position, not by its read flag (a person who opens a message in the broker's console marks
+//! it read): a position `(created_at, ids at it)` kept on disk, moved only after every message
+//! before it was handed to `deliver` (the journal, which also de-duplicates). The broker renders
+//! markdown for every message it returns, so a poll first asks for the visible message count
+//! alone (a page past the end: nothing rendered) and reads the newest messages only when it
+//! changed, a page the size of the change. Delivered messages are marked read, as a hint for
+//! people. At the first start the unread messages already waiting are the backlog, answered.
+//!
 //! Answers go back as a `reply` to the message, in its thread. The broker has no idempotency
-//! key: before a reply is posted the thread is read, and a reply that carries the same
-//! bridge Message-ID (in an HTML comment at its end) is not posted again.
+//! key: the thread is read first (for a bridge Message-ID in an HTML comment at the end of a
+//! reply) unless this process read the message and has not tried to answer with this mail
+//! before, the common case, where the reply is posted at once.
 //!
 //! How AMP maps onto the bridge's model: every message to the agent is a task
 //! (`task.dispatch`: the subject is its title, the body its text, the thread its Session-Key,
 //! so a reply in the thread continues the agent's session); `task.result`,
-//! `task.help_needed` and `card.response` become replies; acks and streams have no AMP
-//! equivalent and are dropped. The TaskId is `amp:<thread_id>:<message_id>`.
+//! `task.help_needed` and `card.response` become replies titled `Re: <subject>`; acks and
+//! streams have no AMP equivalent and are dropped. The TaskId is `amp:<thread_id>:<message_id>`.
 
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -45,18 +55,70 @@ pub struct AmpMessage {
     pub created_at: String,
 }
 
+/// A page of the inbox (`?page=`), newest first.
+#[derive(Debug, Deserialize)]
+pub struct InboxPage {
+    pub messages: Vec<AmpMessage>,
+    pub total: u64,
+}
+
+/// Messages this process read, with their subjects, and the answers it tried to post: what
+/// lets a reply skip reading its thread.
+#[derive(Default)]
+struct Recent {
+    subjects: VecDeque<(String, String)>,
+    attempted: HashSet<String>,
+    attempted_order: VecDeque<String>,
+}
+
+/// How many of each [`Recent`] keeps.
+const RECENT: usize = 4096;
+
+impl Recent {
+    fn saw(&mut self, id: &str, subject: &str) {
+        if self.subjects.len() >= RECENT {
+            self.subjects.pop_front();
+        }
+        self.subjects.push_back((id.to_string(), subject.to_string()));
+    }
+
+    fn subject(&self, id: &str) -> Option<&str> {
+        self.subjects
+            .iter()
+            .rev()
+            .find(|(i, _)| i == id)
+            .map(|(_, s)| s.as_str())
+    }
+
+    /// Notes an attempt to post `message_id`; false when it was tried before.
+    fn first_attempt(&mut self, message_id: &str) -> bool {
+        if !self.attempted.insert(message_id.to_string()) {
+            return false;
+        }
+        self.attempted_order.push_back(message_id.to_string());
+        if self.attempted_order.len() > RECENT {
+            if let Some(old) = self.attempted_order.pop_front() {
+                self.attempted.remove(&old);
+            }
+        }
+        true
+    }
+}
+
 /// The broker's agent-facing API, authenticated with the user's API key.
 #[derive(Clone)]
 pub struct AmpClient {
     http: reqwest::Client,
     account: AmpAccount,
+    recent: Arc<Mutex<Recent>>,
 }
 
 impl AmpClient {
     pub fn new(account: AmpAccount) -> Result<AmpClient, MailboxError> {
         Ok(AmpClient {
-            http: super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?,
+            http: super::http_client(account.insecure_tls, Some(account.timeout))?,
             account,
+            recent: Arc::default(),
         })
     }
 
@@ -116,6 +178,32 @@ impl AmpClient {
             )
             .await?;
         Self::parse(value, "the AMP inbox")
+    }
+
+    /// Page `page` (from 1) of every visible message to the agent, read or not, newest first.
+    pub async fn inbox_page(&self, page: u64, page_size: u64) -> Result<InboxPage, MailboxError> {
+        let path = format!("messages/inbox/{}", self.account.address);
+        let (page, page_size) = (page.to_string(), page_size.to_string());
+        let value = self
+            .call(
+                reqwest::Method::GET,
+                &path,
+                &[
+                    ("agent_id", &self.account.agent_id),
+                    ("all", "true"),
+                    ("page", &page),
+                    ("page_size", &page_size),
+                ],
+                None,
+            )
+            .await?;
+        Self::parse(value, "an AMP inbox page")
+    }
+
+    /// How many messages the inbox shows, read or not: a page past the end, so the broker
+    /// counts them and renders none.
+    pub async fn visible_total(&self) -> Result<u64, MailboxError> {
+        Ok(self.inbox_page(COUNT_PAGE, 1).await?.total)
     }
 
     pub async fn mark_read(&self, id: &str) -> Result<(), MailboxError> {
@@ -247,9 +335,51 @@ fn hop_count(body: &str) -> Option<u32> {
     })
 }
 
-/// The broker's inbox for [`intake::watch`]: every unread message delivered, then marked read.
+/// A page number past any inbox's end (a count without rendering).
+const COUNT_PAGE: u64 = 1_000_000;
+/// The most messages read per page.
+const PAGE: u64 = 100;
+
+/// How far the inbox has been read: the newest `created_at` handed on, the ids at exactly that
+/// time (the broker's timestamps can tie), and the visible count then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub created_at: String,
+    pub ids: Vec<String>,
+    pub total: u64,
+}
+
+/// The position file.
+pub struct PositionFile {
+    path: PathBuf,
+}
+
+impl PositionFile {
+    pub fn new(path: PathBuf) -> PositionFile {
+        PositionFile { path }
+    }
+
+    fn load(&self) -> std::io::Result<Option<Position>> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn save(&self, p: &Position) -> std::io::Result<()> {
+        crate::fsio::write_atomic(
+            &self.path,
+            &serde_json::to_vec(p).expect("a position serializes"),
+            0o600,
+        )
+    }
+}
+
+/// The broker's inbox for [`intake::watch`], followed by position.
 struct AmpWatched<'a, D> {
     client: AmpClient,
+    position: &'a PositionFile,
     deliver: D,
     link: &'a super::link::Link,
     poll_interval: Duration,
@@ -257,7 +387,7 @@ struct AmpWatched<'a, D> {
 
 impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AmpWatched<'_, D> {
     async fn read(&mut self) -> Result<usize, IntakeError> {
-        poll_once(&self.client, &mut self.deliver).await
+        poll_once(&self.client, self.position, &mut self.deliver).await
     }
 
     fn next_read(&mut self, taken: usize) -> Duration {
@@ -280,6 +410,7 @@ pub async fn run_intake(
     name: String,
     client: AmpClient,
     link: super::link::Link,
+    position: PositionFile,
     deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
     poll_interval: Duration,
@@ -293,6 +424,7 @@ pub async fn run_intake(
     );
     let mut watched = AmpWatched {
         client,
+        position: &position,
         deliver,
         link: &link,
         poll_interval,
@@ -302,15 +434,99 @@ pub async fn run_intake(
 
 async fn poll_once(
     client: &AmpClient,
+    position: &PositionFile,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
 ) -> Result<usize, IntakeError> {
-    let unread = client.unread().await?;
+    let Some(mut at) = position.load()? else {
+        return first_start(client, position, deliver).await;
+    };
+    let total = client.visible_total().await?;
+    if total == at.total {
+        return Ok(0);
+    }
+    // Something arrived (or was archived or trashed): the newest messages down to the
+    // position, a page the size of the change at a time.
+    let page_size = total.saturating_sub(at.total).clamp(10, PAGE);
+    let mut fresh = Vec::new();
+    let mut page = 1;
+    loop {
+        let got = client.inbox_page(page, page_size).await?;
+        let last_page = (got.messages.len() as u64) < page_size;
+        let mut reached = false;
+        for m in got.messages {
+            if m.created_at < at.created_at {
+                reached = true;
+            } else if !(m.created_at == at.created_at && at.ids.contains(&m.id)) {
+                fresh.push(m);
+            }
+        }
+        if reached || last_page {
+            break;
+        }
+        page += 1;
+    }
+    // Oldest first (the broker's order is `created_at`, a string); the same message listed on
+    // two pages (one arrived in between) once.
+    fresh.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+    let mut seen = HashSet::new();
+    fresh.retain(|m| seen.insert(m.id.clone()));
+    let taken = hand_on(client, &fresh, deliver).await?;
+    for m in &fresh {
+        if m.created_at > at.created_at {
+            at.created_at = m.created_at.clone();
+            at.ids.clear();
+        }
+        if m.created_at == at.created_at && !at.ids.contains(&m.id) {
+            at.ids.push(m.id.clone());
+        }
+    }
+    at.total = total;
+    position.save(&at)?;
+    Ok(taken)
+}
+
+/// The first start: the position is the newest message, then the unread messages already
+/// waiting are answered; the position is written only after them, so a crash in between
+/// starts over (the journal knows what it holds).
+async fn first_start(
+    client: &AmpClient,
+    position: &PositionFile,
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<usize, IntakeError> {
+    let newest = client.inbox_page(1, 1).await?;
+    let at = Position {
+        created_at: newest
+            .messages
+            .first()
+            .map(|m| m.created_at.clone())
+            .unwrap_or_default(),
+        ids: newest.messages.first().map(|m| m.id.clone()).into_iter().collect(),
+        total: newest.total,
+    };
+    let backlog = client.unread().await?;
+    if !backlog.is_empty() {
+        tracing::info!(
+            unread = backlog.len(),
+            "first start: answering the unread messages already waiting"
+        );
+    }
+    let taken = hand_on(client, &backlog, deliver).await?;
+    position.save(&at)?;
+    Ok(taken)
+}
+
+/// Hands each message to the journal, then marks it read (a hint for people).
+async fn hand_on(
+    client: &AmpClient,
+    messages: &[AmpMessage],
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<usize, IntakeError> {
     let mut taken = 0;
-    for m in unread {
+    for m in messages {
         if !m.to_agent.eq_ignore_ascii_case(client.address()) {
             continue;
         }
-        match to_inbound(&m) {
+        match to_inbound(m) {
             Some(inbound) => {
                 deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
             }
@@ -318,8 +534,14 @@ async fn poll_once(
                 tracing::warn!(id = %m.id, "an AMP message that cannot be read as a task; skipped")
             }
         }
-        // Only once the journal holds it.
-        client.mark_read(&m.id).await?;
+        client
+            .recent
+            .lock()
+            .expect("recent lock")
+            .saw(&m.id, &m.subject);
+        if !m.is_read {
+            client.mark_read(&m.id).await?;
+        }
         taken += 1;
     }
     Ok(taken)
@@ -378,22 +600,38 @@ impl AmpReplies {
         };
         let marker = answer_marker(&mail.message_id);
         let to = msg.envelope.to.first().cloned().unwrap_or_default();
-        let messages = self.client.thread(thread).await?;
-        if messages.iter().any(|m| {
-            m.from_agent.eq_ignore_ascii_case(self.client.address()) && m.body.contains(&marker)
-        }) {
-            tracing::info!(message_id = %mail.message_id, "the reply is in the thread already; not posting it again");
-            return Ok(());
-        }
+        let (known_subject, first_attempt) = {
+            let mut recent = self.client.recent.lock().expect("recent lock");
+            let subject = recent.subject(parent).map(str::to_string);
+            (subject, recent.first_attempt(&mail.message_id))
+        };
+        let subject = match known_subject.filter(|_| first_attempt) {
+            // Read here, never tried: post at once (no whole-thread read per reply).
+            Some(subject) => subject,
+            None => {
+                let messages = self.client.thread(thread).await?;
+                if messages.iter().any(|m| {
+                    m.from_agent.eq_ignore_ascii_case(self.client.address())
+                        && m.body.contains(&marker)
+                }) {
+                    tracing::info!(message_id = %mail.message_id, "the reply is in the thread already; not posting it again");
+                    return Ok(());
+                }
+                messages
+                    .iter()
+                    .find(|m| m.id == parent)
+                    .map(|m| m.subject.clone())
+                    .unwrap_or_default()
+            }
+        };
         // A reply reads like one: `Re:` and the subject of the message it answers.
-        let subject = reply_subject(
-            messages
-                .iter()
-                .find(|m| m.id == parent)
-                .map_or("", |m| m.subject.as_str()),
-        );
         self.client
-            .reply(parent, &to, &subject, &format!("{text}\n\n{marker}"))
+            .reply(
+                parent,
+                &to,
+                &reply_subject(&subject),
+                &format!("{text}\n\n{marker}"),
+            )
             .await
             .map(|_| ())
     }

@@ -80,7 +80,7 @@ pub struct AsmtpClient {
 impl AsmtpClient {
     pub fn new(account: AsmtpAccount) -> Result<AsmtpClient, MailboxError> {
         Ok(AsmtpClient {
-            http: super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?,
+            http: super::http_client(account.insecure_tls, Some(account.timeout))?,
             account,
         })
     }
