@@ -140,7 +140,7 @@ impl Backend for Sender {
 pub(super) enum Intake {
     Aamp(Box<Reader>),
     Asmtp(crate::mailbox::asmtp::AsmtpClient),
-    Amp(crate::mailbox::amp::AmpClient, Duration),
+    Amp(crate::mailbox::amp::AmpClient),
 }
 
 /// An agent's mailbox back-end: where its answers go and how its mail comes in. For AAMP,
@@ -166,13 +166,12 @@ pub(super) async fn open_backend(
     }
     if config.is_amp(&mailbox_name) {
         let account = config.amp_account(&mailbox_name)?;
-        let poll = account.poll_interval;
         let client = crate::mailbox::amp::AmpClient::new(account)
             .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
         let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpReplies::new(
             client.clone(),
         )));
-        return Ok((outlet, Intake::Amp(client, poll)));
+        return Ok((outlet, Intake::Amp(client)));
     }
     if let Some(registration) = config.registration(&mailbox_name) {
         let credentials = crate::mailbox::helper::register(&registration)

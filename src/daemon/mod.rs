@@ -154,7 +154,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 )
                 .instrument(span),
             ),
-            Intake::Amp(client, poll) => services.spawn(
+            Intake::Amp(client) => services.spawn(
                 crate::mailbox::amp::run_intake(
                     name,
                     client,
@@ -162,7 +162,6 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                     crate::mailbox::amp::PositionFile::new(agent_dir.join("amp-position")),
                     deliver,
                     events,
-                    poll,
                     stop.clone(),
                 )
                 .instrument(span),

@@ -413,9 +413,9 @@ pub async fn run_intake(
     position: PositionFile,
     deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
     events: Events,
-    poll_interval: Duration,
     stop: CancellationToken,
 ) {
+    let poll_interval = client.account.poll_interval;
     let health = Health::new(
         &link,
         "the AMP broker",
