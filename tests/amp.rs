@@ -301,8 +301,14 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
         .record()
         .into_iter()
         .filter(|r| {
-            r["ua"].as_str().unwrap_or_default().starts_with("aamp-bridge")
-                && r["path"].as_str().unwrap_or_default().starts_with("/messages/thread/")
+            r["ua"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("aamp-bridge")
+                && r["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("/messages/thread/")
         })
         .collect();
     assert!(bridge_reads.is_empty(), "{bridge_reads:?}");
@@ -524,7 +530,10 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
         .call_as(
             ("Authorization", &console),
             reqwest::Method::POST,
-            &format!("/admin/threads/{}/archive", first["thread_id"].as_str().unwrap()),
+            &format!(
+                "/admin/threads/{}/archive",
+                first["thread_id"].as_str().unwrap()
+            ),
             None,
         )
         .await;
@@ -576,7 +585,12 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
         broker
             .record()
             .iter()
-            .filter(|r| r["ua"].as_str().unwrap_or_default().starts_with("aamp-bridge"))
+            .filter(|r| {
+                r["ua"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("aamp-bridge")
+            })
             .count()
     };
     let before = polls();
@@ -586,7 +600,10 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
         .record()
         .iter()
         .filter(|r| {
-            r["ua"].as_str().unwrap_or_default().starts_with("aamp-bridge")
+            r["ua"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("aamp-bridge")
                 && r["method"] == "GET"
                 && r["rendered_bytes"].as_u64().unwrap_or(0) >= 600_000
         })

@@ -67,6 +67,12 @@ impl Operator {
         for (handle, token) in agents {
             args.push("--agent".into());
             args.push(format!("{handle}:{token}").into());
+            // The operator's policy is an allowlist both ways: each agent's owner lets the
+            // others in, as a person sets it up with `robotnet me allowlist add`.
+            for (other, _) in agents.iter().filter(|(o, _)| o != handle) {
+                args.push("--allow".into());
+                args.push(format!("{handle}={other}").into());
+            }
         }
         support::spawn_test_server("asmtp_operator.py", &args)
     }
@@ -77,6 +83,15 @@ impl Operator {
 
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it as a service manager would (SIGTERM: every push socket is closed with 1001).
+    fn terminate(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
     }
 
     fn stop(&mut self) {
@@ -119,18 +134,24 @@ impl Operator {
 
     /// Posts a task envelope from `from` to `to`; returns its id.
     async fn send(&self, from: &str, to: &str, subject: &str, text: &str) -> String {
-        let id = ulid();
+        self.post(
+            from,
+            json!({"id": ulid(), "to": [to], "subject": subject, "date_ms": 1_764_000_000_000u64,
+                    "content_parts": [{"type": "text", "text": text}]}),
+        )
+        .await
+    }
+
+    /// Posts an envelope as `from`; returns its id.
+    async fn post(&self, from: &str, envelope: Value) -> String {
         self.call(
             from,
             reqwest::Method::POST,
             "/messages",
-            Some(
-                json!({"id": id, "to": [to], "subject": subject, "date_ms": 1_764_000_000_000u64,
-                        "content_parts": [{"type": "text", "text": text}]}),
-            ),
+            Some(envelope.clone()),
         )
         .await;
-        id
+        envelope["id"].as_str().unwrap().to_string()
     }
 
     /// The envelopes in `handle`'s mailbox that reply to `parent`, waited for.
@@ -258,6 +279,8 @@ async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push
             .count()
     };
     let before = connects(&operator);
+    // Stopped as a service is (SIGTERM: the push socket is closed with 1001), then started.
+    operator.terminate();
     operator.restart();
     let later = operator
         .send("@alice.boss", "@alice.coder", "Later", "after the drop")
@@ -560,4 +583,225 @@ async fn unread_envelopes_waiting_before_the_first_start_are_answered_once() {
             .any(|h| h["in_reply_to"] == waiting.as_str()),
         "the old envelope was not answered"
     );
+}
+
+fn status(dir: &ConfigDir, json: bool) -> String {
+    let config = dir.config();
+    let mut args = vec!["--config", config.to_str().unwrap(), "status"];
+    if json {
+        args.push("--json");
+    }
+    let out = Command::new(support::bin()).args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 21: the operator's `created_at` is `Date.now()`, so envelopes tie; ordering then
+/// falls back to the (client-chosen, not time-ordered) id, and the bridge's watermark skipped
+/// an envelope of the same millisecond whose id sorted before the one read last.
+#[tokio::test(flavor = "multi_thread")]
+async fn envelopes_of_the_same_millisecond_are_each_answered_once() {
+    let operator = Operator::start(
+        &["@alice.coder", "@alice.boss"],
+        &["--frozen-clock", "1764000000000"],
+    );
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let bridge = Bridge::start(&dir, 1);
+    let envelope = |id: &str, subject: &str| {
+        json!({"id": id, "to": ["@alice.coder"], "subject": subject, "date_ms": 1_764_000_000_000u64,
+               "content_parts": [{"type": "text", "text": "say hello"}]})
+    };
+    let high = operator
+        .post(
+            "@alice.boss",
+            envelope("01ZZZZZZZZZZZZZZZZZZZZZZZY", "High"),
+        )
+        .await;
+    assert_eq!(operator.replies("@alice.boss", &high).await.len(), 1);
+    let low = operator
+        .post("@alice.boss", envelope("0100000000000000000000000A", "Low"))
+        .await;
+    assert_eq!(operator.replies("@alice.boss", &low).await.len(), 1);
+    let middle = operator
+        .post(
+            "@alice.boss",
+            envelope("01MMMMMMMMMMMMMMMMMMMMMMMM", "Middle"),
+        )
+        .await;
+    assert_eq!(operator.replies("@alice.boss", &middle).await.len(), 1);
+    assert!(bridge.stop().success());
+    for id in [&high, &low, &middle] {
+        assert_eq!(operator.replies("@alice.boss", id).await.len(), 1, "{id}");
+    }
+    operator.no_invalid();
+}
+
+/// Issue 21: the operator cuts a request body over 1 MiB (no HTTP answer); the bridge took the
+/// cut for a network fault and re-sent for a day. A long answer now goes in a file part, the
+/// envelope keeping its start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_3_mb_answer_reaches_the_sender_as_a_file() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    dir.write(
+        "big.toml",
+        "command = \"python3\"\nargs = [\"-c\", \"import sys\\nfor i in range(120000): sys.stdout.write('line %06d of a long answer\\\\n' % i)\"]\ntimeout_secs = 60\n[output]\nmax_bytes = 4000000\n",
+    );
+    let text = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &text.replace("profile = \"echo\"", "profile = \"big.toml\""),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Long", "write a lot")
+        .await;
+    let replies = operator.replies("@alice.boss", &sent).await;
+    assert_eq!(replies.len(), 1);
+    let parts = replies[0]["content_parts"].as_array().unwrap();
+    let text = text_of(&replies[0]);
+    assert!(
+        text.starts_with("line 000000 of a long answer"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
+    assert!(text.contains("answer.md"), "says where the rest is");
+    let url = parts
+        .iter()
+        .find(|p| p["type"] == "file")
+        .and_then(|p| p["url"].as_str())
+        .expect("a file part");
+    let file = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(operator.token("@alice.boss"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(file.lines().count(), 120_000);
+    assert!(file.trim_end().ends_with("line 119999 of a long answer"));
+    assert!(bridge.stop().success());
+    assert!(
+        !operator.record().iter().any(|r| r["cut"] == true),
+        "nothing sent over the operator's cap"
+    );
+    operator.no_invalid();
+}
+
+/// Issue 21: a reply refused with 404 (the sender blocked the agent, or took it off its
+/// allowlist) was given up at once while `tasks` said "answered". It is shown as undelivered
+/// in `tasks`, `task show` and `status`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reply_the_operator_refuses_is_shown_as_undelivered() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    operator
+        .call(
+            "@alice.boss",
+            reqwest::Method::POST,
+            "/agents/me/blocks",
+            Some(json!({"handle": "@alice.coder"})),
+        )
+        .await;
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Blocked", "say hello")
+        .await;
+    let task_id = format!("asmtp:{sent}");
+    bridge.wait_event("mail.failed", |e| e["taskId"] == task_id.as_str());
+    let out = Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "tasks",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let tasks: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let task = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["taskId"] == task_id.as_str())
+        .unwrap();
+    assert!(
+        task["undelivered"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("404"),
+        "{task}"
+    );
+    let text = Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "tasks",
+            "--state",
+            "undelivered",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&task_id) && text.contains("UNDELIVERED"),
+        "{text}"
+    );
+    let show = Command::new(support::bin())
+        .args([
+            "--config",
+            dir.config().to_str().unwrap(),
+            "task",
+            "show",
+            &task_id,
+        ])
+        .output()
+        .unwrap();
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("UNDELIVERED"), "{show}");
+    let status_text = status(&dir, false);
+    assert!(
+        status_text.contains("could not be delivered"),
+        "{status_text}"
+    );
+    assert!(bridge.stop().success());
+}
+
+/// Issue 21: after the operator rotated the agent's token, `status` still said "push over
+/// websocket" (the socket stays open) while every read was refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
+    let operator = Operator::start(
+        &["@alice.coder", "@alice.boss"],
+        &["--admin-token", "admin-secret"],
+    );
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let bridge = Bridge::start(&dir, 1);
+    support::wait_until("push connected", || {
+        bridge.log().contains("ASMTP push connected")
+    });
+    let rotated = reqwest::Client::new()
+        .post(format!(
+            "{}/_admin/agents/@alice.coder/rotate-token",
+            operator.url()
+        ))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert!(rotated.status().is_success());
+    // A task arrives: the push frame comes over the old socket; the read is refused.
+    operator
+        .send("@alice.boss", "@alice.coder", "After", "say hello")
+        .await;
+    support::wait_until("the refusal is logged", || {
+        bridge.log().contains("refused the credentials")
+    });
+    let text = status(&dir, false);
+    assert!(!text.contains("push over websocket"), "{text}");
+    assert!(text.contains("auth_failed"), "{text}");
+    let json: Value = serde_json::from_str(&status(&dir, true)).unwrap();
+    assert_eq!(json["agents"][0]["reading"], Value::Null, "{json}");
+    assert!(bridge.stop().success());
 }

@@ -120,7 +120,8 @@ pub enum Command {
     Tasks {
         #[arg(long)]
         agent: Option<String>,
-        /// received, acked, running, help_needed, answered, rejected, cancelled or expired.
+        /// received, acked, running, help_needed, answered, rejected, cancelled or expired; or
+        /// undelivered: tasks whose answer the server refused for good.
         #[arg(long)]
         state: Option<String>,
         #[arg(long, default_value_t = 50)]

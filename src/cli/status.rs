@@ -55,6 +55,8 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
         links.push(link.clone());
         agents.push(serde_json::json!({
             "agent": agent.name, "mailbox": email, "link": link,
+            "reading": link.as_ref().and_then(|l| l.reading()),
+            "undelivered": count("undelivered"),
             "queued": count("received") + count("acked"), "running": running_tasks,
             "unsent": count("unsent"), "slots": slots,
         }));
@@ -94,9 +96,10 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
             a["agent"].as_str().unwrap_or_default(),
             a["mailbox"].as_str().unwrap_or_default(),
             link.as_ref().map_or("-", |l| l.since.as_str()),
-            match link.as_ref().map(|l| l.push.as_str()) {
-                Some("polling") | None => "polling".to_string(),
-                Some(p) => format!("push over {p}"),
+            match link.as_ref().map(|l| l.reading()) {
+                Some(Some("polling")) | None => "polling".to_string(),
+                Some(Some(p)) => format!("push over {p}"),
+                Some(None) => "no mail read until it answers".to_string(),
             }
         );
         if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
@@ -108,6 +111,12 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
             a["running"].as_array().map_or(0, Vec::len),
             a["unsent"]
         );
+        if a["undelivered"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",
+                a["undelivered"]
+            );
+        }
         for t in a["running"].as_array().into_iter().flatten() {
             println!(
                 "    - {} ({}, {} s, from {})",

@@ -10,16 +10,21 @@ pub(super) fn tasks(
     json: bool,
 ) -> anyhow::Result<i32> {
     use crate::dispatch::TaskState;
-    let state = match state {
-        Some(s) => Some(TaskState::parse(&s).with_context(|| {
-            format!(
-                "--state {s:?}: one of {}",
-                TaskState::ALL.map(TaskState::as_str).join(", ")
-            )
-        })?),
-        None => None,
+    let journal = open_journal(config)?;
+    let rows = match state.as_deref() {
+        // Not a state of its own: tasks whose answer the server refused for good.
+        Some("undelivered") => journal.undelivered(agent.as_deref(), limit)?,
+        Some(s) => {
+            let state = TaskState::parse(s).with_context(|| {
+                format!(
+                    "--state {s:?}: one of {}, or undelivered",
+                    TaskState::ALL.map(TaskState::as_str).join(", ")
+                )
+            })?;
+            journal.tasks(agent.as_deref(), Some(state), limit)?
+        }
+        None => journal.tasks(agent.as_deref(), None, limit)?,
     };
-    let rows = open_journal(config)?.tasks(agent.as_deref(), state, limit)?;
     if json {
         println!("{}", serde_json::to_string(&rows)?);
         return Ok(0);
@@ -29,7 +34,7 @@ pub(super) fn tasks(
     }
     for t in rows {
         println!(
-            "{:>5}  {}  {:<10} {:<11} {}  from {}{}",
+            "{:>5}  {}  {:<10} {:<11} {}  from {}{}{}",
             t.id,
             ms_time(t.received_at_ms),
             t.agent,
@@ -38,6 +43,9 @@ pub(super) fn tasks(
             t.sender,
             t.reason
                 .map(|r| format!("  ({})", r.chars().take(80).collect::<String>()))
+                .unwrap_or_default(),
+            t.undelivered
+                .map(|u| format!("  UNDELIVERED: {}", u.chars().take(100).collect::<String>()))
                 .unwrap_or_default()
         );
     }
@@ -83,6 +91,9 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         );
         if let Some(reason) = t["reason"].as_str() {
             println!("  reason      {reason}");
+        }
+        if let Some(why) = t["undelivered"].as_str() {
+            println!("  delivery    UNDELIVERED: the server refused the answer ({why})");
         }
         let start = item["timeline"][0]["atMs"].as_i64().unwrap_or(0);
         for step in item["timeline"].as_array().into_iter().flatten() {

@@ -104,7 +104,10 @@ impl LoadedConfig {
             ("address", m.address.is_some()),
             ("agent_id", m.agent_id.is_some()),
             ("api_key_file", m.api_key_file.is_some()),
-            ("timeout_secs", m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp),
+            (
+                "timeout_secs",
+                m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp,
+            ),
         ];
         let asmtp = [
             ("asmtp_url", m.asmtp_url.is_some()),
@@ -112,7 +115,10 @@ impl LoadedConfig {
             ("token_file", m.token_file.is_some()),
             ("skip_backlog", m.skip_backlog),
             // (Shown once, with the AMP keys, when another kind sets it.)
-            ("timeout_secs", m.timeout_secs.is_some() && m.kind == MailboxKind::Asmtp),
+            (
+                "timeout_secs",
+                m.timeout_secs.is_some() && m.kind == MailboxKind::Asmtp,
+            ),
         ];
         let mut out = Vec::new();
         for (owner, keys) in [

@@ -79,7 +79,8 @@ impl Recent {
         if self.subjects.len() >= RECENT {
             self.subjects.pop_front();
         }
-        self.subjects.push_back((id.to_string(), subject.to_string()));
+        self.subjects
+            .push_back((id.to_string(), subject.to_string()));
     }
 
     fn subject(&self, id: &str) -> Option<&str> {
@@ -500,7 +501,12 @@ async fn first_start(
             .first()
             .map(|m| m.created_at.clone())
             .unwrap_or_default(),
-        ids: newest.messages.first().map(|m| m.id.clone()).into_iter().collect(),
+        ids: newest
+            .messages
+            .first()
+            .map(|m| m.id.clone())
+            .into_iter()
+            .collect(),
         total: newest.total,
     };
     let backlog = client.unread().await?;

@@ -30,6 +30,13 @@ pub enum MailboxError {
     Address(String),
     #[error("push: {detail}")]
     Push { detail: String, class: ErrorClass },
+    #[error("{what} is {bytes} bytes, more than {server} takes ({limit})")]
+    TooLarge {
+        what: String,
+        server: String,
+        bytes: usize,
+        limit: usize,
+    },
 }
 
 impl MailboxError {
@@ -82,7 +89,9 @@ impl Classify for MailboxError {
                 _ => ErrorClass::Permanent,
             },
             MailboxError::CannotCalculateChanges => ErrorClass::Transient,
-            MailboxError::Protocol { .. } | MailboxError::Address(_) => ErrorClass::Permanent,
+            MailboxError::Protocol { .. }
+            | MailboxError::Address(_)
+            | MailboxError::TooLarge { .. } => ErrorClass::Permanent,
             MailboxError::Smtp { class, .. } | MailboxError::Push { class, .. } => *class,
         }
     }

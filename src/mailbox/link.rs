@@ -29,6 +29,15 @@ pub struct LinkState {
     pub last_error: Option<String>,
 }
 
+impl LinkState {
+    /// How mail is read now: the push transport or `polling` while the mailbox answers;
+    /// `None` while it does not (a push socket that stays open then reads nothing: after a
+    /// token rotation the ASMTP socket stays up while every read is refused).
+    pub fn reading(&self) -> Option<&str> {
+        (self.mailbox == Reach::Connected).then_some(self.push.as_str())
+    }
+}
+
 impl Reach {
     pub fn as_str(self) -> &'static str {
         match self {

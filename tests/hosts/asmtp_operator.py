@@ -5,7 +5,18 @@ a bridge uses, with their validation, keyset pagination, read state, idempotent 
 `/connect` WebSocket that pushes `envelope.notify` frames (push only: no replay on connect).
 
     asmtp_operator.py --port N --db FILE --record FILE --agent @owner.name:TOKEN [...]
-                      [--stall-first-reply]
+                      [--allow @owner.name=ENTRY ...] [--open @owner.name ...]
+                      [--stall-first-reply] [--frozen-clock MS] [--no-size-hint]
+                      [--admin-token TOKEN]
+
+As the reference operator (3ab187e): an agent's inbound policy is `allowlist` unless made
+`open`, and an envelope is refused with 404 (never 403) unless each recipient can be reached
+*both ways* (each lists the other, or `@owner.*`) and has not blocked the sender; request bodies
+over 1 MiB are cut off (the connection is closed, no HTTP answer); `POST /files` takes up to
+10 MiB and a content part may then name its `file_id`; `created_at` is `Date.now()`, so it can
+tie (`--frozen-clock` makes every envelope tie); the push socket also carries `monitor.fact`
+frames for a sender that asked (`monitor` on the envelope), and SIGTERM closes every socket
+with code 1001. `--no-size-hint` stores rows without `size_hint` (older operators).
 
 Every request and every push frame is appended to the record file as a JSON line; a request
 or frame that breaks the rules is recorded with "invalid" (the tests assert there are none).
@@ -16,13 +27,24 @@ State is kept in the SQLite file, so the operator can be stopped and started aga
   GET  /messages/{id}                  the envelope, marks read
   GET  /mailbox?direction=in&order=asc|desc&limit=&unread=&after_created_at=&after_envelope_id=
   POST /mailbox/read                   {ids: [...]}
+  POST /files                          multipart/form-data, one `file` field -> 201 {id, ...}
+  GET  /files/{id}                     the bytes (uploader, or a party to its envelope)
+  GET|POST /agents/me/allowlist        {entries: [...]}; DELETE /agents/me/allowlist/{entry}
+  POST /agents/me/blocks               {handle}
+  POST /_admin/agents/{handle}/rotate-token   (Authorization: Bearer ADMIN_TOKEN) -> {token}
   GET  /connect                        WebSocket (Authorization: Bearer, or ?token=)
+
+What it leaves out: agent registration and profiles, search, direction=out/both feeds, magic
+byte checks on uploads, file expiry, and storage of tokens (a rotated token lasts until the
+operator stops).
 """
 import argparse
 import base64
 import hashlib
 import json
+import os
 import re
+import signal
 import sqlite3
 import struct
 import threading
@@ -36,7 +58,15 @@ args.add_argument("--db", required=True)
 args.add_argument("--record", required=True)
 args.add_argument("--agent", action="append", default=[], help="@owner.name:TOKEN")
 args.add_argument("--stall-first-reply", action="store_true")
+args.add_argument("--allow", action="append", default=[], help="@owner.name=ENTRY")
+args.add_argument("--open", action="append", default=[], help="@owner.name")
+args.add_argument("--frozen-clock", type=int, default=None)
+args.add_argument("--no-size-hint", action="store_true")
+args.add_argument("--admin-token", default=None)
 opts = args.parse_args()
+
+MAX_BODY = 1 << 20
+MAX_FILE = 10 * 1024 * 1024
 
 ENVELOPE_ID = re.compile(r"^01[0-9A-HJKMNP-TV-Z]{24}$")
 HANDLE = re.compile(r"^@[a-z0-9_-]+\.[a-z0-9_-]+$")
@@ -54,11 +84,32 @@ db.executescript(
     """
 CREATE TABLE IF NOT EXISTS envelopes (id TEXT PRIMARY KEY, sender TEXT NOT NULL, subject TEXT,
   in_reply_to TEXT, date_ms INTEGER NOT NULL, created_at INTEGER NOT NULL, type_hint TEXT NOT NULL,
-  size_hint INTEGER NOT NULL, body_json TEXT NOT NULL);
+  size_hint INTEGER, body_json TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS mailbox (handle TEXT NOT NULL, envelope_id TEXT NOT NULL,
   created_at INTEGER NOT NULL, unread INTEGER NOT NULL, PRIMARY KEY (handle, envelope_id));
+CREATE TABLE IF NOT EXISTS allowlist (owner TEXT NOT NULL, entry TEXT NOT NULL, PRIMARY KEY (owner, entry));
+CREATE TABLE IF NOT EXISTS blocks (blocker TEXT NOT NULL, blocked TEXT NOT NULL, PRIMARY KEY (blocker, blocked));
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, filename TEXT NOT NULL,
+  content_type TEXT NOT NULL, bytes BLOB NOT NULL, envelope_id TEXT);
 """
 )
+for entry in opts.allow:
+    owner, allowed = entry.split("=", 1)
+    db.execute("INSERT OR IGNORE INTO allowlist VALUES (?, ?)", (owner, allowed))
+db.commit()
+
+
+def reachable(sender, target):
+    if target in opts.open:
+        return True
+    entries = {r["entry"] for r in db.execute("SELECT entry FROM allowlist WHERE owner = ?", (target,))}
+    return sender in entries or sender.split(".", 1)[0] + ".*" in entries
+
+
+def can_initiate(initiator, peer):
+    if initiator == peer:
+        return peer in tokens.values()
+    return reachable(initiator, peer) and reachable(peer, initiator)
 sockets = {}  # handle -> list of (socket, lock)
 last_ms = [0]
 
@@ -78,6 +129,8 @@ def bad(code, message):
 
 
 def now_ms():
+    if opts.frozen_clock is not None:
+        return opts.frozen_clock
     # Strictly increasing, so keyset order is the order of acceptance.
     with lock:
         t = max(int(time.time() * 1000), last_ms[0] + 1)
@@ -111,8 +164,10 @@ def content_parts(value):
             if not isinstance(part.get("text"), str) or not part["text"]:
                 raise bad("INVALID_CONTENT", f"content_parts[{i}].text must be a non-empty string")
         elif kind in ("image", "file"):
+            if isinstance(part.get("file_id"), str):
+                continue
             if not isinstance(part.get("url"), str) or part["url"].startswith("data:"):
-                raise bad("INVALID_CONTENT", f"content_parts[{i}] needs a url (not data:)")
+                raise bad("INVALID_CONTENT", f"content_parts[{i}] needs a url or a file_id (not data:)")
         elif kind == "data":
             if not isinstance(part.get("data"), dict):
                 raise bad("INVALID_CONTENT", f"content_parts[{i}].data must be a JSON object")
@@ -133,6 +188,8 @@ def check_frame(frame):
     if not isinstance(frame.get("to"), list) or not all(HANDLE.match(h) for h in frame["to"]):
         problems.append("to")
     for key in ("created_at", "date_ms", "size_hint"):
+        if key == "size_hint" and key not in frame:
+            continue
         if not isinstance(frame.get(key), int) or frame[key] < 0:
             problems.append(key)
     if frame.get("type_hint") not in ("text", "image", "file", "data", "mixed"):
@@ -150,8 +207,11 @@ def header_of(row):
         "type_hint": row["type_hint"],
         "created_at": row["created_at"],
         "date_ms": row["date_ms"],
-        "size_hint": row["size_hint"],
     }
+    if row["size_hint"] is not None:
+        frame["size_hint"] = row["size_hint"]
+    if "cc" in body:
+        frame["cc"] = body["cc"]
     if row["subject"] is not None:
         frame["subject"] = row["subject"]
     if row["in_reply_to"] is not None:
@@ -212,14 +272,40 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlparse(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
         entry = {"method": method, "path": url.path, "query": url.query}
+        cap = MAX_FILE + 64 * 1024 if url.path == "/files" else MAX_BODY
+        if length > cap:
+            # As the reference: the request is destroyed once the body passes the cap. No
+            # HTTP answer at all.
+            self.rfile.read(cap)
+            entry.update(cut=True, length=length)
+            record(entry)
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        raw = self.rfile.read(length) if length else b""
         try:
             if method == "GET" and url.path == "/connect":
                 handle = self.caller(query)
                 record({"method": "GET", "path": "/connect", "status": 101, "handle": handle})
                 return self.websocket(handle)
+            if url.path.startswith("/_admin/"):
+                status, out = self.admin(method, url.path)
+                entry["status"] = status
+                record(entry)
+                return self.reply(status, out)
             handle = self.caller(query)
+            if method == "POST" and url.path == "/files":
+                status, out = self.upload(raw, handle)
+                entry["status"] = status
+                entry["file"] = out.get("id") if isinstance(out, dict) else None
+                record(entry)
+                return self.reply(status, out)
+            if method == "GET" and url.path.startswith("/files/"):
+                return self.download(url.path.split("/")[2], handle, entry)
             body = None
             if raw:
                 try:
@@ -256,6 +342,79 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.handle_any("POST")
 
+    def do_DELETE(self):
+        self.handle_any("DELETE")
+
+    def admin(self, method, path):
+        auth = self.headers.get("Authorization", "")
+        if opts.admin_token is None or auth != "Bearer " + opts.admin_token:
+            return 401, {"error": {"code": "UNAUTHORIZED", "message": "admin token required"}}
+        parts = [p for p in path.split("/") if p]
+        if method == "POST" and len(parts) == 4 and parts[1] == "agents" and parts[3] == "rotate-token":
+            handle = urllib.parse.unquote(parts[2])
+            old = [t for t, h in tokens.items() if h == handle]
+            if not old:
+                return 404, {"error": {"code": "NOT_FOUND", "message": "not found"}}
+            for t in old:
+                del tokens[t]
+            fresh = "tok_" + hashlib.sha256(str(time.time()).encode() + handle.encode()).hexdigest()[:32]
+            tokens[fresh] = handle
+            return 200, {"handle": handle, "token": fresh}
+        return 404, {"error": {"code": "NOT_FOUND", "message": "not found"}}
+
+    def upload(self, raw, caller):
+        ctype = self.headers.get("Content-Type", "")
+        m = re.search(r'boundary=(?:"([^"]+)"|([^;]+))', ctype, re.I)
+        if not ctype.lower().startswith("multipart/form-data") or not m:
+            return 400, {"error": {"code": "INVALID_REQUEST", "message": "Content-Type must be multipart/form-data with a boundary"}}
+        boundary = (m.group(1) or m.group(2)).strip().encode()
+        start = raw.find(b"--" + boundary + b"\r\n")
+        end = raw.find(b"\r\n--" + boundary, start + 1)
+        head_end = raw.find(b"\r\n\r\n", start)
+        if start < 0 or end < 0 or head_end < 0 or head_end > end:
+            return 400, {"error": {"code": "INVALID_REQUEST", "message": "multipart: malformed"}}
+        headers = raw[start + len(boundary) + 4:head_end].decode("utf-8", "replace")
+        data = raw[head_end + 4:end]
+        name = re.search(r'\bname="([^"]+)"', headers)
+        filename = re.search(r'\bfilename="([^"]+)"', headers)
+        part_type = re.search(r"(?im)^content-type:\s*(\S+)", headers)
+        if not name or name.group(1) != "file" or not filename:
+            return 400, {"error": {"code": "INVALID_REQUEST", "message": "multipart: one `file` field with a filename"}}
+        content_type = part_type.group(1) if part_type else "application/octet-stream"
+        if content_type not in ("application/json", "application/pdf", "image/gif", "image/jpeg", "image/png",
+                                "text/csv", "text/markdown", "text/plain", "application/octet-stream"):
+            return 400, {"error": {"code": "INVALID_FILE", "message": "content type not allowed"}}
+        if not data:
+            return 400, {"error": {"code": "INVALID_FILE", "message": "file cannot be empty"}}
+        if len(data) > MAX_FILE:
+            return 400, {"error": {"code": "INVALID_FILE", "message": "file exceeds maximum size of 10MB"}}
+        fid = "file_" + hashlib.sha256(data + str(time.time()).encode()).hexdigest()[:26].upper()
+        safe = re.sub(r"[^A-Za-z0-9._ -]+", "_", filename.group(1).split("/")[-1])[:180] or "file"
+        with lock:
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, NULL)", (fid, caller, safe, content_type, data))
+            db.commit()
+        now = int(time.time() * 1000)
+        return 201, {"id": fid, "status": "ready", "filename": safe, "content_type": content_type,
+                     "size_bytes": len(data), "created_at": now, "expires_at": now + 86400000}
+
+    def download(self, fid, caller, entry):
+        with lock:
+            row = db.execute("SELECT * FROM files WHERE id = ?", (fid,)).fetchone()
+            allowed = row is not None and (
+                row["owner"] == caller
+                or (row["envelope_id"] is not None and (
+                    db.execute("SELECT 1 FROM mailbox WHERE handle = ? AND envelope_id = ?", (caller, row["envelope_id"])).fetchone()
+                    or db.execute("SELECT 1 FROM envelopes WHERE id = ? AND sender = ?", (row["envelope_id"], caller)).fetchone())))
+        entry["status"] = 200 if allowed else 404
+        record(entry)
+        if not allowed:
+            return self.reply(404, {"error": {"code": "NOT_FOUND", "message": "not found"}})
+        self.send_response(200)
+        self.send_header("Content-Type", row["content_type"])
+        self.send_header("Content-Length", str(len(row["bytes"])))
+        self.end_headers()
+        self.wfile.write(row["bytes"])
+
     def route(self, method, path, query, body, caller):
         if method == "POST" and path == "/messages":
             if "from" in body:
@@ -279,9 +438,26 @@ class Handler(BaseHTTPRequestHandler):
                 raise bad("INVALID_REQUEST", "date_ms must be a non-negative integer (epoch ms)")
             parts = content_parts(body.get("content_parts"))
             recipients = list(dict.fromkeys(to + cc))
-            for r in recipients:
-                if r not in tokens.values():
-                    raise Fail(404, "NOT_FOUND", "not found")
+            with lock:
+                for r in recipients:
+                    if r not in tokens.values() or not can_initiate(caller, r):
+                        raise Fail(404, "NOT_FOUND", "not found")
+                    if db.execute("SELECT 1 FROM blocks WHERE blocker = ? AND blocked = ?", (r, caller)).fetchone():
+                        raise Fail(404, "NOT_FOUND", "not found")
+            # file_id parts become URLs (the stored, canonical form); each file is claimed once.
+            claims = []
+            resolved = []
+            for i, part in enumerate(parts):
+                if part.get("type") in ("image", "file") and isinstance(part.get("file_id"), str):
+                    with lock:
+                        row = db.execute("SELECT * FROM files WHERE id = ?", (part["file_id"],)).fetchone()
+                    if row is None or row["owner"] != caller or (row["envelope_id"] not in (None, eid)):
+                        raise bad("INVALID_FILE", "file_id is unknown, owned by another agent, or already claimed")
+                    claims.append(part["file_id"])
+                    part = {k: v for k, v in part.items() if k != "file_id"}
+                    part["url"] = f"http://127.0.0.1:{opts.port}/files/{row['id']}"
+                resolved.append(part)
+            parts = resolved
             canonical = {"id": eid, "from": caller, "to": to, "date_ms": date_ms, "content_parts": parts}
             if cc:
                 canonical["cc"] = cc
@@ -308,14 +484,20 @@ class Handler(BaseHTTPRequestHandler):
                 db.execute(
                     "INSERT INTO envelopes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (eid, caller, subject, in_reply_to, date_ms, created, type_hint,
-                     (len(json.dumps(parts)) + 3) // 4, body_json),
+                     None if opts.no_size_hint else (len(json.dumps(parts)) + 3) // 4, body_json),
                 )
+                for f in claims:
+                    db.execute("UPDATE files SET envelope_id = ? WHERE id = ?", (eid, f))
                 for r in recipients:
                     db.execute("INSERT INTO mailbox VALUES (?, ?, ?, 1)", (r, eid, created))
                 db.commit()
                 row = db.execute("SELECT * FROM envelopes WHERE id = ?", (eid,)).fetchone()
             for r in recipients:
                 push(r, header_of(row))
+            if isinstance(body.get("monitor"), str):
+                for r in recipients:
+                    push(caller, {"op": "monitor.fact", "monitor": body["monitor"], "envelope_id": eid,
+                                  "recipient_handle": r, "fact": "stored", "at_ms": created})
             return 202, {"id": eid, "received_ms": created, "created_at": created,
                          "recipients": [{"handle": r} for r in recipients]}
         if method == "GET" and path == "/messages":
@@ -377,6 +559,29 @@ class Handler(BaseHTTPRequestHandler):
             if rows and len(rows) == int(limit):
                 cursor = {"created_at": rows[-1]["listed"], "envelope_id": rows[-1]["id"]}
             return 200, {"envelope_headers": items, "next_cursor": cursor}
+        if path == "/agents/me/allowlist" or path.startswith("/agents/me/allowlist/"):
+            with lock:
+                if method == "POST":
+                    entries = body.get("entries")
+                    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+                        raise bad("INVALID_REQUEST", "entries must be an array of strings")
+                    for e in entries:
+                        db.execute("INSERT OR IGNORE INTO allowlist VALUES (?, ?)", (caller, e))
+                elif method == "DELETE":
+                    entry = urllib.parse.unquote(path.rsplit("/", 1)[1])
+                    if not db.execute("DELETE FROM allowlist WHERE owner = ? AND entry = ?", (caller, entry)).rowcount:
+                        raise Fail(404, "NOT_FOUND", f"allowlist entry {entry} not found on {caller}")
+                db.commit()
+                rows = db.execute("SELECT entry FROM allowlist WHERE owner = ? ORDER BY entry", (caller,)).fetchall()
+            return 200, {"entries": [{"entry": r["entry"]} for r in rows]}
+        if method == "POST" and path == "/agents/me/blocks":
+            blocked = body.get("handle")
+            if not isinstance(blocked, str) or not HANDLE.match(blocked) or blocked == caller:
+                raise bad("INVALID_REQUEST", "handle must be another agent's handle")
+            with lock:
+                db.execute("INSERT OR IGNORE INTO blocks VALUES (?, ?)", (caller, blocked))
+                db.commit()
+            return 201, {"handle": blocked}
         if method == "POST" and path == "/mailbox/read":
             ids = body.get("ids")
             if not isinstance(ids, list) or not ids:
@@ -430,6 +635,21 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def shutdown(signum, frame):
+    # As the reference: every push socket is closed with 1001 ("going away").
+    close = bytes([0x88, 2 + len(b"operator shutting down")]) + struct.pack(">H", 1001) + b"operator shutting down"
+    for conns in list(sockets.values()):
+        for sock, slock in list(conns):
+            try:
+                with slock:
+                    sock.sendall(close)
+            except OSError:
+                pass
+    record({"shutdown": True})
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, shutdown)
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
 server.daemon_threads = True
 print("listening", opts.port, flush=True)

@@ -10,14 +10,40 @@ impl Journal {
         state: Option<TaskState>,
         limit: usize,
     ) -> Result<Vec<TaskRow>, JournalError> {
+        self.tasks_where(agent, state, false, limit)
+    }
+
+    /// Tasks whose answer could not be delivered (the server refused it for good), newest
+    /// first.
+    pub fn undelivered(
+        &self,
+        agent: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, JournalError> {
+        self.tasks_where(agent, None, true, limit)
+    }
+
+    fn tasks_where(
+        &self,
+        agent: Option<&str>,
+        state: Option<TaskState>,
+        undelivered_only: bool,
+        limit: usize,
+    ) -> Result<Vec<TaskRow>, JournalError> {
         self.with(|c| {
-            let mut stmt = c.prepare(
-                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+            let mut stmt = c.prepare(&format!(
+                "SELECT {TASK_COLUMNS}
                  FROM tasks WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR state = ?2)
-                 ORDER BY id DESC LIMIT ?3",
-            )?;
+                 AND (?4 = 0 OR {UNDELIVERED} IS NOT NULL)
+                 ORDER BY id DESC LIMIT ?3"
+            ))?;
             let rows = stmt.query_map(
-                params![agent, state.map(TaskState::as_str), limit as i64],
+                params![
+                    agent,
+                    state.map(TaskState::as_str),
+                    limit as i64,
+                    undelivered_only
+                ],
                 task_row,
             )?;
             rows.collect()
@@ -66,9 +92,9 @@ impl Journal {
         let row: Option<i64> = id.parse().ok();
         self.with(|c| {
             let mut stmt = c.prepare(
-                "SELECT id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at
+                &format!("SELECT {TASK_COLUMNS}
                  FROM tasks WHERE task_id = ?1 OR message_key LIKE '%|' || ?1 OR message_key = ?1 OR id = ?2
-                 ORDER BY id",
+                 ORDER BY id"),
             )?;
             let rows = stmt.query_map(params![id, row], task_row)?;
             rows.collect()
@@ -81,9 +107,12 @@ impl Journal {
             let mut stmt = c.prepare(
                 "SELECT agent, state, COUNT(*) FROM tasks WHERE admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed') GROUP BY agent, state
                  UNION ALL
-                 SELECT agent, 'unsent', COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY agent",
+                 SELECT agent, 'unsent', COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY agent
+                 UNION ALL
+                 SELECT agent, 'undelivered', COUNT(DISTINCT task) FROM outbox WHERE failed_at > ?1 AND task IS NOT NULL GROUP BY agent",
             )?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let week_ago = now_ms() - 7 * 24 * 3600 * 1000;
+            let rows = stmt.query_map([week_ago], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect()
         })
     }

@@ -178,7 +178,17 @@ pub struct TaskRow {
     pub runs: u32,
     pub received_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Why an answer to the task could not be delivered: the server refused it for good
+    /// (an ASMTP operator's 404 when the sender no longer lets the agent reach it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undelivered: Option<String>,
 }
+
+/// The columns [`task_row`] reads.
+pub(super) const TASK_COLUMNS: &str = "id, agent, message_key, sender, task_id, state, reason, runs, received_at, updated_at, (SELECT o.intent || ': ' || COALESCE(o.last_error, 'refused') FROM outbox o WHERE o.task = tasks.id AND o.failed_at IS NOT NULL ORDER BY o.id DESC LIMIT 1)";
+/// The same failed-answer column, for a WHERE clause.
+pub(super) const UNDELIVERED: &str =
+    "(SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.failed_at IS NOT NULL LIMIT 1)";
 
 pub struct Journal {
     path: PathBuf,
@@ -447,6 +457,7 @@ fn task_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         runs: r.get(7)?,
         received_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
+        undelivered: r.get(10)?,
     })
 }
 

@@ -33,6 +33,14 @@ use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
 /// Envelope headers read per catch-up page.
 const PAGE: usize = 50;
+/// The operator's cap on a request body (the reference cuts the connection past it).
+pub const BODY_LIMIT: usize = 1 << 20;
+/// The operator's cap on an uploaded file.
+pub const FILE_LIMIT: usize = 10 * 1024 * 1024;
+/// How much of an answer moved into a file stays in the envelope's text.
+const TEXT_KEPT: usize = 32 * 1024;
+/// The greatest envelope id: a keyset position just before every envelope of a millisecond.
+const LAST_ID: &str = "01ZZZZZZZZZZZZZZZZZZZZZZZZ";
 
 /// A row of `GET /mailbox` (the shape of an `envelope.notify` push frame).
 #[derive(Clone, Debug, Deserialize)]
@@ -63,6 +71,10 @@ pub struct AsmtpEnvelope {
 pub struct Watermark {
     pub created_at: i64,
     pub envelope_id: String,
+    /// Every envelope at exactly `created_at` already delivered: the operator's timestamps
+    /// tie, and an envelope of the same millisecond may sort before `envelope_id`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids_at: Vec<String>,
     /// Unread envelopes found at the first start, still to be answered (ids, oldest first).
     /// Kept in the file until each is journaled, so a crash in between loses none of them
     /// although fetching them marked them read.
@@ -155,10 +167,9 @@ impl AsmtpClient {
     /// One page of envelope headers after `after` (oldest first), and whether more follow.
     pub async fn headers_after(
         &self,
-        after: Option<&Watermark>,
+        after: Option<(i64, &str)>,
         limit: usize,
     ) -> Result<(Vec<Header>, bool), MailboxError> {
-        let after = after.map(|w| (w.created_at, w.envelope_id.as_str()));
         self.mailbox_page(false, false, after, limit).await
     }
 
@@ -203,6 +214,41 @@ impl AsmtpClient {
             what: "ASMTP envelopes".into(),
             detail: e.to_string(),
         })
+    }
+
+    /// Uploads a file (`POST /files`, multipart); its id, for a content part's `file_id`.
+    pub async fn upload(
+        &self,
+        filename: &str,
+        content_type: &str,
+        bytes: &[u8],
+    ) -> Result<String, MailboxError> {
+        let boundary = format!("aamp-bridge-{}", uuid::Uuid::new_v4().simple());
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let mut url = self.account.url.clone();
+        url.set_path(&format!("{}/files", url.path().trim_end_matches('/')));
+        let request = self
+            .http
+            .post(url.clone())
+            .bearer_auth(&self.account.token)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body);
+        let value = super::fetch_json(request, url.as_str()).await?;
+        value["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| MailboxError::Protocol {
+                what: "the ASMTP upload answer".into(),
+                detail: "no file id".into(),
+            })
     }
 
     /// Posts an envelope; a resend of the same id and body is accepted as a no-op.
@@ -447,6 +493,7 @@ async fn catch_up(
                 .await?
                 .map(|h| Watermark {
                     created_at: h.created_at,
+                    ids_at: vec![h.id.clone()],
                     envelope_id: h.id,
                     backlog: Vec::new(),
                 })
@@ -488,14 +535,28 @@ async fn catch_up(
     if mark.as_ref().is_some_and(|w| w.envelope_id.is_empty()) {
         mark = None;
     }
+    // The first page starts just before the watermark's millisecond (an envelope of the same
+    // millisecond may sort before the one read last); what was delivered there is skipped.
+    let mut after: Option<(i64, String)> = mark
+        .as_ref()
+        .map(|w| (w.created_at - 1, LAST_ID.to_string()));
     loop {
-        let (headers, more) = client.headers_after(mark.as_ref(), PAGE).await?;
+        let position = after.as_ref().map(|(at, id)| (*at, id.as_str()));
+        let (headers, more) = client.headers_after(position, PAGE).await?;
         if headers.is_empty() {
             return Ok(());
         }
-        let ids: Vec<String> = headers.iter().map(|h| h.id.clone()).collect();
+        let delivered = |h: &Header| {
+            mark.as_ref().is_some_and(|w| {
+                h.created_at < w.created_at
+                    || (h.created_at == w.created_at
+                        && (w.ids_at.contains(&h.id) || w.envelope_id == h.id))
+            })
+        };
+        let fresh: Vec<&Header> = headers.iter().filter(|h| !delivered(h)).collect();
+        let ids: Vec<String> = fresh.iter().map(|h| h.id.clone()).collect();
         let bodies = client.fetch(&ids).await?;
-        for header in &headers {
+        for header in &fresh {
             match bodies.iter().find(|b| b.id == header.id) {
                 Some(envelope) => match to_inbound(envelope, client.handle()) {
                     Some(inbound) => {
@@ -511,12 +572,21 @@ async fn catch_up(
             }
         }
         let last = headers.last().expect("not empty");
-        let next = Watermark {
-            created_at: last.created_at,
-            envelope_id: last.id.clone(),
-            backlog: Vec::new(),
+        let mut next = match mark.take() {
+            Some(w) if w.created_at == last.created_at => w,
+            _ => Watermark {
+                created_at: last.created_at,
+                ..Watermark::default()
+            },
         };
+        next.envelope_id = last.id.clone();
+        for h in headers.iter().filter(|h| h.created_at == last.created_at) {
+            if !next.ids_at.contains(&h.id) {
+                next.ids_at.push(h.id.clone());
+            }
+        }
         watermark.save(&next)?;
+        after = Some((last.created_at, last.id.clone()));
         mark = Some(next);
         if !more {
             return Ok(());
@@ -660,12 +730,91 @@ impl AsmtpReplies {
     }
 
     pub async fn submit(&self, mail: &RenderedMail) -> Result<(), MailboxError> {
-        match AsmtpReplies::envelope_for(mail) {
-            Some(envelope) => self.client.post(&envelope).await,
-            // Acks, streams and the rest have no ASMTP equivalent.
-            None => Ok(()),
+        // Acks, streams and the rest have no ASMTP equivalent.
+        let Some(mut envelope) = AsmtpReplies::envelope_for(mail) else {
+            return Ok(());
+        };
+        if serialized_len(&envelope) > BODY_LIMIT {
+            envelope = self.fit(envelope).await?;
+        }
+        match self.client.post(&envelope).await {
+            // The id is derived from this mail's Message-ID: an envelope under it is this
+            // answer, accepted at an earlier attempt (whose file upload had another id).
+            Err(MailboxError::Http {
+                status: 409, body, ..
+            }) if body.contains("RETRY_MISMATCH") => {
+                tracing::info!(message_id = %mail.message_id, "the operator holds this answer already");
+                Ok(())
+            }
+            other => other,
         }
     }
+
+    /// An envelope over the operator's body cap: its text goes into a file part (`answer.md`,
+    /// cut at the file cap, saying so) and the envelope keeps the start of it and says where
+    /// the rest is. Still too large (a huge structured result) is a permanent refusal.
+    async fn fit(&self, mut envelope: Value) -> Result<Value, MailboxError> {
+        let parts = envelope["content_parts"]
+            .as_array_mut()
+            .expect("an envelope has parts");
+        let Some(text) = parts
+            .iter()
+            .position(|p| p["type"] == "text")
+            .map(|i| (i, parts[i]["text"].as_str().unwrap_or_default().to_string()))
+        else {
+            return Err(too_large(&envelope));
+        };
+        let (index, text) = text;
+        let whole = text.len();
+        let mut file = cut(&text, FILE_LIMIT - 1024).to_string();
+        if file.len() < whole {
+            file.push_str(&format!(
+                "\n\n[cut here: the answer was {whole} bytes, more than the operator's file limit]\n"
+            ));
+        }
+        let file_id = self
+            .client
+            .upload("answer.md", "text/markdown", file.as_bytes())
+            .await?;
+        let head = cut(&text, TEXT_KEPT);
+        parts[index]["text"] = Value::String(format!(
+            "{head}\n\n[The answer is {whole} bytes, more than one envelope takes: it continues in the attached file answer.md{}.]",
+            if file.len() < whole { ", itself cut at 10 MiB" } else { "" }
+        ));
+        parts.insert(
+            index + 1,
+            json!({"type": "file", "file_id": file_id, "name": "answer.md", "mime_type": "text/markdown"}),
+        );
+        if serialized_len(&envelope) > BODY_LIMIT {
+            return Err(too_large(&envelope));
+        }
+        Ok(envelope)
+    }
+}
+
+fn serialized_len(envelope: &Value) -> usize {
+    serde_json::to_vec(envelope).map_or(usize::MAX, |v| v.len())
+}
+
+fn too_large(envelope: &Value) -> MailboxError {
+    MailboxError::TooLarge {
+        what: "the answer envelope".into(),
+        server: "the ASMTP operator".into(),
+        bytes: serialized_len(envelope),
+        limit: BODY_LIMIT,
+    }
+}
+
+/// The start of `text`, at most `max` bytes, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 #[cfg(test)]
