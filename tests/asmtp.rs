@@ -805,3 +805,65 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
     assert_eq!(json["agents"][0]["reading"], Value::Null, "{json}");
     assert!(bridge.stop().success());
 }
+
+/// Issue 21: the Session-Key came from `references[0]`, else `in_reply_to`; the reference CLI
+/// (`robotnet send --in-reply-to`) sends `in_reply_to` alone, naming the agent's own reply, so
+/// every turn was a new session. The conversation is now found from any envelope of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_three_turn_conversation_sent_like_the_reference_cli_keeps_one_session() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    dir.write(
+        "session.toml",
+        "command = \"python3\"\nargs = [\"-c\", \"import os; print('session=' + os.environ.get('AAMP_SESSION_KEY', ''))\"]\ntimeout_secs = 60\n",
+    );
+    let text = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &text.replace("profile = \"echo\"", "profile = \"session.toml\""),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let session_of = |reply: &Value| {
+        let text = text_of(reply);
+        text.trim()
+            .strip_prefix("session=")
+            .unwrap_or_else(|| panic!("{text}"))
+            .to_string()
+    };
+    let first = operator
+        .send("@alice.boss", "@alice.coder", "Turn 1", "remember 7")
+        .await;
+    let reply = operator.replies("@alice.boss", &first).await.remove(0);
+    let session = session_of(&reply);
+    assert!(!session.is_empty());
+    let mut answered = reply["id"].as_str().unwrap().to_string();
+    for turn in 2..=3 {
+        // As `robotnet send --in-reply-to <the reply>`: no references.
+        let next = operator
+            .post(
+                "@alice.boss",
+                json!({"id": ulid(), "to": ["@alice.coder"], "in_reply_to": answered,
+                       "date_ms": 1_764_000_000_000u64,
+                       "content_parts": [{"type": "text", "text": format!("turn {turn}")}]}),
+            )
+            .await;
+        let reply = operator.replies("@alice.boss", &next).await.remove(0);
+        assert_eq!(session_of(&reply), session, "turn {turn}");
+        answered = reply["id"].as_str().unwrap().to_string();
+    }
+    // And across a restart (the map is kept beside the watermark).
+    assert!(bridge.stop().success());
+    bridge = Bridge::start(&dir, 1);
+    let next = operator
+        .post(
+            "@alice.boss",
+            json!({"id": ulid(), "to": ["@alice.coder"], "in_reply_to": answered,
+                   "date_ms": 1_764_000_000_000u64,
+                   "content_parts": [{"type": "text", "text": "turn 4"}]}),
+        )
+        .await;
+    let reply = operator.replies("@alice.boss", &next).await.remove(0);
+    assert_eq!(session_of(&reply), session, "after a restart");
+    assert!(bridge.stop().success());
+    operator.no_invalid();
+}

@@ -158,7 +158,8 @@ pub(super) async fn open_backend(
     let mailbox_name = agent.mailbox_name().to_string();
     if config.is_asmtp(&mailbox_name) {
         let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
-            .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?;
+            .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?
+            .with_threads(agent_dir.join("asmtp-threads"));
         let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpReplies::new(
             client.clone(),
         )));

@@ -82,11 +82,103 @@ pub struct Watermark {
     pub backlog: Vec<String>,
 }
 
+/// Which conversation each envelope of the agent's threads belongs to: the thread's root,
+/// for every envelope the agent received or sent. A client that answers with `in_reply_to`
+/// alone (the reference CLI's `--in-reply-to`) names only the envelope it answers, often the
+/// agent's own reply; this finds the conversation from any envelope of it. Kept in a file of
+/// `id root` lines beside the watermark (appended, compacted to the newest half past
+/// [`THREADS_KEPT`]).
+#[derive(Default)]
+pub struct Threads {
+    path: Option<PathBuf>,
+    roots: std::collections::HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many envelopes [`Threads`] remembers.
+const THREADS_KEPT: usize = 20_000;
+
+impl Threads {
+    /// Loads the file (a missing or damaged one is an empty map).
+    pub fn open(path: PathBuf) -> Threads {
+        let mut threads = Threads {
+            path: Some(path.clone()),
+            ..Threads::default()
+        };
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for line in text.lines() {
+                if let Some((id, root)) = line.split_once(' ') {
+                    threads.remember(id, root);
+                }
+            }
+        }
+        threads
+    }
+
+    fn remember(&mut self, id: &str, root: &str) {
+        if self
+            .roots
+            .insert(id.to_string(), root.to_string())
+            .is_none()
+        {
+            self.order.push_back(id.to_string());
+        }
+        while self.order.len() > THREADS_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.roots.remove(&old);
+            }
+        }
+    }
+
+    /// The conversation `chain` (the envelopes answered, oldest first) belongs to: the root
+    /// known for the newest of them that is known, else the oldest; `own` when it answers
+    /// nothing. Remembered for `own`.
+    pub fn root(&mut self, own: &str, chain: &[String]) -> String {
+        let root = chain
+            .iter()
+            .rev()
+            .find_map(|id| self.roots.get(id).cloned())
+            .or_else(|| chain.first().cloned())
+            .unwrap_or_else(|| own.to_string());
+        self.note(own, &root);
+        root
+    }
+
+    fn note(&mut self, id: &str, root: &str) {
+        if self.roots.get(id).map(String::as_str) == Some(root) {
+            return;
+        }
+        self.remember(id, root);
+        let Some(path) = &self.path else { return };
+        let written = if self.order.len() == THREADS_KEPT {
+            // Compact: the newest half.
+            let keep: Vec<String> = self
+                .order
+                .iter()
+                .skip(THREADS_KEPT / 2)
+                .map(|id| format!("{id} {}\n", self.roots[id]))
+                .collect();
+            crate::fsio::write_atomic(path, keep.concat().as_bytes(), 0o600)
+        } else {
+            use std::io::Write as _;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| writeln!(f, "{id} {root}"))
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %path.display(), "cannot keep the ASMTP thread map");
+        }
+    }
+}
+
 /// The operator's agent API, authenticated with the agent's bearer token.
 #[derive(Clone)]
 pub struct AsmtpClient {
     http: reqwest::Client,
     account: AsmtpAccount,
+    threads: std::sync::Arc<std::sync::Mutex<Threads>>,
 }
 
 impl AsmtpClient {
@@ -94,11 +186,28 @@ impl AsmtpClient {
         Ok(AsmtpClient {
             http: super::http_client(account.insecure_tls, Some(account.timeout))?,
             account,
+            threads: std::sync::Arc::default(),
         })
+    }
+
+    /// Keeps the thread map (which conversation each envelope belongs to) in `path`.
+    pub fn with_threads(mut self, path: PathBuf) -> AsmtpClient {
+        self.threads = std::sync::Arc::new(std::sync::Mutex::new(Threads::open(path)));
+        self
     }
 
     pub fn handle(&self) -> &str {
         &self.account.handle
+    }
+
+    /// An envelope as a task, in the conversation its thread belongs to.
+    fn inbound(&self, e: &AsmtpEnvelope) -> Option<Inbound> {
+        let root = self
+            .threads
+            .lock()
+            .expect("threads lock")
+            .root(&e.id, &thread_of(e));
+        to_inbound_in(e, self.handle(), &root)
     }
 
     async fn call(
@@ -302,6 +411,15 @@ fn thread_of(e: &AsmtpEnvelope) -> Vec<String> {
 
 /// The envelope an ASMTP message becomes as the bridge's inbound model: a task.
 pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
+    let root = thread_of(e)
+        .first()
+        .cloned()
+        .unwrap_or_else(|| e.id.clone());
+    to_inbound_in(e, me, &root)
+}
+
+/// The same, in the conversation named by its thread's `root`.
+fn to_inbound_in(e: &AsmtpEnvelope, me: &str, root: &str) -> Option<Inbound> {
     let mut text = Vec::new();
     let (mut hop_count, mut is_answer) = (None, false);
     for part in &e.content_parts {
@@ -321,11 +439,6 @@ pub fn to_inbound(e: &AsmtpEnvelope, me: &str) -> Option<Inbound> {
             _ => {}
         }
     }
-    let root = e
-        .references
-        .first()
-        .or(e.in_reply_to.as_ref())
-        .unwrap_or(&e.id);
     super::ForeignTask {
         id: &e.id,
         task_id: format!("asmtp:{}", e.id),
@@ -519,7 +632,7 @@ async fn catch_up(
             match bodies
                 .iter()
                 .find(|b| &b.id == id)
-                .and_then(|e| to_inbound(e, client.handle()))
+                .and_then(|e| client.inbound(e))
             {
                 Some(inbound) => {
                     deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
@@ -558,7 +671,7 @@ async fn catch_up(
         let bodies = client.fetch(&ids).await?;
         for header in &fresh {
             match bodies.iter().find(|b| b.id == header.id) {
-                Some(envelope) => match to_inbound(envelope, client.handle()) {
+                Some(envelope) => match client.inbound(envelope) {
                     Some(inbound) => {
                         deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
                     }
@@ -734,6 +847,20 @@ impl AsmtpReplies {
         let Some(mut envelope) = AsmtpReplies::envelope_for(mail) else {
             return Ok(());
         };
+        // The reply belongs to the conversation of the envelopes it answers.
+        if let (Some(id), Some(chain)) =
+            (envelope["id"].as_str(), envelope["references"].as_array())
+        {
+            let chain: Vec<String> = chain
+                .iter()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect();
+            self.client
+                .threads
+                .lock()
+                .expect("threads lock")
+                .root(id, &chain);
+        }
         if serialized_len(&envelope) > BODY_LIMIT {
             envelope = self.fit(envelope).await?;
         }

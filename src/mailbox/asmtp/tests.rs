@@ -158,3 +158,26 @@ fn a_reply_carries_the_whole_chain_ending_with_the_envelope_it_answers() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_conversation_is_found_from_any_envelope_of_it_and_kept_in_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("asmtp-threads");
+    let mut threads = Threads::open(path.clone());
+    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(threads.root("E1", &[]), "E1", "a new conversation");
+    assert_eq!(threads.root("R1", &ids(&["E1"])), "E1", "the agent's reply");
+    // `in_reply_to` alone, naming the reply.
+    assert_eq!(threads.root("E2", &ids(&["R1"])), "E1");
+    assert_eq!(threads.root("R2", &ids(&["R1", "E2"])), "E1");
+    // An unknown chain: its oldest envelope (RFC 5322 references).
+    assert_eq!(threads.root("X2", &ids(&["X0", "X1"])), "X0");
+    // Kept across a restart; a damaged line is skipped.
+    std::fs::write(
+        &path,
+        format!("{}garbage\n", std::fs::read_to_string(&path).unwrap()),
+    )
+    .unwrap();
+    let mut again = Threads::open(path);
+    assert_eq!(again.root("E3", &ids(&["R2"])), "E1");
+}
