@@ -4,7 +4,9 @@
 //! STATE/journal.sqlite3           the task journal (and its -wal, -shm)
 //! STATE/bridge.lock               held by the running bridge
 //! STATE/control.sock              the running bridge's owner-only control socket
-//! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark,
+//! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark
+//!                                   (jmap-email-state, asmtp-watermark, amp-position),
+//!                                   the ASMTP thread map (asmtp-threads),
 //! STATE/agents/NAME/link.json       the link state `status` reads,
 //! STATE/agents/NAME/tasks/          and the task workspaces
 //! ```
