@@ -86,8 +86,8 @@ pub struct Watermark {
 /// for every envelope the agent received or sent. A client that answers with `in_reply_to`
 /// alone (the reference CLI's `--in-reply-to`) names only the envelope it answers, often the
 /// agent's own reply; this finds the conversation from any envelope of it. Kept in a file of
-/// `id root` lines beside the watermark (appended, compacted to the newest half past
-/// [`THREADS_KEPT`]).
+/// `id root` lines beside the watermark (appended; when it holds [`THREADS_KEPT`], the
+/// older half is forgotten and the file written anew).
 #[derive(Default)]
 pub struct Threads {
     path: Option<PathBuf>,
@@ -150,12 +150,14 @@ impl Threads {
         }
         self.remember(id, root);
         let Some(path) = &self.path else { return };
-        let written = if self.order.len() == THREADS_KEPT {
-            // Compact: the newest half.
+        let written = if self.order.len() >= THREADS_KEPT {
+            // Compact: forget the older half, and write the newer half anew.
+            for old in self.order.drain(..THREADS_KEPT / 2) {
+                self.roots.remove(&old);
+            }
             let keep: Vec<String> = self
                 .order
                 .iter()
-                .skip(THREADS_KEPT / 2)
                 .map(|id| format!("{id} {}\n", self.roots[id]))
                 .collect();
             crate::fsio::write_atomic(path, keep.concat().as_bytes(), 0o600)

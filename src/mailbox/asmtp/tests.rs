@@ -181,3 +181,18 @@ fn a_conversation_is_found_from_any_envelope_of_it_and_kept_in_its_file() {
     let mut again = Threads::open(path);
     assert_eq!(again.root("E3", &ids(&["R2"])), "E1");
 }
+
+#[test]
+fn the_thread_map_forgets_its_older_half_when_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("asmtp-threads");
+    let mut threads = Threads::open(path.clone());
+    for n in 0..THREADS_KEPT + 10 {
+        threads.root(&format!("E{n}"), &[]);
+    }
+    let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+    assert!(lines <= THREADS_KEPT / 2 + 10, "{lines} lines");
+    let mut again = Threads::open(path);
+    let last = format!("E{}", THREADS_KEPT + 9);
+    assert_eq!(again.root("X", std::slice::from_ref(&last)), last);
+}
