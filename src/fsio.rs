@@ -1,11 +1,42 @@
-//! Files the bridge keeps: one way to write a file atomically, and the lock that makes a
-//! state directory belong to one running bridge.
+//! Files the bridge keeps: one way to write a file atomically, a small JSON state file
+//! written that way, and the lock that makes a state directory belong to one running bridge.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A small JSON file of state (a mailbox's watermark or position), private to its owner and
+/// written atomically: a crash leaves the old value or the new one.
+pub struct JsonFile<T> {
+    path: PathBuf,
+    kind: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: serde::Serialize + serde::de::DeserializeOwned> JsonFile<T> {
+    pub fn new(path: PathBuf) -> JsonFile<T> {
+        JsonFile {
+            path,
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// The value; `None` when there is no file, or one that does not read as `T` (as at a
+    /// first start).
+    pub fn load(&self) -> io::Result<Option<T>> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn save(&self, value: &T) -> io::Result<()> {
+        let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+        write_atomic(&self.path, &bytes, 0o600)
+    }
+}
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a mix:
 /// a temporary file of this writer's own beside it (so concurrent writers never share one),

@@ -141,6 +141,13 @@ impl Broker {
         .clone()
     }
 
+    /// The replies from `from` in the thread of the message `sent` (as `/messages/send`
+    /// answered it), waited for.
+    async fn replies_to(&self, sent: &Value, from: &str) -> Vec<Value> {
+        self.replies(sent["thread_id"].as_str().unwrap(), from)
+            .await
+    }
+
     /// Waits until the thread holds a message from `from`; returns those messages.
     async fn replies(&self, thread_id: &str, from: &str) -> Vec<Value> {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -280,9 +287,7 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
         )
         .await;
     let second = send(&broker, &boss, &coder.1, "Again", "say it again").await;
-    let second_replies = broker
-        .replies(second["thread_id"].as_str().unwrap(), &coder.1)
-        .await;
+    let second_replies = broker.replies_to(&second, &coder.1).await;
     assert_eq!(second_replies.len(), 1);
     assert_eq!(broker.replies(thread, &coder.1).await.len(), 1);
     assert_eq!(
@@ -315,9 +320,7 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
 
     // A sender the policy does not allow is refused, in the thread, and nothing runs.
     let refused = send(&broker, &stranger, &coder.1, "Do it", "rm -rf /").await;
-    let answer = broker
-        .replies(refused["thread_id"].as_str().unwrap(), &coder.1)
-        .await;
+    let answer = broker.replies_to(&refused, &coder.1).await;
     assert_eq!(answer.len(), 1);
     assert!(
         answer[0]["body"].as_str().unwrap().contains("rejected"),
@@ -360,9 +363,7 @@ async fn a_bridge_killed_while_its_reply_was_posted_does_not_reply_twice() {
     // And it goes on answering, also across a broker restart while it runs (meanwhile it
     // polls the broker with backoff).
     let next = send(&broker, &boss, &coder.1, "Again", "second").await;
-    let replies = broker
-        .replies(next["thread_id"].as_str().unwrap(), &coder.1)
-        .await;
+    let replies = broker.replies_to(&next, &coder.1).await;
     assert_eq!(replies.len(), 1);
     broker.stop();
     support::wait_until("the bridge notices the broker is down", || {
@@ -370,9 +371,7 @@ async fn a_bridge_killed_while_its_reply_was_posted_does_not_reply_twice() {
     });
     broker.restart();
     let third = send(&broker, &boss, &coder.1, "Third", "after the restart").await;
-    let replies = broker
-        .replies(third["thread_id"].as_str().unwrap(), &coder.1)
-        .await;
+    let replies = broker.replies_to(&third, &coder.1).await;
     assert_eq!(replies.len(), 1);
     no_invalid_requests(&broker);
     assert!(bridge.stop().success());
@@ -453,13 +452,7 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
     dir.write_private("amp.key", key["raw_key"].as_str().unwrap());
     let bridge = Bridge::start(&dir, 1);
     let sent = send(&broker, &boss, &coder.1, "Hello", "with the new key").await;
-    assert_eq!(
-        broker
-            .replies(sent["thread_id"].as_str().unwrap(), &coder.1)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(broker.replies_to(&sent, &coder.1).await.len(), 1);
     broker
         .call_as(
             ("Authorization", &console),
@@ -473,16 +466,7 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
             .log()
             .contains("the AMP broker refused the credentials")
     });
-    let out = std::process::Command::new(support::bin())
-        .args([
-            "--config",
-            dir.config().to_str().unwrap(),
-            "status",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&out.stdout);
+    let status = dir.run(&["status", "--json"]);
     assert!(status.contains("auth_failed"), "{status}");
     assert_eq!(
         bridge.log().matches("refused the credentials").count(),
@@ -505,13 +489,7 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     // arrives and is read in the console.
     let bridge = Bridge::start(&dir, 1);
     let first = send(&broker, &boss, &coder.1, "First", "one").await;
-    assert_eq!(
-        broker
-            .replies(first["thread_id"].as_str().unwrap(), &coder.1)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
     let sent = send(&broker, &boss, &coder.1, "Opened", "read by a person first").await;
     let console = broker.console().await;
@@ -543,22 +521,14 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     let thread = sent["thread_id"].as_str().unwrap();
     let replies = broker.replies(thread, &coder.1).await;
     assert_eq!(replies.len(), 1, "{replies:?}");
-    assert_eq!(
-        broker
-            .replies(extra["thread_id"].as_str().unwrap(), &coder.1)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(broker.replies_to(&extra, &coder.1).await.len(), 1);
     let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
     bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
     assert!(bridge.stop().success());
     // And once: a restart finds nothing new.
     let bridge = Bridge::start(&dir, 1);
     let fourth = send(&broker, &boss, &coder.1, "Fourth", "four").await;
-    broker
-        .replies(fourth["thread_id"].as_str().unwrap(), &coder.1)
-        .await;
+    broker.replies_to(&fourth, &coder.1).await;
     assert_eq!(broker.replies(thread, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);

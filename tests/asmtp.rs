@@ -585,16 +585,6 @@ async fn unread_envelopes_waiting_before_the_first_start_are_answered_once() {
     );
 }
 
-fn status(dir: &ConfigDir, json: bool) -> String {
-    let config = dir.config();
-    let mut args = vec!["--config", config.to_str().unwrap(), "status"];
-    if json {
-        args.push("--json");
-    }
-    let out = Command::new(support::bin()).args(args).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Issue 21: the operator's `created_at` is `Date.now()`, so envelopes tie; ordering then
 /// falls back to the (client-chosen, not time-ordered) id, and the bridge's watermark skipped
 /// an envelope of the same millisecond whose id sorted before the one read last.
@@ -642,14 +632,9 @@ async fn envelopes_of_the_same_millisecond_are_each_answered_once() {
 async fn a_3_mb_answer_reaches_the_sender_as_a_file() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
     let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
-    dir.write(
+    dir.use_profile(
         "big.toml",
         "command = \"python3\"\nargs = [\"-c\", \"import sys\\nfor i in range(120000): sys.stdout.write('line %06d of a long answer\\\\n' % i)\"]\ntimeout_secs = 60\n[output]\nmax_bytes = 4000000\n",
-    );
-    let text = std::fs::read_to_string(dir.config()).unwrap();
-    dir.write(
-        "config.toml",
-        &text.replace("profile = \"echo\"", "profile = \"big.toml\""),
     );
     let bridge = Bridge::start(&dir, 1);
     let sent = operator
@@ -710,16 +695,8 @@ async fn a_reply_the_operator_refuses_is_shown_as_undelivered() {
         .await;
     let task_id = format!("asmtp:{sent}");
     bridge.wait_event("mail.failed", |e| e["taskId"] == task_id.as_str());
-    let out = Command::new(support::bin())
-        .args([
-            "--config",
-            dir.config().to_str().unwrap(),
-            "tasks",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let tasks: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = dir.run(&["tasks", "--json"]);
+    let tasks: Value = serde_json::from_str(&out).unwrap();
     let task = tasks
         .as_array()
         .unwrap()
@@ -733,34 +710,14 @@ async fn a_reply_the_operator_refuses_is_shown_as_undelivered() {
             .contains("404"),
         "{task}"
     );
-    let text = Command::new(support::bin())
-        .args([
-            "--config",
-            dir.config().to_str().unwrap(),
-            "tasks",
-            "--state",
-            "undelivered",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = dir.run(&["tasks", "--state", "undelivered"]);
     assert!(
         text.contains(&task_id) && text.contains("UNDELIVERED"),
         "{text}"
     );
-    let show = Command::new(support::bin())
-        .args([
-            "--config",
-            dir.config().to_str().unwrap(),
-            "task",
-            "show",
-            &task_id,
-        ])
-        .output()
-        .unwrap();
-    let show = String::from_utf8_lossy(&show.stdout);
+    let show = dir.run(&["task", "show", &task_id]);
     assert!(show.contains("UNDELIVERED"), "{show}");
-    let status_text = status(&dir, false);
+    let status_text = dir.run(&["status"]);
     assert!(
         status_text.contains("could not be delivered"),
         "{status_text}"
@@ -798,10 +755,10 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
     support::wait_until("the refusal is logged", || {
         bridge.log().contains("refused the credentials")
     });
-    let text = status(&dir, false);
+    let text = dir.run(&["status"]);
     assert!(!text.contains("push over websocket"), "{text}");
     assert!(text.contains("auth_failed"), "{text}");
-    let json: Value = serde_json::from_str(&status(&dir, true)).unwrap();
+    let json: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
     assert_eq!(json["agents"][0]["reading"], Value::Null, "{json}");
     assert!(bridge.stop().success());
 }
@@ -813,14 +770,9 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
 async fn a_three_turn_conversation_sent_like_the_reference_cli_keeps_one_session() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
     let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
-    dir.write(
+    dir.use_profile(
         "session.toml",
         "command = \"python3\"\nargs = [\"-c\", \"import os; print('session=' + os.environ.get('AAMP_SESSION_KEY', ''))\"]\ntimeout_secs = 60\n",
-    );
-    let text = std::fs::read_to_string(dir.config()).unwrap();
-    dir.write(
-        "config.toml",
-        &text.replace("profile = \"echo\"", "profile = \"session.toml\""),
     );
     let mut bridge = Bridge::start(&dir, 1);
     let session_of = |reply: &Value| {

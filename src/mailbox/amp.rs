@@ -20,7 +20,6 @@
 //! streams have no AMP equivalent and are dropped. The TaskId is `amp:<thread_id>:<message_id>`.
 
 use std::collections::{HashSet, VecDeque};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -351,31 +350,7 @@ pub struct Position {
 }
 
 /// The position file.
-pub struct PositionFile {
-    path: PathBuf,
-}
-
-impl PositionFile {
-    pub fn new(path: PathBuf) -> PositionFile {
-        PositionFile { path }
-    }
-
-    fn load(&self) -> std::io::Result<Option<Position>> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn save(&self, p: &Position) -> std::io::Result<()> {
-        crate::fsio::write_atomic(
-            &self.path,
-            &serde_json::to_vec(p).expect("a position serializes"),
-            0o600,
-        )
-    }
-}
+pub type PositionFile = crate::fsio::JsonFile<Position>;
 
 /// The broker's inbox for [`intake::watch`], followed by position.
 struct AmpWatched<'a, D> {

@@ -61,6 +61,28 @@ impl ConfigDir {
     pub fn config(&self) -> PathBuf {
         self.dir.path().join("config.toml")
     }
+
+    /// Writes the profile `name` (`toml`) and makes the config's agents run it instead of
+    /// `echo`.
+    pub fn use_profile(&self, name: &str, toml: &str) {
+        self.write(name, toml);
+        let config = std::fs::read_to_string(self.config()).unwrap();
+        self.write(
+            "config.toml",
+            &config.replace("profile = \"echo\"", &format!("profile = {name:?}")),
+        );
+    }
+
+    /// `aamp-bridge --config CONFIG ARGS...`: what it printed on stdout, whatever its exit.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(bin())
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
 }
 
 /// `aamp-bridge start --json` as a child process, with its events readable.

@@ -462,31 +462,7 @@ fn to_inbound_in(e: &AsmtpEnvelope, me: &str, root: &str) -> Option<Inbound> {
 }
 
 /// The watermark file.
-pub struct WatermarkFile {
-    path: PathBuf,
-}
-
-impl WatermarkFile {
-    pub fn new(path: PathBuf) -> WatermarkFile {
-        WatermarkFile { path }
-    }
-
-    fn load(&self) -> std::io::Result<Option<Watermark>> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn save(&self, w: &Watermark) -> std::io::Result<()> {
-        crate::fsio::write_atomic(
-            &self.path,
-            &serde_json::to_vec(w).expect("a watermark serializes"),
-            0o600,
-        )
-    }
-}
+pub type WatermarkFile = crate::fsio::JsonFile<Watermark>;
 
 /// The operator's mailbox for [`intake::watch`]: a catch-up from the watermark.
 struct AsmtpWatched<'a, D> {
