@@ -101,6 +101,13 @@ impl Broker {
         value
     }
 
+    /// A call a person makes in the broker's console (logged in as alice).
+    async fn as_person(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let session = self.console().await;
+        self.call_as(("Authorization", &session), method, path, body)
+            .await
+    }
+
     /// A console session of the user alice: the `Authorization` header value.
     async fn console(&self) -> String {
         let login = self
@@ -439,10 +446,8 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
     let broker = Broker::start(&[]);
     let coder = broker.register("coder").await;
     let boss = broker.register("boss").await;
-    let console = broker.console().await;
     let key = broker
-        .call_as(
-            ("Authorization", &console),
+        .as_person(
             reqwest::Method::POST,
             "/users/api-keys",
             Some(json!({"name": "bridge"})),
@@ -454,8 +459,7 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
     let sent = send(&broker, &boss, &coder.1, "Hello", "with the new key").await;
     assert_eq!(broker.replies_to(&sent, &coder.1).await.len(), 1);
     broker
-        .call_as(
-            ("Authorization", &console),
+        .as_person(
             reqwest::Method::POST,
             &format!("/users/api-keys/{}/deactivate", key["id"].as_str().unwrap()),
             None,
@@ -492,10 +496,8 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
     let sent = send(&broker, &boss, &coder.1, "Opened", "read by a person first").await;
-    let console = broker.console().await;
     let opened = broker
-        .call_as(
-            ("Authorization", &console),
+        .as_person(
             reqwest::Method::PATCH,
             &format!("/admin/messages/{}/read", sent["id"].as_str().unwrap()),
             None,
@@ -505,8 +507,7 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     // Another thread archived meanwhile: hidden from the inbox, so the count alone would
     // not have changed; the walk still finds the new task.
     broker
-        .call_as(
-            ("Authorization", &console),
+        .as_person(
             reqwest::Method::POST,
             &format!(
                 "/admin/threads/{}/archive",
