@@ -274,3 +274,46 @@ fn tagged_processes_are_found_among_those_created_since_a_point() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Runs a profile through `runner::run` (what the dispatcher calls), dropping its events.
+async fn run_any(profile: &Profile, task: &TaskInput) -> Result<RunOutput, RunError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let drain = async move { while rx.recv().await.is_some() {} };
+    let run = async move {
+        aamp_bridge::runner::run(profile, task, &CancellationToken::new(), &tx).await
+    };
+    tokio::join!(run, drain).0
+}
+
+/// Issue 20: a session the agent cannot continue failed the task (and, the id kept, every
+/// later turn). A run that fails before the agent says anything while resuming is run once
+/// more in a new session, flagged; one that failed after saying something is not run twice.
+#[tokio::test]
+async fn a_session_the_agent_cannot_continue_is_started_anew_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // Fails at once when asked to resume, as `claude --resume` does in another folder.
+    let refusing = profile(
+        "command = \"python3\"\nargs = [\"-c\", \"import sys\\nif '--resume' in sys.argv: sys.exit(1)\\nprint('fresh session')\", \"--resume\", \"{{resume_id}}\"]\n",
+    );
+    let mut resuming = task(dir.path(), "go on");
+    resuming.resume_id = Some("stale-id".into());
+    let out = run_any(&refusing, &resuming).await.unwrap();
+    assert_eq!(out.output, "fresh session");
+    assert!(out.context_lost);
+    // Without a session to continue: one run, nothing lost.
+    let out = run_any(&refusing, &task(dir.path(), "go on"))
+        .await
+        .unwrap();
+    assert!(!out.context_lost);
+
+    // Said something (a stream event), then failed: an answer that failed, not a refused
+    // session; run once. (Only a streaming agent names a session to resume.)
+    let counter = dir.path().join("runs");
+    let talking = profile(&format!(
+        "command = \"python3\"\nargs = [\"-c\", \"import sys\\nopen('{}', 'a').write('x')\\nprint('{{\\\"type\\\": \\\"delta\\\", \\\"text\\\": \\\"partial\\\"}}', flush=True)\\nsys.exit(2)\", \"--resume\", \"{{{{resume_id}}}}\"]\nstream = \"ndjson\"\n",
+        counter.display()
+    ));
+    let err = run_any(&talking, &resuming).await.unwrap_err();
+    assert!(matches!(err, RunError::Failed { .. }), "{err}");
+    assert_eq!(std::fs::read_to_string(&counter).unwrap(), "x", "run once");
+}

@@ -1,5 +1,6 @@
 //! One admitted task from its slot to its recorded answer: wait for a slot (one task at a time
-//! per Session-Key, at most `max_concurrent` at once), run the agent in a fresh workspace,
+//! per Session-Key, at most `max_concurrent` at once), run the agent in its workspace (the
+//! task's own, or its conversation's),
 //! feed its stream, relay its questions, and record the result for the outbox. A task
 //! stopped because the bridge stops is not answered: it stays in the journal for the next
 //! start.
@@ -26,9 +27,14 @@ pub(super) struct Answer {
     pub output: String,
     pub truncated: bool,
     pub session_id: Option<String>,
+    /// The conversation's earlier context could not be restored (the result says so).
+    pub context_lost: bool,
     pub structured: Option<serde_json::Value>,
     pub files: Vec<results::Attached>,
 }
+
+/// What a result says when the agent could not restore the conversation.
+pub(super) const CONTEXT_LOST: &str = "[Note from aamp-bridge: the agent could not restore this conversation's earlier context (its session was not found), so this answer was made without it.]";
 
 /// Reads what the agent handed back: fields and files named in its final answer, and files
 /// it handed over otherwise; every file from `workspace` only, and every one refused named at
@@ -64,6 +70,10 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
         }
         tracing::warn!(refused = ?refused, "files the agent named were not attached");
     }
+    if out.context_lost {
+        output.push_str("\n\n");
+        output.push_str(CONTEXT_LOST);
+    }
     let structured = extracted.structured.map(|mut s| {
         results::fill_attachment_names(&mut s, &files);
         s
@@ -72,6 +82,7 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
         output,
         truncated: out.truncated,
         session_id: out.session_id,
+        context_lost: out.context_lost,
         structured,
         files,
     }
@@ -101,7 +112,7 @@ impl<O: Backend> Dispatcher<O> {
         let name = self.spec().name.clone();
         // The workspace and the mail's attachments are made ready before the task asks for a
         // slot: downloads never hold one.
-        let workspace = workspace::path(&self.spec().workspace_root, &task.env.task_id, task.row);
+        let workspace = self.workspace_of(&task);
         let prepared = tokio::select! {
             p = self.prepare(&workspace, &task.extras.attachments) => Some(p),
             _ = cancel.cancelled() => None,
@@ -143,10 +154,8 @@ impl<O: Backend> Dispatcher<O> {
             },
             _ => Err(RunError::Cancelled),
         };
-        // `run` removes the workspace when it ran; otherwise it goes here.
-        if workspace.exists() {
-            let _ = std::fs::remove_dir_all(&workspace);
-        }
+        // A task's own folder goes (a conversation's stays for its next turn).
+        workspace.finish();
         inner
             .running
             .lock()
@@ -240,6 +249,21 @@ impl<O: Backend> Dispatcher<O> {
         );
     }
 
+    /// Where the task runs: its conversation's folder when it has a Session-Key, else its own.
+    fn workspace_of(&self, task: &Task) -> workspace::Workspace {
+        let scope = task
+            .dispatch
+            .session_key
+            .as_deref()
+            .map(|k| session_scope(&task.env.from, k));
+        workspace::Workspace::of(
+            &self.spec().workspace_root,
+            &task.env.task_id,
+            task.row,
+            scope.as_deref(),
+        )
+    }
+
     async fn run(
         &self,
         task: &Task,
@@ -251,7 +275,7 @@ impl<O: Backend> Dispatcher<O> {
         let spec = &*spec_now;
         let journal = &self.inner.journal;
         let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
-        let workspace = workspace::path(&spec.workspace_root, &env.task_id, task.row);
+        let workspace = self.workspace_of(task).dir;
         let Prepared { files, left_out } = prepared;
         let history = match &dispatch.parent_task_id {
             Some(parent) => {
@@ -443,44 +467,46 @@ impl<O: Backend> Dispatcher<O> {
             .expect("questions lock")
             .remove(&task_key(&env.from, &env.task_id));
         if let (Some(key), Ok(out)) = (key, &outcome) {
-            if let Some(id) = &out.session_id {
-                if let Err(e) = journal.set_session(&spec.name, key, id) {
-                    tracing::warn!(error = %e, "could not save the agent's session id");
-                }
+            let saved = match (&out.session_id, out.context_lost) {
+                (Some(id), _) => journal.set_session(&spec.name, key, id),
+                // The old session could not be restored and no new one was named: forget it,
+                // so the conversation's next turn does not try it again.
+                (None, true) => journal.drop_session(&spec.name, key),
+                (None, false) => Ok(()),
+            };
+            if let Err(e) = saved {
+                tracing::warn!(error = %e, "could not save the agent's session id");
             }
-        }
-        if let Err(e) = std::fs::remove_dir_all(&workspace) {
-            tracing::warn!(workspace = %workspace.display(), error = %e, "could not remove the task workspace");
         }
         outcome
     }
 
-    /// Makes the task's workspace afresh and downloads the mail's attachments into
-    /// `workspace/attachments/`, under safe and distinct names: at most [`MAX_ATTACHMENTS`]
-    /// of them (the rest are named in the prompt as left out), [`DOWNLOADS_AT_ONCE`] at a
-    /// time. On an error the workspace is gone again.
+    /// Makes the task's workspace ready and downloads the mail's attachments into its
+    /// attachment folder, under safe and distinct names: at most [`MAX_ATTACHMENTS`] of them
+    /// (the rest are named in the prompt as left out), [`DOWNLOADS_AT_ONCE`] at a time. On an
+    /// error a task's own workspace is gone again.
     async fn prepare(
         &self,
-        workspace: &std::path::Path,
+        workspace: &workspace::Workspace,
         attachments: &[Attachment],
     ) -> Result<Prepared, RunError> {
-        workspace::fresh(workspace)?;
+        workspace.prepare()?;
         let saved = self.save_attachments(workspace, attachments).await;
         if saved.is_err() {
-            let _ = std::fs::remove_dir_all(workspace);
+            workspace.finish();
         }
         saved
     }
 
     async fn save_attachments(
         &self,
-        workspace: &std::path::Path,
+        workspace: &workspace::Workspace,
         attachments: &[Attachment],
     ) -> Result<Prepared, RunError> {
         if attachments.is_empty() {
             return Ok(Prepared::default());
         }
-        let dir = workspace.join("attachments");
+        let dir = workspace.dir.join(&workspace.attachments);
         workspace::make_private_dir(&dir)?;
         let (taken, left) = attachments.split_at(attachments.len().min(MAX_ATTACHMENTS));
         let mut files = Vec::new();
@@ -497,7 +523,7 @@ impl<O: Backend> Dispatcher<O> {
                 );
                 std::fs::write(dir.join(&name), &bytes)?;
                 files.push(prompt::File {
-                    path: format!("attachments/{name}"),
+                    path: format!("{}/{name}", workspace.attachments),
                     content_type: attachment.content_type.clone(),
                     size: bytes.len() as u64,
                 });

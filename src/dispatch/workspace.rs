@@ -1,9 +1,112 @@
 //! Task workspaces: one private folder per admitted task, made empty before every run (so a
-//! task run again after a crash never sees the first run's leftovers), and safe names for
-//! the files a mail brings.
+//! task run again after a crash never sees the first run's leftovers) and removed after it;
+//! or, for a task in a conversation (a Session-Key), the conversation's folder, kept from turn
+//! to turn so that agents which key their sessions by folder (Claude Code) can continue them,
+//! and pruned by age and count. And safe names for the files a mail brings.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// A conversation's folder unused this long is removed.
+pub const CONVERSATION_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The most conversation folders an agent keeps; the least recently used go first.
+pub const CONVERSATIONS_KEPT: usize = 100;
+
+/// Where a task runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    pub dir: PathBuf,
+    /// Where the task's attachments go, relative to `dir`.
+    pub attachments: String,
+    /// A conversation's folder: kept after the run.
+    pub kept: bool,
+}
+
+impl Workspace {
+    /// The workspace of task `row` (`task_id`), in the conversation `scope` when it has one.
+    pub fn of(root: &Path, task_id: &str, row: i64, scope: Option<&str>) -> Workspace {
+        match scope {
+            Some(scope) => {
+                let name = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, scope.as_bytes());
+                Workspace {
+                    dir: root.join("conversations").join(name.simple().to_string()),
+                    attachments: format!("attachments/{row}"),
+                    kept: true,
+                }
+            }
+            None => Workspace {
+                dir: path(root, task_id, row),
+                attachments: "attachments".into(),
+                kept: false,
+            },
+        }
+    }
+
+    /// Ready for a run: a task's folder made empty; a conversation's made if missing, marked
+    /// used, and this task's attachment folder emptied (a run again after a crash).
+    pub fn prepare(&self) -> std::io::Result<()> {
+        if !self.kept {
+            return fresh(&self.dir);
+        }
+        make_private_dir(&self.dir)?;
+        touch(&self.dir);
+        match std::fs::remove_dir_all(self.dir.join(&self.attachments)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// After the run: a task's folder removed; a conversation's marked used, and the
+    /// agent's conversations pruned.
+    pub fn finish(&self) {
+        if !self.kept {
+            if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(workspace = %self.dir.display(), error = %e, "could not remove the task workspace");
+                }
+            }
+            return;
+        }
+        touch(&self.dir);
+        if let Some(all) = self.dir.parent() {
+            prune(all, CONVERSATION_MAX_AGE, CONVERSATIONS_KEPT);
+        }
+    }
+}
+
+/// Marks a folder used now (its modification time).
+fn touch(dir: &Path) {
+    let _ = std::fs::File::open(dir).and_then(|f| f.set_modified(SystemTime::now()));
+}
+
+/// Removes the folders in `dir` unused for longer than `max_age`, then the least recently
+/// used beyond `keep`.
+pub fn prune(dir: &Path, max_age: Duration, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = SystemTime::now();
+    let mut folders: Vec<(SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| {
+            let used = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            (used, e.path())
+        })
+        .collect();
+    folders.sort_by_key(|f| std::cmp::Reverse(f.0));
+    for (n, (used, path)) in folders.iter().enumerate() {
+        let old = now.duration_since(*used).unwrap_or_default() > max_age;
+        if old || n >= keep {
+            tracing::info!(workspace = %path.display(), "removing a conversation's workspace no longer used");
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
 
 /// The task's folder below `root`: readable, safe, and its own (the journal row is in it).
 pub fn path(root: &Path, task_id: &str, row: i64) -> PathBuf {
@@ -88,6 +191,38 @@ mod tests {
         assert_eq!(unique_name("a.txt", &mut taken), "a-3.txt");
         assert_eq!(unique_name("README", &mut taken), "README");
         assert_eq!(unique_name("README", &mut taken), "README-2");
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_folder_and_old_ones_are_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        let first = Workspace::of(root.path(), "t1", 1, Some("boss\nkey-1"));
+        let second = Workspace::of(root.path(), "t2", 2, Some("boss\nkey-1"));
+        let other = Workspace::of(root.path(), "t3", 3, Some("eve\nkey-1"));
+        assert_eq!(first.dir, second.dir, "one folder per conversation");
+        assert_ne!(first.dir, other.dir, "another sender's is another");
+        assert_ne!(first.attachments, second.attachments);
+        first.prepare().unwrap();
+        std::fs::write(first.dir.join("notes.md"), "turn 1").unwrap();
+        first.finish();
+        second.prepare().unwrap();
+        assert!(
+            first.dir.join("notes.md").exists(),
+            "kept for the next turn"
+        );
+        second.finish();
+        // Pruned: the least recently used beyond the count, and the old.
+        other.prepare().unwrap();
+        other.finish();
+        prune(&root.path().join("conversations"), CONVERSATION_MAX_AGE, 1);
+        assert!(other.dir.exists() && !first.dir.exists());
+        prune(&root.path().join("conversations"), Duration::ZERO, 10);
+        assert!(!other.dir.exists());
+        // A task outside a conversation: its own folder, removed after.
+        let lone = Workspace::of(root.path(), "t4", 4, None);
+        lone.prepare().unwrap();
+        lone.finish();
+        assert!(!lone.dir.exists());
     }
 
     #[test]

@@ -235,6 +235,7 @@ pub async fn run_cli(
         duration: started.elapsed(),
         session_id,
         files: Vec::new(),
+        context_lost: false,
     })
 }
 

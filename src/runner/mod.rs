@@ -108,6 +108,9 @@ pub struct RunOutput {
     pub session_id: Option<String>,
     /// Files the agent handed over beside its text (ACP resources, files it wrote).
     pub files: Vec<OutputFile>,
+    /// The task asked to continue a session the agent could not restore: it ran in a new
+    /// session, without the conversation's earlier context.
+    pub context_lost: bool,
 }
 
 /// A file an agent handed over.
@@ -187,7 +190,60 @@ fn vars_for(task: &TaskInput) -> Vars {
 }
 
 /// Runs one task with `profile`, whatever its kind.
+///
+/// A run asked to continue a session (`resume_id`) that fails before the agent sent a single
+/// stream event is taken as the agent refusing the session (only a streaming CLI names a
+/// session to resume) (Claude Code keeps sessions per
+/// folder and answers "No conversation found"): it is run once more in a new session, and
+/// the output says the context was lost. An ACP agent that refuses `session/resume` or
+/// `session/load` gets a new session at once, told the same way.
 pub async fn run(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+    events: &mpsc::Sender<StreamEvent>,
+) -> Result<RunOutput, RunError> {
+    let Some(resume_id) = task.resume_id.as_deref() else {
+        return run_once(profile, task, cancel, events).await;
+    };
+    // Watch whether the agent says anything before it fails.
+    let (seen_tx, mut seen_rx) = mpsc::channel::<StreamEvent>(1);
+    let mut said_anything = false;
+    let forward = async {
+        while let Some(event) = seen_rx.recv().await {
+            said_anything = true;
+            if events.send(event).await.is_err() {
+                break;
+            }
+        }
+    };
+    let (first, ()) = tokio::join!(
+        async {
+            let r = run_once(profile, task, cancel, &seen_tx).await;
+            drop(seen_tx);
+            r
+        },
+        forward
+    );
+    match first {
+        Err(RunError::Failed { .. } | RunError::Reported(_)) if !said_anything => {
+            tracing::warn!(
+                session = resume_id,
+                "the agent could not continue its session; running the task in a new one"
+            );
+            let fresh = TaskInput {
+                resume_id: None,
+                ..task.clone()
+            };
+            let mut out = run_once(profile, &fresh, cancel, events).await?;
+            out.context_lost = true;
+            Ok(out)
+        }
+        other => other,
+    }
+}
+
+async fn run_once(
     profile: &Profile,
     task: &TaskInput,
     cancel: &CancellationToken,

@@ -25,4 +25,15 @@ impl Journal {
             .map(drop)
         })
     }
+
+    /// Forgets the session id of a Session-Key (the agent could not restore it).
+    pub fn drop_session(&self, agent: &str, key: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM sessions WHERE agent = ?1 AND key = ?2",
+                params![agent, key],
+            )
+            .map(drop)
+        })
+    }
 }

@@ -78,6 +78,8 @@ struct Shared {
     titles: Mutex<HashMap<String, String>>,
     /// `session/load` replays history as updates before it answers: not new output.
     replaying: AtomicBool,
+    /// The session to continue was refused; the task runs in a new one.
+    context_lost: AtomicBool,
     /// After `session/cancel`, pending permission requests are answered "cancelled".
     cancelling: AtomicBool,
     /// A question to the dispatcher went unanswered for this many seconds: the task is then
@@ -122,6 +124,7 @@ pub async fn run_acp(
         text_cut: AtomicBool::new(false),
         titles: Mutex::new(HashMap::new()),
         replaying: AtomicBool::new(false),
+        context_lost: AtomicBool::new(false),
         cancelling: AtomicBool::new(false),
         unanswered: Mutex::new(None),
         files: Mutex::new(Vec::new()),
@@ -266,6 +269,7 @@ pub async fn run_acp(
                     duration: started.elapsed(),
                     session_id: Some(session_id),
                     files: std::mem::take(&mut *shared.files.lock().expect("files lock")),
+                    context_lost: shared.context_lost.load(Ordering::SeqCst),
                 })
             }
             StopReason::Cancelled => Err(RunError::Cancelled),
@@ -457,6 +461,7 @@ async fn open_session(
         match resumed {
             Ok(()) => session_id = Some(id.to_string()),
             Err(e) => {
+                shared.context_lost.store(true, Ordering::SeqCst);
                 tracing::warn!(session = id, error = %e.message, "could not continue the session; starting a new one")
             }
         }
