@@ -100,6 +100,11 @@ pub fn bin() -> &'static str {
 impl Bridge {
     /// Starts the bridge and waits until every agent is ready.
     pub fn start(config: &ConfigDir, agents: usize) -> Bridge {
+        Bridge::start_with_env(config, agents, &[])
+    }
+
+    /// The same, with more environment (which its agents inherit).
+    pub fn start_with_env(config: &ConfigDir, agents: usize, env: &[(&str, &str)]) -> Bridge {
         let stderr_path = config.dir.path().join(format!(
             "bridge-{}.log",
             Instant::now().elapsed().as_nanos()
@@ -113,6 +118,7 @@ impl Bridge {
                 "--json",
             ])
             .env("AAMP_BRIDGE_LOG", "debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -1,0 +1,160 @@
+//! The real agent CLIs, installed from npm by `scripts/test-agents.sh`, driven through the
+//! bridge over the real mail host, with only the model replaced: `tests/hosts/model_api.py`
+//! stands in for the model's API and answers from what it was sent, so a test can tell whether
+//! the agent kept its context.
+
+mod support;
+
+use std::process::Child;
+
+use aamp_bridge::protocol::{Body, Intent, Status};
+use support::{mailhost, Bridge, ConfigDir, Peer};
+
+/// The model stand-in, on a port of its own.
+struct ModelApi {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl ModelApi {
+    fn start() -> ModelApi {
+        let dir = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let child = support::spawn_test_server(
+            "model_api.py",
+            &[
+                "--port".into(),
+                port.to_string().into(),
+                "--record".into(),
+                dir.path().join("record.jsonl").into(),
+            ],
+        );
+        ModelApi {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for ModelApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The environment Claude Code runs in: the stand-in as its API, a home of its own, the
+/// installed CLI first on the PATH.
+fn claude_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
+    let bin = support::test_agents().join("npm/node_modules/.bin");
+    vec![
+        ("ANTHROPIC_BASE_URL".into(), model.url.clone()),
+        ("ANTHROPIC_API_KEY".into(), "sk-ant-test".into()),
+        (
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "1".into(),
+        ),
+        ("HOME".into(), home.display().to_string()),
+        (
+            "PATH".into(),
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        ),
+    ]
+}
+
+/// Issue 20: Claude Code keeps its sessions per working folder, and every task ran in a fresh
+/// folder, so `--resume` failed ("No conversation found") at the second turn and, the stale id
+/// kept, at every turn after it. Now a conversation keeps its folder; and a session Claude
+/// cannot find (here: its store removed) costs one turn its context, said in the result,
+/// never the conversation.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "claude", &boss.email).text(),
+    );
+    let env = claude_env(&model, home.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let bridge = Bridge::start_with_env(&dir, 1, &env);
+    let mut peer = Peer::new(boss).await;
+
+    let turn = |text: &str| {
+        let mut dispatch = peer.dispatch_to(&agent.email, "A conversation", text);
+        if let Body::Dispatch(d) = &mut dispatch.body {
+            d.session_key = Some("talk-1".into());
+        }
+        dispatch
+    };
+    let mut ask = Vec::new();
+    for text in [
+        "remember: tangerine",
+        "remember: walnut",
+        "remember: heron",
+        "remember: quartz",
+        "remember: ember",
+    ] {
+        ask.push(turn(text));
+    }
+    let mut answers = Vec::new();
+    for (n, dispatch) in ask.into_iter().enumerate() {
+        if n == 3 {
+            // Claude's own session store is lost (a new machine, a cleaned home).
+            std::fs::remove_dir_all(home.path().join(".claude/projects")).unwrap();
+        }
+        let sent = peer.send(dispatch).await;
+        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Completed, "turn {}: {r:?}", n + 1);
+        answers.push(r.output.clone());
+    }
+    assert!(
+        answers[0].starts_with("I remember: tangerine."),
+        "{}",
+        answers[0]
+    );
+    assert!(
+        answers[1].starts_with("I remember: tangerine, walnut."),
+        "turn 2 resumed the session: {}",
+        answers[1]
+    );
+    assert!(
+        answers[2].starts_with("I remember: tangerine, walnut, heron."),
+        "{}",
+        answers[2]
+    );
+    // The session could not be found: a new one, and the result says so.
+    assert!(
+        answers[3].starts_with("I remember: quartz."),
+        "{}",
+        answers[3]
+    );
+    assert!(
+        answers[3].contains("could not restore this conversation's earlier context"),
+        "{}",
+        answers[3]
+    );
+    assert!(
+        !answers[2].contains("could not restore"),
+        "said only when it happened"
+    );
+    // And the conversation goes on in the new session: the stale id was dropped.
+    assert!(
+        answers[4].starts_with("I remember: quartz, ember."),
+        "{}",
+        answers[4]
+    );
+    assert!(!answers[4].contains("could not restore"), "{}", answers[4]);
+    assert!(bridge.stop().success());
+}
