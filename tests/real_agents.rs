@@ -158,3 +158,47 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
     assert!(!answers[4].contains("could not restore"), "{}", answers[4]);
     assert!(bridge.stop().success());
 }
+
+/// Issue 20: Claude Code 2.x plans with TaskCreate/TaskUpdate; the bridge mapped only
+/// TodoWrite, so no `todo` event came. Through the bridge, the real CLI's plan now streams as
+/// `todo` events, in order, and the answer is Claude's final result alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_claude_code_plan_streams_as_todo_events() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "claude", &boss.email).text(),
+    );
+    let env = claude_env(&model, home.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut bridge = Bridge::start_with_env(&dir, 1, &env);
+    let mut peer = Peer::new(boss).await;
+    let sent = peer
+        .send(peer.dispatch_to(&agent.email, "Plan", "plan: write the tests; run them"))
+        .await;
+    let task_id = sent.task_id().to_string();
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.output, "All done. The plan is finished.");
+    bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    let todos: Vec<serde_json::Value> = bridge
+        .seen
+        .iter()
+        .filter(|e| {
+            e["event"] == "task.stream" && e["taskId"] == task_id.as_str() && e["type"] == "todo"
+        })
+        .map(|e| e["payload"].clone())
+        .collect();
+    assert_eq!(todos.len(), 3, "{todos:?}");
+    let last = todos.last().unwrap().to_string();
+    assert!(
+        last.contains("write the tests") && last.contains("completed") && last.contains("run them"),
+        "{last}"
+    );
+    assert!(bridge.stop().success());
+}

@@ -87,6 +87,48 @@ fn claude_partial_messages_stream_each_delta_once() {
     assert_eq!(bash_output.as_deref(), Some("README.md\nsrc"));
 }
 
+/// Issue 20: Claude Code 2.x plans with TaskCreate/TaskUpdate, not TodoWrite; no `todo` event
+/// came. Recorded from the real Claude Code 2.1.197 against tests/hosts/model_api.py (`plan:`).
+#[test]
+fn claude_code_2_task_tools_become_todo_events() {
+    let (events, parser) = parse(StreamFormat::Claude, "claude-tasks.jsonl");
+    let todos: Vec<Vec<(String, String, String)>> = events
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::Todo(items) => Some(
+                items
+                    .iter()
+                    .map(|t| (t.id.clone(), t.content.clone(), t.status.clone()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect();
+    let item = |id: &str, content: &str, status: &str| {
+        (id.to_string(), content.to_string(), status.to_string())
+    };
+    assert_eq!(
+        todos,
+        vec![
+            vec![item("new-1", "write the tests", "pending")],
+            vec![
+                item("new-1", "write the tests", "pending"),
+                item("new-2", "run them", "pending")
+            ],
+            // The results named the ids (#1, #2); the update finds its task by them.
+            vec![
+                item("1", "write the tests", "completed"),
+                item("2", "run them", "pending")
+            ],
+        ]
+    );
+    // The answer is Claude's own final result, not what it said before its tool calls.
+    assert_eq!(
+        parser.end.final_text.as_deref(),
+        Some("All done. The plan is finished.")
+    );
+}
+
 #[test]
 fn claude_whole_messages_skip_thinking_and_subagents() {
     let (events, parser) = parse(StreamFormat::Claude, "claude-whole.jsonl");

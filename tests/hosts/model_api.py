@@ -11,7 +11,10 @@ the conversation's user messages (in order, each once) is named in the answer,
 "I remember: WORD1, WORD2." (or "I remember nothing."), streamed in three deltas. Every request
 is appended to the record file as a JSON line {path, body}.
 
-What it leaves out: tool use, errors and overload answers, token counting
+`plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
+`TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
+
+What it leaves out: other tools, errors and overload answers, token counting
 (`/v1/messages/count_tokens` answers a fixed count), other providers' APIs.
 """
 import argparse
@@ -30,6 +33,60 @@ def texts(message):
     if isinstance(content, str):
         return [content]
     return [p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text"]
+
+
+def turn_of(body):
+    """The turn's prompt (the newest user message that is not tool results) and the names of
+    the tools called since it."""
+    messages = body.get("messages", [])
+    def is_prompt(m):
+        content = m.get("content")
+        results = isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+        return m.get("role") == "user" and not results
+    start = max((i for i, m in enumerate(messages) if is_prompt(m)), default=0)
+    prompt = " ".join(texts(messages[start])) if messages else ""
+    # Claude Code merges an assistant's consecutive messages into one: the tools called
+    # since the prompt tell the step.
+    used = [b.get("name") for m in messages[start:] if m.get("role") == "assistant"
+            for b in (m.get("content") if isinstance(m.get("content"), list) else [])
+            if isinstance(b, dict) and b.get("type") == "tool_use"]
+    return prompt, used
+
+
+def tool_results(body):
+    """The tool results the newest user message carries: {tool_use_id: text}."""
+    messages = body.get("messages", [])
+    out = {}
+    for block in (messages[-1].get("content") if messages and isinstance(messages[-1].get("content"), list) else []):
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            content = block.get("content")
+            if isinstance(content, list):
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            out[block.get("tool_use_id")] = content or ""
+    return out
+
+
+def script_for(body):
+    """What this request is answered with: a list of content blocks, text or tool_use.
+
+    `plan: A; B` in the turn's prompt: first TaskCreate for each item (Claude Code 2.x plans
+    with them), then TaskUpdate of the first to completed, then the final text."""
+    prompt, used = turn_of(body)
+    plan = re.search(r"plan: ([^\n]+)", prompt)
+    if plan:
+        items = [i.strip() for i in plan.group(1).split(";") if i.strip()]
+        if "TaskCreate" not in used:
+            return [{"type": "text", "text": "Planning first. "}] + [
+                {"type": "tool_use", "id": "toolu_create_%d" % n, "name": "TaskCreate",
+                 "input": {"subject": item, "description": item, "activeForm": item}}
+                for n, item in enumerate(items)]
+        if "TaskUpdate" not in used:
+            first = re.search(r"#(\d+)", " ".join(tool_results(body).values()) or "")
+            return [{"type": "tool_use", "id": "toolu_update", "name": "TaskUpdate",
+                     "input": {"taskId": first.group(1) if first else "1", "status": "completed"}}]
+        return [{"type": "text", "text": "All done. The plan is finished."}]
+    return [{"type": "text", "text": answer_for(body)}]
 
 
 def answer_for(body):
@@ -74,12 +131,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"input_tokens": 100})
         if path != "/v1/messages":
             return self.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
-        answer = answer_for(body)
+        blocks = script_for(body)
+        stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
         message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": body.get("model", "standin"),
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": 100, "output_tokens": 1}}
         if not body.get("stream"):
-            message.update(content=[{"type": "text", "text": answer}], stop_reason="end_turn")
+            message.update(content=blocks, stop_reason=stop)
             return self.send_json(200, message)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -92,12 +150,25 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         event("message_start", {"type": "message_start", "message": message})
-        event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-        third = max(1, len(answer) // 3)
-        for part in (answer[:third], answer[third:2 * third], answer[2 * third:]):
-            event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}})
-        event("content_block_stop", {"type": "content_block_stop", "index": 0})
-        event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                event("content_block_start", {"type": "content_block_start", "index": index,
+                                              "content_block": {"type": "text", "text": ""}})
+                text = block["text"]
+                third = max(1, len(text) // 3)
+                for part in (text[:third], text[third:2 * third], text[2 * third:]):
+                    if part:
+                        event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                      "delta": {"type": "text_delta", "text": part}})
+            else:
+                event("content_block_start", {"type": "content_block_start", "index": index,
+                                              "content_block": {"type": "tool_use", "id": block["id"],
+                                                                "name": block["name"], "input": {}}})
+                event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                              "delta": {"type": "input_json_delta",
+                                                        "partial_json": json.dumps(block["input"])}})
+            event("content_block_stop", {"type": "content_block_stop", "index": index})
+        event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                                 "usage": {"output_tokens": 10}})
         event("message_stop", {"type": "message_stop"})
         self.close_connection = True

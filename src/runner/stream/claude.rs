@@ -19,6 +19,67 @@ pub(super) fn claude_todos(input: &Value) -> Vec<TodoItem> {
 }
 
 impl StreamParser {
+    /// Claude Code 2.x plans with `TaskCreate` (subject, description) and `TaskUpdate`
+    /// (taskId, status, subject); the task list after the call, as a `todo` event. A created
+    /// task's id comes in the tool's result ("Task #1 created successfully: ...").
+    fn claude_task_tool(
+        &mut self,
+        tool_use_id: &str,
+        name: &str,
+        input: &Value,
+    ) -> Option<StreamEvent> {
+        match name {
+            "TaskCreate" => {
+                let n = self.claude_tasks.len();
+                self.claude_tasks.push(TodoItem {
+                    id: format!("new-{}", n + 1),
+                    content: str_of(input, &["subject", "description"])
+                        .unwrap_or_default()
+                        .to_string(),
+                    status: normalize_todo_status("pending"),
+                });
+                self.claude_creating.insert(tool_use_id.to_string(), n);
+            }
+            "TaskUpdate" => {
+                let id = str_of(input, &["taskId"])?;
+                let at = self.claude_tasks.iter().position(|t| t.id == id)?;
+                match str_of(input, &["status"]) {
+                    Some("deleted") => {
+                        self.claude_tasks.remove(at);
+                    }
+                    Some(status) => self.claude_tasks[at].status = normalize_todo_status(status),
+                    None => {}
+                }
+                if let (Some(subject), Some(task)) =
+                    (str_of(input, &["subject"]), self.claude_tasks.get_mut(at))
+                {
+                    task.content = subject.to_string();
+                }
+            }
+            _ => return None,
+        }
+        Some(StreamEvent::Todo(self.claude_tasks.clone()))
+    }
+
+    /// The id a `TaskCreate` result gives its task.
+    fn claude_task_created(&mut self, tool_use_id: &str, output: Option<&str>) {
+        let Some(at) = self.claude_creating.remove(tool_use_id) else {
+            return;
+        };
+        let number = output.and_then(|text| {
+            let digits: String = text
+                .split_once('#')?
+                .1
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            (!digits.is_empty()).then_some(digits)
+        });
+        if let (Some(id), Some(task)) = (number, self.claude_tasks.get_mut(at)) {
+            task.id = id;
+        }
+    }
+
     /// `claude -p --output-format stream-json --verbose [--include-partial-messages]`.
     pub(super) fn claude(&mut self, v: &Value) -> Vec<StreamEvent> {
         if let Some(id) = str_of(v, &["session_id"]) {
@@ -59,6 +120,9 @@ impl StreamParser {
                             if name == "TodoWrite" {
                                 events.push(StreamEvent::Todo(claude_todos(&block["input"])));
                             }
+                            if top_level {
+                                events.extend(self.claude_task_tool(&id, &name, &block["input"]));
+                            }
                             events.push(StreamEvent::ToolCall {
                                 id,
                                 label: name,
@@ -96,6 +160,7 @@ impl StreamParser {
                             )),
                             other => json_text(other),
                         };
+                        self.claude_task_created(&id, output.as_deref());
                         events.push(self.finished_tool(id, failed, output));
                     }
                 }

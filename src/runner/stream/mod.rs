@@ -141,6 +141,10 @@ pub struct StreamParser {
     /// SSE framing (one event's data held at most `max_text` bytes).
     sse: crate::protocol::sse::SseReader,
     tool_names: std::collections::HashMap<String, String>,
+    /// Claude Code 2.x: its task list, made with `TaskCreate` and changed with `TaskUpdate`,
+    /// and the creations whose id the tool's result will tell.
+    claude_tasks: Vec<TodoItem>,
+    claude_creating: std::collections::HashMap<String, usize>,
 }
 
 /// Answer text kept by a parser made with [`StreamParser::new`].
@@ -191,6 +195,8 @@ impl StreamParser {
             saw_partial: false,
             sse: crate::protocol::sse::SseReader::new(max_text),
             tool_names: Default::default(),
+            claude_tasks: Vec::new(),
+            claude_creating: Default::default(),
         }
     }
 
