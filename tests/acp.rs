@@ -106,6 +106,7 @@ async fn updates_become_stream_events_and_the_answer() {
     let agent = Agent::new(json!({"steps": [
         {"think": "secret reasoning"},
         {"plan": [["Read the code", "in_progress"], ["Write the fix", "pending"]]},
+        {"plan": [["Read the code", "in_progress"], ["Write the fix", "pending"]]},
         {"say": "Looking. "},
         {"tool": {"id": "c1", "title": "Run tests", "kind": "execute", "input": {"cmd": "cargo test"}}},
         {"tool_done": {"id": "c1", "output": "12 passed"}},
@@ -117,13 +118,20 @@ async fn updates_become_stream_events_and_the_answer() {
         .run(&agent.profile(""), None, &CancellationToken::new())
         .await;
     let out = result.unwrap();
-    assert_eq!(
-        out.output, "Looking. All green.",
-        "thoughts never reach the answer"
-    );
+    // Issue 20: the answer is what the agent said after its last tool call (what came before
+    // is progress, in the stream); thoughts never reach it.
+    assert_eq!(out.output, "All green.");
     assert!(out.session_id.as_deref().unwrap().starts_with("sess-"));
     assert_eq!(support::text_of(&events), "Looking. All green.");
     assert!(events.iter().any(|e| matches!(e, StreamEvent::Todo(items) if items.len() == 2 && items[0].status == "in_progress")));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, StreamEvent::Todo(_)))
+            .count(),
+        1,
+        "the same plan sent twice (as claude-agent-acp does) is one event"
+    );
     let tools: Vec<_> = events
         .iter()
         .filter_map(|e| match e {

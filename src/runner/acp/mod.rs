@@ -80,6 +80,10 @@ struct Shared {
     replaying: AtomicBool,
     /// The session to continue was refused; the task runs in a new one.
     context_lost: AtomicBool,
+    /// Where in `text` the answer starts: after the last tool call.
+    answer_from: std::sync::atomic::AtomicUsize,
+    /// The last plan sent as a `todo` event.
+    last_plan: Mutex<Option<Vec<crate::runner::stream::TodoItem>>>,
     /// After `session/cancel`, pending permission requests are answered "cancelled".
     cancelling: AtomicBool,
     /// A question to the dispatcher went unanswered for this many seconds: the task is then
@@ -125,6 +129,8 @@ pub async fn run_acp(
         titles: Mutex::new(HashMap::new()),
         replaying: AtomicBool::new(false),
         context_lost: AtomicBool::new(false),
+        answer_from: std::sync::atomic::AtomicUsize::new(0),
+        last_plan: Mutex::new(None),
         cancelling: AtomicBool::new(false),
         unanswered: Mutex::new(None),
         files: Mutex::new(Vec::new()),
@@ -257,7 +263,7 @@ pub async fn run_acp(
     match driven {
         Ok(Driven::Stopped { stop, session_id }) => match stop {
             StopReason::EndTurn => {
-                let text = shared.text.lock().expect("text lock").clone();
+                let text = shared.answer();
                 let (output, truncated) = super::cap(
                     clean(&text, profile.output.strip_ansi, profile.output.trim),
                     profile.output.max_bytes,

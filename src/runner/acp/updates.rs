@@ -45,6 +45,17 @@ pub(super) fn content_text(content: &[ToolCallContent]) -> Option<String> {
 
 /// One `session/update` as stream events. Thoughts never reach the output.
 impl Shared {
+    /// The answer: what the agent said after its last tool call (what it said before is in
+    /// the stream as progress), or all it said when nothing came after.
+    pub(super) fn answer(&self) -> String {
+        let text = self.text.lock().expect("text lock");
+        let from = self.answer_from.load(Ordering::SeqCst).min(text.len());
+        match text.get(from..) {
+            Some(after) if !after.trim().is_empty() => after.to_string(),
+            _ => text.clone(),
+        }
+    }
+
     /// Adds to the answer, keeping at most `text_max` bytes however much the agent sends.
     fn append_text(&self, more: &str) {
         let mut text = self.text.lock().expect("text lock");
@@ -124,6 +135,11 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             _ => Vec::new(),
         },
         SessionUpdate::ToolCall(call) => {
+            // What the agent said before a tool call is progress, not its answer.
+            shared.answer_from.store(
+                shared.text.lock().expect("text lock").len(),
+                Ordering::SeqCst,
+            );
             let id = call.tool_call_id.0.to_string();
             shared
                 .titles
@@ -160,8 +176,9 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     .or_else(|| json_text(&update.fields.raw_output)),
             }]
         }
-        SessionUpdate::Plan(plan) => vec![StreamEvent::Todo(
-            plan.entries
+        SessionUpdate::Plan(plan) => {
+            let items: Vec<TodoItem> = plan
+                .entries
                 .iter()
                 .enumerate()
                 .map(|(i, e)| TodoItem {
@@ -174,8 +191,15 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     }
                     .to_string(),
                 })
-                .collect(),
-        )],
+                .collect();
+            // An adapter that sends the same plan twice (claude-agent-acp) gives one event.
+            let mut last = shared.last_plan.lock().expect("plan lock");
+            if last.as_ref() == Some(&items) {
+                return Vec::new();
+            }
+            *last = Some(items.clone());
+            vec![StreamEvent::Todo(items)]
+        }
         _ => Vec::new(),
     }
 }

@@ -15,6 +15,7 @@ impl StreamParser {
                 self.delta(&text)
             }
             "tool_use" => {
+                self.answer_from = self.text.len();
                 let id = str_of(v, &["tool_id"]).unwrap_or("tool").to_string();
                 let name = str_of(v, &["tool_name"]).unwrap_or("tool").to_string();
                 self.tool_names.insert(id.clone(), name.clone());

@@ -145,6 +145,9 @@ pub struct StreamParser {
     /// and the creations whose id the tool's result will tell.
     claude_tasks: Vec<TodoItem>,
     claude_creating: std::collections::HashMap<String, usize>,
+    /// Where in `text` the answer starts: after the last tool call (Gemini; what it said
+    /// before is progress).
+    answer_from: usize,
 }
 
 /// Answer text kept by a parser made with [`StreamParser::new`].
@@ -197,6 +200,7 @@ impl StreamParser {
             tool_names: Default::default(),
             claude_tasks: Vec::new(),
             claude_creating: Default::default(),
+            answer_from: 0,
         }
     }
 
@@ -261,9 +265,14 @@ impl StreamParser {
             Vec::new()
         };
         if self.end.final_text.is_none() {
+            let after_tools = self
+                .text
+                .get(self.answer_from..)
+                .filter(|t| !t.trim().is_empty());
             let text = self
                 .last_message
                 .clone()
+                .or_else(|| after_tools.map(str::to_string))
                 .or_else(|| (!self.text.is_empty()).then(|| self.text.clone()));
             self.end.final_text = text;
         }
