@@ -326,6 +326,38 @@ async fn a_crash_mid_turn_reports_the_exit_and_stderr() {
     );
 }
 
+/// Issue 20: every JSON-RPC error on `session/prompt` read "the agent broke the ACP
+/// connection (...)" with a stderr line appended; `auth_required` there was not "not logged
+/// in". The agent's own words now, with the details adapters put in `data`.
+#[tokio::test]
+async fn an_error_answering_the_prompt_is_told_in_the_agents_words() {
+    let agent = Agent::new(json!({"steps": [
+        {"stderr": "    at async Connection.processIncomingMessage (file:///x/acp.js:1:1)"},
+        {"fail": {"code": -32603, "message": "Internal error",
+                  "data": {"details": "Claude Code process exited with code 1"}}}
+    ]}));
+    let text = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        text,
+        "the agent reported an error: Internal error: Claude Code process exited with code 1"
+    );
+    let agent = Agent::new(json!({"steps": [
+        {"fail": {"code": -32000, "message": "Authentication required"}}
+    ]}));
+    let text = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await
+        .0
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("installed but not logged in"), "{text}");
+}
+
 #[tokio::test]
 async fn an_oversized_line_is_skipped_and_the_turn_goes_on() {
     let agent = Agent::new(

@@ -18,6 +18,7 @@ Steps: {"say": text} {"think": text} {"plan": [[content, status], ...]}
   {"read": path} {"write": [path, content]} {"sleep": seconds} {"crash": exit_code}
   {"write_here": [name, content]} {"resource_link": name} {"resource": [name, text]}
   {"big_line": bytes} {"unknown_update": true} {"stderr": text} {"stop": reason}
+  {"fail": {"code", "message", "data"}} answers the prompt with that JSON-RPC error
 {"say_prompt": true} says the prompt's text back. "ignore_eof": true keeps the process alive
 after stdin closes.
 """
@@ -171,6 +172,9 @@ def run_prompt(rid, params):
             sys.stderr.flush()
         elif "stop" in step:
             stop = step["stop"]
+        elif "fail" in step:
+            send({"jsonrpc": "2.0", "id": rid, "error": step["fail"]})
+            return
     if cancelled.is_set() and script.get("on_cancel", "honour") == "honour":
         stop = "cancelled"
     send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": stop}})

@@ -67,6 +67,8 @@ enum Driven {
     TimedOut,
     Cancelled,
     InitTimedOut,
+    /// The agent answered `session/prompt` with a JSON-RPC error.
+    PromptFailed(agent_client_protocol::Error),
 }
 
 #[derive(Default)]
@@ -296,7 +298,33 @@ pub async fn run_acp(
             "did not answer initialize within {}s",
             profile.init_timeout.as_secs()
         ))),
+        // The agent refused the task with an error of its own, still running: its words, not
+        // a broken connection and its stderr.
+        Ok(Driven::PromptFailed(e)) if status.is_none_or(|s| s.success()) => {
+            if e.code == ErrorCode::AUTH_REQUIRED {
+                Err(not_logged_in(&e.message))
+            } else {
+                Err(RunError::Reported(agent_error(&e)))
+            }
+        }
+        Ok(Driven::PromptFailed(e)) => Err(failed(format!("failed on the task ({})", e.message))),
         Err(e) => Err(failed(format!("broke the ACP connection ({})", e.message))),
+    }
+}
+
+/// An agent's JSON-RPC error in words: its message, and the details adapters put in `data`
+/// (`{"details": "Claude Code process exited with code 1"}`).
+fn agent_error(e: &agent_client_protocol::Error) -> String {
+    let details = e.data.as_ref().and_then(|d| match d {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => ["details", "message", "error"]
+            .iter()
+            .find_map(|k| o.get(*k).and_then(|v| v.as_str()).map(str::to_string)),
+        _ => None,
+    });
+    match details.filter(|d| !d.is_empty() && !e.message.contains(d.as_str())) {
+        Some(d) => format!("{}: {d}", e.message),
+        None => e.message.clone(),
     }
 }
 
@@ -544,7 +572,10 @@ async fn drive(
     );
     let mut reply = std::pin::pin!(cx.send_request(request).block_task());
     let ended = tokio::select! {
-        r = &mut reply => return Ok(Driven::Stopped { stop: r?.stop_reason, session_id }),
+        r = &mut reply => return Ok(match r {
+            Ok(r) => Driven::Stopped { stop: r.stop_reason, session_id },
+            Err(e) => Driven::PromptFailed(e),
+        }),
         _ = cancel.cancelled() => Driven::Cancelled,
         _ = tokio::time::sleep(profile.timeout) => Driven::TimedOut,
     };
