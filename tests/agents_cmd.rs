@@ -114,3 +114,98 @@ fn agents_lists_what_is_installed_and_what_is_missing() {
         "{mine}"
     );
 }
+
+/// Issue 20: the Claude and Zed adapters print nothing for `--version` and exit at once, yet
+/// the scan warned "gave no answer within 5s"; `~/.claude.json` (written by any run) counted as
+/// a login; `$CODEX_HOME/auth.json`, `CODEX_API_KEY`, `~/.gemini/.env` and a key in the
+/// profile's `env` were missed; the text table did not show the login at all.
+#[test]
+fn agents_tells_each_login_shape() {
+    let home = tempfile::tempdir().unwrap();
+    let bin = home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let silent = bin.join("claude-agent-acp");
+    std::fs::write(&silent, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&silent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fake_bin(&bin, "codex", "codex-cli 0.171.0");
+    fake_bin(&bin, "gemini", "0.61.0");
+    fake_bin(&bin, "claude", "2.1.197 (Claude Code)");
+    // Any run of Claude Code writes this, with or without a login.
+    std::fs::write(
+        home.path().join(".claude.json"),
+        r#"{"numStartups": 1, "projects": {}}"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(home.path().join(".gemini")).unwrap();
+    std::fs::write(home.path().join(".gemini/.env"), "GEMINI_API_KEY=abc\n").unwrap();
+    let codex_home = home.path().join("codex-home");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    std::fs::write(codex_home.join("auth.json"), "{}").unwrap();
+    // A profile with the key in its env.
+    let profiles = home.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("keyed-claude.toml"),
+        "command = \"claude\"\nargs = [\"-p\"]\nenv = { ANTHROPIC_API_KEY = \"sk-x\" }\n",
+    )
+    .unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, "profiles_dir = \"profiles\"\n").unwrap();
+
+    let run = |json: bool| {
+        let mut args = vec!["--config", config.to_str().unwrap(), "agents"];
+        if json {
+            args.push("--json");
+        }
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_aamp-bridge"));
+        cmd.args(args)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("HOME", home.path())
+            .env("CODEX_HOME", &codex_home)
+            .env_remove("NPM_CONFIG_PREFIX");
+        for var in [
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+            "CODEX_API_KEY",
+            "OPENAI_API_KEY",
+            "GEMINI_API_KEY",
+            "GOOGLE_API_KEY",
+        ] {
+            cmd.env_remove(var);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let list: Vec<Value> = serde_json::from_str(&run(true)).unwrap();
+    let get = |name: &str| {
+        list.iter()
+            .find(|d| d["profile"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list:#?}"))
+            .clone()
+    };
+    let adapter = get("claude-acp");
+    assert!(adapter["version"].is_null());
+    assert!(
+        !adapter.to_string().contains("no answer within"),
+        "a silent --version is not a hang: {adapter}"
+    );
+    let login = adapter["login"].as_str().unwrap();
+    assert!(
+        login.starts_with("not logged in") && login.contains("run `claude` once"),
+        "~/.claude.json alone is no login, and the adapter has no login of its own: {login}"
+    );
+    assert_eq!(get("codex")["login"], "logged in ($CODEX_HOME/auth.json)");
+    assert_eq!(get("gemini")["login"], "logged in (~/.gemini/.env)");
+    assert_eq!(
+        get("keyed-claude")["login"],
+        "API key in the profile's env (ANTHROPIC_API_KEY)"
+    );
+    let text = run(false);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("codex ") && l.contains("logged in ($CODEX_HOME/auth.json)")),
+        "{text}"
+    );
+}

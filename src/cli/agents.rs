@@ -63,6 +63,9 @@ pub(super) async fn agents(
         } else if let Some(i) = &d.install {
             details.push(format!("install: {i}"));
         }
+        if let Some(login) = &d.login {
+            details.push(login.clone());
+        }
         if !d.configured.is_empty() {
             details.push(format!("used by {}", d.configured.join(", ")));
         }

@@ -79,21 +79,42 @@ pub fn find(command: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
 
 /// The first line `path --version` prints, within a few seconds.
 pub async fn version(path: &Path) -> Option<String> {
+    match version_probe(path).await {
+        VersionProbe::Printed(v) => Some(v),
+        VersionProbe::Silent | VersionProbe::NoAnswer => None,
+    }
+}
+
+/// What `--version` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionProbe {
+    /// Its first line.
+    Printed(String),
+    /// It ended without printing one (the Claude and Zed ACP adapters do).
+    Silent,
+    /// It did not end within [`VERSION_TIMEOUT`], or could not start.
+    NoAnswer,
+}
+
+pub async fn version_probe(path: &Path) -> VersionProbe {
     let mut cmd = Command::new(path);
     cmd.arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    let child = super::process::GroupChild::spawn(&mut cmd).ok()?;
-    let out = tokio::time::timeout(VERSION_TIMEOUT, child.wait_output())
-        .await
-        .ok()?
-        .ok()?;
+    let Ok(child) = super::process::GroupChild::spawn(&mut cmd) else {
+        return VersionProbe::NoAnswer;
+    };
+    let Ok(Ok(out)) = tokio::time::timeout(VERSION_TIMEOUT, child.wait_output()).await else {
+        return VersionProbe::NoAnswer;
+    };
     String::from_utf8_lossy(&out)
         .lines()
         .map(str::trim)
         .find(|l| !l.is_empty())
-        .map(|l| l.chars().take(80).collect())
+        .map_or(VersionProbe::Silent, |l| {
+            VersionProbe::Printed(l.chars().take(80).collect())
+        })
 }
 
 /// npm's global bin folder, as `npm prefix -g` says (within a few seconds), when npm exists.
@@ -149,9 +170,13 @@ pub async fn scan(
     for profile in profiles {
         let command = profile.command.render(&Vars::default());
         let path = find(&command, dirs);
-        let version = match &path {
-            Some(p) => version(p).await,
+        let probe = match &path {
+            Some(p) => Some(version_probe(p).await),
             None => None,
+        };
+        let version = match &probe {
+            Some(VersionProbe::Printed(v)) => Some(v.clone()),
+            _ => None,
         };
         let mut warnings = Vec::new();
         if let (Some(_), Some(required)) = (&path, profile.requires_node) {
@@ -163,10 +188,10 @@ pub async fn scan(
                 _ => {}
             }
         }
-        if path.is_some() && version.is_none() {
+        if probe == Some(VersionProbe::NoAnswer) {
             warnings.push("`--version` gave no answer within 5s".into());
         }
-        let login = path.as_ref().and_then(|_| login_state(&command));
+        let login = path.as_ref().and_then(|_| login_state(profile, &command));
         out.push(Detected {
             profile: profile.name.clone(),
             kind: match profile.kind {
@@ -191,51 +216,96 @@ pub async fn scan(
     out
 }
 
-/// Where the well-known agents keep their login: (command prefix, API key variables, files
-/// under the home folder).
-const LOGINS: &[(&str, &[&str], &[&str])] = &[
-    (
-        "claude",
-        &["ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"],
-        &[".claude/.credentials.json", ".claude.json"],
-    ),
-    (
-        "codex",
-        &["OPENAI_API_KEY", "CODEX_API_KEY"],
-        &[".codex/auth.json"],
-    ),
-    (
-        "gemini",
-        &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-        &[".gemini/oauth_creds.json"],
-    ),
-    (
-        "qwen",
-        &["DASHSCOPE_API_KEY", "OPENAI_API_KEY"],
-        &[".qwen/oauth_creds.json"],
-    ),
+/// Where a well-known agent keeps its login.
+struct Login {
+    /// Commands that start with this (the CLI and its ACP adapters).
+    prefix: &'static str,
+    /// API key variables it reads, in the bridge's environment or the profile's `env`.
+    vars: &'static [&'static str],
+    /// Files under the home folder that hold a login; a file with `needs` holds one only when
+    /// it has that key (`~/.claude.json` is written by any run, with or without a login).
+    files: &'static [(&'static str, Option<&'static str>)],
+    /// How a person logs in.
+    how: &'static str,
+}
+
+const LOGINS: &[Login] = &[
+    Login {
+        prefix: "claude",
+        vars: &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+        ],
+        files: &[
+            (".claude/.credentials.json", None),
+            (".claude.json", Some("primaryApiKey")),
+            (".claude.json", Some("oauthAccount")),
+        ],
+        how: "run `claude` once and log in (its ACP adapters use Claude Code's login)",
+    },
+    Login {
+        prefix: "codex",
+        // Codex 0.171 `exec` reads CODEX_API_KEY.
+        vars: &["CODEX_API_KEY", "OPENAI_API_KEY"],
+        files: &[("$CODEX_HOME/auth.json", None), (".codex/auth.json", None)],
+        how: "run `codex login` (its ACP adapters use Codex's login)",
+    },
+    Login {
+        prefix: "gemini",
+        vars: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        files: &[
+            (".gemini/oauth_creds.json", None),
+            (".gemini/.env", Some("GEMINI_API_KEY")),
+            (".gemini/.env", Some("GOOGLE_API_KEY")),
+        ],
+        how: "run `gemini` once and log in (with a custom base URL, set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)",
+    },
+    Login {
+        prefix: "qwen",
+        vars: &["DASHSCOPE_API_KEY", "OPENAI_API_KEY"],
+        files: &[(".qwen/oauth_creds.json", None)],
+        how: "run `qwen` once and log in",
+    },
 ];
 
 /// Whether a well-known agent looks logged in; `None` for agents this does not know.
-pub fn login_state(command: &str) -> Option<String> {
+pub fn login_state(profile: &Profile, command: &str) -> Option<String> {
     let base = Path::new(command).file_name()?.to_str()?;
-    let (_, vars, files) = LOGINS
-        .iter()
-        .find(|(prefix, _, _)| base.starts_with(prefix))?;
-    if let Some(var) = vars
+    let login = LOGINS.iter().find(|l| base.starts_with(l.prefix))?;
+    if let Some(var) = login
+        .vars
         .iter()
         .find(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
     {
         return Some(format!("API key in ${var}"));
     }
-    let home = PathBuf::from(std::env::var_os("HOME")?);
-    match files.iter().find(|f| home.join(f).exists()) {
-        Some(file) => Some(format!("logged in (~/{file})")),
-        None => Some(format!(
-            "not logged in: run `{base}` once to log in, or set ${}",
-            vars[0]
-        )),
+    if let Some((var, _)) = profile
+        .env
+        .iter()
+        .find(|(k, _)| login.vars.contains(&k.as_str()))
+    {
+        return Some(format!("API key in the profile's env ({var})"));
     }
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let path_of = |file: &str| match file.strip_prefix("$CODEX_HOME/") {
+        Some(rest) => std::env::var_os("CODEX_HOME").map(|h| PathBuf::from(h).join(rest)),
+        None => home.as_ref().map(|h| h.join(file)),
+    };
+    let found = login.files.iter().find(|(file, needs)| {
+        let Some(path) = path_of(file) else {
+            return false;
+        };
+        match needs {
+            None => path.exists(),
+            Some(key) => std::fs::read_to_string(&path).is_ok_and(|text| text.contains(key)),
+        }
+    });
+    Some(match found {
+        Some((file, _)) if file.starts_with('$') => format!("logged in ({file})"),
+        Some((file, _)) => format!("logged in (~/{file})"),
+        None => format!("not logged in: {}, or set ${}", login.how, login.vars[0]),
+    })
 }
 
 /// Each agent of `config` with the name of the profile it runs (its `profile` value when
