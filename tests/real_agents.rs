@@ -202,3 +202,70 @@ async fn the_real_claude_code_plan_streams_as_todo_events() {
     );
     assert!(bridge.stop().success());
 }
+
+/// Issue 20: a way to see a profile's events without a mailbox. `profile test --events` runs
+/// the shipped Claude profile with the real CLI and prints the ordered events and the answer.
+#[test]
+fn profile_test_shows_the_real_claude_codes_events_in_order() {
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "profile",
+            "test",
+            "claude",
+        ])
+        .args([
+            "--prompt",
+            "plan: write the tests; run them",
+            "--events",
+            "--json",
+        ])
+        .envs(claude_env(&model, home.path()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["output"], "All done. The plan is finished.");
+    let kinds: Vec<&str> = report["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    let first_todo = kinds.iter().position(|k| *k == "todo").unwrap();
+    let first_delta = kinds.iter().position(|k| *k == "text.delta").unwrap();
+    assert!(first_delta < first_todo, "in order: {kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "todo").count(),
+        3,
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"tool_call"), "{kinds:?}");
+    // The text table too.
+    let text = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "profile",
+            "test",
+            "claude",
+        ])
+        .args(["--prompt", "plan: one", "--events"])
+        .envs(claude_env(&model, home.path()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("1. text.delta") && text.contains("todo"),
+        "{text}"
+    );
+}

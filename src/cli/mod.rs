@@ -213,6 +213,9 @@ pub enum ProfileAction {
         name: String,
         #[arg(long, default_value = "Reply with the word OK.")]
         prompt: String,
+        /// Show every stream event in order (text.delta, tool_call, todo), then the answer.
+        #[arg(long)]
+        events: bool,
         #[arg(long)]
         json: bool,
     },

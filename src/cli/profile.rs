@@ -46,12 +46,17 @@ pub(super) async fn profile(
             }
             Ok(0)
         }
-        ProfileAction::Test { name, prompt, json } => {
+        ProfileAction::Test {
+            name,
+            prompt,
+            events,
+            json,
+        } => {
             let p = Profile::find(&name, &dirs)?;
             let spinner = crate::wizard::prompt::Spinner::new();
             use crate::wizard::Progress as _;
             spinner.step(&format!("running {} on {prompt:?}", p.name));
-            let report = maker::smoke_test(&p, &prompt).await;
+            let report = maker::smoke_test_with(&p, &prompt, events).await;
             spinner.done(&format!("{} answered in {} ms", p.name, report.duration_ms));
             print_report(&report, json)?;
             Ok(if report.ok { 0 } else { 1 })
@@ -162,6 +167,14 @@ pub(super) fn print_report(
         println!("OK    answered in {} ms", report.duration_ms);
     } else {
         println!("FAIL  {}", report.error.as_deref().unwrap_or("no answer"));
+    }
+    for (n, event) in report.stream.iter().enumerate() {
+        println!(
+            "{:>5}. {:<11} {}",
+            n + 1,
+            event["type"].as_str().unwrap_or_default(),
+            event["payload"]
+        );
     }
     if !report.events.is_empty() {
         let events: Vec<String> = report

@@ -94,6 +94,10 @@ pub struct Report {
     pub duration_ms: u128,
     /// Stream events by AAMP type.
     pub events: std::collections::BTreeMap<String, usize>,
+    /// Every stream event in order (`{type, payload}`), when asked for (`profile test
+    /// --events`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stream: Vec<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -140,12 +144,22 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 
 /// Runs a profile on `prompt` as the bridge would, and says what came back.
 pub async fn smoke_test(profile: &Profile, prompt: &str) -> Report {
+    smoke_test_with(profile, prompt, false).await
+}
+
+/// The same, keeping every stream event in order when `keep_events`.
+pub async fn smoke_test_with(profile: &Profile, prompt: &str, keep_events: bool) -> Report {
     let started = std::time::Instant::now();
     match run(profile, prompt).await {
         Ok((output, events)) => {
             let mut counts = std::collections::BTreeMap::new();
+            let mut stream = Vec::new();
             for e in &events {
-                *counts.entry(e.to_aamp().0.to_string()).or_insert(0) += 1;
+                let (kind, payload) = e.to_aamp();
+                *counts.entry(kind.to_string()).or_insert(0) += 1;
+                if keep_events {
+                    stream.push(serde_json::json!({"type": kind, "payload": payload}));
+                }
             }
             Report {
                 ok: !output.trim().is_empty(),
@@ -156,6 +170,7 @@ pub async fn smoke_test(profile: &Profile, prompt: &str) -> Report {
                 output,
                 duration_ms: started.elapsed().as_millis(),
                 events: counts,
+                stream,
             }
         }
         Err(e) => Report {
@@ -163,6 +178,7 @@ pub async fn smoke_test(profile: &Profile, prompt: &str) -> Report {
             output: String::new(),
             duration_ms: started.elapsed().as_millis(),
             events: Default::default(),
+            stream: Vec::new(),
             error: Some(format!("{e:#}")),
         },
     }
