@@ -210,6 +210,54 @@ async fn permissions_follow_the_policy() {
     }
 }
 
+/// Issue 20: Gemini announces a tool only inside its permission request; after a refusal no
+/// `tool_call` event was sent, so the refused tool was invisible in the stream.
+#[tokio::test]
+async fn a_tool_announced_only_by_its_permission_request_is_in_the_stream() {
+    let agent = Agent::new(json!({"steps": [
+        {"permission": {"id": "edit", "title": "Edit a file", "kind": "edit"}},
+        {"permission": {"id": "read", "title": "Read a file", "kind": "read"}}
+    ]}));
+    let (result, events) = agent
+        .run(
+            &agent.profile("permissions = \"read_only\""),
+            None,
+            &CancellationToken::new(),
+        )
+        .await;
+    result.unwrap();
+    let tools: Vec<(String, String, ToolStatus, Option<String>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::ToolCall {
+                id,
+                label,
+                status,
+                output,
+                ..
+            } => Some((id.clone(), label.clone(), *status, output.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        tools,
+        vec![
+            (
+                "edit".into(),
+                "Edit a file".into(),
+                ToolStatus::Failed,
+                Some("refused: the permission was not given".into())
+            ),
+            (
+                "read".into(),
+                "Read a file".into(),
+                ToolStatus::Running,
+                None
+            ),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn file_access_is_confined_to_the_workspace() {
     let agent = Agent::new(json!({}));

@@ -152,6 +152,7 @@ pub async fn run_acp(
     };
     let on_permission = {
         let shared = shared.clone();
+        let events = events.clone();
         let questions = task.questions.clone();
         let ask_timeout = profile.ask_timeout;
         async move |req: RequestPermissionRequest,
@@ -166,17 +167,24 @@ pub async fn run_acp(
                 (Some(questions), PermissionPolicy::Ask) => {
                     // Waiting for a person inside the handler would stall the connection:
                     // the answer is given from a task of its own.
-                    let (questions, shared) = (questions.clone(), shared.clone());
+                    let (questions, shared, events) =
+                        (questions.clone(), shared.clone(), events.clone());
                     cx.spawn(async move {
                         let outcome = ask(&questions, &req, ask_timeout, &shared).await;
                         let outcome = if shared.cancelling.load(Ordering::SeqCst) { RequestPermissionOutcome::Cancelled } else { outcome };
                         tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by the dispatcher");
+                        if let Some(event) = unannounced_tool(&shared, &req, &outcome) {
+                            let _ = events.send(event).await;
+                        }
                         responder.respond(RequestPermissionResponse::new(outcome))
                     })
                 }
                 _ => {
                     let outcome = decide(policy, &req);
                     tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
+                    if let Some(event) = unannounced_tool(&shared, &req, &outcome) {
+                        let _ = events.send(event).await;
+                    }
                     responder.respond(RequestPermissionResponse::new(outcome))
                 }
             }

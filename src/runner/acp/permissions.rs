@@ -90,3 +90,50 @@ pub(super) fn decide(
         })
         .unwrap_or(RequestPermissionOutcome::Cancelled)
 }
+
+/// A tool the agent announced only inside its permission request (Gemini does), as a
+/// `tool_call` event: refused, or running when allowed. `None` for a tool announced before.
+pub(super) fn unannounced_tool(
+    shared: &Shared,
+    req: &RequestPermissionRequest,
+    outcome: &RequestPermissionOutcome,
+) -> Option<crate::runner::StreamEvent> {
+    let id = req.tool_call.tool_call_id.0.to_string();
+    let title = req
+        .tool_call
+        .fields
+        .title
+        .clone()
+        .unwrap_or_else(|| "tool".into());
+    {
+        let mut titles = shared.titles.lock().expect("titles lock");
+        if titles.contains_key(&id) {
+            return None;
+        }
+        titles.insert(id.clone(), title.clone());
+    }
+    let refused = match outcome {
+        RequestPermissionOutcome::Selected(selected) => req
+            .options
+            .iter()
+            .find(|o| o.option_id == selected.option_id)
+            .is_none_or(|o| {
+                matches!(
+                    o.kind,
+                    PermissionOptionKind::RejectOnce | PermissionOptionKind::RejectAlways
+                )
+            }),
+        _ => true,
+    };
+    Some(crate::runner::StreamEvent::ToolCall {
+        id,
+        label: title,
+        status: if refused {
+            crate::runner::stream::ToolStatus::Failed
+        } else {
+            crate::runner::stream::ToolStatus::Running
+        },
+        input: super::updates::json_text(&req.tool_call.fields.raw_input),
+        output: refused.then(|| "refused: the permission was not given".to_string()),
+    })
+}
