@@ -258,6 +258,61 @@ async fn a_tool_announced_only_by_its_permission_request_is_in_the_stream() {
     );
 }
 
+/// Issue 20: `permissions = "read_only"` did not hold for codex-acp 2.6, whose default mode
+/// edits the workspace without asking. The profile names the agent's own mode for each
+/// policy, set before the task; an agent that will not take it does not run the task.
+#[tokio::test]
+async fn the_policy_is_also_set_as_the_agents_own_mode() {
+    let agent =
+        Agent::new(json!({"modes": ["read-only", "workspace-write"], "steps": [{"say": "done"}]}));
+    let modes = "\n[modes]\nread_only = \"read-only\"\nallow = \"workspace-write\"\n";
+    let out = agent
+        .run(
+            &agent.profile(&format!("permissions = \"read_only\"{modes}")),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap();
+    assert_eq!(out.output, "done");
+    let set = agent.received("session/set_mode");
+    assert_eq!(set.len(), 1);
+    assert_eq!(set[0]["params"]["modeId"], "read-only");
+    // No mode named for the policy: none set.
+    let agent = Agent::new(json!({"modes": ["read-only"], "steps": [{"say": "done"}]}));
+    agent
+        .run(
+            &agent.profile(&format!("permissions = \"deny\"{modes}")),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap();
+    assert!(agent.received("session/set_mode").is_empty());
+    // A mode the agent does not take: refused, saying which.
+    let agent = Agent::new(json!({"modes": [], "steps": [{"say": "done"}]}));
+    let err = agent
+        .run(
+            &agent.profile(&format!("permissions = \"read_only\"{modes}")),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"read-only\"") && err.contains("Unknown mode"),
+        "{err}"
+    );
+    assert!(
+        agent.received("session/prompt").is_empty(),
+        "the task did not run"
+    );
+}
+
 #[tokio::test]
 async fn file_access_is_confined_to_the_workspace() {
     let agent = Agent::new(json!({}));

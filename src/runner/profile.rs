@@ -108,6 +108,11 @@ struct ProfileFile {
     /// ACP: how permission requests are answered: `allow`, `read_only` or `deny`.
     #[serde(default)]
     permissions: PermissionPolicy,
+    /// ACP: the agent's own session mode for each permission policy (`read_only = "read-only"`),
+    /// set with `session/set_mode` before the task, so the policy holds where the agent would
+    /// not ask (codex-acp's default mode edits without asking).
+    #[serde(default)]
+    modes: std::collections::BTreeMap<PermissionPolicy, String>,
     /// ACP: how long `initialize` may take (cold npx starts are slow).
     #[serde(default = "default_init_timeout")]
     init_timeout_secs: u64,
@@ -197,7 +202,7 @@ impl Default for OutputOptions {
 }
 
 /// How an agent's permission requests are answered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PermissionPolicy {
     /// Allow everything (once).
@@ -230,6 +235,8 @@ pub struct Profile {
     pub linger: Duration,
     pub kind: ProfileKind,
     pub permissions: PermissionPolicy,
+    /// The agent's session mode for each policy.
+    pub modes: std::collections::BTreeMap<PermissionPolicy, String>,
     pub init_timeout: Duration,
     pub cancel_grace: Duration,
     pub auth_method: Option<String>,
@@ -308,6 +315,7 @@ impl Profile {
             linger: Duration::from_secs(file.linger_secs),
             kind: file.kind,
             permissions: file.permissions,
+            modes: file.modes,
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
             auth_method: file.auth_method,

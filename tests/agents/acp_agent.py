@@ -8,6 +8,7 @@ The script is a JSON file named by $ACP_TEST_SCRIPT:
     "auth_methods": [{"id": ...}],      # offered in initialize (default: one API-key method)
     "load": false, "resume": false,     # advertised session capabilities
     "on_cancel": "honour" | "ignore",
+    "modes": ["read-only", ...],        # session modes it takes with session/set_mode
     "record": "/path/messages.jsonl",   # every message from the client, one per line
     "state": "/path/sessions.json",     # sessions kept across processes (for load/resume)
     "steps": [ ... ]                    # what each prompt does, in order
@@ -224,6 +225,11 @@ def handle(message):
         threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
     elif method == "session/cancel":
         cancelled.set()
+    elif method == "session/set_mode":
+        if params.get("modeId") in script.get("modes", []):
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+        else:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "Unknown mode: " + str(params.get("modeId"))}})
     elif rid is not None:
         send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found: " + method}})
 

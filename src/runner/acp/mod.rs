@@ -20,8 +20,8 @@ use agent_client_protocol::v1::schema::{
     PlanEntryStatus, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
     RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
     ResumeSessionRequest, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
-    StopReason, TextContent, ToolCallContent, ToolCallStatus, ToolKind, WriteTextFileRequest,
-    WriteTextFileResponse,
+    SetSessionModeRequest, StopReason, TextContent, ToolCallContent, ToolCallStatus, ToolKind,
+    WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
@@ -548,6 +548,17 @@ async fn open_session(
             }
         },
     };
+    // The policy in the agent's own terms, where the profile names its mode: the task does
+    // not run in another mode.
+    if let Some(mode) = profile.modes.get(&profile.permissions) {
+        if let Err(e) = within!(SetSessionModeRequest::new(session_id.clone(), mode.clone())) {
+            return Ok(Err(Driven::SessionRefused(format!(
+                "it would not take the mode {mode:?} the profile names for permissions = {:?} ({})",
+                profile.permissions, e.message
+            ))));
+        }
+        tracing::info!(%mode, "the agent's session mode set for the permission policy");
+    }
     Ok(Ok(session_id))
 }
 
