@@ -180,7 +180,8 @@ async fn updates_become_stream_events_and_the_answer() {
         init["clientCapabilities"]["fs"],
         json!({"readTextFile": true, "writeTextFile": true})
     );
-    assert_eq!(init["clientCapabilities"]["terminal"], false);
+    // Issue 20: terminals are offered now (codex-acp uses them whatever the client says).
+    assert_eq!(init["clientCapabilities"]["terminal"], true);
     let prompt = &agent.received("session/prompt")[0]["params"]["prompt"][0]["text"];
     assert_eq!(prompt, "Do the task.", "the prompt goes over stdio");
 }
@@ -311,6 +312,59 @@ async fn the_policy_is_also_set_as_the_agents_own_mode() {
         agent.received("session/prompt").is_empty(),
         "the task did not run"
     );
+}
+
+/// Issue 20: codex-acp 2.6 runs its commands in client terminals even when the client says it
+/// has none, so their output was only in metadata. The bridge offers terminals: confined to
+/// the workspace, bounded, without a shell, and stopped with the task.
+#[tokio::test]
+async fn commands_run_in_the_bridges_terminals_within_the_workspace() {
+    let marker = format!("terminal-sleep-{}", std::process::id());
+    let agent = Agent::new(json!({"steps": [
+        {"terminal": {"id": "t1", "command": "sh", "args": ["-c", "echo hi; echo oops >&2; exit 3"]}},
+        {"terminal": {"id": "t2", "command": "pwd", "cwd": "/etc"}},
+        {"terminal": {"id": "t3", "command": "python3", "args": ["-c", "print('x' * 5000)"], "limit": 100}},
+        {"terminal": {"id": "t4", "command": "sh", "args": ["-c", format!("exec -a {marker} sleep 300")], "wait": false, "release": false}},
+        {"say": "done"}
+    ]}));
+    let (result, events) = agent
+        .run(&agent.profile(""), None, &CancellationToken::new())
+        .await;
+    let out = result.unwrap();
+    assert_eq!(out.output, "done");
+    let said = support::text_of(&events);
+    assert!(said.contains("exit 3: hi\noops"), "{said}");
+    assert!(
+        said.contains("terminal refused: /etc is outside the task's workspace"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("exit 0: [cut] {}", "x".repeat(99))),
+        "bounded: {said}"
+    );
+    // The tool's output is in the stream, read from the terminal.
+    let t1_output = events.iter().find_map(|e| match e {
+        StreamEvent::ToolCall {
+            id,
+            status: ToolStatus::Completed,
+            output: Some(o),
+            ..
+        } if id == "t1" => Some(o.clone()),
+        _ => None,
+    });
+    assert_eq!(t1_output.as_deref(), Some("hi\noops"));
+    // The command still running when the task ended was stopped with it.
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // And it was offered: initialize says terminal = true.
+    let init = agent.received("initialize");
+    assert_eq!(init[0]["params"]["clientCapabilities"]["terminal"], true);
 }
 
 #[tokio::test]

@@ -20,6 +20,10 @@ Steps: {"say": text} {"think": text} {"plan": [[content, status], ...]}
   {"write_here": [name, content]} {"resource_link": name} {"resource": [name, text]}
   {"big_line": bytes} {"unknown_update": true} {"stderr": text} {"stop": reason}
   {"fail": {"code", "message", "data"}} answers the prompt with that JSON-RPC error
+  {"terminal": {"id", "command", "args", "cwd", "limit", "wait": true, "release": true}} runs a
+  command in a client terminal (as codex-acp does): a tool call whose content is the terminal,
+  then (with "wait") its exit and output said as "exit CODE: OUTPUT"; a refusal is said as
+  "terminal refused: MESSAGE"
 {"say_prompt": true} says the prompt's text back. "ignore_eof": true keeps the process alive
 after stdin closes.
 """
@@ -173,6 +177,29 @@ def run_prompt(rid, params):
             sys.stderr.flush()
         elif "stop" in step:
             stop = step["stop"]
+        elif "terminal" in step:
+            t = step["terminal"]
+            params = {"sessionId": sid, "command": t["command"], "args": t.get("args", [])}
+            if "cwd" in t:
+                params["cwd"] = t["cwd"]
+            if "limit" in t:
+                params["outputByteLimit"] = t["limit"]
+            created = request("terminal/create", params)
+            if "error" in created:
+                say(sid, "terminal refused: %s " % created["error"]["message"])
+                continue
+            tid = created["result"]["terminalId"]
+            update(sid, {"sessionUpdate": "tool_call", "toolCallId": t["id"], "title": "Run " + t["command"],
+                         "kind": "execute", "status": "in_progress",
+                         "content": [{"type": "terminal", "terminalId": tid}]})
+            if t.get("wait", True):
+                exited = request("terminal/wait_for_exit", {"sessionId": sid, "terminalId": tid})["result"]
+                out = request("terminal/output", {"sessionId": sid, "terminalId": tid})["result"]
+                update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": t["id"], "status": "completed",
+                             "content": [{"type": "terminal", "terminalId": tid}]})
+                say(sid, "exit %s: %s%s " % (exited.get("exitCode"), "[cut] " if out["truncated"] else "", out["output"].strip()))
+            if t.get("release", True):
+                request("terminal/release", {"sessionId": sid, "terminalId": tid})
         elif "fail" in step:
             send({"jsonrpc": "2.0", "id": rid, "error": step["fail"]})
             return

@@ -4,7 +4,7 @@
 //! `initialize`, then `session/new` (or `session/resume` / `session/load` to continue a
 //! Session-Key), one `session/prompt`, and teardown. Session updates become stream events;
 //! permission requests are answered by policy without blocking the connection; file requests
-//! are confined to the task's workspace.
+//! and terminals (`terminals`) are confined to the task's workspace.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,11 @@ use agent_client_protocol::v1::schema::{
     SetSessionModeRequest, StopReason, TextContent, ToolCallContent, ToolCallStatus, ToolKind,
     WriteTextFileRequest, WriteTextFileResponse,
 };
+use agent_client_protocol::v1::schema::{
+    CreateTerminalRequest, CreateTerminalResponse, KillTerminalRequest, KillTerminalResponse,
+    ReleaseTerminalRequest, ReleaseTerminalResponse, TerminalOutputRequest, TerminalOutputResponse,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse,
+};
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ErrorCode, Lines};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -34,6 +39,7 @@ mod framing;
 mod fs;
 mod permissions;
 mod probe;
+mod terminals;
 mod updates;
 
 use framing::*;
@@ -94,6 +100,8 @@ struct Shared {
     /// Files handed over: resources in the agent's messages, and (with the profile's
     /// `attach_written_files`) files it wrote.
     files: Mutex<Vec<super::OutputFile>>,
+    /// The commands the agent runs through us (ACP terminals); none in a probe.
+    terminals: Option<terminals::Terminals>,
 }
 
 /// Runs one task on an ACP agent.
@@ -136,6 +144,10 @@ pub async fn run_acp(
         cancelling: AtomicBool::new(false),
         unanswered: Mutex::new(None),
         files: Mutex::new(Vec::new()),
+        terminals: Some(terminals::Terminals::new(
+            workspace.clone(),
+            task.env.clone(),
+        )),
     });
     let policy = profile.permissions;
     let on_update = {
@@ -224,6 +236,81 @@ pub async fn run_acp(
             )),
         }
     };
+    // Terminals: each answered from the task's own terminals, refused in words when it cannot
+    // be done; waiting runs off the connection's reading loop.
+    fn refused(message: String) -> agent_client_protocol::Error {
+        agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
+    }
+    let on_terminal_create = {
+        let shared = shared.clone();
+        async move |req: CreateTerminalRequest,
+                    responder: agent_client_protocol::v1::Responder<CreateTerminalResponse>,
+                    cx: ConnectionTo<Agent>| {
+            let terminals = shared.terminals.as_ref().expect("a task has terminals");
+            match terminals.create(&req) {
+                Ok((id, run)) => {
+                    cx.spawn(async move {
+                        run.await;
+                        Ok(())
+                    })?;
+                    responder.respond(CreateTerminalResponse::new(id))
+                }
+                Err(message) => responder.respond_with_error(refused(message)),
+            }
+        }
+    };
+    let on_terminal_output = {
+        let shared = shared.clone();
+        async move |req: TerminalOutputRequest,
+                    responder: agent_client_protocol::v1::Responder<TerminalOutputResponse>,
+                    _cx| {
+            let terminals = shared.terminals.as_ref().expect("a task has terminals");
+            match terminals.output(&req.terminal_id.0) {
+                Ok((text, truncated, exit)) => responder
+                    .respond(TerminalOutputResponse::new(text, truncated).exit_status(exit)),
+                Err(message) => responder.respond_with_error(refused(message)),
+            }
+        }
+    };
+    let on_terminal_wait = {
+        let shared = shared.clone();
+        async move |req: WaitForTerminalExitRequest,
+                    responder: agent_client_protocol::v1::Responder<WaitForTerminalExitResponse>,
+                    cx: ConnectionTo<Agent>| {
+            let shared = shared.clone();
+            cx.spawn(async move {
+                let terminals = shared.terminals.as_ref().expect("a task has terminals");
+                match terminals.wait(&req.terminal_id.0).await {
+                    Ok(status) => responder.respond(WaitForTerminalExitResponse::new(status)),
+                    Err(message) => responder.respond_with_error(refused(message)),
+                }
+            })
+        }
+    };
+    let on_terminal_kill = {
+        let shared = shared.clone();
+        async move |req: KillTerminalRequest,
+                    responder: agent_client_protocol::v1::Responder<KillTerminalResponse>,
+                    _cx| {
+            let terminals = shared.terminals.as_ref().expect("a task has terminals");
+            match terminals.kill(&req.terminal_id.0) {
+                Ok(()) => responder.respond(KillTerminalResponse::new()),
+                Err(message) => responder.respond_with_error(refused(message)),
+            }
+        }
+    };
+    let on_terminal_release = {
+        let shared = shared.clone();
+        async move |req: ReleaseTerminalRequest,
+                    responder: agent_client_protocol::v1::Responder<ReleaseTerminalResponse>,
+                    _cx| {
+            let terminals = shared.terminals.as_ref().expect("a task has terminals");
+            match terminals.release(&req.terminal_id.0) {
+                Ok(()) => responder.respond(ReleaseTerminalResponse::new()),
+                Err(message) => responder.respond_with_error(refused(message)),
+            }
+        }
+    };
     let transport = Lines::new(line_sink(stdin), line_stream(stdout));
     let driver_shared = shared.clone();
     // The driver's verdict is kept here, not only in the connection's result: an agent that
@@ -238,6 +325,26 @@ pub async fn run_acp(
         .on_receive_request(on_permission, agent_client_protocol::on_receive_request!())
         .on_receive_request(on_read, agent_client_protocol::on_receive_request!())
         .on_receive_request(on_write, agent_client_protocol::on_receive_request!())
+        .on_receive_request(
+            on_terminal_create,
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            on_terminal_output,
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            on_terminal_wait,
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            on_terminal_kill,
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            on_terminal_release,
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(transport, async |cx: ConnectionTo<Agent>| {
             let driven = drive(cx, profile, task, &workspace, cancel, &driver_shared).await;
             done.notify_one();
@@ -346,8 +453,8 @@ fn session_refused(detail: &str) -> RunError {
     RunError::Reported(format!("the agent could not start a session: {detail}"))
 }
 
-/// `initialize` with the capabilities we really have: file reads and writes (confined to the
-/// workspace), no terminal.
+/// `initialize` with the capabilities we really have: file reads and writes and terminals
+/// (confined to the workspace).
 fn initialize_request() -> InitializeRequest {
     InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(
@@ -355,7 +462,7 @@ fn initialize_request() -> InitializeRequest {
                 .fs(FileSystemCapabilities::new()
                     .read_text_file(true)
                     .write_text_file(true))
-                .terminal(false),
+                .terminal(true),
         )
         .client_info(Implementation::new(
             "aamp-bridge",

@@ -20,7 +20,7 @@ pub(super) fn json_text(value: &Option<serde_json::Value>) -> Option<String> {
 }
 
 /// A tool's content as text: its text blocks, and a one-line summary per diff.
-pub(super) fn content_text(content: &[ToolCallContent]) -> Option<String> {
+pub(super) fn content_text(content: &[ToolCallContent], shared: &Shared) -> Option<String> {
     let parts: Vec<String> = content
         .iter()
         .filter_map(|c| match c {
@@ -28,6 +28,12 @@ pub(super) fn content_text(content: &[ToolCallContent]) -> Option<String> {
                 ContentBlock::Text(t) => Some(t.text.clone()),
                 _ => None,
             },
+            // A command run in one of our terminals: what it printed so far.
+            ToolCallContent::Terminal(t) => shared
+                .terminals
+                .as_ref()
+                .and_then(|terminals| terminals.text(&t.terminal_id.0))
+                .map(|text| super::super::clean(&text, true, true)),
             ToolCallContent::Diff(d) => {
                 let old = d.old_text.as_deref().map_or(0, |t| t.lines().count());
                 Some(format!(
@@ -151,7 +157,7 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                 label: call.title.clone(),
                 status: tool_status(call.status),
                 input: json_text(&call.raw_input),
-                output: content_text(&call.content).or_else(|| json_text(&call.raw_output)),
+                output: content_text(&call.content, shared).or_else(|| json_text(&call.raw_output)),
             }]
         }
         SessionUpdate::ToolCallUpdate(update) => {
@@ -172,7 +178,7 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     .fields
                     .content
                     .as_deref()
-                    .and_then(content_text)
+                    .and_then(|c| content_text(c, shared))
                     .or_else(|| json_text(&update.fields.raw_output)),
             }]
         }
