@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the third-party ACP agents the integration tests run against, into
 # ${AAMP_TEST_AGENTS:-target/test-agents} (idempotent; safe to run from parallel tests):
-#   - the real Gemini CLI (`gemini --acp`) and Claude Code (`claude`, pinned to 2.1.197, the
-#     newest that runs on Node 20; later ones need Node 22), from npm
+#   - the real Gemini CLI (`gemini --acp`), Claude Code (`claude`, pinned to 2.1.197, the
+#     newest that runs on Node 20; later ones need Node 22) and the Codex CLI (`codex`), from npm
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
 #   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
@@ -13,11 +13,12 @@ mkdir -p "$dir"
 exec 9>"$dir/.lock"
 flock 9
 if [ ! -x "$dir/npm/node_modules/.bin/gemini" ] || [ ! -d "$dir/npm/node_modules/@agentclientprotocol/sdk" ] \
-  || [ ! -x "$dir/npm/node_modules/.bin/claude" ]; then
-  echo "test-agents: installing @google/gemini-cli, @anthropic-ai/claude-code and @agentclientprotocol/sdk (npm)" >&2
+  || [ ! -x "$dir/npm/node_modules/.bin/claude" ] || [ ! -x "$dir/npm/node_modules/.bin/codex" ]; then
+  echo "test-agents: installing @google/gemini-cli, @anthropic-ai/claude-code, @openai/codex and @agentclientprotocol/sdk (npm)" >&2
   mkdir -p "$dir/npm"
   npm install --prefix "$dir/npm" --no-audit --no-fund --loglevel=error \
-    @google/gemini-cli@0.61.0 @anthropic-ai/claude-code@2.1.197 @agentclientprotocol/sdk@2.4.0 >&2
+    @google/gemini-cli@0.61.0 @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 \
+    @agentclientprotocol/sdk@2.4.0 >&2
 fi
 if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
   echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2

@@ -68,6 +68,87 @@ fn claude_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)>
     ]
 }
 
+/// The environment Codex runs in: a home with a config that names the stand-in as its model
+/// provider (Codex reads no base-URL variable), `CODEX_API_KEY`, the installed CLI first.
+fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
+    let codex_home = home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gpt-standin\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\n",
+            model.url
+        ),
+    )
+    .unwrap();
+    let bin = support::test_agents().join("npm/node_modules/.bin");
+    vec![
+        ("CODEX_API_KEY".into(), "sk-test".into()),
+        ("CODEX_HOME".into(), codex_home.display().to_string()),
+        ("HOME".into(), home.display().to_string()),
+        (
+            "PATH".into(),
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        ),
+    ]
+}
+
+/// Sends `texts` as one conversation (Session-Key `talk-1`) and returns the answers in order.
+async fn conversation(peer: &mut Peer, to: &str, texts: &[&str]) -> Vec<String> {
+    let mut answers = Vec::new();
+    for text in texts {
+        let mut dispatch = peer.dispatch_to(to, "A conversation", text);
+        if let Body::Dispatch(d) = &mut dispatch.body {
+            d.session_key = Some("talk-1".into());
+        }
+        let sent = peer.send(dispatch).await;
+        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Completed, "{text}: {r:?}");
+        answers.push(r.output.clone());
+    }
+    answers
+}
+
+/// Issue 20: a three-turn conversation with the real Codex CLI (0.171, `codex exec` and
+/// `codex exec resume`) through the bridge keeps its context.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "codex", &boss.email).text(),
+    );
+    let env = codex_env(&model, home.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut bridge = Bridge::start_with_env(&dir, 1, &env);
+    let mut peer = Peer::new(boss).await;
+    let answers = conversation(
+        &mut peer,
+        &agent.email,
+        &["remember: tangerine", "remember: walnut", "remember: heron"],
+    )
+    .await;
+    assert_eq!(
+        answers,
+        vec![
+            "I remember: tangerine.",
+            "I remember: tangerine, walnut.",
+            "I remember: tangerine, walnut, heron."
+        ]
+    );
+    assert!(bridge.stop().success());
+}
+
 /// Issue 20: Claude Code keeps its sessions per working folder, and every task ran in a fresh
 /// folder, so `--resume` failed ("No conversation found") at the second turn and, the stale id
 /// kept, at every turn after it. Now a conversation keeps its folder; and a session Claude

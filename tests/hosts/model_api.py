@@ -5,7 +5,9 @@ the internet. Stdlib only.
     model_api.py --port N --record FILE
 
 The Anthropic Messages API (`POST /v1/messages`, streamed as server-sent events or not), as
-Claude Code and the Claude ACP adapters call it. What it answers is made from what it was
+Claude Code and the Claude ACP adapters call it; and the OpenAI Responses API
+(`POST /v1/responses`, streamed), as Codex calls it through a custom `model_providers` entry
+(`wire_api = "responses"`). What it answers is made from what it was
 sent, so a test can tell whether the agent kept its context: every `remember: WORD` found in
 the conversation's user messages (in order, each once) is named in the answer,
 "I remember: WORD1, WORD2." (or "I remember nothing."), streamed in three deltas. Every request
@@ -14,7 +16,8 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
-What it leaves out: other tools, errors and overload answers, token counting
+What it leaves out: other tools (and any tool call over the Responses API), errors and
+overload answers, WebSocket transports, token counting
 (`/v1/messages/count_tokens` answers a fixed count), other providers' APIs.
 """
 import argparse
@@ -127,6 +130,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         with open(opts.record, "a") as f:
             f.write(json.dumps({"path": path, "body": body}) + "\n")
+        if path in ("/v1/responses", "/responses"):
+            return self.openai_responses(body)
         if path == "/v1/messages/count_tokens":
             return self.send_json(200, {"input_tokens": 100})
         if path != "/v1/messages":
@@ -171,6 +176,47 @@ class Handler(BaseHTTPRequestHandler):
         event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                                 "usage": {"output_tokens": 10}})
         event("message_stop", {"type": "message_stop"})
+        self.close_connection = True
+
+
+    def openai_responses(self, body):
+        """The OpenAI Responses API, streamed (Codex): the same answer rule over `input`."""
+        words = []
+        for item in body.get("input", []):
+            if item.get("type") == "message" and item.get("role") == "user":
+                for part in item.get("content", []):
+                    for word in re.findall(r"remember: (\w+)", part.get("text", "")):
+                        if word not in words:
+                            words.append(word)
+        answer = "I remember: %s." % ", ".join(words) if words else "I remember nothing."
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+        def event(kind, data):
+            data = dict(data, type=kind)
+            self.wfile.write(("event: %s\ndata: %s\n\n" % (kind, json.dumps(data))).encode())
+            self.wfile.flush()
+
+        rid, mid = "resp_standin", "msg_standin"
+        response = {"id": rid, "object": "response", "status": "in_progress", "model": body.get("model"), "output": []}
+        event("response.created", {"response": response})
+        item = {"type": "message", "id": mid, "role": "assistant", "status": "in_progress", "content": []}
+        event("response.output_item.added", {"output_index": 0, "item": item})
+        event("response.content_part.added", {"item_id": mid, "output_index": 0, "content_index": 0,
+                                             "part": {"type": "output_text", "text": "", "annotations": []}})
+        third = max(1, len(answer) // 3)
+        for part in (answer[:third], answer[third:2 * third], answer[2 * third:]):
+            event("response.output_text.delta", {"item_id": mid, "output_index": 0, "content_index": 0, "delta": part})
+        done_item = dict(item, status="completed", content=[{"type": "output_text", "text": answer, "annotations": []}])
+        event("response.output_text.done", {"item_id": mid, "output_index": 0, "content_index": 0, "text": answer})
+        event("response.output_item.done", {"output_index": 0, "item": done_item})
+        event("response.completed", {"response": dict(response, status="completed", output=[done_item],
+                                                      usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
+                                                             "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
+                                                             "total_tokens": 110})})
         self.close_connection = True
 
 
