@@ -130,7 +130,7 @@ async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
     );
     let env = codex_env(&model, home.path());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut bridge = Bridge::start_with_env(&dir, 1, &env);
+    let bridge = Bridge::start_with_env(&dir, 1, &env);
     let mut peer = Peer::new(boss).await;
     let answers = conversation(
         &mut peer,
