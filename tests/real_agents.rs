@@ -149,6 +149,61 @@ async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
     assert!(bridge.stop().success());
 }
 
+/// Issue 20: a three-turn conversation with the real Gemini CLI (0.61, stream mode) through the
+/// bridge keeps its context: the shipped profile now resumes Gemini's session by id, in the
+/// conversation's folder (Gemini keeps sessions per project folder).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_gemini_cli_keeps_a_conversation_through_the_bridge() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    // With a custom base URL Gemini needs the API-key auth type chosen, or it exits 41.
+    std::fs::create_dir_all(home.path().join(".gemini")).unwrap();
+    std::fs::write(
+        home.path().join(".gemini/settings.json"),
+        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
+    )
+    .unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "gemini", &boss.email).text(),
+    );
+    let bin = support::test_agents().join("npm/node_modules/.bin");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let home_str = home.path().display().to_string();
+    let bridge = Bridge::start_with_env(
+        &dir,
+        1,
+        &[
+            ("GEMINI_API_KEY", "test-key"),
+            ("GOOGLE_GEMINI_BASE_URL", model.url.as_str()),
+            ("HOME", home_str.as_str()),
+            ("PATH", path.as_str()),
+        ],
+    );
+    let mut peer = Peer::new(boss).await;
+    let answers = conversation(
+        &mut peer,
+        &agent.email,
+        &["remember: tangerine", "remember: walnut", "remember: heron"],
+    )
+    .await;
+    assert_eq!(
+        answers,
+        vec![
+            "I remember: tangerine.",
+            "I remember: tangerine, walnut.",
+            "I remember: tangerine, walnut, heron."
+        ]
+    );
+    assert!(bridge.stop().success());
+}
+
 /// Issue 20: Claude Code keeps its sessions per working folder, and every task ran in a fresh
 /// folder, so `--resume` failed ("No conversation found") at the second turn and, the stale id
 /// kept, at every turn after it. Now a conversation keeps its folder; and a session Claude

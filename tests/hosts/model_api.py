@@ -7,7 +7,9 @@ the internet. Stdlib only.
 The Anthropic Messages API (`POST /v1/messages`, streamed as server-sent events or not), as
 Claude Code and the Claude ACP adapters call it; and the OpenAI Responses API
 (`POST /v1/responses`, streamed), as Codex calls it through a custom `model_providers` entry
-(`wire_api = "responses"`). What it answers is made from what it was
+(`wire_api = "responses"`); and Gemini's `generateContent` / `streamGenerateContent?alt=sse`,
+as the Gemini CLI calls it with `GOOGLE_GEMINI_BASE_URL` (a call that asks for JSON of a schema,
+the CLI's model router, gets a value of that shape). What it answers is made from what it was
 sent, so a test can tell whether the agent kept its context: every `remember: WORD` found in
 the conversation's user messages (in order, each once) is named in the answer,
 "I remember: WORD1, WORD2." (or "I remember nothing."), streamed in three deltas. Every request
@@ -92,6 +94,22 @@ def script_for(body):
     return [{"type": "text", "text": answer_for(body)}]
 
 
+def fill(schema):
+    """A value of the JSON schema's shape (Gemini's upper-case type names or JSON Schema's)."""
+    kind = str(schema.get("type", "object")).lower()
+    if "enum" in schema:
+        return schema["enum"][0]
+    if kind == "object":
+        return {k: fill(v) for k, v in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return 10
+    if kind == "boolean":
+        return False
+    return "standin"
+
+
 def answer_for(body):
     words = []
     for message in body.get("messages", []):
@@ -130,6 +148,10 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         with open(opts.record, "a") as f:
             f.write(json.dumps({"path": path, "body": body}) + "\n")
+        if ":streamGenerateContent" in path or ":generateContent" in path:
+            return self.gemini(body, stream=":streamGenerateContent" in path)
+        if ":countTokens" in path:
+            return self.send_json(200, {"totalTokens": 100})
         if path in ("/v1/responses", "/responses"):
             return self.openai_responses(body)
         if path == "/v1/messages/count_tokens":
@@ -178,6 +200,44 @@ class Handler(BaseHTTPRequestHandler):
         event("message_stop", {"type": "message_stop"})
         self.close_connection = True
 
+
+    def gemini(self, body, stream):
+        """Gemini's generateContent / streamGenerateContent (`?alt=sse`): the same answer rule
+        over `contents`."""
+        words = []
+        for content in body.get("contents", []):
+            if content.get("role", "user") != "user":
+                continue
+            for part in content.get("parts", []):
+                for word in re.findall(r"remember: (\w+)", part.get("text", "") or ""):
+                    if word not in words:
+                        words.append(word)
+        answer = "I remember: %s." % ", ".join(words) if words else "I remember nothing."
+        config = body.get("generationConfig") or {}
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        if config.get("responseMimeType") == "application/json" and schema:
+            # A side call that wants JSON (the CLI's model router): an answer of that shape.
+            answer = json.dumps(fill(schema))
+        usage = {"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110}
+
+        def chunk(text, last):
+            candidate = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+            if last:
+                candidate["finishReason"] = "STOP"
+            return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "gemini-standin"}
+
+        if not stream:
+            return self.send_json(200, chunk(answer, True))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        third = max(1, len(answer) // 3)
+        parts = [answer[:third], answer[third:2 * third], answer[2 * third:]]
+        for n, part in enumerate(parts):
+            self.wfile.write(("data: %s\r\n\r\n" % json.dumps(chunk(part, n == len(parts) - 1))).encode())
+            self.wfile.flush()
+        self.close_connection = True
 
     def openai_responses(self, body):
         """The OpenAI Responses API, streamed (Codex): the same answer rule over `input`."""
