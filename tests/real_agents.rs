@@ -45,10 +45,28 @@ impl Drop for ModelApi {
     }
 }
 
+/// `PATH=` with the agents `scripts/test-agents.sh` installed first.
+fn agents_path() -> (String, String) {
+    let bin = support::test_agents().join("npm/node_modules/.bin");
+    (
+        "PATH".into(),
+        format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    )
+}
+
+/// A bridge for `dir` whose agents get `env` besides the bridge's own environment.
+fn start(dir: &ConfigDir, env: &[(String, String)]) -> Bridge {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Bridge::start_with_env(dir, 1, &env)
+}
+
 /// The environment Claude Code runs in: the stand-in as its API, a home of its own, the
 /// installed CLI first on the PATH.
 fn claude_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
-    let bin = support::test_agents().join("npm/node_modules/.bin");
     vec![
         ("ANTHROPIC_BASE_URL".into(), model.url.clone()),
         ("ANTHROPIC_API_KEY".into(), "sk-ant-test".into()),
@@ -57,14 +75,7 @@ fn claude_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)>
             "1".into(),
         ),
         ("HOME".into(), home.display().to_string()),
-        (
-            "PATH".into(),
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        ),
+        agents_path(),
     ]
 }
 
@@ -81,19 +92,28 @@ fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> 
         ),
     )
     .unwrap();
-    let bin = support::test_agents().join("npm/node_modules/.bin");
     vec![
         ("CODEX_API_KEY".into(), "sk-test".into()),
         ("CODEX_HOME".into(), codex_home.display().to_string()),
         ("HOME".into(), home.display().to_string()),
-        (
-            "PATH".into(),
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        ),
+        agents_path(),
+    ]
+}
+
+/// The environment the Gemini CLI runs in: the stand-in as its API (with a custom base URL
+/// Gemini needs the API-key auth type chosen, or it exits 41), a home of its own.
+fn gemini_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
+    )
+    .unwrap();
+    vec![
+        ("GEMINI_API_KEY".into(), "test-key".into()),
+        ("GOOGLE_GEMINI_BASE_URL".into(), model.url.clone()),
+        ("HOME".into(), home.display().to_string()),
+        agents_path(),
     ]
 }
 
@@ -116,21 +136,22 @@ async fn conversation(peer: &mut Peer, to: &str, texts: &[&str]) -> Vec<String> 
     answers
 }
 
-/// Issue 20: a three-turn conversation with the real Codex CLI (0.171, `codex exec` and
-/// `codex exec resume`) through the bridge keeps its context.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
+/// Runs the shipped `profile` (its CLI given `env`, made by `env_for` from the stand-in and a
+/// home) through the bridge over the mail host, in a three-turn conversation, and checks that
+/// every turn saw the turns before it.
+async fn keeps_three_turns(
+    profile: &str,
+    env_for: fn(&ModelApi, &std::path::Path) -> Vec<(String, String)>,
+) {
     let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
     let dir = ConfigDir::new(
         host,
-        &support::one_agent(host, &agent, "codex", &boss.email).text(),
+        &support::one_agent(host, &agent, profile, &boss.email).text(),
     );
-    let env = codex_env(&model, home.path());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let bridge = Bridge::start_with_env(&dir, 1, &env);
+    let bridge = start(&dir, &env_for(&model, home.path()));
     let mut peer = Peer::new(boss).await;
     let answers = conversation(
         &mut peer,
@@ -144,9 +165,17 @@ async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
             "I remember: tangerine.",
             "I remember: tangerine, walnut.",
             "I remember: tangerine, walnut, heron."
-        ]
+        ],
+        "{profile}"
     );
     assert!(bridge.stop().success());
+}
+
+/// Issue 20: a three-turn conversation with the real Codex CLI (0.171, `codex exec` and
+/// `codex exec resume`) through the bridge keeps its context.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
+    keeps_three_turns("codex", codex_env).await;
 }
 
 /// Issue 20: a three-turn conversation with the real Gemini CLI (0.61, stream mode) through the
@@ -154,54 +183,7 @@ async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
 /// conversation's folder (Gemini keeps sessions per project folder).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_gemini_cli_keeps_a_conversation_through_the_bridge() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    // With a custom base URL Gemini needs the API-key auth type chosen, or it exits 41.
-    std::fs::create_dir_all(home.path().join(".gemini")).unwrap();
-    std::fs::write(
-        home.path().join(".gemini/settings.json"),
-        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
-    )
-    .unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "gemini", &boss.email).text(),
-    );
-    let bin = support::test_agents().join("npm/node_modules/.bin");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let home_str = home.path().display().to_string();
-    let bridge = Bridge::start_with_env(
-        &dir,
-        1,
-        &[
-            ("GEMINI_API_KEY", "test-key"),
-            ("GOOGLE_GEMINI_BASE_URL", model.url.as_str()),
-            ("HOME", home_str.as_str()),
-            ("PATH", path.as_str()),
-        ],
-    );
-    let mut peer = Peer::new(boss).await;
-    let answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["remember: tangerine", "remember: walnut", "remember: heron"],
-    )
-    .await;
-    assert_eq!(
-        answers,
-        vec![
-            "I remember: tangerine.",
-            "I remember: tangerine, walnut.",
-            "I remember: tangerine, walnut, heron."
-        ]
-    );
-    assert!(bridge.stop().success());
+    keeps_three_turns("gemini", gemini_env).await;
 }
 
 /// Issue 20: Claude Code keeps its sessions per working folder, and every task ran in a fresh
@@ -219,9 +201,7 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
         host,
         &support::one_agent(host, &agent, "claude", &boss.email).text(),
     );
-    let env = claude_env(&model, home.path());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let bridge = Bridge::start_with_env(&dir, 1, &env);
+    let bridge = start(&dir, &claude_env(&model, home.path()));
     let mut peer = Peer::new(boss).await;
 
     let turn = |text: &str| {
@@ -308,9 +288,7 @@ async fn the_real_claude_code_plan_streams_as_todo_events() {
         host,
         &support::one_agent(host, &agent, "claude", &boss.email).text(),
     );
-    let env = claude_env(&model, home.path());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut bridge = Bridge::start_with_env(&dir, 1, &env);
+    let mut bridge = start(&dir, &claude_env(&model, home.path()));
     let mut peer = Peer::new(boss).await;
     let sent = peer
         .send(peer.dispatch_to(&agent.email, "Plan", "plan: write the tests; run them"))

@@ -110,16 +110,26 @@ def fill(schema):
     return "standin"
 
 
-def answer_for(body):
+def remembered(user_texts):
+    """The answer to a conversation whose user messages are `user_texts`: every
+    `remember: WORD` in them, in order, each once."""
     words = []
-    for message in body.get("messages", []):
-        if message.get("role") != "user":
-            continue
-        for text in texts(message):
-            for word in re.findall(r"remember: (\w+)", text):
-                if word not in words:
-                    words.append(word)
+    for text in user_texts:
+        for word in re.findall(r"remember: (\w+)", text or ""):
+            if word not in words:
+                words.append(word)
     return "I remember: %s." % ", ".join(words) if words else "I remember nothing."
+
+
+def answer_for(body):
+    """The Anthropic Messages answer."""
+    return remembered(t for m in body.get("messages", []) if m.get("role") == "user" for t in texts(m))
+
+
+def thirds(text):
+    """A text in three deltas (empty ones left out)."""
+    third = max(1, len(text) // 3)
+    return [p for p in (text[:third], text[third:2 * third], text[2 * third:]) if p]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -127,6 +137,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+    def start_sse(self):
+        """A streamed answer's head: server-sent events until the connection closes."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
     def send_json(self, status, value):
         data = json.dumps(value).encode()
@@ -166,11 +185,7 @@ class Handler(BaseHTTPRequestHandler):
         if not body.get("stream"):
             message.update(content=blocks, stop_reason=stop)
             return self.send_json(200, message)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
+        self.start_sse()
 
         def event(kind, data):
             self.wfile.write(("event: %s\ndata: %s\n\n" % (kind, json.dumps(data))).encode())
@@ -181,12 +196,9 @@ class Handler(BaseHTTPRequestHandler):
             if block["type"] == "text":
                 event("content_block_start", {"type": "content_block_start", "index": index,
                                               "content_block": {"type": "text", "text": ""}})
-                text = block["text"]
-                third = max(1, len(text) // 3)
-                for part in (text[:third], text[third:2 * third], text[2 * third:]):
-                    if part:
-                        event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                      "delta": {"type": "text_delta", "text": part}})
+                for part in thirds(block["text"]):
+                    event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                  "delta": {"type": "text_delta", "text": part}})
             else:
                 event("content_block_start", {"type": "content_block_start", "index": index,
                                               "content_block": {"type": "tool_use", "id": block["id"],
@@ -198,21 +210,13 @@ class Handler(BaseHTTPRequestHandler):
         event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                                 "usage": {"output_tokens": 10}})
         event("message_stop", {"type": "message_stop"})
-        self.close_connection = True
 
 
     def gemini(self, body, stream):
         """Gemini's generateContent / streamGenerateContent (`?alt=sse`): the same answer rule
         over `contents`."""
-        words = []
-        for content in body.get("contents", []):
-            if content.get("role", "user") != "user":
-                continue
-            for part in content.get("parts", []):
-                for word in re.findall(r"remember: (\w+)", part.get("text", "") or ""):
-                    if word not in words:
-                        words.append(word)
-        answer = "I remember: %s." % ", ".join(words) if words else "I remember nothing."
+        answer = remembered(part.get("text") for content in body.get("contents", [])
+                            if content.get("role", "user") == "user" for part in content.get("parts", []))
         config = body.get("generationConfig") or {}
         schema = config.get("responseJsonSchema") or config.get("responseSchema")
         if config.get("responseMimeType") == "application/json" and schema:
@@ -228,32 +232,18 @@ class Handler(BaseHTTPRequestHandler):
 
         if not stream:
             return self.send_json(200, chunk(answer, True))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        third = max(1, len(answer) // 3)
-        parts = [answer[:third], answer[third:2 * third], answer[2 * third:]]
+        self.start_sse()
+        parts = thirds(answer)
         for n, part in enumerate(parts):
             self.wfile.write(("data: %s\r\n\r\n" % json.dumps(chunk(part, n == len(parts) - 1))).encode())
             self.wfile.flush()
-        self.close_connection = True
 
     def openai_responses(self, body):
         """The OpenAI Responses API, streamed (Codex): the same answer rule over `input`."""
-        words = []
-        for item in body.get("input", []):
-            if item.get("type") == "message" and item.get("role") == "user":
-                for part in item.get("content", []):
-                    for word in re.findall(r"remember: (\w+)", part.get("text", "")):
-                        if word not in words:
-                            words.append(word)
-        answer = "I remember: %s." % ", ".join(words) if words else "I remember nothing."
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
+        answer = remembered(part.get("text") for item in body.get("input", [])
+                            if item.get("type") == "message" and item.get("role") == "user"
+                            for part in item.get("content", []))
+        self.start_sse()
 
         def event(kind, data):
             data = dict(data, type=kind)
@@ -267,8 +257,7 @@ class Handler(BaseHTTPRequestHandler):
         event("response.output_item.added", {"output_index": 0, "item": item})
         event("response.content_part.added", {"item_id": mid, "output_index": 0, "content_index": 0,
                                              "part": {"type": "output_text", "text": "", "annotations": []}})
-        third = max(1, len(answer) // 3)
-        for part in (answer[:third], answer[third:2 * third], answer[2 * third:]):
+        for part in thirds(answer):
             event("response.output_text.delta", {"item_id": mid, "output_index": 0, "content_index": 0, "delta": part})
         done_item = dict(item, status="completed", content=[{"type": "output_text", "text": answer, "annotations": []}])
         event("response.output_text.done", {"item_id": mid, "output_index": 0, "content_index": 0, "text": answer})
@@ -277,7 +266,6 @@ class Handler(BaseHTTPRequestHandler):
                                                       usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
                                                              "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
                                                              "total_tokens": 110})})
-        self.close_connection = True
 
 
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
