@@ -204,37 +204,22 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
     let bridge = start(&dir, &claude_env(&model, home.path()));
     let mut peer = Peer::new(boss).await;
 
-    let turn = |text: &str| {
-        let mut dispatch = peer.dispatch_to(&agent.email, "A conversation", text);
-        if let Body::Dispatch(d) = &mut dispatch.body {
-            d.session_key = Some("talk-1".into());
-        }
-        dispatch
-    };
-    let mut ask = Vec::new();
-    for text in [
-        "remember: tangerine",
-        "remember: walnut",
-        "remember: heron",
-        "remember: quartz",
-        "remember: ember",
-    ] {
-        ask.push(turn(text));
-    }
-    let mut answers = Vec::new();
-    for (n, dispatch) in ask.into_iter().enumerate() {
-        if n == 3 {
-            // Claude's own session store is lost (a new machine, a cleaned home).
-            std::fs::remove_dir_all(home.path().join(".claude/projects")).unwrap();
-        }
-        let sent = peer.send(dispatch).await;
-        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
-        let Body::Result(r) = &result.message.body else {
-            panic!("not a result")
-        };
-        assert_eq!(r.status, Status::Completed, "turn {}: {r:?}", n + 1);
-        answers.push(r.output.clone());
-    }
+    let mut answers = conversation(
+        &mut peer,
+        &agent.email,
+        &["remember: tangerine", "remember: walnut", "remember: heron"],
+    )
+    .await;
+    // Claude's own session store is lost (a new machine, a cleaned home).
+    std::fs::remove_dir_all(home.path().join(".claude/projects")).unwrap();
+    answers.extend(
+        conversation(
+            &mut peer,
+            &agent.email,
+            &["remember: quartz", "remember: ember"],
+        )
+        .await,
+    );
     assert!(
         answers[0].starts_with("I remember: tangerine."),
         "{}",
