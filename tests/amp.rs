@@ -24,10 +24,9 @@ struct Broker {
 impl Broker {
     fn start(extra: &[&str]) -> Broker {
         let dir = tempfile::tempdir().unwrap();
-        let port = support::free_port();
         let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = Broker::spawn(dir.path(), port, &key, &extra);
+        let (child, port) = Broker::spawn(dir.path(), 0, &key, &extra);
         Broker {
             child,
             port,
@@ -37,7 +36,8 @@ impl Broker {
         }
     }
 
-    fn spawn(dir: &Path, port: u16, key: &str, extra: &[String]) -> Child {
+    /// Port 0: one the OS picks.
+    fn spawn(dir: &Path, port: u16, key: &str, extra: &[String]) -> (Child, u16) {
         let mut args: Vec<std::ffi::OsString> = vec![
             "--port".into(),
             port.to_string().into(),
@@ -65,7 +65,7 @@ impl Broker {
     fn restart(&mut self) {
         self.stop();
         self.extra.clear();
-        self.child = Broker::spawn(self.dir.path(), self.port, &self.key, &self.extra);
+        self.child = Broker::spawn(self.dir.path(), self.port, &self.key, &self.extra).0;
     }
 
     fn record(&self) -> Vec<Value> {

@@ -35,7 +35,6 @@ impl Operator {
     /// Starts with these handles, each with a token of its own.
     fn start(handles: &[&str], extra: &[&str]) -> Operator {
         let dir = tempfile::tempdir().unwrap();
-        let port = support::free_port();
         let agents: Vec<(String, String)> = handles
             .iter()
             .map(|h| {
@@ -45,7 +44,7 @@ impl Operator {
                 )
             })
             .collect();
-        let child = Operator::spawn(dir.path(), port, &agents, extra);
+        let (child, port) = Operator::spawn(dir.path(), 0, &agents, extra);
         Operator {
             child,
             port,
@@ -54,7 +53,8 @@ impl Operator {
         }
     }
 
-    fn spawn(dir: &Path, port: u16, agents: &[(String, String)], extra: &[&str]) -> Child {
+    /// Port 0: one the OS picks.
+    fn spawn(dir: &Path, port: u16, agents: &[(String, String)], extra: &[&str]) -> (Child, u16) {
         let mut args: Vec<std::ffi::OsString> = vec![
             "--port".into(),
             port.to_string().into(),
@@ -102,7 +102,7 @@ impl Operator {
     /// Started again on the same port and state, without fault options.
     fn restart(&mut self) {
         self.stop();
-        self.child = Operator::spawn(self.dir.path(), self.port, &self.agents, &[]);
+        self.child = Operator::spawn(self.dir.path(), self.port, &self.agents, &[]).0;
     }
 
     fn record(&self) -> Vec<Value> {

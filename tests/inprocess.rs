@@ -51,12 +51,11 @@ async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp
     let config_dir = support::ConfigDir::empty();
     let dir = &config_dir.dir;
     let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
-    let amp_port = support::free_port();
-    let mut broker = support::spawn_test_server(
+    let (mut broker, amp_port) = support::spawn_test_server(
         "amp_broker.py",
         &[
             "--port".into(),
-            amp_port.to_string().into(),
+            "0".into(),
             "--db".into(),
             dir.path().join("broker.sqlite3").into(),
             "--record".into(),
@@ -65,12 +64,11 @@ async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp
             format!("alice:{key}").into(),
         ],
     );
-    let asmtp_port = support::free_port();
-    let mut operator = support::spawn_test_server(
+    let (mut operator, asmtp_port) = support::spawn_test_server(
         "asmtp_operator.py",
         &[
             "--port".into(),
-            asmtp_port.to_string().into(),
+            "0".into(),
             "--db".into(),
             dir.path().join("operator.sqlite3").into(),
             "--record".into(),

@@ -204,22 +204,26 @@ async fn doctor_names_each_problem_with_its_fix() {
         .mailbox_toml("pushless", &good)
         .replace(&host.jmap_url, &format!("{}/.well-known/jmap", no_push.url));
     // An HTTPS server whose certificate nobody trusts (the mail host's self-signed one).
-    let tls_port = support::free_port();
+    // Bound to a port the OS picks, which the server prints.
     let tls_dir = std::env::var("MAILHOST_DIR").unwrap_or_else(|_| "/tmp/aamp-mailhost".into());
     let mut tls_server = std::process::Command::new("python3")
         .args([
             "-c",
-            "import http.server, ssl, sys\ns = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler)\nc = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\nc.load_cert_chain(sys.argv[2], sys.argv[3])\ns.socket = c.wrap_socket(s.socket, server_side=True)\ns.serve_forever()",
-            &tls_port.to_string(),
+            "import http.server, ssl, sys\ns = http.server.HTTPServer(('127.0.0.1', 0), http.server.SimpleHTTPRequestHandler)\nc = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\nc.load_cert_chain(sys.argv[1], sys.argv[2])\ns.socket = c.wrap_socket(s.socket, server_side=True)\nprint(s.server_address[1], flush=True)\ns.serve_forever()",
             &format!("{tls_dir}/tls/cert.pem"),
             &format!("{tls_dir}/tls/key.pem"),
         ])
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    support::wait_until("the TLS server listens", || {
-        std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok()
-    });
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(tls_server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let tls_port: u16 = line.trim().parse().expect("the TLS server prints its port");
     let untrusted = unreachable
         .replace("[mailboxes.unreachable]", "[mailboxes.untrusted]")
         .replace(

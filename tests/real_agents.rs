@@ -20,12 +20,11 @@ struct ModelApi {
 impl ModelApi {
     fn start() -> ModelApi {
         let dir = tempfile::tempdir().unwrap();
-        let port = support::free_port();
-        let child = support::spawn_test_server(
+        let (child, port) = support::spawn_test_server(
             "model_api.py",
             &[
                 "--port".into(),
-                port.to_string().into(),
+                "0".into(),
                 "--record".into(),
                 dir.path().join("record.jsonl").into(),
             ],

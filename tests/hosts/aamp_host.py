@@ -18,7 +18,7 @@ Serves:
                                               --no-push, the session offers no push)
 Every request is checked for HTTP Basic auth against the mail server (a JMAP session request),
 and every action is appended to the record file as one JSON line, so tests can assert on what
-the bridge sent and in which order. Prints "listening on PORT" once ready.
+the bridge sent and in which order. Prints "listening PORT" once ready (--port 0: a port the OS picks).
 """
 import argparse
 import base64
@@ -349,6 +349,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
+opts.port = server.server_address[1]  # --port 0: the one the OS gave
 server.daemon_threads = True
-print("listening on %d" % opts.port, flush=True)
+print("listening", opts.port, flush=True)
 server.serve_forever()

@@ -393,6 +393,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
+opts.port = server.server_address[1]  # --port 0: the one the OS gave
 server.daemon_threads = True
 print("listening", opts.port, flush=True)
 server.serve_forever()

@@ -651,6 +651,7 @@ def shutdown(signum, frame):
 
 signal.signal(signal.SIGTERM, shutdown)
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)
+opts.port = server.server_address[1]  # --port 0: the one the OS gave
 server.daemon_threads = True
 print("listening", opts.port, flush=True)
 server.serve_forever()

@@ -43,15 +43,6 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// A TCP port the OS says is free now (the machine may run other servers).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Runs `profile` on `task`, collecting the stream events it sends.
 pub async fn run_collecting(
     profile: &aamp_bridge::runner::Profile,

@@ -2,9 +2,11 @@
 
 use super::*;
 
-/// Starts one of the test servers in tests/hosts (`python3 SCRIPT ARGS`), which prints a line
-/// starting `listening` once it serves; returns it then.
-pub fn spawn_test_server(script: &str, args: &[std::ffi::OsString]) -> Child {
+/// Starts one of the test servers in tests/hosts (`python3 SCRIPT ARGS`), which prints
+/// `listening PORT` once it serves; returns it and that port then. Pass `--port 0` so the
+/// server binds a port the OS picks (a port asked for first and bound later can be taken
+/// meanwhile by another test).
+pub fn spawn_test_server(script: &str, args: &[std::ffi::OsString]) -> (Child, u16) {
     let mut child = Command::new("python3")
         .arg(repo().join("tests/hosts").join(script))
         .args(args)
@@ -16,11 +18,11 @@ pub fn spawn_test_server(script: &str, args: &[std::ffi::OsString]) -> Child {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(
-        line.starts_with("listening"),
-        "tests/hosts/{script} did not start: {line:?}"
-    );
-    child
+    let port = line
+        .strip_prefix("listening ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("tests/hosts/{script} did not start: {line:?}"));
+    (child, port)
 }
 
 /// The AAMP test host (tests/hosts/aamp_host.py) in front of the shared mail host: the helper
@@ -42,15 +44,13 @@ impl AampHost {
         let host = shared_host();
         let dir = tempfile::tempdir().unwrap();
         let record = dir.path().join("actions.jsonl");
-        // A free port from the OS, handed to the host.
-        let port = free_port();
         let jmap = host
             .jmap_url
             .trim_end_matches("/.well-known/jmap")
             .to_string();
         let mut args: Vec<std::ffi::OsString> = [
             "--port",
-            &port.to_string(),
+            "0",
             "--record",
             record.to_str().unwrap(),
             "--jmap",
@@ -66,7 +66,7 @@ impl AampHost {
         .map(Into::into)
         .collect();
         args.extend(extra.iter().map(Into::into));
-        let child = spawn_test_server("aamp_host.py", &args);
+        let (child, port) = spawn_test_server("aamp_host.py", &args);
         AampHost {
             child,
             url: format!("http://127.0.0.1:{port}"),
