@@ -104,45 +104,54 @@ pub struct PrivateHost(pub MailHost);
 
 impl PrivateHost {
     /// Starts an instance on six ports the OS says are free (the machine may run other
-    /// servers).
+    /// servers). A port can be taken between asking and binding (Cyrus and Postfix cannot be
+    /// told to pick their own), so a failed start is tried again on new ports, twice.
     pub fn start(name: &str) -> PrivateHost {
         shared_host(); // the packages are installed and the shared instance's syslog sink runs
         let dir = format!("/tmp/aamp-mailhost-{name}-{}", std::process::id());
-        let listeners: Vec<std::net::TcpListener> = (0..6)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().port())
-            .collect();
-        drop(listeners);
-        let (jmap, imap, submit, mx, submit_tls) =
-            (ports[0], ports[1], ports[2], ports[3], ports[4]);
-        let env: Vec<(String, String)> = vec![
-            ("MAILHOST_DIR".into(), dir),
-            ("MAILHOST_JMAP_PORT".into(), jmap.to_string()),
-            ("MAILHOST_IMAP_PORT".into(), imap.to_string()),
-            ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
-            ("MAILHOST_MX_PORT".into(), mx.to_string()),
-            ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
-            ("MAILHOST_SUBMIT_STOCK_PORT".into(), ports[5].to_string()),
-        ];
-        let out = script_with(&env, &["start"]);
-        assert!(
-            out.status.success(),
-            "private mail host did not start:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PrivateHost(MailHost {
-            domain: "example.test".into(),
-            password: "secret".into(),
-            jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
-            smtp_port: submit,
-            smtp_tls_port: submit_tls,
-            smtp_stock_port: ports[5],
-            mx_port: mx,
-            env,
-        })
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let listeners: Vec<std::net::TcpListener> = (0..6)
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+                .collect();
+            let ports: Vec<u16> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().port())
+                .collect();
+            drop(listeners);
+            let (jmap, imap, submit, mx, submit_tls) =
+                (ports[0], ports[1], ports[2], ports[3], ports[4]);
+            let env: Vec<(String, String)> = vec![
+                ("MAILHOST_DIR".into(), dir.clone()),
+                ("MAILHOST_JMAP_PORT".into(), jmap.to_string()),
+                ("MAILHOST_IMAP_PORT".into(), imap.to_string()),
+                ("MAILHOST_SUBMIT_PORT".into(), submit.to_string()),
+                ("MAILHOST_MX_PORT".into(), mx.to_string()),
+                ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
+                ("MAILHOST_SUBMIT_STOCK_PORT".into(), ports[5].to_string()),
+            ];
+            let out = script_with(&env, &["start"]);
+            if !out.status.success() {
+                let _ = script_with(&env, &["clean"]);
+                assert!(
+                    attempt < 3,
+                    "private mail host did not start:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                continue;
+            }
+            return PrivateHost(MailHost {
+                domain: "example.test".into(),
+                password: "secret".into(),
+                jmap_url: format!("http://127.0.0.1:{jmap}/.well-known/jmap"),
+                smtp_port: submit,
+                smtp_tls_port: submit_tls,
+                smtp_stock_port: ports[5],
+                mx_port: mx,
+                env,
+            });
+        }
     }
 
     pub fn stop(&self) {
