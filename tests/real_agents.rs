@@ -57,6 +57,21 @@ fn agents_path() -> (String, String) {
     )
 }
 
+/// `PATH=` for the ACP adapters: their own prefix first (its `node` is Node 22, which
+/// claude-agent-acp's Claude Code needs), then the CLIs.
+fn adapters_path() -> (String, String) {
+    let (key, rest) = agents_path();
+    let bin = support::test_agents().join("acp/node_modules/.bin");
+    (key, format!("{}:{rest}", bin.display()))
+}
+
+/// `env` with its `PATH` made [`adapters_path`].
+fn with_adapters(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    env.retain(|(k, _)| k != "PATH");
+    env.push(adapters_path());
+    env
+}
+
 /// A bridge for `dir` whose agents get `env` besides the bridge's own environment.
 fn start(dir: &ConfigDir, env: &[(String, String)]) -> Bridge {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -86,7 +101,7 @@ fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> 
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
-            "model = \"gpt-standin\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\n",
+            "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\n",
             model.url
         ),
     )
@@ -97,6 +112,19 @@ fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> 
         ("HOME".into(), home.display().to_string()),
         agents_path(),
     ]
+}
+
+/// Codex's environment, for codex-acp.
+fn codex_acp_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
+    with_adapters(codex_env(model, home))
+}
+
+/// Claude Code's environment, for claude-agent-acp: `IS_SANDBOX=1` whatever the machine has
+/// (as root, another value makes the adapter ask for a bypass Claude Code refuses).
+fn claude_acp_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
+    let mut env = with_adapters(claude_env(model, home));
+    env.push(("IS_SANDBOX".into(), "1".into()));
+    env
 }
 
 /// The environment the Gemini CLI runs in: the stand-in as its API (with a custom base URL
@@ -175,6 +203,59 @@ async fn keeps_three_turns(
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_codex_cli_keeps_a_conversation_through_the_bridge() {
     keeps_three_turns("codex", codex_env).await;
+}
+
+/// Issue 20: a three-turn conversation with the real codex-acp (2.6, `session/resume`)
+/// through the bridge keeps its context.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_acp_keeps_a_conversation_through_the_bridge() {
+    keeps_three_turns("codex-acp", codex_acp_env).await;
+}
+
+/// Issue 20: both Claude adapters answered `session/resume` from another folder with
+/// "Resource not found", and every task ran in a fresh folder: the second turn lost its
+/// context without a word. A conversation now keeps its folder, so the real claude-agent-acp
+/// (0.49, on Node 22) resumes.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_claude_agent_acp_keeps_a_conversation_through_the_bridge() {
+    keeps_three_turns("claude-acp", claude_acp_env).await;
+}
+
+/// Issue 20, item 7: as root on a machine with `IS_SANDBOX=yes` (this one), claude-agent-acp
+/// failed with "Internal error (Claude Code process exited with code 1)" alone: the adapter
+/// asks for the permission bypass whenever IS_SANDBOX is set, Claude Code refuses it to root
+/// unless it is `1`, and says so only on a stderr the adapter swallows. The bridge now says
+/// what happened and what to do. (Run as another user, the adapter works, and so must the
+/// check.)
+#[test]
+fn the_real_claude_agent_acp_refusing_root_says_what_to_do() {
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let mut env = claude_acp_env(&model, home.path());
+    env.retain(|(k, _)| k != "IS_SANDBOX");
+    env.push(("IS_SANDBOX".into(), "yes".into()));
+    let out = std::process::Command::new(support::bin())
+        .args(["--config", config.to_str().unwrap(), "profile", "test"])
+        .args(["claude-acp", "--prompt", "remember: tangerine", "--json"])
+        .envs(env)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    if nix::unistd::geteuid().is_root() {
+        assert!(!out.status.success());
+        let error = report["error"].as_str().unwrap();
+        assert!(
+            error.contains("Claude Code process exited with code 1")
+                && error.contains("IS_SANDBOX is \"yes\" here")
+                && error.contains("set IS_SANDBOX = \"1\""),
+            "{error}"
+        );
+    } else {
+        assert_eq!(report["output"], "I remember: tangerine.", "{report}");
+    }
 }
 
 /// Issue 20: a three-turn conversation with the real Gemini CLI (0.61, stream mode) through the

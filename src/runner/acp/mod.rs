@@ -406,7 +406,7 @@ pub async fn run_acp(
             other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
         },
         Ok(Driven::NotLoggedIn(detail)) => Err(not_logged_in(&detail)),
-        Ok(Driven::SessionRefused(detail)) => Err(session_refused(&detail)),
+        Ok(Driven::SessionRefused(detail)) => Err(session_refused(&detail, profile)),
         Ok(Driven::TimedOut) => Err(RunError::TimedOut(profile.timeout)),
         Ok(Driven::Cancelled) => Err(RunError::Cancelled),
         Ok(Driven::InitTimedOut) => Err(failed(format!(
@@ -449,8 +449,34 @@ fn not_logged_in(detail: &str) -> RunError {
     ))
 }
 
-fn session_refused(detail: &str) -> RunError {
-    RunError::Reported(format!("the agent could not start a session: {detail}"))
+fn session_refused(detail: &str, profile: &Profile) -> RunError {
+    let hint = match refused_as_root(detail, profile) {
+        Some(value) => format!(
+            ". IS_SANDBOX is {value:?} here, so the Claude adapter asks Claude Code for its \
+             permission bypass, which Claude Code refuses to root unless IS_SANDBOX is \"1\": \
+             set IS_SANDBOX = \"1\" under [env] in the profile, or run the bridge as a normal user"
+        ),
+        None => String::new(),
+    };
+    RunError::Reported(format!(
+        "the agent could not start a session: {detail}{hint}"
+    ))
+}
+
+/// Whether a Claude adapter's refusal is Claude Code refusing root its permission bypass
+/// (`--dangerously-skip-permissions cannot be used with root/sudo privileges`, which the
+/// adapters turn into "Claude Code process exited with code 1" alone), and the IS_SANDBOX
+/// value that made the adapter ask: claude-agent-acp asks when IS_SANDBOX has any value,
+/// Claude Code allows it to root only with `1`.
+fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
+    let sandbox = match profile.env.iter().find(|(k, _)| k == "IS_SANDBOX") {
+        Some((_, value)) => Some(value.literal_text()),
+        None => std::env::var("IS_SANDBOX").ok(),
+    }?;
+    (detail.contains("Claude Code process exited")
+        && nix::unistd::geteuid().is_root()
+        && sandbox != "1")
+        .then_some(sandbox)
 }
 
 /// `initialize` with the capabilities we really have: file reads and writes and terminals

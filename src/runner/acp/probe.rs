@@ -64,7 +64,7 @@ pub async fn probe(
                     Err(why) => {
                         *refused.lock().expect("probe lock") = Some(match why {
                             Driven::NotLoggedIn(d) => not_logged_in(&d),
-                            Driven::SessionRefused(d) => session_refused(&d),
+                            Driven::SessionRefused(d) => session_refused(&d, profile),
                             _ => RunError::Reported(
                                 "the agent did not open a session in time".into(),
                             ),
