@@ -212,6 +212,90 @@ async fn the_real_codex_acp_keeps_a_conversation_through_the_bridge() {
     keeps_three_turns("codex-acp", codex_acp_env).await;
 }
 
+/// Files named `name` anywhere under `dir`.
+fn found(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() && !path.is_symlink() {
+            out.extend(found(&path, name));
+        } else if entry.file_name() == name {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Issue 20, items 4 and 6, with the real codex-acp 2.6: under `permissions = "read_only"`
+/// (the shipped default) it ran `touch` without asking and the file was made (Codex's own
+/// default mode writes the workspace); now the policy is passed as Codex's mode and its
+/// sandbox refuses the write. And what a command printed came only in the update's `_meta`,
+/// so tool calls had no output; now they do. Allowed, the same write is made: the mode is
+/// what stopped it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "codex-acp", &boss.email).text(),
+    );
+    let bridge = start(&dir, &codex_acp_env(&model, home.path()));
+    let mut peer = Peer::new(boss).await;
+    let answers = conversation(&mut peer, &agent.email, &["run: touch made-by-agent"]).await;
+    assert!(bridge.stop().success());
+    assert!(
+        answers[0].contains("Read-only file system"),
+        "{}",
+        answers[0]
+    );
+    assert_eq!(
+        found(dir.dir.path(), "made-by-agent"),
+        Vec::<std::path::PathBuf>::new()
+    );
+
+    // The same agent, allowed.
+    let shipped = std::fs::read_to_string(support::repo().join("profiles/codex-acp.toml")).unwrap();
+    dir.write(
+        "codex-allowed.toml",
+        &shipped.replace("permissions = \"read_only\"", "permissions = \"allow\""),
+    );
+    let config = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &config.replace(
+            "profile = \"codex-acp\"",
+            "profile = \"codex-allowed.toml\"",
+        ),
+    );
+    let mut bridge = start(&dir, &codex_acp_env(&model, home.path()));
+    let answers = conversation(
+        &mut peer,
+        &agent.email,
+        &["run: echo hi", "run: touch made-by-agent"],
+    )
+    .await;
+    assert_eq!(answers[0], "All done. The command said: hi.");
+    assert_eq!(found(dir.dir.path(), "made-by-agent").len(), 1);
+    bridge.wait_event("task.completed", |e| e["status"] == "completed");
+    let printed: Vec<String> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.stream" && e["type"] == "tool_call")
+        .filter(|e| e["payload"]["label"] == "echo hi" && e["payload"]["status"] == "completed")
+        .map(|e| {
+            e["payload"]["output"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(printed, vec!["hi"]);
+    assert!(bridge.stop().success());
+}
+
 /// Issue 20: both Claude adapters answered `session/resume` from another folder with
 /// "Resource not found", and every task ran in a fresh folder: the second turn lost its
 /// context without a word. A conversation now keeps its folder, so the real claude-agent-acp

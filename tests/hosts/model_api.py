@@ -18,7 +18,10 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
-What it leaves out: other tools (and any tool call over the Responses API), errors and
+`run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
+text naming the last line the command's output ended with.
+
+What it leaves out: other tools, errors and
 overload answers, WebSocket transports, token counting
 (`/v1/messages/count_tokens` answers a fixed count), other providers' APIs.
 """
@@ -239,10 +242,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
     def openai_responses(self, body):
-        """The OpenAI Responses API, streamed (Codex): the same answer rule over `input`."""
-        answer = remembered(part.get("text") for item in body.get("input", [])
-                            if item.get("type") == "message" and item.get("role") == "user"
-                            for part in item.get("content", []))
+        """The OpenAI Responses API, streamed (Codex): the same answer rule over `input`, and
+        `run: COMMAND` scripted as a call of Codex's `exec_command` tool."""
         self.start_sse()
 
         def event(kind, data):
@@ -250,22 +251,62 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(("event: %s\ndata: %s\n\n" % (kind, json.dumps(data))).encode())
             self.wfile.flush()
 
-        rid, mid = "resp_standin", "msg_standin"
-        response = {"id": rid, "object": "response", "status": "in_progress", "model": body.get("model"), "output": []}
+        response = {"id": "resp_standin", "object": "response", "status": "in_progress", "model": body.get("model"), "output": []}
         event("response.created", {"response": response})
-        item = {"type": "message", "id": mid, "role": "assistant", "status": "in_progress", "content": []}
-        event("response.output_item.added", {"output_index": 0, "item": item})
-        event("response.content_part.added", {"item_id": mid, "output_index": 0, "content_index": 0,
-                                             "part": {"type": "output_text", "text": "", "annotations": []}})
-        for part in thirds(answer):
-            event("response.output_text.delta", {"item_id": mid, "output_index": 0, "content_index": 0, "delta": part})
-        done_item = dict(item, status="completed", content=[{"type": "output_text", "text": answer, "annotations": []}])
-        event("response.output_text.done", {"item_id": mid, "output_index": 0, "content_index": 0, "text": answer})
-        event("response.output_item.done", {"output_index": 0, "item": done_item})
-        event("response.completed", {"response": dict(response, status="completed", output=[done_item],
+        done = []
+        for index, block in enumerate(responses_script(body)):
+            if block["type"] == "text":
+                mid = "msg_standin_%d" % index
+                item = {"type": "message", "id": mid, "role": "assistant", "status": "in_progress", "content": []}
+                event("response.output_item.added", {"output_index": index, "item": item})
+                event("response.content_part.added", {"item_id": mid, "output_index": index, "content_index": 0,
+                                                     "part": {"type": "output_text", "text": "", "annotations": []}})
+                for part in thirds(block["text"]):
+                    event("response.output_text.delta", {"item_id": mid, "output_index": index, "content_index": 0, "delta": part})
+                event("response.output_text.done", {"item_id": mid, "output_index": index, "content_index": 0, "text": block["text"]})
+                item = dict(item, status="completed", content=[{"type": "output_text", "text": block["text"], "annotations": []}])
+            else:
+                fid = "fc_standin_%d" % index
+                item = {"type": "function_call", "id": fid, "call_id": block["call_id"], "name": block["name"],
+                        "arguments": "", "status": "in_progress"}
+                event("response.output_item.added", {"output_index": index, "item": item})
+                arguments = json.dumps(block["arguments"])
+                event("response.function_call_arguments.delta", {"item_id": fid, "output_index": index, "delta": arguments})
+                event("response.function_call_arguments.done", {"item_id": fid, "output_index": index, "arguments": arguments})
+                item = dict(item, arguments=arguments, status="completed")
+            event("response.output_item.done", {"output_index": index, "item": item})
+            done.append(item)
+        event("response.completed", {"response": dict(response, status="completed", output=done,
                                                       usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
                                                              "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
                                                              "total_tokens": 110})})
+
+
+def responses_script(body):
+    """What a Responses request is answered with: text blocks and function calls.
+
+    `run: COMMAND` in the turn's prompt: a text and a call of `exec_command` with it; once its
+    output came back, "All done. The command said: LAST LINE." Otherwise the remembered words."""
+    items = body.get("input", [])
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": items}]}]
+    users = [i for i, item in enumerate(items) if item.get("type") == "message" and item.get("role") == "user"]
+    prompt = " ".join(p.get("text", "") for p in items[users[-1]].get("content", [])) if users else ""
+    run = re.search(r"run: ([^\n]+)", prompt)
+    if run:
+        outputs = [item for item in items[users[-1]:] if item.get("type") == "function_call_output"]
+        if not outputs:
+            return [{"type": "text", "text": "Running it. "},
+                    {"type": "function_call", "call_id": "call_standin", "name": "exec_command",
+                     "arguments": {"cmd": run.group(1).strip(), "workdir": "."}}]
+        said = outputs[-1].get("output")
+        if isinstance(said, list):
+            said = " ".join(p.get("text", "") for p in said if isinstance(p, dict))
+        lines = [l.strip() for l in str(said or "").splitlines() if l.strip()]
+        return [{"type": "text", "text": "All done. The command said: %s." % (lines[-1] if lines else "nothing")}]
+    return [{"type": "text", "text": remembered(part.get("text") for item in items
+                                                if item.get("type") == "message" and item.get("role") == "user"
+                                                for part in item.get("content", []))}]
 
 
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)

@@ -102,7 +102,14 @@ struct Shared {
     files: Mutex<Vec<super::OutputFile>>,
     /// The commands the agent runs through us (ACP terminals); none in a probe.
     terminals: Option<terminals::Terminals>,
+    /// What commands the agent ran itself printed, by tool call, as adapters that do not use
+    /// our terminals send it (codex-acp: `_meta.terminal_output_delta`); the last
+    /// [`META_OUTPUT_MAX`] bytes of each.
+    meta_output: Mutex<HashMap<String, String>>,
 }
+
+/// How much of a command's output sent in `_meta` is kept per tool call.
+const META_OUTPUT_MAX: usize = 64 * 1024;
 
 /// Runs one task on an ACP agent.
 #[tracing::instrument(skip_all, fields(profile = %profile.name, pid))]
@@ -148,6 +155,7 @@ pub async fn run_acp(
             workspace.clone(),
             task.env.clone(),
         )),
+        meta_output: Mutex::new(HashMap::new()),
     });
     let policy = profile.permissions;
     let on_update = {

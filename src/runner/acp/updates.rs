@@ -51,6 +51,44 @@ pub(super) fn content_text(content: &[ToolCallContent], shared: &Shared) -> Opti
 
 /// One `session/update` as stream events. Thoughts never reach the output.
 impl Shared {
+    /// What a command printed so far, as an adapter that runs commands itself sends it in a
+    /// tool call update's `_meta` (codex-acp: `terminal_output_delta.data`, and
+    /// `terminal_exit.exit_code`, said when not 0).
+    fn meta_output(
+        &self,
+        id: &str,
+        meta: &serde_json::Map<String, serde_json::Value>,
+    ) -> Option<String> {
+        let delta = meta
+            .get("terminal_output_delta")
+            .and_then(|d| d.get("data"))
+            .and_then(|d| d.as_str());
+        let exit = meta
+            .get("terminal_exit")
+            .and_then(|e| e.get("exit_code"))
+            .and_then(|c| c.as_i64());
+        if delta.is_none() && exit.is_none() {
+            return None;
+        }
+        let mut outputs = self.meta_output.lock().expect("meta output lock");
+        let printed = outputs.entry(id.to_string()).or_default();
+        if let Some(delta) = delta {
+            printed.push_str(delta);
+            if printed.len() > super::META_OUTPUT_MAX {
+                let mut cut = printed.len() - super::META_OUTPUT_MAX;
+                while !printed.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                printed.drain(..cut);
+            }
+        }
+        let mut text = super::super::clean(printed, true, true);
+        if let Some(code) = exit.filter(|c| *c != 0) {
+            text.push_str(&format!("\n(exit code {code})"));
+        }
+        Some(text.trim().to_string())
+    }
+
     /// The answer: what the agent said after its last tool call (what it said before is in
     /// the stream as progress), or all it said when nothing came after.
     pub(super) fn answer(&self) -> String {
@@ -162,6 +200,10 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
         }
         SessionUpdate::ToolCallUpdate(update) => {
             let id = update.tool_call_id.0.to_string();
+            let printed = update
+                .meta
+                .as_ref()
+                .and_then(|meta| shared.meta_output(&id, meta));
             let mut titles = shared.titles.lock().expect("titles lock");
             if let Some(title) = &update.fields.title {
                 titles.insert(id.clone(), title.clone());
@@ -179,6 +221,7 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     .content
                     .as_deref()
                     .and_then(|c| content_text(c, shared))
+                    .or(printed)
                     .or_else(|| json_text(&update.fields.raw_output)),
             }]
         }
@@ -207,5 +250,55 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             vec![StreamEvent::Todo(items)]
         }
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_client_protocol::v1::schema::SessionNotification;
+
+    /// The stream events a recorded run's `session/update` params (one per line) map to.
+    fn events_of(fixture: &str) -> (Vec<StreamEvent>, Shared) {
+        let shared = Shared {
+            text_max: 1 << 20,
+            ..Shared::default()
+        };
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/acp")
+                .join(fixture),
+        )
+        .unwrap();
+        let mut events = Vec::new();
+        for line in text.lines() {
+            let n: SessionNotification = serde_json::from_str(line).unwrap();
+            events.extend(map_update(&n.update, &shared));
+        }
+        (events, shared)
+    }
+
+    /// codex-acp 2.6 runs a command itself and sends what it printed in the update's `_meta`
+    /// (`terminal_output_delta`), naming a terminal the client never made.
+    #[test]
+    fn codex_acp_command_output_comes_from_its_meta() {
+        let (events, shared) = events_of("codex-acp-exec.jsonl");
+        let calls: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::ToolCall {
+                    label,
+                    status,
+                    output,
+                    ..
+                } => Some((label.clone(), *status, output.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 2, "{events:?}");
+        assert_eq!(calls[0].0, "echo hi");
+        assert_eq!(calls[1].1, ToolStatus::Completed);
+        assert_eq!(calls[1].2.as_deref(), Some("hi"));
+        assert_eq!(shared.answer(), "All done. The command said: hi.");
     }
 }
