@@ -101,7 +101,7 @@ fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> 
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
-            "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\n",
+            "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
             model.url
         ),
     )
@@ -294,6 +294,38 @@ async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() 
         .collect();
     assert_eq!(printed, vec!["hi"]);
     assert!(bridge.stop().success());
+}
+
+/// Issue 20, item 7: codex-acp 2.6 turned a model API failure (HTTP 500, "We're currently
+/// experiencing high demand…") into a text and `end_turn`, so the task was reported completed
+/// with the error as its answer. Now it is rejected, saying the model failed; and so with the
+/// Codex CLI. (The stand-in's 500 is answered without retries: the profile's provider says
+/// none.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_agents_report_a_failing_model_as_rejected() {
+    let Some(host) = mailhost() else { return };
+    for profile in ["codex-acp", "codex"] {
+        let (agent, boss) = (host.user("agent"), host.user("boss"));
+        let model = ModelApi::start();
+        let home = tempfile::tempdir().unwrap();
+        let dir = ConfigDir::new(
+            host,
+            &support::one_agent(host, &agent, profile, &boss.email).text(),
+        );
+        let bridge = start(&dir, &codex_acp_env(&model, home.path()));
+        let mut peer = Peer::new(boss).await;
+        let sent = peer
+            .send(peer.dispatch_to(&agent.email, "Busy", "fail: 500"))
+            .await;
+        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+        let Body::Result(r) = &result.message.body else {
+            panic!("not a result")
+        };
+        assert_eq!(r.status, Status::Rejected, "{profile}: {r:?}");
+        let error = r.error.as_deref().unwrap_or_default();
+        assert!(error.contains("high demand"), "{profile}: {error}");
+        assert!(bridge.stop().success());
+    }
 }
 
 /// Issue 20: both Claude adapters answered `session/resume` from another folder with

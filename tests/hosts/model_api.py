@@ -18,10 +18,11 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
-`run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
+`fail: 500` anywhere in a Responses conversation is answered HTTP 500 with OpenAI's overload
+error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
 text naming the last line the command's output ended with.
 
-What it leaves out: other tools, errors and
+What it leaves out: other tools, other errors and
 overload answers, WebSocket transports, token counting
 (`/v1/messages/count_tokens` answers a fixed count), other providers' APIs.
 """
@@ -34,6 +35,10 @@ args = argparse.ArgumentParser()
 args.add_argument("--port", type=int, required=True)
 args.add_argument("--record", required=True)
 opts = args.parse_args()
+
+
+# What OpenAI answers with a 500 when it is overloaded.
+OVERLOADED = "We're currently experiencing high demand, which may cause temporary errors."
 
 
 def texts(message):
@@ -175,6 +180,9 @@ class Handler(BaseHTTPRequestHandler):
         if ":countTokens" in path:
             return self.send_json(200, {"totalTokens": 100})
         if path in ("/v1/responses", "/responses"):
+            if re.search(r"fail: 500", json.dumps(body.get("input"))):
+                return self.send_json(500, {"error": {"message": OVERLOADED, "type": "server_error",
+                                                      "param": None, "code": "server_error"}})
             return self.openai_responses(body)
         if path == "/v1/messages/count_tokens":
             return self.send_json(200, {"input_tokens": 100})

@@ -106,6 +106,11 @@ struct Shared {
     /// our terminals send it (codex-acp: `_meta.terminal_output_delta`); the last
     /// [`META_OUTPUT_MAX`] bytes of each.
     meta_output: Mutex<HashMap<String, String>>,
+    /// The agent said its session is in error (codex-acp: `threadStatus` `systemError` in a
+    /// `session_info_update`'s `_meta`, when the model's API failed) and has not said
+    /// otherwise since: where in `text` its words about it start. It then ends the turn as if
+    /// it had answered, with the error as the text.
+    system_error: Mutex<Option<usize>>,
 }
 
 /// How much of a command's output sent in `_meta` is kept per tool call.
@@ -156,6 +161,7 @@ pub async fn run_acp(
             task.env.clone(),
         )),
         meta_output: Mutex::new(HashMap::new()),
+        system_error: Mutex::new(None),
     });
     let policy = profile.permissions;
     let on_update = {
@@ -387,6 +393,10 @@ pub async fn run_acp(
     }
     match driven {
         Ok(Driven::Stopped { stop, session_id }) => match stop {
+            StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Reported(format!(
+                "the agent's model failed: {}",
+                shared.failed().unwrap_or_default()
+            ))),
             StopReason::EndTurn => {
                 let text = shared.answer();
                 let (output, truncated) = super::cap(

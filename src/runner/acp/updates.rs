@@ -100,6 +100,19 @@ impl Shared {
         }
     }
 
+    /// What the agent said about an error its session is in at the end of the turn, when it
+    /// is in one.
+    pub(super) fn failed(&self) -> Option<String> {
+        let from = (*self.system_error.lock().expect("error lock"))?;
+        let text = self.text.lock().expect("text lock");
+        let said = text.get(from..).unwrap_or_default().trim();
+        Some(if said.is_empty() {
+            "it gave no detail".into()
+        } else {
+            said.to_string()
+        })
+    }
+
     /// Adds to the answer, keeping at most `text_max` bytes however much the agent sends.
     fn append_text(&self, more: &str) {
         let mut text = self.text.lock().expect("text lock");
@@ -225,6 +238,21 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     .or_else(|| json_text(&update.fields.raw_output)),
             }]
         }
+        SessionUpdate::SessionInfoUpdate(info) => {
+            let status = info
+                .meta
+                .as_ref()
+                .and_then(|m| m.get("codex"))
+                .and_then(|c| c.get("threadStatus"))
+                .and_then(|s| s.get("type"))
+                .and_then(|t| t.as_str());
+            if let Some(status) = status {
+                let mut error = shared.system_error.lock().expect("error lock");
+                *error =
+                    (status == "systemError").then(|| shared.text.lock().expect("text lock").len());
+            }
+            Vec::new()
+        }
         SessionUpdate::Plan(plan) => {
             let items: Vec<TodoItem> = plan
                 .entries
@@ -276,6 +304,19 @@ mod tests {
             events.extend(map_update(&n.update, &shared));
         }
         (events, shared)
+    }
+
+    /// codex-acp 2.6 turns a model API failure (HTTP 500) into a text and `end_turn`; its
+    /// thread status says `systemError` first, and nothing after it says otherwise.
+    #[test]
+    fn codex_acp_model_failure_is_seen() {
+        let (_, shared) = events_of("codex-acp-model-500.jsonl");
+        assert_eq!(
+            shared.failed().as_deref(),
+            Some("We\u{2019}re currently experiencing high demand, which may cause temporary errors.")
+        );
+        let (_, fine) = events_of("codex-acp-exec.jsonl");
+        assert_eq!(fine.failed(), None);
     }
 
     /// codex-acp 2.6 runs a command itself and sends what it printed in the update's `_meta`
