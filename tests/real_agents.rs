@@ -374,6 +374,46 @@ fn the_real_claude_agent_acp_refusing_root_says_what_to_do() {
     }
 }
 
+/// Issue 20: `gemini --acp` (0.61) cannot load its own sessions: `session/load` erases the
+/// session it is asked to load and answers "No previous sessions found for this project"
+/// (google-gemini/gemini-cli#28775, open). The bridge then starts a new session and gives it
+/// the conversation's earlier turns as text, saying so: a three-turn conversation keeps its
+/// context all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_gemini_acp_keeps_a_conversation_through_the_bridge() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "gemini-acp", &boss.email).text(),
+    );
+    let bridge = start(&dir, &gemini_env(&model, home.path()));
+    let mut peer = Peer::new(boss).await;
+    let answers = conversation(
+        &mut peer,
+        &agent.email,
+        &["remember: tangerine", "remember: walnut", "remember: heron"],
+    )
+    .await;
+    assert!(bridge.stop().success());
+    assert_eq!(answers[0], "I remember: tangerine.");
+    for (answer, expected) in answers[1..].iter().zip([
+        "I remember: tangerine, walnut.",
+        "I remember: tangerine, walnut, heron.",
+    ]) {
+        // Loaded (should Gemini's bug be fixed), or retold; never without the context.
+        let rest = answer
+            .strip_prefix(expected)
+            .unwrap_or_else(|| panic!("{answer:?} does not start with {expected:?}"));
+        assert!(
+            rest.is_empty() || rest.contains("given the conversation's earlier turns as text"),
+            "{answer:?}"
+        );
+    }
+}
+
 /// Issue 20: a three-turn conversation with the real Gemini CLI (0.61, stream mode) through the
 /// bridge keeps its context: the shipped profile now resumes Gemini's session by id, in the
 /// conversation's folder (Gemini keeps sessions per project folder).
@@ -384,9 +424,9 @@ async fn the_real_gemini_cli_keeps_a_conversation_through_the_bridge() {
 
 /// Issue 20: Claude Code keeps its sessions per working folder, and every task ran in a fresh
 /// folder, so `--resume` failed ("No conversation found") at the second turn and, the stale id
-/// kept, at every turn after it. Now a conversation keeps its folder; and a session Claude
-/// cannot find (here: its store removed) costs one turn its context, said in the result,
-/// never the conversation.
+/// kept, at every turn after it. Now a conversation keeps its folder; and when Claude cannot
+/// find its session (here: its store removed), a new one is given the conversation's earlier
+/// turns as text, and the result says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
     let Some(host) = mailhost() else { return };
@@ -431,14 +471,15 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
         "{}",
         answers[2]
     );
-    // The session could not be found: a new one, and the result says so.
+    // The session could not be found: a new one, told the conversation so far, and the
+    // result says so.
     assert!(
-        answers[3].starts_with("I remember: quartz."),
+        answers[3].starts_with("I remember: tangerine, walnut, heron, quartz."),
         "{}",
         answers[3]
     );
     assert!(
-        answers[3].contains("could not restore this conversation's earlier context"),
+        answers[3].contains("could not restore its own session for this conversation, so it was given the conversation's earlier turns as text"),
         "{}",
         answers[3]
     );
@@ -448,7 +489,7 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
     );
     // And the conversation goes on in the new session: the stale id was dropped.
     assert!(
-        answers[4].starts_with("I remember: quartz, ember."),
+        answers[4].starts_with("I remember: tangerine, walnut, heron, quartz, ember."),
         "{}",
         answers[4]
     );

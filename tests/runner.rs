@@ -30,6 +30,7 @@ fn task(dir: &Path, prompt: &str) -> TaskInput {
         prompt: prompt.into(),
         session_key: None,
         resume_id: None,
+        fresh_prompt: None,
         workspace: dir.to_path_buf(),
         questions: None,
         env: Vec::new(),

@@ -305,6 +305,7 @@ async fn run(
         prompt: "list the files".into(),
         session_key: Some("thread".into()),
         resume_id: resume_id.map(str::to_string),
+        fresh_prompt: None,
         workspace: dir.path().to_path_buf(),
         questions: None,
         env: Vec::new(),

@@ -29,17 +29,24 @@ pub(super) struct Answer {
     pub session_id: Option<String>,
     /// The conversation's earlier context could not be restored (the result says so).
     pub context_lost: bool,
+    /// The answer as the conversation's record keeps it: without the bridge's notes.
+    pub said: String,
     pub structured: Option<serde_json::Value>,
     pub files: Vec<results::Attached>,
 }
 
 /// What a result says when the agent could not restore the conversation.
 pub(super) const CONTEXT_LOST: &str = "[Note from aamp-bridge: the agent could not restore this conversation's earlier context (its session was not found), so this answer was made without it.]";
+/// What a result says when the agent could not restore its session and was given the
+/// conversation's earlier turns as text instead.
+pub(super) const CONTEXT_RETOLD: &str = "[Note from aamp-bridge: the agent could not restore its own session for this conversation, so it was given the conversation's earlier turns as text instead.]";
 
 /// Reads what the agent handed back: fields and files named in its final answer, and files
 /// it handed over otherwise; every file from `workspace` only, and every one refused named at
 /// the end of the output.
-fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
+/// `retold`: the agent was given the conversation's earlier turns, should its session not be
+/// restored.
+fn hand_back(out: runner::RunOutput, workspace: &std::path::Path, retold: bool) -> Answer {
     let extracted = results::extract(&out.output);
     let mut refs = extracted.files.clone();
     let mut inline = Vec::new();
@@ -70,9 +77,10 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
         }
         tracing::warn!(refused = ?refused, "files the agent named were not attached");
     }
+    let said = output.clone();
     if out.context_lost {
         output.push_str("\n\n");
-        output.push_str(CONTEXT_LOST);
+        output.push_str(if retold { CONTEXT_RETOLD } else { CONTEXT_LOST });
     }
     let structured = extracted.structured.map(|mut s| {
         results::fill_attachment_names(&mut s, &files);
@@ -83,6 +91,7 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path) -> Answer {
         truncated: out.truncated,
         session_id: out.session_id,
         context_lost: out.context_lost,
+        said,
         structured,
         files,
     }
@@ -321,21 +330,51 @@ impl<O: Backend> Dispatcher<O> {
             }))
         };
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
+        // Should the agent not restore its session, the conversation's earlier turns (its
+        // record in the journal) go with the request as text, unless the thread's own
+        // history already does.
+        let turns = match (key, &resume_id) {
+            (Some(k), Some(_)) if history.is_empty() => {
+                journal.turns(&spec.name, k).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the conversation's earlier turns");
+                    Vec::new()
+                })
+            }
+            _ => Vec::new(),
+        };
+        let extras = prompt::PromptExtras {
+            truncated: extras.truncated,
+            files,
+            left_out,
+            history,
+            boundary: prompt::boundary(),
+        };
+        let fresh_prompt = (!turns.is_empty()).then(|| {
+            let mut retold = extras.clone();
+            retold.history = turns
+                .iter()
+                .flat_map(|t| {
+                    [
+                        prompt::Earlier {
+                            intent: "task.dispatch".into(),
+                            from: env.from.clone(),
+                            text: t.request.clone(),
+                        },
+                        prompt::Earlier {
+                            intent: "task.result".into(),
+                            from: spec.name.clone(),
+                            text: t.answer.clone(),
+                        },
+                    ]
+                })
+                .collect();
+            prompt::build(&spec.name, env, dispatch, &retold)
+        });
         let input = TaskInput {
             agent: spec.name.clone(),
             task_id: env.task_id.clone(),
-            prompt: prompt::build(
-                &spec.name,
-                env,
-                dispatch,
-                &prompt::PromptExtras {
-                    truncated: extras.truncated,
-                    files,
-                    left_out,
-                    history,
-                    boundary: prompt::boundary(),
-                },
-            ),
+            prompt: prompt::build(&spec.name, env, dispatch, &extras),
+            fresh_prompt,
             session_key: dispatch
                 .session_key
                 .as_deref()
@@ -414,12 +453,13 @@ impl<O: Backend> Dispatcher<O> {
         // Owns the input, so the question sender in it drops when the run ends, which ends
         // `asking`.
         let workspace_now = workspace.clone();
+        let retold = input.fresh_prompt.is_some();
         let run = async move {
             let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
             drop(input);
             // Fields and files from the final answer; files only from the workspace, each
             // announced on the stream before the result.
-            let outcome = outcome.map(|out| hand_back(out, &workspace_now));
+            let outcome = outcome.map(|out| hand_back(out, &workspace_now, retold));
             if let Ok(answer) = &outcome {
                 for file in &answer.files {
                     let _ = tx
@@ -476,6 +516,9 @@ impl<O: Backend> Dispatcher<O> {
             };
             if let Err(e) = saved {
                 tracing::warn!(error = %e, "could not save the agent's session id");
+            }
+            if let Err(e) = journal.add_turn(&spec.name, key, &dispatch.body_text, &out.said) {
+                tracing::warn!(error = %e, "could not record the conversation's turn");
             }
         }
         outcome

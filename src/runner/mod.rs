@@ -46,6 +46,9 @@ pub struct TaskInput {
     pub session_key: Option<String>,
     /// The agent's own session id to continue (a CLI session captured from an earlier run).
     pub resume_id: Option<String>,
+    /// The prompt for a new session when `resume_id` cannot be continued: the same request
+    /// with the conversation's earlier turns given as text. `None`: the prompt as it is.
+    pub fresh_prompt: Option<String>,
     /// The task's own folder: the agent's working directory unless the profile sets one.
     pub workspace: PathBuf,
     /// Where the agent's questions go (permission requests under the `ask` policy); `None`
@@ -233,6 +236,10 @@ pub async fn run(
             );
             let fresh = TaskInput {
                 resume_id: None,
+                prompt: task
+                    .fresh_prompt
+                    .clone()
+                    .unwrap_or_else(|| task.prompt.clone()),
                 ..task.clone()
             };
             let mut out = run_once(profile, &fresh, cancel, events).await?;

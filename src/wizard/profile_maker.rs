@@ -110,6 +110,7 @@ async fn run(profile: &Profile, prompt: &str) -> anyhow::Result<(String, Vec<Str
         prompt: prompt.to_string(),
         session_key: None,
         resume_id: None,
+        fresh_prompt: None,
         workspace: workspace.clone(),
         questions: None,
         env: Vec::new(),

@@ -24,6 +24,8 @@ use crate::protocol::RenderedMail;
 mod history;
 mod outbox;
 mod sessions;
+mod turns;
+pub use turns::Turn;
 mod tasks;
 mod trust;
 
@@ -291,6 +293,16 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (agent, key)
 );
+CREATE TABLE IF NOT EXISTS turns (
+    id      INTEGER PRIMARY KEY,
+    agent   TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    request TEXT NOT NULL,
+    answer  TEXT NOT NULL,
+    at      INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_by_key ON turns (agent, key, id);
+CREATE INDEX IF NOT EXISTS turns_by_time ON turns (agent, at);
 ";
 
 /// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early
@@ -316,8 +328,9 @@ const COUNT_ADMITTED: &str =
     AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)";
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
-/// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline.
-const SCHEMA_VERSION: i64 = 3;
+/// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
+/// 4: turns.
+const SCHEMA_VERSION: i64 = 4;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {

@@ -227,3 +227,29 @@ fn pruning_keeps_unfinished_tasks_and_unsent_mail() {
     assert!(j.knows_message("coder", "<m2>").unwrap());
     assert!(j.knows_message("coder", "<m3>").unwrap());
 }
+
+#[test]
+fn a_conversations_turns_are_kept_in_order_bounded_and_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    for n in 0..(turns::TURNS_KEPT + 3) {
+        journal
+            .add_turn("a", "k1", &format!("ask {n}"), &format!("answer {n}"))
+            .unwrap();
+    }
+    journal
+        .add_turn("a", "k2", &"x".repeat(turns::TURN_TEXT * 2), "ok")
+        .unwrap();
+    let kept = journal.turns("a", "k1").unwrap();
+    assert_eq!(kept.len() as i64, turns::TURNS_KEPT);
+    assert_eq!(kept[0].request, "ask 3");
+    assert_eq!(
+        kept.last().unwrap().answer,
+        format!("answer {}", turns::TURNS_KEPT + 2)
+    );
+    assert_eq!(
+        journal.turns("a", "k2").unwrap()[0].request.len(),
+        turns::TURN_TEXT
+    );
+    assert!(journal.turns("b", "k1").unwrap().is_empty(), "per agent");
+}

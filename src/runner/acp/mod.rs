@@ -736,9 +736,17 @@ async fn drive(
             Err(why) => return Ok(why),
         };
 
+    // A session that could not be continued: a new one, given the conversation as text.
+    let prompt = match (
+        &task.fresh_prompt,
+        shared.context_lost.load(Ordering::SeqCst),
+    ) {
+        (Some(fresh), true) => fresh.clone(),
+        _ => task.prompt.clone(),
+    };
     let request = PromptRequest::new(
         session_id.clone(),
-        vec![ContentBlock::Text(TextContent::new(task.prompt.clone()))],
+        vec![ContentBlock::Text(TextContent::new(prompt))],
     );
     let mut reply = std::pin::pin!(cx.send_request(request).block_task());
     let ended = tokio::select! {
