@@ -607,6 +607,14 @@ async fn sessions_continue_with_resume_or_load_without_replaying_output() {
     for (caps, method) in [
         (json!({"resume": true}), "session/resume"),
         (json!({"load": true}), "session/load"),
+        // Issue 20: gemini --acp 0.61 answers session/load, then replays the history while
+        // the next prompt waits for its model: the history leaked into the answer
+        // ("I remember: tangerine.I remember: tangerine, walnut.").
+        (
+            json!({"load": true, "replay_after_load": true,
+                   "steps": [{"sleep": 0.3}, {"say_prompt": true}]}),
+            "session/load",
+        ),
     ] {
         let mut script = json!({"steps": [{"say_prompt": true}]});
         script

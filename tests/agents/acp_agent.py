@@ -7,6 +7,8 @@ The script is a JSON file named by $ACP_TEST_SCRIPT:
     "auth": "none" | "required",        # session/new answers -32000 until authenticate
     "auth_methods": [{"id": ...}],      # offered in initialize (default: one API-key method)
     "load": false, "resume": false,     # advertised session capabilities
+    "replay_after_load": false,         # session/load answers first, then replays the history
+                                        # (as gemini --acp 0.61 does: it does not await it)
     "on_cancel": "honour" | "ignore",
     "modes": ["read-only", ...],        # session modes it takes with session/set_mode
     "record": "/path/messages.jsonl",   # every message from the client, one per line
@@ -243,9 +245,16 @@ def handle(message):
         if sid not in state:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": "Resource not found: " + str(sid)}})
             return
-        if method == "session/load":
-            for text in state[sid]:  # the history is replayed before the answer
+        def replay():
+            for text in state[sid]:
+                update(sid, {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "(earlier prompt)"}})
                 update(sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+        if method == "session/load" and script.get("replay_after_load"):
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+            threading.Thread(target=replay, daemon=True).start()
+            return
+        if method == "session/load":
+            replay()  # the history is replayed before the answer
         send({"jsonrpc": "2.0", "id": rid, "result": {}})
     elif method == "session/prompt":
         cancelled.clear()

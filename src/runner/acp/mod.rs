@@ -86,6 +86,8 @@ struct Shared {
     titles: Mutex<HashMap<String, String>>,
     /// `session/load` replays history as updates before it answers: not new output.
     replaying: AtomicBool,
+    /// Told of every update that comes while `replaying`.
+    replayed: Notify,
     /// The session to continue was refused; the task runs in a new one.
     context_lost: AtomicBool,
     /// Where in `text` the answer starts: after the last tool call.
@@ -112,6 +114,11 @@ struct Shared {
     /// it had answered, with the error as the text.
     system_error: Mutex<Option<usize>>,
 }
+
+/// After `session/load`, the history replay is over when no update came for this long...
+const REPLAY_QUIET: std::time::Duration = std::time::Duration::from_millis(250);
+/// ...or after this long, whatever comes.
+const REPLAY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How much of a command's output sent in `_meta` is kept per tool call.
 const META_OUTPUT_MAX: usize = 64 * 1024;
@@ -150,6 +157,7 @@ pub async fn run_acp(
         text_cut: AtomicBool::new(false),
         titles: Mutex::new(HashMap::new()),
         replaying: AtomicBool::new(false),
+        replayed: Notify::new(),
         context_lost: AtomicBool::new(false),
         answer_from: std::sync::atomic::AtomicUsize::new(0),
         last_plan: Mutex::new(None),
@@ -167,7 +175,9 @@ pub async fn run_acp(
     let on_update = {
         let (events, shared) = (events.clone(), shared.clone());
         async move |n: SessionNotification, _cx| {
-            if !shared.replaying.load(Ordering::SeqCst) {
+            if shared.replaying.load(Ordering::SeqCst) {
+                shared.replayed.notify_one();
+            } else {
                 for event in map_update(&n.update, &shared) {
                     // A closed receiver only means nobody watches the stream.
                     let _ = events.send(event).await;
@@ -643,6 +653,18 @@ async fn open_session(
         } else if caps.load_session {
             shared.replaying.store(true, Ordering::SeqCst);
             let r = within!(LoadSessionRequest::new(id.to_string(), cwd)).map(|_| ());
+            if r.is_ok() {
+                // Some agents replay after they answer (gemini --acp 0.61 does not await its
+                // replay): the history is over once the updates stop for a moment.
+                let until = tokio::time::Instant::now() + REPLAY_MAX;
+                while tokio::time::timeout_at(
+                    until.min(tokio::time::Instant::now() + REPLAY_QUIET),
+                    shared.replayed.notified(),
+                )
+                .await
+                .is_ok()
+                {}
+            }
             shared.replaying.store(false, Ordering::SeqCst);
             r
         } else {
