@@ -539,6 +539,44 @@ async fn the_real_claude_code_plan_streams_as_todo_events() {
     assert!(bridge.stop().success());
 }
 
+/// Issue 20, items 2 and 3, with the real claude-agent-acp (0.49): Claude's plan (TaskCreate,
+/// TaskUpdate) comes as ACP plans, each sent twice, and the answer included what Claude said
+/// before planning ("Planning first. All done. The plan is finished."). Now each plan is one
+/// `todo` event and the answer is what came after the last step.
+#[test]
+fn the_real_claude_agent_acp_plan_streams_once_and_the_answer_is_the_last_word() {
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = std::process::Command::new(support::bin())
+        .args(["--config", config.to_str().unwrap(), "profile", "test"])
+        .args(["claude-acp", "--prompt", "plan: write the tests; run them"])
+        .args(["--events", "--json"])
+        .envs(claude_acp_env(&model, home.path()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["output"], "All done. The plan is finished.");
+    let todos: Vec<&serde_json::Value> = report["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "todo")
+        .collect();
+    assert_eq!(todos.len(), 3, "{todos:?}");
+    let last = todos[2]["payload"].to_string();
+    assert!(
+        last.contains("write the tests") && last.contains("completed") && last.contains("run them"),
+        "{last}"
+    );
+}
+
 /// Issue 20: a way to see a profile's events without a mailbox. `profile test --events` runs
 /// the shipped Claude profile with the real CLI and prints the ordered events and the answer.
 #[test]

@@ -269,6 +269,12 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                     .to_string(),
                 })
                 .collect();
+            // A plan comes from a tool call (claude-agent-acp turns Claude's TaskCreate and
+            // TaskUpdate into plans): what the agent said before it is progress too.
+            shared.answer_from.store(
+                shared.text.lock().expect("text lock").len(),
+                Ordering::SeqCst,
+            );
             // An adapter that sends the same plan twice (claude-agent-acp) gives one event.
             let mut last = shared.last_plan.lock().expect("plan lock");
             if last.as_ref() == Some(&items) {
