@@ -328,6 +328,93 @@ async fn the_real_codex_agents_report_a_failing_model_as_rejected() {
     }
 }
 
+/// Issue 20, item 4, the CLIs: the policy reached the agents only as answers to permission
+/// requests, which CLIs in headless mode never send, so what held was each CLI's own settings.
+/// Now the shipped profiles pass it in the CLI's terms first: Codex set up to run without a
+/// sandbox (`sandbox_mode = "danger-full-access"` in its config) still cannot write under
+/// `read_only`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_codex_cli_holds_read_only_whatever_its_config_says() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "codex", &boss.email).text(),
+    );
+    let env = codex_env(&model, home.path());
+    let config = home.path().join(".codex/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("sandbox_mode = \"danger-full-access\"\n{text}"),
+    )
+    .unwrap();
+    let bridge = start(&dir, &env);
+    let mut peer = Peer::new(boss).await;
+    let answers = conversation(&mut peer, &agent.email, &["run: touch made-by-agent"]).await;
+    assert!(bridge.stop().success());
+    assert!(
+        answers[0].contains("Read-only file system"),
+        "{}",
+        answers[0]
+    );
+    assert_eq!(
+        found(dir.dir.path(), "made-by-agent"),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+/// Issue 20, items 5 and 3, with the real `gemini --acp` (0.61): Gemini names a tool only in
+/// its permission request, so a refused call sent no `tool_call` event, and the answer kept
+/// what it said before. Now the refusal is a failed tool call, the write is not made, and the
+/// answer is Gemini's last word.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_gemini_acp_shows_a_refused_tool_call() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "gemini-acp", &boss.email).text(),
+    );
+    let mut bridge = start(&dir, &gemini_env(&model, home.path()));
+    let mut peer = Peer::new(boss).await;
+    let sent = peer
+        .send(peer.dispatch_to(&agent.email, "Touch", "run: touch made-by-agent"))
+        .await;
+    let task_id = sent.task_id().to_string();
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert!(
+        r.output.starts_with("All done. The command said:") && r.output.contains("canceled"),
+        "{}",
+        r.output
+    );
+    bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    let calls: Vec<&serde_json::Value> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.stream" && e["type"] == "tool_call")
+        .map(|e| &e["payload"])
+        .collect();
+    assert!(
+        calls.iter().any(|c| c["label"] == "touch made-by-agent"
+            && c["status"] == "failed"
+            && c["output"].as_str().unwrap_or_default().contains("refused")),
+        "{calls:?}"
+    );
+    assert!(bridge.stop().success());
+    assert_eq!(
+        found(dir.dir.path(), "made-by-agent"),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
 /// Issue 20: both Claude adapters answered `session/resume` from another folder with
 /// "Resource not found", and every task ran in a fresh folder: the second turn lost its
 /// context without a word. A conversation now keeps its folder, so the real claude-agent-acp

@@ -318,3 +318,26 @@ async fn a_session_the_agent_cannot_continue_is_started_anew_once() {
     assert!(matches!(err, RunError::Failed { .. }), "{err}");
     assert_eq!(std::fs::read_to_string(&counter).unwrap(), "x", "run once");
 }
+
+/// Issue 20, item 4: the permission policy goes to a CLI in its own terms, first (before any
+/// subcommand), for the profile's policy only.
+#[tokio::test]
+async fn the_policys_arguments_come_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = |policy: &str| {
+        format!(
+            "command = \"echo\"\nargs = [\"exec\", \"-\"]\npermissions = \"{policy}\"\n[permission_args]\nread_only = [\"--sandbox\", \"read-only\"]\nallow = [\"--sandbox\", \"write\"]\n"
+        )
+    };
+    let cancel = CancellationToken::new();
+    for (policy, expected) in [
+        ("read_only", "--sandbox read-only exec -"),
+        ("allow", "--sandbox write exec -"),
+        ("deny", "exec -"),
+    ] {
+        let out = run_cli(&profile(&toml(policy)), &task(dir.path(), "p"), &cancel)
+            .await
+            .unwrap();
+        assert_eq!(out.output, expected, "{policy}");
+    }
+}

@@ -113,6 +113,11 @@ struct ProfileFile {
     /// not ask (codex-acp's default mode edits without asking).
     #[serde(default)]
     modes: std::collections::BTreeMap<PermissionPolicy, String>,
+    /// CLI: arguments put first for each permission policy, the policy in the CLI's own terms
+    /// (`read_only = ["--sandbox", "read-only"]`), so it holds whatever the CLI's own
+    /// settings say.
+    #[serde(default)]
+    permission_args: std::collections::BTreeMap<PermissionPolicy, Vec<String>>,
     /// ACP: how long `initialize` may take (cold npx starts are slow).
     #[serde(default = "default_init_timeout")]
     init_timeout_secs: u64,
@@ -237,6 +242,8 @@ pub struct Profile {
     pub permissions: PermissionPolicy,
     /// The agent's session mode for each policy.
     pub modes: std::collections::BTreeMap<PermissionPolicy, String>,
+    /// CLI: the arguments added for each policy.
+    pub permission_args: std::collections::BTreeMap<PermissionPolicy, Vec<Template>>,
     pub init_timeout: Duration,
     pub cancel_grace: Duration,
     pub auth_method: Option<String>,
@@ -316,6 +323,18 @@ impl Profile {
             kind: file.kind,
             permissions: file.permissions,
             modes: file.modes,
+            permission_args: file
+                .permission_args
+                .iter()
+                .map(|(policy, args)| {
+                    let args = args
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| parse(&format!("permission_args[{i}]"), a))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok((*policy, args))
+                })
+                .collect::<Result<_, ProfileError>>()?,
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
             auth_method: file.auth_method,

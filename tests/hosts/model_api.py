@@ -18,6 +18,7 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
+`run: COMMAND` in a Gemini turn scripts a `run_shell_command` call the same way.
 `fail: 500` anywhere in a Responses conversation is answered HTTP 500 with OpenAI's overload
 error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
 text naming the last line the command's output ended with.
@@ -225,28 +226,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def gemini(self, body, stream):
         """Gemini's generateContent / streamGenerateContent (`?alt=sse`): the same answer rule
-        over `contents`."""
-        answer = remembered(part.get("text") for content in body.get("contents", [])
-                            if content.get("role", "user") == "user" for part in content.get("parts", []))
+        over `contents`, and `run: COMMAND` scripted as a `run_shell_command` call."""
         config = body.get("generationConfig") or {}
         schema = config.get("responseJsonSchema") or config.get("responseSchema")
         if config.get("responseMimeType") == "application/json" and schema:
             # A side call that wants JSON (the CLI's model router): an answer of that shape.
-            answer = json.dumps(fill(schema))
+            parts = [{"text": json.dumps(fill(schema))}]
+        else:
+            parts = gemini_script(body.get("contents", []))
         usage = {"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110}
 
-        def chunk(text, last):
-            candidate = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+        def chunk(parts, last):
+            candidate = {"content": {"role": "model", "parts": parts}, "index": 0}
             if last:
                 candidate["finishReason"] = "STOP"
             return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "gemini-standin"}
 
         if not stream:
-            return self.send_json(200, chunk(answer, True))
+            return self.send_json(200, chunk(parts, True))
         self.start_sse()
-        parts = thirds(answer)
-        for n, part in enumerate(parts):
-            self.wfile.write(("data: %s\r\n\r\n" % json.dumps(chunk(part, n == len(parts) - 1))).encode())
+        pieces = [[{"text": t}] for p in parts if "text" in p for t in thirds(p["text"])]
+        pieces += [[p] for p in parts if "text" not in p]
+        for n, piece in enumerate(pieces):
+            self.wfile.write(("data: %s\r\n\r\n" % json.dumps(chunk(piece, n == len(pieces) - 1))).encode())
             self.wfile.flush()
 
     def openai_responses(self, body):
@@ -288,6 +290,30 @@ class Handler(BaseHTTPRequestHandler):
                                                       usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
                                                              "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
                                                              "total_tokens": 110})})
+
+
+def gemini_script(contents):
+    """What a Gemini request is answered with: parts (text, function calls).
+
+    `run: COMMAND` in the turn's prompt: a text and a `run_shell_command` call; once its answer
+    came back, "All done. The command said: LAST LINE." Otherwise the remembered words."""
+    prompts = [i for i, c in enumerate(contents) if c.get("role", "user") == "user"
+               and any("text" in p for p in c.get("parts", []))]
+    prompt = " ".join(p.get("text", "") for p in contents[prompts[-1]].get("parts", [])) if prompts else ""
+    run = re.search(r"run: ([^\n]+)", prompt)
+    if run:
+        answers = [p["functionResponse"] for c in contents[prompts[-1]:] for p in c.get("parts", [])
+                   if "functionResponse" in p]
+        if not answers:
+            return [{"text": "Running it. "},
+                    {"functionCall": {"name": "run_shell_command",
+                                      "args": {"command": run.group(1).strip(), "description": "run it"}}}]
+        said = json.dumps(answers[-1].get("response", {}))
+        said = answers[-1].get("response", {}).get("output", said) if isinstance(answers[-1].get("response"), dict) else said
+        lines = [l.strip() for l in str(said).splitlines() if l.strip()]
+        return [{"text": "All done. The command said: %s." % (lines[-1] if lines else "nothing")}]
+    return [{"text": remembered(part.get("text") for content in contents
+                                if content.get("role", "user") == "user" for part in content.get("parts", []))}]
 
 
 def responses_script(body):
