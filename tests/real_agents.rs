@@ -65,6 +65,16 @@ fn adapters_path() -> (String, String) {
     (key, format!("{}:{rest}", bin.display()))
 }
 
+/// `env` with Zed's adapters first on its `PATH` (their own prefix: Zed's codex-acp has the
+/// other one's command name), then the other adapters.
+fn with_zed(env: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env = with_adapters(env);
+    let (key, rest) = env.pop().expect("PATH last");
+    let bin = support::test_agents().join("zed/node_modules/.bin");
+    env.push((key, format!("{}:{rest}", bin.display())));
+    env
+}
+
 /// `env` with its `PATH` made [`adapters_path`].
 fn with_adapters(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
     env.retain(|(k, _)| k != "PATH");
@@ -425,39 +435,50 @@ async fn the_real_claude_agent_acp_keeps_a_conversation_through_the_bridge() {
 }
 
 /// Issue 20, item 7: as root on a machine with `IS_SANDBOX=yes` (this one), claude-agent-acp
-/// failed with "Internal error (Claude Code process exited with code 1)" alone: the adapter
+/// failed with "Internal error (Claude Code process exited with code 1)" alone (Zed's adapter:
+/// "Query closed before response received"): the adapter
 /// asks for the permission bypass whenever IS_SANDBOX is set, Claude Code refuses it to root
 /// unless it is `1`, and says so only on a stderr the adapter swallows. The bridge now says
 /// what happened and what to do. (Run as another user, the adapter works, and so must the
 /// check.)
 #[test]
-fn the_real_claude_agent_acp_refusing_root_says_what_to_do() {
+fn the_real_claude_adapters_refusing_root_say_what_to_do() {
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
     let config = home.path().join("config.toml");
     std::fs::write(&config, "").unwrap();
-    let mut env = claude_acp_env(&model, home.path());
-    env.retain(|(k, _)| k != "IS_SANDBOX");
-    env.push(("IS_SANDBOX".into(), "yes".into()));
-    let out = std::process::Command::new(support::bin())
-        .args(["--config", config.to_str().unwrap(), "profile", "test"])
-        .args(["claude-acp", "--prompt", "remember: tangerine", "--json"])
-        .envs(env)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
-    if nix::unistd::geteuid().is_root() {
-        assert!(!out.status.success());
-        let error = report["error"].as_str().unwrap();
-        assert!(
-            error.contains("Claude Code process exited with code 1")
-                && error.contains("IS_SANDBOX is \"yes\" here")
-                && error.contains("set IS_SANDBOX = \"1\""),
-            "{error}"
-        );
-    } else {
-        assert_eq!(report["output"], "I remember: tangerine.", "{report}");
+    let zed = home.path().join("zed-claude.toml");
+    std::fs::write(&zed, "kind = \"acp\"\ncommand = \"claude-code-acp\"\n").unwrap();
+    for (profile, said) in [
+        ("claude-acp", "Claude Code process exited with code 1"),
+        (
+            zed.to_str().unwrap(),
+            "Query closed before response received",
+        ),
+    ] {
+        let mut env = with_zed(claude_acp_env(&model, home.path()));
+        env.retain(|(k, _)| k != "IS_SANDBOX");
+        env.push(("IS_SANDBOX".into(), "yes".into()));
+        let out = std::process::Command::new(support::bin())
+            .args(["--config", config.to_str().unwrap(), "profile", "test"])
+            .args([profile, "--prompt", "remember: tangerine", "--json"])
+            .envs(env)
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+        if nix::unistd::geteuid().is_root() {
+            assert!(!out.status.success(), "{profile}");
+            let error = report["error"].as_str().unwrap();
+            assert!(
+                error.contains(said)
+                    && error.contains("IS_SANDBOX is \"yes\" here")
+                    && error.contains("set IS_SANDBOX = \"1\""),
+                "{profile}: {error}"
+            );
+        } else {
+            assert_eq!(report["output"], "I remember: tangerine.", "{report}");
+        }
     }
 }
 
@@ -499,6 +520,32 @@ async fn the_real_gemini_acp_keeps_a_conversation_through_the_bridge() {
             "{answer:?}"
         );
     }
+}
+
+/// Issue 20: Zed's codex-acp (0.16, its own Rust build, the same command name) through the
+/// shipped codex-acp profile: a three-turn conversation keeps its context.
+#[tokio::test(flavor = "multi_thread")]
+async fn zeds_codex_acp_keeps_a_conversation_through_the_bridge() {
+    keeps_three_turns("codex-acp", |model, home| with_zed(codex_env(model, home))).await;
+}
+
+/// Issue 20: Zed's Claude adapter (claude-code-acp 0.16) answered `session/resume` from
+/// another folder with "Resource not found"; with one folder per conversation a three-turn
+/// conversation keeps its context. (No profile ships for it: it is the older name of
+/// claude-agent-acp; this one is what a user would write.)
+#[tokio::test(flavor = "multi_thread")]
+async fn zeds_claude_code_acp_keeps_a_conversation_through_the_bridge() {
+    let profiles = tempfile::tempdir().unwrap();
+    let path = profiles.path().join("zed-claude.toml");
+    std::fs::write(
+        &path,
+        "name = \"zed-claude\"\nkind = \"acp\"\ncommand = \"claude-code-acp\"\n[modes]\nread_only = \"default\"\n",
+    )
+    .unwrap();
+    keeps_three_turns(path.to_str().unwrap(), |model, home| {
+        with_zed(claude_acp_env(model, home))
+    })
+    .await;
 }
 
 /// Issue 20: a three-turn conversation with the real Gemini CLI (0.61, stream mode) through the

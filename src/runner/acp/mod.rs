@@ -493,7 +493,8 @@ fn session_refused(detail: &str, profile: &Profile) -> RunError {
 
 /// Whether a Claude adapter's refusal is Claude Code refusing root its permission bypass
 /// (`--dangerously-skip-permissions cannot be used with root/sudo privileges`, which the
-/// adapters turn into "Claude Code process exited with code 1" alone), and the IS_SANDBOX
+/// adapters turn into "Claude Code process exited with code 1" or "Query closed before
+/// response received" alone), and the IS_SANDBOX
 /// value that made the adapter ask: claude-agent-acp asks when IS_SANDBOX has any value,
 /// Claude Code allows it to root only with `1`.
 fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
@@ -501,10 +502,14 @@ fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
         Some((_, value)) => Some(value.literal_text()),
         None => std::env::var("IS_SANDBOX").ok(),
     }?;
-    (detail.contains("Claude Code process exited")
-        && nix::unistd::geteuid().is_root()
-        && sandbox != "1")
-        .then_some(sandbox)
+    // claude-agent-acp says the first, Zed's claude-code-acp the second.
+    let exited = [
+        "Claude Code process exited",
+        "Query closed before response received",
+    ]
+    .iter()
+    .any(|said| detail.contains(said));
+    (exited && nix::unistd::geteuid().is_root() && sandbox != "1").then_some(sandbox)
 }
 
 /// `initialize` with the capabilities we really have: file reads and writes and terminals
