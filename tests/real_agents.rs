@@ -522,6 +522,38 @@ async fn the_real_gemini_acp_keeps_a_conversation_through_the_bridge() {
     }
 }
 
+/// Issue 20, item 3, the Gemini CLI in stream mode: the answer was everything Gemini said
+/// ("Running it. All done. …"); it is now what came after its last tool call. (Under
+/// `read_only` the profile's `--approval-mode default` leaves the shell tool out in `-p` mode:
+/// the call fails, and Gemini says so.)
+#[test]
+fn the_real_gemini_cli_answer_is_what_follows_its_last_tool_call() {
+    let model = ModelApi::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = std::process::Command::new(support::bin())
+        .args(["--config", config.to_str().unwrap(), "profile", "test"])
+        .args(["gemini", "--prompt", "run: echo hi", "--events", "--json"])
+        .envs(gemini_env(&model, home.path()))
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    let answer = report["output"].as_str().unwrap();
+    assert!(
+        answer.starts_with("All done. The command said:"),
+        "{answer}"
+    );
+    let kinds: Vec<&str> = report["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"tool_call"), "{kinds:?}");
+}
+
 /// Issue 20: Zed's codex-acp (0.16, its own Rust build, the same command name) through the
 /// shipped codex-acp profile: a three-turn conversation keeps its context.
 #[tokio::test(flavor = "multi_thread")]
