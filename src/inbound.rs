@@ -42,6 +42,15 @@ pub enum Mail {
     Aamp(Box<Inbound>),
     /// A plain reply from a mail client (no AAMP headers) to a mail the bridge sent.
     Reply(Reply),
+    /// A mail server's notice that a mail could not be delivered (a DSN, RFC 3464).
+    Bounce(Bounce),
+}
+
+/// A delivery status notification in the mailbox's Inbox, as read.
+#[derive(Clone, Debug)]
+pub struct Bounce {
+    pub email_id: String,
+    pub notification: protocol::dsn::Notification,
 }
 
 /// A plain reply: a person answering, say, a `task.help_needed` question from their mail

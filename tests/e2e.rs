@@ -624,3 +624,96 @@ async fn a_lost_cursor_is_recovered_from_the_inbox_without_running_anything_twic
         "{log}"
     );
 }
+
+/// Issue 23: `dispatch` to an address that does not exist waited out its whole timeout, the
+/// server's bounce (a delivery status notification) ignored. It now ends within seconds,
+/// saying the address does not exist, with exit code 3.
+#[tokio::test(flavor = "multi_thread")]
+async fn dispatch_to_an_address_that_does_not_exist_fails_within_seconds() {
+    let Some(host) = mailhost() else { return };
+    let me = host.user("me");
+    let dir = ConfigDir::new(host, &host.mailbox_toml("me", &me));
+    let nobody = format!("nobody-{}@{}", uuid::Uuid::new_v4().simple(), host.domain);
+    let started = std::time::Instant::now();
+    let out = tokio::process::Command::new(support::bin())
+        .args(["--config", dir.config().to_str().unwrap(), "dispatch"])
+        .args([
+            "--from",
+            "me",
+            "--to",
+            &nobody,
+            "--timeout",
+            "120",
+            "--json",
+        ])
+        .arg("anyone there?")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "it waited {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains(&format!("{nobody}: the address does not exist (5.1.1")),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["undeliverable"][0]
+        .as_str()
+        .unwrap()
+        .starts_with(&nobody));
+}
+
+/// Issue 23: an answer that bounces (its dispatcher's address does not exist) was counted as
+/// sent; the server's delivery report now marks it undelivered in `tasks`, with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_that_bounces_is_shown_as_undelivered() {
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("agent");
+    let ghost = format!("ghost-{}@{}", uuid::Uuid::new_v4().simple(), host.domain);
+    // The agent believes From as written, so a dispatch from an address with no mailbox runs.
+    let dir = ConfigDir::new(
+        host,
+        &support::Toml::new()
+            .host_mailbox(host, "agent", &agent, "sender_auth = \"none\"\n")
+            .agent("agent", "echo", &[&ghost], "")
+            .text(),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let task_id = uuid::Uuid::new_v4().to_string();
+    support::inject_mx(
+        host,
+        &ghost,
+        &agent.email,
+        &format!(
+            "From: {ghost}\nTo: {}\nMessage-ID: <{task_id}@ghost.test>\nSubject: [AAMP Task] hello\nX-AAMP-Version: 1.1\nX-AAMP-Intent: task.dispatch\nX-AAMP-TaskId: {task_id}\nContent-Type: text/plain\n\nTask: echo this\n",
+            agent.email
+        ),
+    );
+    let failed = bridge.wait_event("mail.failed", |e| {
+        e["taskId"] == task_id.as_str() && e["intent"] == "task.result"
+    });
+    assert!(
+        failed.to_string().contains("the address does not exist"),
+        "{failed}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&dir.run(&["tasks", "--state", "undelivered", "--json"])).unwrap();
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["taskId"] == task_id.as_str())
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        row["undelivered"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bounced:"),
+        "{row}"
+    );
+}

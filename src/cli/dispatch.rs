@@ -57,13 +57,37 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     let mut following = tokio::task::JoinSet::new();
     let mut followed = false;
     loop {
-        let (inbound, next) = mailbox.fetch_since(&state, 50).await?;
+        let (mail, next) = mailbox.fetch_mail_since(&state, 50).await?;
         state = next;
-        for m in inbound
-            .into_iter()
-            .map(|i| i.message)
-            .filter(|m| m.task_id() == task_id)
-        {
+        let mut inbound = Vec::new();
+        for m in mail {
+            match m {
+                crate::inbound::Mail::Aamp(i) => inbound.push(i.message),
+                // The server could not deliver the dispatch: no answer will come.
+                crate::inbound::Mail::Bounce(b)
+                    if b.notification
+                        .message_id
+                        .as_deref()
+                        .map(crate::protocol::message::normalize_message_id)
+                        == Some(crate::protocol::message::normalize_message_id(&message_id))
+                        && b.notification.failed().next().is_some() =>
+                {
+                    let failed: Vec<String> =
+                        b.notification.failed().map(|r| r.describe()).collect();
+                    if args.json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"taskId": task_id, "messageId": message_id,
+                                               "undeliverable": failed})
+                        );
+                    }
+                    eprintln!("the dispatch could not be delivered: {}", failed.join("; "));
+                    return Ok(3);
+                }
+                _ => {}
+            }
+        }
+        for m in inbound.into_iter().filter(|m| m.task_id() == task_id) {
             match &m.body {
                 Body::StreamOpened { stream_id } if args.follow && !followed => {
                     followed = true;

@@ -83,6 +83,8 @@ pub enum Command {
         action: ProfileAction,
     },
     /// Send a task to an agent from one of the config's mailboxes, and wait for its result.
+    /// Exits 0 when it completed, 1 when it was rejected (or on an error), 3 when the server
+    /// reported that the dispatch could not be delivered (an address that does not exist).
     Dispatch(DispatchArgs),
     /// List the agents this machine has: every profile, whether its command is installed,
     /// its version, and what is missing.

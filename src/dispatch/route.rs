@@ -34,6 +34,56 @@ impl<O: Backend> Dispatcher<O> {
         match mail {
             Mail::Aamp(inbound) => self.deliver_aamp(*inbound),
             Mail::Reply(reply) => self.on_reply(reply),
+            Mail::Bounce(bounce) => self.on_bounce(bounce),
+        }
+    }
+
+    /// A delivery report for a mail this agent sent (an answer to an address that does not
+    /// exist, say): the mail is marked undelivered, so `tasks` shows it. Reports of delays,
+    /// and of mail the agent did not send, change nothing.
+    pub(super) fn on_bounce(&self, bounce: crate::inbound::Bounce) -> Result<(), JournalError> {
+        let spec = self.spec();
+        let n = &bounce.notification;
+        let message_id = n
+            .message_id
+            .as_deref()
+            .map(crate::protocol::message::normalize_message_id);
+        let span = tracing::info_span!("bounce", agent = %spec.name, message_id = ?message_id, email_id = %bounce.email_id);
+        let _enter = span.enter();
+        let ignore = |reason: &str| {
+            tracing::info!(%reason, "delivery report ignored");
+            self.inner.events.emit(
+                crate::events::Event::MessageIgnored,
+                json!({"agent": spec.name, "messageId": message_id, "intent": null, "reason": reason}),
+            );
+            Ok(())
+        };
+        let failed: Vec<String> = n.failed().map(|r| r.describe()).collect();
+        let Some(message_id) = message_id.as_deref() else {
+            return ignore("a delivery report that names no mail");
+        };
+        if failed.is_empty() {
+            return ignore("a delivery report of no failure (a delay, or a delivery)");
+        }
+        let error = format!("bounced: {}", failed.join("; "));
+        match self.inner.journal.bounced(&spec.name, message_id, &error)? {
+            Some(journal::Bounced {
+                task: row,
+                task_id,
+                intent,
+            }) => {
+                tracing::warn!(%intent, %error, "a mail the agent sent could not be delivered");
+                if let Some(row) = row {
+                    let _ = self.inner.journal.note(row, "undelivered", Some(&error));
+                }
+                self.inner.events.emit(
+                    crate::events::Event::MailFailed,
+                    json!({"agent": spec.name, "taskId": task_id, "intent": intent,
+                           "messageId": message_id, "error": error}),
+                );
+                Ok(())
+            }
+            None => ignore("a delivery report for a mail this agent did not send"),
         }
     }
 

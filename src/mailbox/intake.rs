@@ -496,7 +496,7 @@ mod tests {
     fn number(mail: &Mail) -> usize {
         match mail {
             Mail::Reply(r) => r.email_id[1..].parse().unwrap(),
-            Mail::Aamp(_) => unreachable!(),
+            Mail::Aamp(_) | Mail::Bounce(_) => unreachable!("the fake source makes replies"),
         }
     }
 

@@ -4,6 +4,7 @@
 //! where they differ (`-` in result subjects, `X-AAMP-ErrorMsg` on rejected results).
 
 pub mod codec;
+pub mod dsn;
 pub mod message;
 pub mod rfc5322;
 pub mod sse;

@@ -23,6 +23,7 @@ use crate::protocol::RenderedMail;
 
 mod history;
 mod outbox;
+pub use outbox::Bounced;
 mod sessions;
 mod turns;
 pub use turns::Turn;

@@ -117,4 +117,39 @@ impl Journal {
             .map(drop)
         })
     }
+
+    /// A mail this agent sent came back (a delivery report): marks it failed with `error`
+    /// and says which; `None` when the agent sent no mail with that Message-ID.
+    pub fn bounced(
+        &self,
+        agent: &str,
+        message_id: &str,
+        error: &str,
+    ) -> Result<Option<Bounced>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "UPDATE outbox SET failed_at = ?3, last_error = ?4
+                 WHERE agent = ?1 AND message_id = ?2
+                 RETURNING task, (SELECT t.task_id FROM tasks t WHERE t.id = outbox.task), intent",
+                params![agent, message_id, now_ms(), error],
+                |r| {
+                    Ok(Bounced {
+                        task: r.get(0)?,
+                        task_id: r.get(1)?,
+                        intent: r.get(2)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+}
+
+/// A sent mail that came back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Bounced {
+    /// Its task's row and id, when it was a task's mail.
+    pub task: Option<i64>,
+    pub task_id: Option<String>,
+    pub intent: String,
 }

@@ -145,7 +145,7 @@ impl Reader {
                         .into_iter()
                         .filter(|e| !position.last_ids.contains(&e.id))
                         .collect();
-                    return Ok(self.page_of(fresh, next, changes.has_more));
+                    return Ok(self.page_of(fresh, next, changes.has_more).await);
                 }
                 Err(MailboxError::CannotCalculateChanges) => {
                     let resume_state = self.jmap.email_state().await?;
@@ -175,18 +175,27 @@ impl Reader {
             .filter(|id| !position.last_ids.contains(id))
             .collect();
         let emails = self.jmap.get_emails(&ids).await?;
-        Ok(self.page_of(emails, next, more))
+        Ok(self.page_of(emails, next, more).await)
     }
 
     /// The page of `emails`: what is AAMP for this mailbox, what was ignored, and the
     /// position after them.
-    fn page_of(&self, emails: Vec<jmap::Email>, mut next: Position, more: bool) -> Page {
+    async fn page_of(&self, emails: Vec<jmap::Email>, mut next: Position, more: bool) -> Page {
         for email in &emails {
             next.saw(&email.id, &email.received_at);
         }
         let mut inbound = Vec::new();
         let mut ignored = Vec::new();
         for email in emails {
+            if let Some(parts) = self.bounce_parts(&email) {
+                match self.read_bounce(&email, parts).await {
+                    Some(bounce) => inbound.push(Mail::Bounce(bounce)),
+                    None => {
+                        tracing::info!(email_id = %email.id, "ignored: a delivery report that names no recipient")
+                    }
+                }
+                continue;
+            }
             match self.accept(email) {
                 Ok(mail) => inbound.push(mail),
                 Err(Some(skipped)) => ignored.push(skipped),
@@ -208,19 +217,98 @@ impl Reader {
         position: &Position,
         page: usize,
     ) -> Result<(Vec<Inbound>, Position), MailboxError> {
+        let (mail, position) = self.fetch_mail_since(position, page).await?;
+        let aamp = mail
+            .into_iter()
+            .filter_map(|m| match m {
+                Mail::Aamp(inbound) => Some(*inbound),
+                _ => None,
+            })
+            .collect();
+        Ok((aamp, position))
+    }
+
+    /// All new mail for the bridge since `position` (every page): AAMP messages, plain
+    /// replies and delivery reports.
+    pub async fn fetch_mail_since(
+        &self,
+        position: &Position,
+        page: usize,
+    ) -> Result<(Vec<Mail>, Position), MailboxError> {
         let mut all = Vec::new();
         let mut position = position.clone();
         loop {
             let next = self.next_page(&position, page).await?;
-            all.extend(next.inbound.into_iter().filter_map(|m| match m {
-                Mail::Aamp(inbound) => Some(*inbound),
-                Mail::Reply(_) => None,
-            }));
+            all.extend(next.inbound);
             position = next.position;
             if !next.more {
                 return Ok((all, position));
             }
         }
+    }
+
+    /// A delivery report in this mailbox's Inbox (`multipart/report` whose
+    /// `message/delivery-status` part JMAP lists as an attachment): that part, and the
+    /// returned mail or its headers when the server included them.
+    fn bounce_parts(&self, email: &jmap::Email) -> Option<(jmap::BlobRef, Option<jmap::BlobRef>)> {
+        let in_inbox = self
+            .inbox_id
+            .as_ref()
+            .is_some_and(|inbox| email.mailbox_ids.contains(inbox));
+        let to_me = email
+            .view
+            .to
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(&self.account.email));
+        if !in_inbox || !to_me {
+            return None;
+        }
+        let of_type = |t: &str| {
+            email
+                .attachments
+                .iter()
+                .find(|a| a.content_type.eq_ignore_ascii_case(t))
+                .cloned()
+        };
+        let status = of_type("message/delivery-status")?;
+        Some((
+            status,
+            of_type("message/rfc822").or_else(|| of_type("text/rfc822-headers")),
+        ))
+    }
+
+    /// Reads a delivery report's parts (at most 64 KiB each: the returned mail's headers are
+    /// all it needs of it).
+    async fn read_bounce(
+        &self,
+        email: &jmap::Email,
+        (status, returned): (jmap::BlobRef, Option<jmap::BlobRef>),
+    ) -> Option<crate::inbound::Bounce> {
+        const PART_MAX: u64 = 64 * 1024;
+        let session = self.jmap.session()?;
+        let fetch = |blob: jmap::BlobRef| {
+            let url = jmap::download_url(&session.download_url, &session.account_id, &blob);
+            async move {
+                match self.jmap.download(&url, PART_MAX).await {
+                    Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read a part of a delivery report");
+                        String::new()
+                    }
+                }
+            }
+        };
+        let status_text = fetch(status).await;
+        let returned_text = match returned {
+            Some(blob) => fetch(blob).await,
+            None => String::new(),
+        };
+        let notification = protocol::dsn::parse(&status_text, &returned_text)?;
+        tracing::info!(email_id = %email.id, message_id = ?notification.message_id, failed = notification.failed().count(), "a delivery report");
+        Some(crate::inbound::Bounce {
+            email_id: email.id.clone(),
+            notification,
+        })
     }
 
     /// Keeps Inbox mail addressed to this mailbox and not sent by it, and parses it as AAMP.
