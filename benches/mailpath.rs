@@ -74,6 +74,7 @@ fn account(email: &str) -> Account {
         aamp_url: None,
         sender_auth: SenderAuth::Auto,
         authserv_id: None,
+        replica: None,
     }
 }
 

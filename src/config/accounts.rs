@@ -24,6 +24,17 @@ pub struct Account {
     pub aamp_url: Option<url::Url>,
     pub sender_auth: SenderAuth,
     pub authserv_id: Option<String>,
+    /// This bridge's name among the replicas serving the mailbox, and the claims' lease.
+    pub replica: Option<Replica>,
+}
+
+/// One of several bridges serving a mailbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// Lowercase letters, digits and `-`.
+    pub name: String,
+    /// How long a claim holds unless renewed.
+    pub lease: std::time::Duration,
 }
 
 impl fmt::Debug for Account {
@@ -489,7 +500,34 @@ impl LoadedConfig {
                 "set authserv_id to the name your mail server writes first in its Authentication-Results headers",
             ));
         }
+        let replica = match &m.replica {
+            None => None,
+            Some(name) => {
+                let ok = !name.is_empty()
+                    && name.len() <= 32
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+                if !ok {
+                    return Err(self.error(
+                        format!("{key}.replica"),
+                        format!("{name:?} is not a replica name"),
+                        "use up to 32 letters, digits and '-' (the machine's name, say), different on each machine",
+                    ));
+                }
+                if m.lease_secs < 10 {
+                    return Err(self.error(
+                        format!("{key}.lease_secs"),
+                        format!("a lease of {}s is renewed too often", m.lease_secs),
+                        "use at least 10 (the default is 60)",
+                    ));
+                }
+                Some(Replica {
+                    name: name.to_ascii_lowercase(),
+                    lease: std::time::Duration::from_secs(m.lease_secs),
+                })
+            }
+        };
         Ok(Account {
+            replica,
             sender_auth: m.sender_auth,
             authserv_id: m.authserv_id.clone(),
             name: name.to_string(),

@@ -197,6 +197,19 @@ pub struct MailboxConfig {
     /// While push is up, seconds between safety polls (a missed push costs at most this).
     #[serde(default = "default_reconcile_secs")]
     pub reconcile_interval_secs: u64,
+    /// Several bridges serve this mailbox: this one's name among them (letters, digits and
+    /// `-`). Each dispatch is claimed on the mail server before it is acknowledged, and run
+    /// by the one replica that won the claim (see the README's "Several machines").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// With `replica`: seconds a claim holds without being renewed; a replica that stops
+    /// renewing (it died) loses its tasks to the others after this.
+    #[serde(default = "default_lease_secs")]
+    pub lease_secs: u64,
+}
+
+fn default_lease_secs() -> u64 {
+    60
 }
 
 fn default_true() -> bool {

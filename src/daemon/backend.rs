@@ -2,6 +2,7 @@
 //! `dispatch::Backend` over whichever system it is).
 
 use super::*;
+use crate::dispatch::ClaimOutcome;
 
 /// A mailbox back-end's error as dispatch sees it: its class and what it says.
 impl From<crate::mailbox::MailboxError> for BackendError {
@@ -68,6 +69,42 @@ impl Backend for Outlet {
     async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
         if let Outlet::Aamp(s) = self {
             Backend::close_stream(s.as_ref(), stream_id, payload).await
+        }
+    }
+
+    async fn claim(&self, email_id: &str) -> Result<ClaimOutcome, BackendError> {
+        match self.sender() {
+            Some(s) => Ok(match s.claim(email_id).await? {
+                crate::mailbox::aamp::claims::Claim::Won => ClaimOutcome::Won,
+                crate::mailbox::aamp::claims::Claim::TakenOver { from } => {
+                    ClaimOutcome::TakenOver { from }
+                }
+                crate::mailbox::aamp::claims::Claim::Lost { by } => ClaimOutcome::Lost { by },
+            }),
+            None => Ok(ClaimOutcome::Won),
+        }
+    }
+
+    async fn renew_claim(&self, email_id: &str) -> Result<bool, BackendError> {
+        match self.sender() {
+            Some(s) => Ok(s.renew(email_id).await?),
+            None => Ok(true),
+        }
+    }
+
+    async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
+        match self.sender() {
+            Some(s) => Ok(s.finish_claim(email_id).await?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Outlet {
+    fn sender(&self) -> Option<&Sender> {
+        match self {
+            Outlet::Aamp(s) => Some(s.as_ref()),
+            Outlet::Amp(_) | Outlet::Asmtp(_) => None,
         }
     }
 }

@@ -351,6 +351,14 @@ pub fn agent_spec(
         unknown_senders: agent.unknown_senders,
         refusals_per_hour: agent.max_refusals_per_hour,
         max_hops: agent.max_hops,
+        replica: config
+            .account(&mailbox_name)
+            .ok()
+            .and_then(|a| a.replica)
+            .map(|r| crate::dispatch::ReplicaSpec {
+                name: r.name,
+                lease: r.lease,
+            }),
         cancel_reply: agent.cancel_reply,
         card: (agent.summary.is_some() || card.is_some()).then(|| {
             (

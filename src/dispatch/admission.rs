@@ -89,7 +89,9 @@ pub fn admit(
             state: TaskState::Cancelled,
         };
     }
-    if load.active >= spec.max_queued {
+    // One of several bridges never answers "busy": it claims only with a free slot, and
+    // leaves the task to the others meanwhile.
+    if spec.replica.is_none() && load.active >= spec.max_queued {
         return reject(format!(
             "agent {} is busy with {} tasks; dispatch again later",
             spec.name, load.active
@@ -161,6 +163,7 @@ mod tests {
             card: None,
             refusals_per_hour: 20,
             max_hops: 4,
+            replica: None,
         }
     }
 

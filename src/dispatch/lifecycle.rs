@@ -3,11 +3,13 @@
 //! task's own, or its conversation's),
 //! feed its stream, relay its questions, and record the result for the outbox. A task
 //! stopped because the bridge stops is not answered: it stays in the journal for the next
-//! start.
+//! start. One of several bridges serving the mailbox claims the task on the mail server once
+//! it has a slot for it, acknowledges and runs it only when it won, and renews the claim while
+//! the task runs.
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +18,7 @@ use super::journal::TaskState;
 use super::questions::PendingQuestion;
 use super::{
     arrival, conversation_key, prompt, results, session_scope, task_key, workspace, Backend,
-    CancelReply, Dispatcher, Place, Task, OWNER_VAR, RUN_VAR,
+    CancelReply, ClaimOutcome, Dispatcher, Place, Task, OWNER_VAR, RUN_VAR,
 };
 use crate::inbound::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
@@ -150,12 +152,60 @@ impl<O: Backend> Dispatcher<O> {
             },
             _ => None,
         };
+        // One of several bridges claims the task once it has a slot for it (a bridge with
+        // none free leaves it to the others), and acknowledges it only when it won.
+        let replica = self.spec().replica.clone();
+        // Not to be run again (the profile's rerun_interrupted): answered with why, once
+        // this bridge holds the task.
+        let mut refused = task.rerun_refused.clone();
+        let slot = match (slot, &replica) {
+            (Some(held), Some(_)) => match self.claim(&task, &cancel).await {
+                Some(ClaimOutcome::Won) => Some(held),
+                Some(ClaimOutcome::TakenOver { from }) => {
+                    if !self.spec().profile.rerun_interrupted {
+                        refused = Some(format!("interrupted: replica {from} stopped while it ran; this agent's tasks are not run twice; dispatch it again"));
+                    }
+                    Some(held)
+                }
+                Some(ClaimOutcome::Lost { by }) => {
+                    drop(held);
+                    self.lost_claim(&task, &workspace, by.as_deref());
+                    return;
+                }
+                None => None,
+            },
+            // Cancelled while it waited: answered by the bridge that wins its claim, only.
+            (None, Some(_)) if !inner.abort.is_cancelled() => {
+                match self.claim(&task, &inner.abort.child_token()).await {
+                    Some(ClaimOutcome::Lost { by }) => {
+                        self.lost_claim(&task, &workspace, by.as_deref());
+                        return;
+                    }
+                    _ => None,
+                }
+            }
+            (slot, _) => slot,
+        };
+        let claim_lost = std::sync::atomic::AtomicBool::new(false);
         let outcome = match (slot, prepared) {
             (_, Some(Err(e))) => Err(e),
+            (Some(_), Some(Ok(_))) if refused.is_some() => {
+                Err(RunError::Prepare(refused.take().unwrap_or_default()))
+            }
             (Some(_held), Some(Ok(prepared))) => match inner.journal.start_run(task.row) {
                 Ok(runs) => {
                     self.note(task.row, &format!("run {runs} started"), None);
-                    self.run(&task, runs, prepared, &cancel).await
+                    let run = self.run(&task, runs, prepared, &cancel);
+                    match &replica {
+                        None => run.await,
+                        Some(replica) => {
+                            let renewing = self.keep_claim(&task, replica, &cancel, &claim_lost);
+                            tokio::select! {
+                                out = run => out,
+                                () = renewing => Err(RunError::Cancelled),
+                            }
+                        }
+                    }
                 }
                 Err(e) => Err(RunError::Prepare(format!(
                     "the task journal could not record the run: {e}"
@@ -163,6 +213,10 @@ impl<O: Backend> Dispatcher<O> {
             },
             _ => Err(RunError::Cancelled),
         };
+        if claim_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            self.lost_claim(&task, &workspace, None);
+            return;
+        }
         // A task's own folder goes (a conversation's stays for its next turn).
         workspace.finish();
         inner
@@ -251,10 +305,114 @@ impl<O: Backend> Dispatcher<O> {
             None => tracing::info!("cancelled; not answered (cancel_reply = \"silent\")"),
         }
         self.finish(&task, state, error.as_deref(), reply);
+        if replica.is_some() {
+            if let Err(e) = inner.outbox.claim_done(&task.extras.email_id).await {
+                tracing::warn!(error = %e, "could not mark the task answered on the server; another bridge may take it over after the lease (its answer has the same Message-ID)");
+            }
+        }
         inner.events.emit(
             crate::events::Event::TaskCompleted,
             json!({"agent": self.spec().name, "taskId": task.env.task_id, "status": status.as_str(),
                    "error": error, "durationMs": started.elapsed().as_millis() as u64}),
+        );
+    }
+
+    /// Claims the task's mail on the server, retrying while the server cannot be reached;
+    /// acknowledges the task when won (once: a claim kept across a restart is won again, and
+    /// its ack is the same mail). `None` when cancelled first.
+    async fn claim(&self, task: &Task, cancel: &CancellationToken) -> Option<ClaimOutcome> {
+        let inner = &self.inner;
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        loop {
+            let tried = tokio::select! {
+                r = inner.outbox.claim(&task.extras.email_id) => r,
+                _ = cancel.cancelled() => return None,
+            };
+            match tried {
+                Ok(won @ (ClaimOutcome::Won | ClaimOutcome::TakenOver { .. })) => {
+                    let by = self
+                        .spec()
+                        .replica
+                        .as_ref()
+                        .map(|r| r.name.clone())
+                        .unwrap_or_default();
+                    let detail = match &won {
+                        ClaimOutcome::TakenOver { from } => {
+                            format!("by replica {by}, taken over from {from}")
+                        }
+                        _ => format!("by replica {by}"),
+                    };
+                    self.note(task.row, "claimed", Some(&detail));
+                    let ack = self.compose(&task.env, &task.key, Body::Ack, 0);
+                    if let Err(e) = self.enqueue(task, &ack) {
+                        tracing::warn!(error = %e, "could not queue task.ack");
+                    }
+                    return Some(won);
+                }
+                Ok(lost) => return Some(lost),
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not claim the task on the server; trying again");
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = cancel.cancelled() => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews the task's claim every third of its lease while it runs; returns (after
+    /// stopping the task) only when another bridge holds the claim now.
+    async fn keep_claim(
+        &self,
+        task: &Task,
+        replica: &super::ReplicaSpec,
+        cancel: &CancellationToken,
+        lost: &std::sync::atomic::AtomicBool,
+    ) {
+        loop {
+            tokio::time::sleep(replica.lease / 3).await;
+            match self.inner.outbox.renew_claim(&task.extras.email_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!("another bridge took the task over (this one did not renew its claim in time); stopping it here");
+                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+                    cancel.cancel();
+                    // The run ends on the cancel; this branch then loses the race or wins it
+                    // with the same outcome.
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not renew the task's claim; trying again")
+                }
+            }
+        }
+    }
+
+    /// Another bridge runs the task: this one forgets it (no ack, no result), so a takeover
+    /// can bring it back here.
+    fn lost_claim(&self, task: &Task, workspace: &workspace::Workspace, by: Option<&str>) {
+        let inner = &self.inner;
+        workspace.finish();
+        inner
+            .running
+            .lock()
+            .expect("running lock")
+            .remove(&task_key(&task.env.from, &task.env.task_id));
+        let reason = match by {
+            Some(by) => format!("claimed by replica {by}"),
+            None => "claimed by another replica".to_string(),
+        };
+        tracing::info!(%reason, "another bridge runs this task");
+        if let Err(e) = inner.journal.forget(task.row) {
+            tracing::warn!(error = %e, "could not forget the task");
+        }
+        inner.events.emit(
+            crate::events::Event::MessageIgnored,
+            json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,
+                   "intent": "task.dispatch", "messageId": task.env.message_id, "reason": reason}),
         );
     }
 

@@ -108,6 +108,52 @@ pub trait Backend: Send + Sync + 'static {
         stream_id: &str,
         payload: serde_json::Value,
     ) -> impl Future<Output = ()> + Send;
+
+    /// Claims a task's mail (`email_id`) for this bridge when several serve the mailbox
+    /// ([`AgentSpec::replica`]): won by exactly one of them. A back-end of one bridge always
+    /// wins.
+    fn claim(
+        &self,
+        email_id: &str,
+    ) -> impl Future<Output = Result<ClaimOutcome, BackendError>> + Send {
+        let _ = email_id;
+        async { Ok(ClaimOutcome::Won) }
+    }
+
+    /// Renews this bridge's claim while its task runs; `Ok(false)` when another bridge holds
+    /// it now (this one stopped renewing in time, and it was taken over).
+    fn renew_claim(
+        &self,
+        email_id: &str,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        let _ = email_id;
+        async { Ok(true) }
+    }
+
+    /// Marks a claimed task answered: nobody takes it over.
+    fn claim_done(&self, email_id: &str) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = email_id;
+        async { Ok(()) }
+    }
+}
+
+/// How a claim went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// This bridge runs the task.
+    Won,
+    /// This bridge runs the task, after bridge `from` held it and stopped renewing (it died).
+    TakenOver { from: String },
+    /// Another bridge runs it (`by`: its name), or it was answered.
+    Lost { by: Option<String> },
+}
+
+/// This bridge as one of several serving an agent's mailbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSpec {
+    pub name: String,
+    /// How long a claim holds unless renewed; it is renewed every third of it.
+    pub lease: Duration,
 }
 
 /// An agent as dispatch sees it.
@@ -131,6 +177,9 @@ pub struct AgentSpec {
     pub refusals_per_hour: u32,
     /// A dispatch passed on by agents this many times is not run (a loop between agents).
     pub max_hops: u32,
+    /// Several bridges serve the mailbox: this one's name and the claims' lease. Each task is
+    /// claimed on the mail server before it is acknowledged.
+    pub replica: Option<ReplicaSpec>,
 }
 
 /// How the dispatcher lives with the rest of the bridge.
@@ -167,6 +216,9 @@ struct Task {
     env: Envelope,
     dispatch: Dispatch,
     extras: MailExtras,
+    /// Found in the journal at start, interrupted, and not to be run again (the profile
+    /// says so, or it ran too often): with several bridges the answer waits for the claim.
+    rerun_refused: Option<String>,
 }
 
 /// Where an admitted task waits to run.
@@ -206,6 +258,8 @@ fn conversation_key(sender: &str, key: &str) -> String {
 /// What a mail brings besides its AAMP message.
 #[derive(Clone, Debug, Default)]
 pub struct MailExtras {
+    /// The mail's id on its server (what a claim names).
+    pub email_id: String,
     /// The text body was cut at the fetch limit.
     pub truncated: bool,
     pub attachments: Vec<Attachment>,

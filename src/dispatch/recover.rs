@@ -35,6 +35,7 @@ impl<O: Backend> Dispatcher<O> {
             let span = tracing::info_span!("task", agent = %name, task_id = %env.task_id, message_id = %key, email_id = %inbound.email_id);
             let _enter = span.enter();
             let interrupted = matches!(left.state, TaskState::Running | TaskState::HelpNeeded);
+            let mut rerun_refused = None;
             if interrupted && (!spec.profile.rerun_interrupted || left.runs >= MAX_RUNS) {
                 let reason = if spec.profile.rerun_interrupted {
                     format!("interrupted by a bridge restart {} times; not run again; dispatch it again", left.runs)
@@ -42,16 +43,22 @@ impl<O: Backend> Dispatcher<O> {
                     "interrupted by a bridge restart; this agent's tasks are not run twice; dispatch it again".to_string()
                 };
                 tracing::warn!(runs = left.runs, "{reason}");
-                let reply = self.rejection(&env, &key, &reason);
-                inner.journal.finish(
-                    name,
-                    left.id,
-                    TaskState::Rejected,
-                    Some(&reason),
-                    Some(&reply),
-                )?;
-                inner.events.emit(crate::events::Event::TaskCompleted, json!({"agent": name, "taskId": env.task_id, "status": "rejected", "error": reason, "recovered": true}));
-                continue;
+                if spec.replica.is_some() {
+                    // Another bridge may hold the task by now: it is answered only once this
+                    // one has claimed it.
+                    rerun_refused = Some(reason);
+                } else {
+                    let reply = self.rejection(&env, &key, &reason);
+                    inner.journal.finish(
+                        name,
+                        left.id,
+                        TaskState::Rejected,
+                        Some(&reason),
+                        Some(&reply),
+                    )?;
+                    inner.events.emit(crate::events::Event::TaskCompleted, json!({"agent": name, "taskId": env.task_id, "status": "rejected", "error": reason, "recovered": true}));
+                    continue;
+                }
             }
             tracing::info!(
                 state = left.state.as_str(),
@@ -75,9 +82,11 @@ impl<O: Backend> Dispatcher<O> {
                     env,
                     dispatch,
                     extras: MailExtras {
+                        email_id: inbound.email_id,
                         truncated: inbound.truncated,
                         attachments: inbound.attachments,
                     },
+                    rerun_refused,
                 },
                 span.clone(),
             );

@@ -259,6 +259,7 @@ impl<O: Backend> Dispatcher<O> {
         // a summary.
         let (mail, summary) = (inbound.to_json(), inbound.summary_json());
         let Inbound {
+            email_id,
             message,
             truncated,
             attachments,
@@ -361,8 +362,12 @@ impl<O: Backend> Dispatcher<O> {
                 }
             }
             Admission::Run => {
-                let ack = self.compose(&env, &key, Body::Ack, 0);
-                let Some(row) = record(TaskState::Received, true, None, Some(&ack))? else {
+                // One of several bridges acknowledges only once it has won the task's claim.
+                let ack = spec
+                    .replica
+                    .is_none()
+                    .then(|| self.compose(&env, &key, Body::Ack, 0));
+                let Some(row) = record(TaskState::Received, true, None, ack.as_ref())? else {
                     return Ok(());
                 };
                 inner.events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
@@ -374,9 +379,11 @@ impl<O: Backend> Dispatcher<O> {
                         env,
                         dispatch,
                         extras: MailExtras {
+                            email_id,
                             truncated,
                             attachments,
                         },
+                        rerun_refused: None,
                     },
                     span,
                 );

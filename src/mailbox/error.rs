@@ -84,7 +84,9 @@ impl Classify for MailboxError {
                 _ => ErrorClass::Permanent,
             },
             MailboxError::Method { kind, .. } => match kind.as_str() {
-                "serverUnavailable" | "serverFail" | "rateLimit" => ErrorClass::Transient,
+                "serverUnavailable" | "serverFail" | "rateLimit" | "stateMismatch" => {
+                    ErrorClass::Transient
+                }
                 "forbidden" | "accountNotFound" => ErrorClass::Auth,
                 _ => ErrorClass::Permanent,
             },

@@ -220,10 +220,16 @@ impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for JmapWatched<
                 changed
             });
         }
-        if self.push_up.load(Ordering::SeqCst) {
+        let wait = if self.push_up.load(Ordering::SeqCst) {
             self.mailbox.account.reconcile_interval
         } else {
             self.mailbox.account.poll_interval
+        };
+        // One of several bridges also looks for tasks to take over every half lease, when
+        // nothing arrives to wake it.
+        match &self.mailbox.account.replica {
+            Some(replica) => wait.min(replica.lease / 2),
+            None => wait,
         }
     }
 
@@ -390,6 +396,13 @@ pub(crate) trait Source: Send {
         position: &Position,
         page: usize,
     ) -> impl std::future::Future<Output = Result<super::Page, MailboxError>> + Send;
+    /// Mail read again outside the cursor: dispatches another replica claimed and stopped
+    /// renewing. None for a mailbox of one bridge.
+    fn takeovers(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Vec<Mail>, MailboxError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }
 
 impl Source for Reader {
@@ -411,6 +424,9 @@ impl Source for Reader {
         page: usize,
     ) -> Result<super::Page, MailboxError> {
         Reader::next_page(self, position, page).await
+    }
+    async fn takeovers(&self) -> Result<Vec<Mail>, MailboxError> {
+        Reader::expired_claims(self).await
     }
 }
 
@@ -459,9 +475,15 @@ async fn poll_once(
         position = page.position;
         *state = Some(position.clone());
         if !page.more {
-            return Ok(());
+            break;
         }
     }
+    // Several bridges on one mailbox: the tasks of one that died come back here.
+    for mail in mailbox.takeovers().await? {
+        tracing::info!("a task another replica stopped renewing is taken over");
+        deliver(mail).map_err(IntakeError::Deliver)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

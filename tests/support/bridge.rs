@@ -193,6 +193,13 @@ impl Bridge {
         }
     }
 
+    /// Takes in every event the bridge has printed so far, without waiting.
+    pub fn take_events(&mut self) {
+        while let Ok(e) = self.events.try_recv() {
+            self.seen.push(e);
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }

@@ -217,6 +217,7 @@ impl MailHost {
             aamp_url: None,
             sender_auth: aamp_bridge::config::SenderAuth::Auto,
             authserv_id: None,
+            replica: None,
         }
     }
 

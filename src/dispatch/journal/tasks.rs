@@ -192,4 +192,14 @@ impl Journal {
             )
         })
     }
+
+    /// Removes a task this bridge will not run (another replica claimed it), with its
+    /// timeline: should that replica die, a takeover records it here afresh.
+    pub fn forget(&self, row: i64) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute("DELETE FROM timeline WHERE task = ?1", params![row])?;
+            c.execute("DELETE FROM tasks WHERE id = ?1", params![row])
+                .map(drop)
+        })
+    }
 }

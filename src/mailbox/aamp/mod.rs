@@ -5,6 +5,7 @@
 //! is `mailbox::intake`.
 
 pub mod auth;
+pub mod claims;
 pub mod helper;
 pub mod jmap;
 pub mod push;
@@ -22,6 +23,8 @@ pub struct Reader {
     pub account: Account,
     jmap: JmapClient,
     inbox_id: Option<String>,
+    /// With `replica`: when claims other replicas stopped renewing were last looked for.
+    takeover_scan: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Reader {
@@ -30,6 +33,7 @@ impl Reader {
             jmap: JmapClient::new(&account)?,
             account,
             inbox_id: None,
+            takeover_scan: std::sync::Mutex::new(None),
         })
     }
 
@@ -245,6 +249,31 @@ impl Reader {
                 return Ok((all, position));
             }
         }
+    }
+
+    /// Dispatches another replica claimed and stopped renewing (it died), unanswered: read
+    /// again, for this replica to claim and run. Looked for at most every half lease; empty
+    /// without `replica`.
+    pub async fn expired_claims(&self) -> Result<Vec<Mail>, MailboxError> {
+        let (Some(inbox), Some(replica)) = (self.inbox_id.as_deref(), &self.account.replica) else {
+            return Ok(Vec::new());
+        };
+        {
+            let mut last = self.takeover_scan.lock().expect("takeover lock");
+            if last.is_some_and(|t| t.elapsed() < replica.lease / 2) {
+                return Ok(Vec::new());
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let ids = claims::expired(&self.jmap, inbox).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let emails = self.jmap.get_emails(&ids).await?;
+        Ok(emails
+            .into_iter()
+            .filter_map(|e| self.accept(e).ok())
+            .collect())
     }
 
     /// A delivery report in this mailbox's Inbox (`multipart/report` whose

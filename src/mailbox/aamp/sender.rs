@@ -141,6 +141,43 @@ impl Sender {
         self.smtp.check().await
     }
 
+    /// Claims a dispatch's mail for this replica (see [`super::claims`]); won at once when
+    /// the mailbox has no `replica` set.
+    pub async fn claim(&self, email_id: &str) -> Result<super::claims::Claim, MailboxError> {
+        let Some(replica) = &self.account.replica else {
+            return Ok(super::claims::Claim::Won);
+        };
+        let mut jmap = self.jmap.lock().await;
+        if jmap.session().is_none() {
+            jmap.connect().await?;
+        }
+        super::claims::claim(&jmap, email_id, &replica.name, replica.lease).await
+    }
+
+    /// Renews this replica's claim; `Ok(false)` when another replica holds it now.
+    pub async fn renew(&self, email_id: &str) -> Result<bool, MailboxError> {
+        let Some(replica) = &self.account.replica else {
+            return Ok(true);
+        };
+        let mut jmap = self.jmap.lock().await;
+        if jmap.session().is_none() {
+            jmap.connect().await?;
+        }
+        super::claims::renew(&jmap, email_id, &replica.name, replica.lease).await
+    }
+
+    /// Marks a claimed dispatch answered.
+    pub async fn finish_claim(&self, email_id: &str) -> Result<(), MailboxError> {
+        if self.account.replica.is_none() {
+            return Ok(());
+        }
+        let mut jmap = self.jmap.lock().await;
+        if jmap.session().is_none() {
+            jmap.connect().await?;
+        }
+        super::claims::finish(&jmap, email_id).await
+    }
+
     /// Downloads an inbound attachment (at most `max` bytes).
     pub async fn download(
         &self,
