@@ -26,13 +26,14 @@
 //! and no two files of one module name each other.
 //!
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates,
-//!   RFC 5322 rendering/reading (with attachments), timestamps. It names no other module.
+//!   RFC 5322 rendering/reading (with attachments), timestamps, delivery status
+//!   notifications (`protocol::dsn`). It names no other module.
 //! - [`config`]: the config file (read, and written back by `config::render`) and the value
 //!   types it owns, among them the sender policy (`config::policy`: rules, globs, the text
 //!   form, what a refused sender hears, how a cancel is answered).
 //! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`,
-//!   `Mail`, `Reply`, `Attachment`, and `SenderCheck`, what the back-end found about the
-//!   sender). Below both `mailbox` and `dispatch`.
+//!   `Mail`, `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the
+//!   back-end found about the sender). Below both `mailbox` and `dispatch`.
 //! - [`error`], [`events`], [`paths`], [`fsio`], [`backoff`]: error classes, the closed set
 //!   of events and their JSON lines, the state directory's layout, atomic files and the state
 //!   lock, the one retry schedule.
@@ -41,8 +42,10 @@
 //!   mail: JMAP reading from a persisted cursor with push over WebSocket or EventSource, Inbox
 //!   and address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
 //!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
-//!   grammar in `aamp::received`, failing closed, and plain replies), `mailbox::asmtp` (an
-//!   ASMTP operator: push, keyset catch-up, reply envelopes with client ids) and
+//!   grammar in `aamp::received`, failing closed, plain replies and delivery reports, and
+//!   claims on dispatches when several bridges serve one mailbox in `aamp::claims`),
+//!   `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up, reply envelopes with client
+//!   ids) and
 //!   `mailbox::amp` (an AMP broker, polled; answers as replies in the thread); both mark the
 //!   bridge's answers in their own metadata so an answer never starts a task. Shared by all:
 //!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
@@ -57,7 +60,9 @@
 //!   policy applied (from `config::policy`, plus rules kept in the journal and pairing), limits
 //!   and loop guards, de-duplication, expiry, a slot scheduler by priority and arrival, one
 //!   task at a time per conversation (a sender's Session-Key), the lifecycle, recovery at
-//!   start, cancel, questions to the dispatcher, the prompt, and what a result carries
+//!   start, cancel, claims (one of several bridges runs a task only once it won its claim,
+//!   through [`dispatch::Backend`]), each conversation's turns (given as text to an agent
+//!   that lost its session), questions to the dispatcher, the prompt, and what a result carries
 //!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
 //!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
 //!   as rendered bytes through [`dispatch::Backend`]. It names `runner` and `inbound`, never
