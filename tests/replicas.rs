@@ -200,6 +200,16 @@ async fn a_cancel_stops_the_task_on_the_replica_that_runs_it() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // `status` shows which replica holds it, read from the server, on any replica.
+    let other = (runner + 1) % 3;
+    let status: serde_json::Value =
+        serde_json::from_str(&dirs[other].run(&["status", "--json"])).unwrap();
+    let names = ["r1", "r2", "r3"];
+    assert_eq!(status["agents"][0]["replica"], names[other], "{status}");
+    assert_eq!(
+        status["agents"][0]["replicas"][names[runner]]["held"], 1,
+        "{status}"
+    );
     peer.send(peer.cancel_of(&sent, &agent.email)).await;
     let done = bridges[runner].wait_event("task.completed", |e| e["taskId"] == task.as_str());
     assert_eq!(done["status"], "rejected", "{done}");

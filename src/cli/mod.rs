@@ -358,7 +358,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Inspect { file, json } => setup::inspect(&file, json),
         Command::Policy { action } => policy::policy(&LoadedConfig::load(&config_path)?, action),
-        Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json),
+        Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json).await,
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
         Command::Service { action } => service::service(&config_path, action),
         Command::Completions { shell } => {

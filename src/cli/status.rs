@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
+pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let running = crate::fsio::StateLock::holder(&config.state_dir);
     // Live figures from the running bridge, when it answers on its control socket.
     let live = running
@@ -52,8 +52,11 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
                 .find(|a| a["agent"] == agent.name.as_str())
                 .cloned()
         });
+        let replicas = replicas(config, &mailbox).await;
         links.push(link.clone());
         agents.push(serde_json::json!({
+            "replica": replicas.as_ref().map(|(me, _)| me.clone()),
+            "replicas": replicas.as_ref().map(|(_, seen)| seen.clone()),
             "agent": agent.name, "mailbox": email, "link": link,
             "reading": link.as_ref().and_then(|l| l.reading()),
             "undelivered": count("undelivered"),
@@ -117,6 +120,31 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
                 a["undelivered"]
             );
         }
+        if let Some(me) = a["replica"].as_str() {
+            let seen = &a["replicas"];
+            let held: Vec<String> = seen
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(name, n)| {
+                    let mine = if name == me { " (this one)" } else { "" };
+                    match n["expired"].as_u64() {
+                        Some(0) | None => format!("{name}{mine}: {} running", n["held"]),
+                        Some(x) => format!(
+                            "{name}{mine}: {} running, {x} whose lease ran out (to be taken over)",
+                            n["held"]
+                        ),
+                    }
+                })
+                .collect();
+            match (seen.is_null(), held.is_empty()) {
+                (true, _) => {
+                    println!("    replica {me}; the claims on the server could not be read")
+                }
+                (false, true) => println!("    replica {me}; no replica holds a task now"),
+                (false, false) => println!("    replica {me}; claims: {}", held.join("; ")),
+            }
+        }
         for t in a["running"].as_array().into_iter().flatten() {
             println!(
                 "    - {} ({}, {} s, from {})",
@@ -128,4 +156,32 @@ pub(super) fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// For a mailbox served by several bridges: this one's name and, read from the server, the
+/// claims each replica holds (`{"NAME": {"held": N, "expired": M}}`, null when the server
+/// could not be read). `None` for a mailbox of one bridge.
+async fn replicas(
+    config: &LoadedConfig,
+    mailbox: &str,
+) -> Option<(String, Option<serde_json::Value>)> {
+    let account = config.account(mailbox).ok()?;
+    let me = account.replica.as_ref()?.name.clone();
+    let mut reader = crate::mailbox::Reader::new(account).ok()?;
+    let seen = match tokio::time::timeout(Duration::from_secs(10), async {
+        reader.connect().await?;
+        reader.replicas().await
+    })
+    .await
+    {
+        Ok(Ok(map)) => Some(serde_json::Value::Object(
+            map.into_iter()
+                .map(|(name, (held, expired))| {
+                    (name, serde_json::json!({"held": held, "expired": expired}))
+                })
+                .collect(),
+        )),
+        _ => None,
+    };
+    Some((me, seen))
 }

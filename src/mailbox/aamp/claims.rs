@@ -61,7 +61,7 @@ impl Held {
     }
 }
 
-fn now_secs() -> u64 {
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -255,6 +255,51 @@ pub async fn expired(jmap: &JmapClient, inbox: &str) -> Result<Vec<String>, Mail
         })
         .filter_map(|e| e["id"].as_str().map(str::to_string))
         .collect())
+}
+
+/// The claims on `inbox` not yet answered (at most 1,000), for `status`.
+pub async fn held(jmap: &JmapClient, inbox: &str) -> Result<Vec<Held>, MailboxError> {
+    let found = jmap
+        .call(
+            "Email/query",
+            json!({
+                "filter": { "inMailbox": inbox, "hasKeyword": CLAIMED, "notKeyword": DONE },
+                "limit": 1000
+            }),
+        )
+        .await?;
+    let ids: Vec<Value> = found["ids"].as_array().cloned().unwrap_or_default();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let got = jmap
+        .call(
+            "Email/get",
+            json!({ "ids": ids, "properties": ["keywords"] }),
+        )
+        .await?;
+    Ok(got["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["keywords"].as_object().map(Held::of))
+        .collect())
+}
+
+/// Who holds what: per replica, its live claims and those whose lease ran out; from
+/// [`held`] at `now` (Unix seconds), by name.
+pub fn by_replica(held: &[Held], now: u64) -> std::collections::BTreeMap<String, (usize, usize)> {
+    let mut out = std::collections::BTreeMap::new();
+    for h in held {
+        let Some(by) = &h.by else { continue };
+        let entry: &mut (usize, usize) = out.entry(by.clone()).or_default();
+        if h.live(now) {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

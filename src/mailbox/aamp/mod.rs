@@ -276,6 +276,18 @@ impl Reader {
             .collect())
     }
 
+    /// The replicas holding claims on this mailbox's Inbox: per name, (live claims, claims
+    /// whose lease ran out). Empty without `replica`.
+    pub async fn replicas(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, (usize, usize)>, MailboxError> {
+        let Some(inbox) = self.inbox_id.as_deref() else {
+            return Ok(Default::default());
+        };
+        let held = claims::held(&self.jmap, inbox).await?;
+        Ok(claims::by_replica(&held, claims::now_secs()))
+    }
+
     /// A delivery report in this mailbox's Inbox (`multipart/report` whose
     /// `message/delivery-status` part JMAP lists as an attachment): that part, and the
     /// returned mail or its headers when the server included them.
