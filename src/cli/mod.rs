@@ -151,6 +151,9 @@ pub enum Command {
     },
     /// Print a shell completion script: `aamp-bridge completions bash > ~/.local/share/bash-completion/completions/aamp-bridge`.
     Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff): `aamp-bridge man > aamp-bridge.1` (the packages install it).
+    #[command(hide = true)]
+    Man,
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
@@ -361,6 +364,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json).await,
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
         Command::Service { action } => service::service(&config_path, action),
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .context("writing the manual page")?;
+            Ok(0)
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs aamp-bridge from this unpacked tarball, without root: the binary, its man page,
+# shell completions and a systemd user unit, under ~/.local (or --prefix DIR). Every file is
+# checked against SHA256SUMS first; nothing is written if one differs.
+#
+#   ./install.sh [--prefix DIR]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+prefix=$HOME/.local
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prefix) prefix=$2; shift 2 ;;
+    --prefix=*) prefix=${1#--prefix=}; shift ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+cd "$here"
+if ! sha256sum --quiet --check SHA256SUMS; then
+  echo "install.sh: the files above do not match SHA256SUMS; download the tarball again" >&2
+  exit 1
+fi
+install -Dm755 bin/aamp-bridge "$prefix/bin/aamp-bridge"
+install -Dm644 share/man/man1/aamp-bridge.1.gz "$prefix/share/man/man1/aamp-bridge.1.gz"
+install -Dm644 share/bash-completion/completions/aamp-bridge "$prefix/share/bash-completion/completions/aamp-bridge"
+install -Dm644 share/zsh/vendor-completions/_aamp-bridge "$prefix/share/zsh/site-functions/_aamp-bridge"
+install -Dm644 share/fish/vendor_completions.d/aamp-bridge.fish "$prefix/share/fish/vendor_completions.d/aamp-bridge.fish"
+mkdir -p "$prefix/share/aamp-bridge"
+cp -r share/aamp-bridge/profiles "$prefix/share/aamp-bridge/"
+if [ "$prefix" = "$HOME/.local" ]; then
+  install -Dm644 aamp-bridge.service "${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user/aamp-bridge.service"
+fi
+echo "installed aamp-bridge $("$prefix/bin/aamp-bridge" --version | awk '{print $2}') in $prefix"
+case ":$PATH:" in
+  *":$prefix/bin:"*) ;;
+  *) echo "add $prefix/bin to your PATH (in ~/.profile: export PATH=\"$prefix/bin:\$PATH\")" ;;
+esac
+echo "next: aamp-bridge init   (then: aamp-bridge start, or aamp-bridge service install)"

@@ -1,0 +1,190 @@
+//! Issue 23: installing without a Rust toolchain. `scripts/package.sh` packages the built
+//! binary (here the test build; `scripts/release.sh` does the same with the release one):
+//! the `.deb` is installed into a root of its own with the real `dpkg` and removed again, and
+//! the tarball's `install.sh` is run as a user who is not root.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the packages into `out`: (the .deb, the tarball).
+fn package(out: &Path) -> (PathBuf, PathBuf) {
+    let listed = run(Command::new("bash")
+        .arg(support::repo().join("scripts/package.sh"))
+        .arg(support::bin())
+        .arg(out));
+    let mut lines = listed.lines().map(PathBuf::from);
+    (lines.next().unwrap(), lines.next().unwrap())
+}
+
+#[test]
+fn the_deb_installs_runs_and_removes_cleanly() {
+    let work = tempfile::tempdir().unwrap();
+    let (deb, tarball) = package(&work.path().join("dist"));
+    let sums = std::fs::read_to_string(work.path().join("dist/SHA256SUMS")).unwrap();
+    for file in [&deb, &tarball] {
+        assert!(
+            sums.contains(file.file_name().unwrap().to_str().unwrap()),
+            "{sums}"
+        );
+    }
+    let control = run(Command::new("dpkg-deb").arg("-f").arg(&deb));
+    assert!(control.contains("Package: aamp-bridge"), "{control}");
+    assert!(control.contains("Depends: libc6 (>= 2."), "{control}");
+
+    // A root of its own, so the test never touches the machine's packages.
+    let root = work.path().join("root");
+    let admin = root.join("var/lib/dpkg");
+    std::fs::create_dir_all(admin.join("info")).unwrap();
+    std::fs::create_dir_all(admin.join("updates")).unwrap();
+    std::fs::write(admin.join("status"), "").unwrap();
+    std::fs::write(admin.join("available"), "").unwrap();
+    let dpkg = |args: &[&str]| {
+        let mut c = Command::new("dpkg");
+        c.arg(format!("--root={}", root.display()))
+            .arg(format!("--admindir={}", admin.display()))
+            .args([
+                "--force-depends",
+                "--force-not-root",
+                "--force-script-chrootless",
+            ])
+            .args(args);
+        c
+    };
+    run(dpkg(&["-i"]).arg(&deb));
+    let installed = root.join("usr/bin/aamp-bridge");
+    assert!(run(Command::new(&installed).arg("--version")).starts_with("aamp-bridge "));
+    for file in [
+        "usr/share/man/man1/aamp-bridge.1.gz",
+        "usr/share/bash-completion/completions/aamp-bridge",
+        "usr/share/zsh/vendor-completions/_aamp-bridge",
+        "usr/share/fish/vendor_completions.d/aamp-bridge.fish",
+        "usr/share/aamp-bridge/profiles/claude.toml",
+        "usr/share/doc/aamp-bridge/README.md",
+    ] {
+        assert!(root.join(file).is_file(), "{file} is installed");
+    }
+    // The man page renders.
+    let page = run(Command::new("man")
+        .arg("-l")
+        .arg(root.join("usr/share/man/man1/aamp-bridge.1.gz"))
+        .env("MANWIDTH", "80")
+        .env("MAN_KEEP_FORMATTING", "0"));
+    assert!(page.contains("aamp-bridge"), "{page}");
+    // The user unit is sound (checked with the installed binary in its ExecStart).
+    let unit =
+        std::fs::read_to_string(root.join("usr/lib/systemd/user/aamp-bridge.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/aamp-bridge start"),
+        "{unit}"
+    );
+    let check = work.path().join("aamp-bridge.service");
+    std::fs::write(
+        &check,
+        unit.replace("/usr/bin/aamp-bridge", installed.to_str().unwrap()),
+    )
+    .unwrap();
+    let runtime = work.path().join("runtime");
+    std::fs::create_dir_all(&runtime).unwrap();
+    run(Command::new("systemd-analyze")
+        .args(["verify", "--user"])
+        .arg(&check)
+        .env("XDG_RUNTIME_DIR", &runtime));
+    // And what `service render` writes for a user's own config.
+    let config = work.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let rendered = run(Command::new(&installed).args([
+        "--config",
+        config.to_str().unwrap(),
+        "service",
+        "render",
+    ]));
+    assert!(rendered.contains("ExecStart="), "{rendered}");
+
+    run(&mut dpkg(&["-r", "aamp-bridge"]));
+    assert!(!installed.exists(), "removed");
+    assert!(!root.join("usr/share/man/man1/aamp-bridge.1.gz").exists());
+}
+
+#[test]
+fn the_tarball_installs_without_root_and_refuses_a_changed_file() {
+    let work = tempfile::tempdir().unwrap();
+    let (_, tarball) = package(&work.path().join("dist"));
+    let unpacked = work.path().join("unpacked");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&unpacked));
+    let tree = std::fs::read_dir(&unpacked)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let prefix = work.path().join("prefix");
+    // As a user who is not root, when the tests run as root (as CI does).
+    let as_user = |args: &[&str]| {
+        let mut c = if nix::unistd::geteuid().is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "nobody", "--"]);
+            c
+        } else {
+            Command::new("env")
+        };
+        c.args(args).env("HOME", work.path().join("home"));
+        c
+    };
+    if nix::unistd::geteuid().is_root() {
+        run(Command::new("chown")
+            .args(["-R", "nobody"])
+            .arg(work.path()));
+    }
+    let said = run(&mut as_user(&[
+        "bash",
+        tree.join("install.sh").to_str().unwrap(),
+        "--prefix",
+        prefix.to_str().unwrap(),
+    ]));
+    assert!(said.contains("next: aamp-bridge init"), "{said}");
+    assert!(
+        run(Command::new(prefix.join("bin/aamp-bridge")).arg("--version"))
+            .starts_with("aamp-bridge ")
+    );
+    assert!(prefix.join("share/man/man1/aamp-bridge.1.gz").is_file());
+    assert!(prefix
+        .join("share/bash-completion/completions/aamp-bridge")
+        .is_file());
+
+    // A file changed after the checksums were made: nothing is installed.
+    std::fs::write(tree.join("share/aamp-bridge/profiles/echo.toml"), "changed").unwrap();
+    let again = work.path().join("again");
+    let out = as_user(&[
+        "bash",
+        tree.join("install.sh").to_str().unwrap(),
+        "--prefix",
+        again.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("do not match SHA256SUMS"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!again.join("bin/aamp-bridge").exists());
+}
