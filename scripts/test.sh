@@ -17,6 +17,15 @@ if [ "$(id -u)" != 0 ] && ! bash scripts/mailhost.sh check >/dev/null 2>&1; then
 fi
 
 bash scripts/mailhost.sh install
+# The packaging tests use these (Debian's packages; usually there already).
+missing=()
+for tool in objdump:binutils man:man-db systemd-analyze:systemd runuser:util-linux dpkg-deb:dpkg; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]} for the packaging tests" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 started_here=0
 if ! bash scripts/mailhost.sh check >/dev/null 2>&1; then
   bash scripts/mailhost.sh start
