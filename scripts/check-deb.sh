@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# CI's check of the Debian package on the machine itself (as root; the tests install it only
+# into a root of their own): builds it from the test build, installs it with apt-get, runs the
+# installed command, its man page and its user unit, and removes it again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "check-deb.sh installs a package: run it as root (or with sudo)" >&2; exit 1; }
+if dpkg -s aamp-bridge >/dev/null 2>&1; then
+  echo "check-deb.sh: aamp-bridge is installed as a package already; not touching it" >&2
+  exit 1
+fi
+[ -x target/debug/aamp-bridge ] || cargo build --locked
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+deb=$(bash scripts/package.sh target/debug/aamp-bridge "$work/dist" 2>/dev/null | head -1)
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$deb" >/dev/null
+test "$(command -v aamp-bridge)" = /usr/bin/aamp-bridge
+aamp-bridge --version
+man -P cat aamp-bridge | grep -q "aamp-bridge"
+: > "$work/config.toml"
+aamp-bridge --config "$work/config.toml" service render | grep -q "ExecStart="
+mkdir -m 700 "$work/runtime"
+XDG_RUNTIME_DIR=$work/runtime systemd-analyze verify --user /usr/lib/systemd/user/aamp-bridge.service
+DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq aamp-bridge >/dev/null
+if [ -e /usr/bin/aamp-bridge ] || [ -e /usr/share/man/man1/aamp-bridge.1.gz ]; then
+  echo "check-deb.sh: files are left after removing the package" >&2
+  exit 1
+fi
+echo "check-deb.sh: the .deb installs, runs and removes cleanly"
