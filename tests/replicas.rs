@@ -73,19 +73,19 @@ async fn three_replicas_run_a_burst_once_each_and_share_it() {
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
     let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
         .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 0.5))
+        .map(|name| replica(host, &agent, &boss.email, name, 0.2))
         .collect();
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
     let mut tasks = Vec::new();
-    for n in 0..60 {
+    for n in 0..300 {
         let sent = peer
             .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a little"))
             .await;
         tasks.push(sent.task_id().to_string());
     }
     for task in &tasks {
-        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(120))
+        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(300))
             .await;
     }
     peer.settle(&via).await;

@@ -305,9 +305,23 @@ impl LoadedConfig {
         }
     }
 
+    /// `replica` is refused on a mailbox whose system cannot let exactly one of several
+    /// bridges claim a message: its read marking is not conditional (`how` says whose).
+    fn single_bridge(&self, key: &str, m: &MailboxConfig, how: &str) -> Result<(), ConfigError> {
+        match &m.replica {
+            None => Ok(()),
+            Some(_) => Err(self.error(
+                format!("{key}.replica"),
+                format!("several bridges cannot share this mailbox: the {how} for whoever asks, so two bridges would both run a task"),
+                "remove replica and serve this mailbox with one bridge (replicas work on AAMP mailboxes, over JMAP)",
+            )),
+        }
+    }
+
     /// The named ASMTP mailbox with its token read and its settings checked.
     pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
         let (key, m) = self.mailbox_of_kind(name, MailboxKind::Asmtp)?;
+        self.single_bridge(&key, m, "ASMTP operator marks an envelope read")?;
         let url = self.service_url(
             &format!("{key}.asmtp_url"),
             m.asmtp_url.as_ref(),
@@ -355,6 +369,7 @@ impl LoadedConfig {
     /// The named AMP mailbox with its API key read and its settings checked.
     pub fn amp_account(&self, name: &str) -> Result<AmpAccount, ConfigError> {
         let (key, m) = self.mailbox_of_kind(name, MailboxKind::Amp)?;
+        self.single_bridge(&key, m, "AMP broker marks a message read")?;
         let need = |field: &Option<String>, what: &str, fix: &str| {
             field
                 .clone()

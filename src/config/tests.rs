@@ -148,3 +148,52 @@ fn loopback_hosts() {
     );
     assert!(!is_loopback("10.0.0.1") && !is_loopback("mail.example.com"));
 }
+
+/// Issue 22: `replica` names this bridge among several on an AAMP mailbox; a name that could
+/// not be a keyword is refused, and so is `replica` on an ASMTP or AMP mailbox, whose reads
+/// are not conditional (two bridges there would both run a task).
+#[test]
+fn replicas_are_named_well_and_only_on_aamp_mailboxes() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "coder.pass", "secret\n", 0o600);
+    let named = GOOD.replace(
+        "smtp_security = \"plain\"",
+        "smtp_security = \"plain\"\nreplica = \"Host-A\"\nlease_secs = 30",
+    );
+    let path = write(dir.path(), "config.toml", &named, 0o644);
+    let replica = LoadedConfig::load(&path)
+        .unwrap()
+        .account("coder")
+        .unwrap()
+        .replica
+        .unwrap();
+    assert_eq!(replica.name, "host-a");
+    assert_eq!(replica.lease, std::time::Duration::from_secs(30));
+    let e = load_err(
+        &GOOD.replace(
+            "smtp_security = \"plain\"",
+            "smtp_security = \"plain\"\nreplica = \"host a\"",
+        ),
+        0o600,
+        0o644,
+    );
+    assert!(e.contains("mailboxes.coder.replica"), "{e}");
+    let asmtp = r#"
+[mailboxes.coder]
+kind = "asmtp"
+asmtp_url = "http://127.0.0.1:9"
+handle = "@owner.coder"
+token_file = "coder.pass"
+replica = "host-a"
+
+[[agents]]
+name = "coder"
+profile = "echo"
+allow_from = ["@owner.boss"]
+"#;
+    let e = load_err(asmtp, 0o600, 0o644);
+    assert!(
+        e.contains("mailboxes.coder.replica") && e.contains("one bridge"),
+        "{e}"
+    );
+}
