@@ -21,6 +21,12 @@ man -P cat aamp-bridge | grep -q "aamp-bridge"
 aamp-bridge --config "$work/config.toml" service render | grep -q "ExecStart="
 mkdir -m 700 "$work/runtime"
 XDG_RUNTIME_DIR=$work/runtime systemd-analyze verify --user /usr/lib/systemd/user/aamp-bridge.service
+# A user's own unit: written by `service install` (enabling it needs a systemd user manager,
+# which this machine does not run), and sound.
+HOME=$work/home XDG_CONFIG_HOME=$work/home/.config \
+  aamp-bridge --config "$work/config.toml" service install >/dev/null 2>&1 || true
+HOME=$work/home XDG_RUNTIME_DIR=$work/runtime \
+  systemd-analyze verify --user "$work/home/.config/systemd/user/aamp-bridge.service"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq aamp-bridge >/dev/null
 if [ -e /usr/bin/aamp-bridge ] || [ -e /usr/share/man/man1/aamp-bridge.1.gz ]; then
   echo "check-deb.sh: files are left after removing the package" >&2

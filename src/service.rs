@@ -131,11 +131,13 @@ impl Service {
     /// service manager. Returns whether anything changed.
     pub fn install(&self) -> anyhow::Result<bool> {
         let text = self.render();
-        if std::fs::read_to_string(&self.file).is_ok_and(|t| t == text) {
-            return Ok(false);
+        let changed = !std::fs::read_to_string(&self.file).is_ok_and(|t| t == text);
+        if changed {
+            crate::fsio::write_atomic(&self.file, text.as_bytes(), 0o644)
+                .with_context(|| format!("writing {}", self.file.display()))?;
         }
-        crate::fsio::write_atomic(&self.file, text.as_bytes(), 0o644)
-            .with_context(|| format!("writing {}", self.file.display()))?;
+        // Registered every time: a run whose registration failed (no user manager then)
+        // wrote the same file, and running again once there is one must still enable it.
         match self.kind {
             Kind::Systemd => {
                 manager(&["--user", "daemon-reload"])?;
@@ -143,7 +145,7 @@ impl Service {
             }
             Kind::Launchd => std::fs::create_dir_all(home().join("Library/Logs/aamp-bridge"))?,
         }
-        Ok(true)
+        Ok(changed)
     }
 
     pub fn uninstall(&self) -> anyhow::Result<bool> {

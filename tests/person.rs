@@ -361,13 +361,27 @@ async fn the_service_unit_verifies_and_its_exec_start_runs_the_bridge() {
         verify.status.success() && said.trim().is_empty(),
         "systemd-analyze verify: {said}"
     );
-    // Installing again changes nothing.
+    // Installing again leaves the file as it is, and registers it again: a first run whose
+    // enabling failed (no user manager then) is finished by a second one once there is one.
     let again = aamp(&["service", "install"]);
-    assert!(
-        String::from_utf8_lossy(&again.stdout).contains("already installed"),
-        "{}",
-        String::from_utf8_lossy(&again.stdout)
+    assert_eq!(
+        std::fs::read_to_string(&unit_path).unwrap(),
+        unit,
+        "the unit is unchanged"
     );
+    if installed.status.success() {
+        assert!(
+            String::from_utf8_lossy(&again.stdout).contains("already installed, and enabled"),
+            "{}",
+            String::from_utf8_lossy(&again.stdout)
+        );
+    } else {
+        let why = String::from_utf8_lossy(&again.stderr);
+        assert!(
+            !again.status.success() && why.contains("daemon-reload"),
+            "enabling is tried again, and says why it failed: {why}"
+        );
+    }
     let status = aamp(&["service", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["ok"], true, "{status}");

@@ -20,7 +20,7 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
                     svc.config.display()
                 );
             } else {
-                println!("already installed: {}", svc.file.display());
+                println!("already installed, and enabled: {}", svc.file.display());
             }
             if svc.kind == Kind::Systemd {
                 println!("start it with `aamp-bridge service start`; to keep it running while you are logged out: `loginctl enable-linger $USER`");
