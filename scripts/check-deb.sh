@@ -21,12 +21,25 @@ man -P cat aamp-bridge | grep -q "aamp-bridge"
 aamp-bridge --config "$work/config.toml" service render | grep -q "ExecStart="
 mkdir -m 700 "$work/runtime"
 XDG_RUNTIME_DIR=$work/runtime systemd-analyze verify --user /usr/lib/systemd/user/aamp-bridge.service
-# A user's own unit: written by `service install` (enabling it needs a systemd user manager,
-# which this machine does not run), and sound.
-HOME=$work/home XDG_CONFIG_HOME=$work/home/.config \
-  aamp-bridge --config "$work/config.toml" service install >/dev/null 2>&1 || true
-HOME=$work/home XDG_RUNTIME_DIR=$work/runtime \
-  systemd-analyze verify --user "$work/home/.config/systemd/user/aamp-bridge.service"
+# A person's first steps: `init` from answers, against a mailbox of the local mail host,
+# then `service install` (enabling needs a systemd user manager, which this machine does not
+# run: the unit is written, and checked).
+bash scripts/mailhost.sh start >/dev/null
+user=deb-$(date +%s%N)
+bash scripts/mailhost.sh adduser "$user" >/dev/null
+eval "$(bash scripts/mailhost.sh env)"
+cat > "$work/answers.json" <<JSON
+{"state_dir": "state", "agents": [{"name": "mine", "profile": "echo", "allow_from": ["boss@$MAILHOST_DOMAIN"],
+  "mailbox": {"kind": "existing", "email": "$user@$MAILHOST_DOMAIN", "password": "$MAILHOST_PASSWORD",
+              "jmap_url": "$MAILHOST_JMAP_URL", "smtp_host": "127.0.0.1", "smtp_port": $MAILHOST_SMTP_PORT,
+              "smtp_security": "plain"}}]}
+JSON
+export HOME=$work/home XDG_CONFIG_HOME=$work/home/.config
+aamp-bridge init --non-interactive --answers "$work/answers.json" >/dev/null
+aamp-bridge service install >/dev/null 2>&1 || true
+XDG_RUNTIME_DIR=$work/runtime systemd-analyze verify --user "$XDG_CONFIG_HOME/systemd/user/aamp-bridge.service"
+grep -q "ExecStart=/usr/bin/aamp-bridge --config $XDG_CONFIG_HOME/aamp-bridge/config.toml start" \
+  "$XDG_CONFIG_HOME/systemd/user/aamp-bridge.service"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq aamp-bridge >/dev/null
 if [ -e /usr/bin/aamp-bridge ] || [ -e /usr/share/man/man1/aamp-bridge.1.gz ]; then
   echo "check-deb.sh: files are left after removing the package" >&2
