@@ -3,7 +3,9 @@
 # install.sh, and SHA256SUMS (see scripts/package.sh), from a release binary built against
 # glibc 2.17 (RHEL 7, Debian 8, Ubuntu 14.04 and later) with cargo-zigbuild and Zig, which it
 # installs from crates.io and PyPI when missing. AAMP_RELEASE_NATIVE=1 builds against this
-# machine's glibc instead (no Zig; the binary then needs that glibc or later).
+# machine's glibc instead (no Zig; the binary then needs that glibc or later). Also the source
+# tarball (`cargo package`, from a clean tree) and a Homebrew formula that builds it, for the
+# release's files published at AAMP_RELEASE_URL (default: target/dist itself, as file://).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 baseline=2.17
@@ -28,4 +30,12 @@ else
 fi
 rm -rf target/dist
 bash scripts/package.sh "$bin" target/dist
+version=$("$bin" --version | awk '{print $2}')
+cargo package --locked --no-verify >/dev/null
+cp "target/package/aamp-bridge-$version.crate" "target/dist/aamp-bridge-$version-src.tar.gz"
+sum=$(sha256sum "target/dist/aamp-bridge-$version-src.tar.gz" | cut -d' ' -f1)
+(cd target/dist && sha256sum "aamp-bridge-$version-src.tar.gz" >> SHA256SUMS)
+url=${AAMP_RELEASE_URL:-file://$PWD/target/dist}
+sed -e "s|@URL@|$url|g" -e "s|@VERSION@|$version|g" -e "s|@SHA256@|$sum|g" \
+  packaging/homebrew/aamp-bridge.rb.in > target/dist/aamp-bridge.rb
 ls -l target/dist
