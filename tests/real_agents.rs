@@ -173,29 +173,114 @@ async fn conversation(peer: &mut Peer, to: &str, texts: &[&str]) -> Vec<String> 
     answers
 }
 
+/// How a test makes an agent's environment from the stand-in and a home of its own.
+type EnvFor = fn(&ModelApi, &std::path::Path) -> Vec<(String, String)>;
+
+/// One agent, `agent`, on the mail host running `profile` with the environment `env_for`
+/// makes, the model stand-in behind it, and a dispatcher allowed to send it tasks.
+struct Setup {
+    agent: aamp_bridge::config::Account,
+    dir: ConfigDir,
+    env: Vec<(String, String)>,
+    peer: Peer,
+    home: tempfile::TempDir,
+    _model: ModelApi,
+}
+
+impl Setup {
+    /// `None` when there is no mail host (the test then checks nothing).
+    async fn new(profile: &str, env_for: EnvFor) -> Option<Setup> {
+        let host = mailhost()?;
+        let (agent, boss) = (host.user("agent"), host.user("boss"));
+        let model = ModelApi::start();
+        let home = tempfile::tempdir().unwrap();
+        let dir = ConfigDir::new(
+            host,
+            &support::one_agent(host, &agent, profile, &boss.email).text(),
+        );
+        let env = env_for(&model, home.path());
+        Some(Setup {
+            agent,
+            dir,
+            env,
+            peer: Peer::new(boss).await,
+            home,
+            _model: model,
+        })
+    }
+
+    fn start(&self) -> Bridge {
+        start(&self.dir, &self.env)
+    }
+
+    /// Sends one task `text` (titled `title`) and returns its id and result.
+    async fn ask(
+        &mut self,
+        title: &str,
+        text: &str,
+    ) -> (String, aamp_bridge::protocol::TaskResult) {
+        let sent = self
+            .peer
+            .send(self.peer.dispatch_to(&self.agent.email, title, text))
+            .await;
+        let task_id = sent.task_id().to_string();
+        let result = self.peer.wait_for(&task_id, Intent::TaskResult).await;
+        let Body::Result(r) = result.message.body else {
+            panic!("not a result")
+        };
+        (task_id, r)
+    }
+
+    /// [`conversation`] with this agent.
+    async fn talk(&mut self, texts: &[&str]) -> Vec<String> {
+        conversation(&mut self.peer, &self.agent.email, texts).await
+    }
+}
+
+/// `aamp-bridge profile test PROFILE --prompt PROMPT --json` (with `--events` when asked),
+/// its agent given `env`, with an empty config in `home`: how it exited, and its report.
+fn profile_test(
+    home: &std::path::Path,
+    profile: &str,
+    prompt: &str,
+    events: bool,
+    env: &[(String, String)],
+) -> (std::process::ExitStatus, serde_json::Value) {
+    let config = home.join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "profile",
+            "test",
+            profile,
+        ])
+        .args(["--prompt", prompt, "--json"])
+        .args(events.then_some("--events"))
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{profile}: no report: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status, report)
+}
+
 /// Runs the shipped `profile` (its CLI given `env`, made by `env_for` from the stand-in and a
 /// home) through the bridge over the mail host, in a three-turn conversation, and checks that
 /// every turn saw the turns before it.
-async fn keeps_three_turns(
-    profile: &str,
-    env_for: fn(&ModelApi, &std::path::Path) -> Vec<(String, String)>,
-) {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, profile, &boss.email).text(),
-    );
-    let bridge = start(&dir, &env_for(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-    let answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["remember: tangerine", "remember: walnut", "remember: heron"],
-    )
-    .await;
+async fn keeps_three_turns(profile: &str, env_for: EnvFor) {
+    let Some(mut setup) = Setup::new(profile, env_for).await else {
+        return;
+    };
+    let bridge = setup.start();
+    let answers = setup
+        .talk(&["remember: tangerine", "remember: walnut", "remember: heron"])
+        .await;
     assert_eq!(
         answers,
         vec![
@@ -244,17 +329,11 @@ fn found(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
 /// what stopped it.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "codex-acp", &boss.email).text(),
-    );
-    let bridge = start(&dir, &codex_acp_env(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-    let answers = conversation(&mut peer, &agent.email, &["run: touch made-by-agent"]).await;
+    let Some(mut setup) = Setup::new("codex-acp", codex_acp_env).await else {
+        return;
+    };
+    let bridge = setup.start();
+    let answers = setup.talk(&["run: touch made-by-agent"]).await;
     assert!(bridge.stop().success());
     assert!(
         answers[0].contains("Read-only file system"),
@@ -262,33 +341,30 @@ async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() 
         answers[0]
     );
     assert_eq!(
-        found(dir.dir.path(), "made-by-agent"),
+        found(setup.dir.dir.path(), "made-by-agent"),
         Vec::<std::path::PathBuf>::new()
     );
 
     // The same agent, allowed.
     let shipped = std::fs::read_to_string(support::repo().join("profiles/codex-acp.toml")).unwrap();
-    dir.write(
+    setup.dir.write(
         "codex-allowed.toml",
         &shipped.replace("permissions = \"read_only\"", "permissions = \"allow\""),
     );
-    let config = std::fs::read_to_string(dir.config()).unwrap();
-    dir.write(
+    let config = std::fs::read_to_string(setup.dir.config()).unwrap();
+    setup.dir.write(
         "config.toml",
         &config.replace(
             "profile = \"codex-acp\"",
             "profile = \"codex-allowed.toml\"",
         ),
     );
-    let mut bridge = start(&dir, &codex_acp_env(&model, home.path()));
-    let answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["run: echo hi", "run: touch made-by-agent"],
-    )
-    .await;
+    let mut bridge = setup.start();
+    let answers = setup
+        .talk(&["run: echo hi", "run: touch made-by-agent"])
+        .await;
     assert_eq!(answers[0], "All done. The command said: hi.");
-    assert_eq!(found(dir.dir.path(), "made-by-agent").len(), 1);
+    assert_eq!(found(setup.dir.dir.path(), "made-by-agent").len(), 1);
     bridge.wait_event("task.completed", |e| e["status"] == "completed");
     let printed: Vec<String> = bridge
         .seen
@@ -313,24 +389,12 @@ async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() 
 /// none.)
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_codex_agents_report_a_failing_model_as_rejected() {
-    let Some(host) = mailhost() else { return };
     for profile in ["codex-acp", "codex"] {
-        let (agent, boss) = (host.user("agent"), host.user("boss"));
-        let model = ModelApi::start();
-        let home = tempfile::tempdir().unwrap();
-        let dir = ConfigDir::new(
-            host,
-            &support::one_agent(host, &agent, profile, &boss.email).text(),
-        );
-        let bridge = start(&dir, &codex_acp_env(&model, home.path()));
-        let mut peer = Peer::new(boss).await;
-        let sent = peer
-            .send(peer.dispatch_to(&agent.email, "Busy", "fail: 500"))
-            .await;
-        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
-        let Body::Result(r) = &result.message.body else {
-            panic!("not a result")
+        let Some(mut setup) = Setup::new(profile, codex_acp_env).await else {
+            return;
         };
+        let bridge = setup.start();
+        let (_, r) = setup.ask("Busy", "fail: 500").await;
         assert_eq!(r.status, Status::Rejected, "{profile}: {r:?}");
         let error = r.error.as_deref().unwrap_or_default();
         assert!(error.contains("high demand"), "{profile}: {error}");
@@ -345,25 +409,18 @@ async fn the_real_codex_agents_report_a_failing_model_as_rejected() {
 /// `read_only`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_codex_cli_holds_read_only_whatever_its_config_says() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "codex", &boss.email).text(),
-    );
-    let env = codex_env(&model, home.path());
-    let config = home.path().join(".codex/config.toml");
+    let Some(mut setup) = Setup::new("codex", codex_env).await else {
+        return;
+    };
+    let config = setup.home.path().join(".codex/config.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &config,
         format!("sandbox_mode = \"danger-full-access\"\n{text}"),
     )
     .unwrap();
-    let bridge = start(&dir, &env);
-    let mut peer = Peer::new(boss).await;
-    let answers = conversation(&mut peer, &agent.email, &["run: touch made-by-agent"]).await;
+    let bridge = setup.start();
+    let answers = setup.talk(&["run: touch made-by-agent"]).await;
     assert!(bridge.stop().success());
     assert!(
         answers[0].contains("Read-only file system"),
@@ -371,7 +428,7 @@ async fn the_real_codex_cli_holds_read_only_whatever_its_config_says() {
         answers[0]
     );
     assert_eq!(
-        found(dir.dir.path(), "made-by-agent"),
+        found(setup.dir.dir.path(), "made-by-agent"),
         Vec::<std::path::PathBuf>::new()
     );
 }
@@ -382,24 +439,11 @@ async fn the_real_codex_cli_holds_read_only_whatever_its_config_says() {
 /// answer is Gemini's last word.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_gemini_acp_shows_a_refused_tool_call() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "gemini-acp", &boss.email).text(),
-    );
-    let mut bridge = start(&dir, &gemini_env(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-    let sent = peer
-        .send(peer.dispatch_to(&agent.email, "Touch", "run: touch made-by-agent"))
-        .await;
-    let task_id = sent.task_id().to_string();
-    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
-    let Body::Result(r) = &result.message.body else {
-        panic!("not a result")
+    let Some(mut setup) = Setup::new("gemini-acp", gemini_env).await else {
+        return;
     };
+    let mut bridge = setup.start();
+    let (task_id, r) = setup.ask("Touch", "run: touch made-by-agent").await;
     assert!(
         r.output.starts_with("All done. The command said:") && r.output.contains("canceled"),
         "{}",
@@ -420,7 +464,7 @@ async fn the_real_gemini_acp_shows_a_refused_tool_call() {
     );
     assert!(bridge.stop().success());
     assert_eq!(
-        found(dir.dir.path(), "made-by-agent"),
+        found(setup.dir.dir.path(), "made-by-agent"),
         Vec::<std::path::PathBuf>::new()
     );
 }
@@ -445,8 +489,6 @@ async fn the_real_claude_agent_acp_keeps_a_conversation_through_the_bridge() {
 fn the_real_claude_adapters_refusing_root_say_what_to_do() {
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
-    let config = home.path().join("config.toml");
-    std::fs::write(&config, "").unwrap();
     let zed = home.path().join("zed-claude.toml");
     std::fs::write(&zed, "kind = \"acp\"\ncommand = \"claude-code-acp\"\n").unwrap();
     for (profile, said) in [
@@ -459,16 +501,10 @@ fn the_real_claude_adapters_refusing_root_say_what_to_do() {
         let mut env = with_zed(claude_acp_env(&model, home.path()));
         env.retain(|(k, _)| k != "IS_SANDBOX");
         env.push(("IS_SANDBOX".into(), "yes".into()));
-        let out = std::process::Command::new(support::bin())
-            .args(["--config", config.to_str().unwrap(), "profile", "test"])
-            .args([profile, "--prompt", "remember: tangerine", "--json"])
-            .envs(env)
-            .output()
-            .unwrap();
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+        let (status, report) =
+            profile_test(home.path(), profile, "remember: tangerine", false, &env);
         if nix::unistd::geteuid().is_root() {
-            assert!(!out.status.success(), "{profile}");
+            assert!(!status.success(), "{profile}");
             let error = report["error"].as_str().unwrap();
             assert!(
                 error.contains(said)
@@ -489,22 +525,13 @@ fn the_real_claude_adapters_refusing_root_say_what_to_do() {
 /// context all the same.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_gemini_acp_keeps_a_conversation_through_the_bridge() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "gemini-acp", &boss.email).text(),
-    );
-    let bridge = start(&dir, &gemini_env(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-    let answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["remember: tangerine", "remember: walnut", "remember: heron"],
-    )
-    .await;
+    let Some(mut setup) = Setup::new("gemini-acp", gemini_env).await else {
+        return;
+    };
+    let bridge = setup.start();
+    let answers = setup
+        .talk(&["remember: tangerine", "remember: walnut", "remember: heron"])
+        .await;
     assert!(bridge.stop().success());
     assert_eq!(answers[0], "I remember: tangerine.");
     for (answer, expected) in answers[1..].iter().zip([
@@ -530,16 +557,8 @@ async fn the_real_gemini_acp_keeps_a_conversation_through_the_bridge() {
 fn the_real_gemini_cli_answer_is_what_follows_its_last_tool_call() {
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
-    let config = home.path().join("config.toml");
-    std::fs::write(&config, "").unwrap();
-    let out = std::process::Command::new(support::bin())
-        .args(["--config", config.to_str().unwrap(), "profile", "test"])
-        .args(["gemini", "--prompt", "run: echo hi", "--events", "--json"])
-        .envs(gemini_env(&model, home.path()))
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    let env = gemini_env(&model, home.path());
+    let (_, report) = profile_test(home.path(), "gemini", "run: echo hi", true, &env);
     let answer = report["output"].as_str().unwrap();
     assert!(
         answer.starts_with("All done. The command said:"),
@@ -595,33 +614,16 @@ async fn the_real_gemini_cli_keeps_a_conversation_through_the_bridge() {
 /// turns as text, and the result says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "claude", &boss.email).text(),
-    );
-    let bridge = start(&dir, &claude_env(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-
-    let mut answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["remember: tangerine", "remember: walnut", "remember: heron"],
-    )
-    .await;
+    let Some(mut setup) = Setup::new("claude", claude_env).await else {
+        return;
+    };
+    let bridge = setup.start();
+    let mut answers = setup
+        .talk(&["remember: tangerine", "remember: walnut", "remember: heron"])
+        .await;
     // Claude's own session store is lost (a new machine, a cleaned home).
-    std::fs::remove_dir_all(home.path().join(".claude/projects")).unwrap();
-    answers.extend(
-        conversation(
-            &mut peer,
-            &agent.email,
-            &["remember: quartz", "remember: ember"],
-        )
-        .await,
-    );
+    std::fs::remove_dir_all(setup.home.path().join(".claude/projects")).unwrap();
+    answers.extend(setup.talk(&["remember: quartz", "remember: ember"]).await);
     assert!(
         answers[0].starts_with("I remember: tangerine."),
         "{}",
@@ -668,24 +670,11 @@ async fn the_real_claude_code_keeps_a_conversation_through_the_bridge() {
 /// `todo` events, in order, and the answer is Claude's final result alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_claude_code_plan_streams_as_todo_events() {
-    let Some(host) = mailhost() else { return };
-    let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let model = ModelApi::start();
-    let home = tempfile::tempdir().unwrap();
-    let dir = ConfigDir::new(
-        host,
-        &support::one_agent(host, &agent, "claude", &boss.email).text(),
-    );
-    let mut bridge = start(&dir, &claude_env(&model, home.path()));
-    let mut peer = Peer::new(boss).await;
-    let sent = peer
-        .send(peer.dispatch_to(&agent.email, "Plan", "plan: write the tests; run them"))
-        .await;
-    let task_id = sent.task_id().to_string();
-    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
-    let Body::Result(r) = &result.message.body else {
-        panic!("not a result")
+    let Some(mut setup) = Setup::new("claude", claude_env).await else {
+        return;
     };
+    let mut bridge = setup.start();
+    let (task_id, r) = setup.ask("Plan", "plan: write the tests; run them").await;
     assert_eq!(r.output, "All done. The plan is finished.");
     bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
     let todos: Vec<serde_json::Value> = bridge
@@ -713,21 +702,10 @@ async fn the_real_claude_code_plan_streams_as_todo_events() {
 fn the_real_claude_agent_acp_plan_streams_once_and_the_answer_is_the_last_word() {
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
-    let config = home.path().join("config.toml");
-    std::fs::write(&config, "").unwrap();
-    let out = std::process::Command::new(support::bin())
-        .args(["--config", config.to_str().unwrap(), "profile", "test"])
-        .args(["claude-acp", "--prompt", "plan: write the tests; run them"])
-        .args(["--events", "--json"])
-        .envs(claude_acp_env(&model, home.path()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let env = claude_acp_env(&model, home.path());
+    let plan = "plan: write the tests; run them";
+    let (status, report) = profile_test(home.path(), "claude-acp", plan, true, &env);
+    assert!(status.success(), "{report}");
     assert_eq!(report["output"], "All done. The plan is finished.");
     let todos: Vec<&serde_json::Value> = report["stream"]
         .as_array()
@@ -749,31 +727,10 @@ fn the_real_claude_agent_acp_plan_streams_once_and_the_answer_is_the_last_word()
 fn profile_test_shows_the_real_claude_codes_events_in_order() {
     let model = ModelApi::start();
     let home = tempfile::tempdir().unwrap();
-    let config = home.path().join("config.toml");
-    std::fs::write(&config, "").unwrap();
-    let out = std::process::Command::new(support::bin())
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "profile",
-            "test",
-            "claude",
-        ])
-        .args([
-            "--prompt",
-            "plan: write the tests; run them",
-            "--events",
-            "--json",
-        ])
-        .envs(claude_env(&model, home.path()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let env = claude_env(&model, home.path());
+    let plan = "plan: write the tests; run them";
+    let (status, report) = profile_test(home.path(), "claude", plan, true, &env);
+    assert!(status.success(), "{report}");
     assert_eq!(report["output"], "All done. The plan is finished.");
     let kinds: Vec<&str> = report["stream"]
         .as_array()
@@ -792,15 +749,17 @@ fn profile_test_shows_the_real_claude_codes_events_in_order() {
     assert!(kinds.contains(&"tool_call"), "{kinds:?}");
     // The text table too.
     let text = std::process::Command::new(support::bin())
+        .arg("--config")
+        .arg(home.path().join("config.toml"))
         .args([
-            "--config",
-            config.to_str().unwrap(),
             "profile",
             "test",
             "claude",
+            "--prompt",
+            "plan: one",
+            "--events",
         ])
-        .args(["--prompt", "plan: one", "--events"])
-        .envs(claude_env(&model, home.path()))
+        .envs(env)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
