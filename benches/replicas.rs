@@ -11,65 +11,17 @@
 //! `AAMP_BENCH_TASKS` (default 36) sets the burst; the figures go to stdout and to
 //! `target/bench/replicas.json`.
 
+mod common;
+
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aamp_bridge::config::{Account, PushTransport, SenderAuth, SmtpSecurity};
 use aamp_bridge::mailbox::aamp::claims::{self, Claim};
 use aamp_bridge::protocol::{AampMessage, Dispatch, Intent, Priority};
+use common::*;
 use serde_json::json;
-
-const JMAP: &str = "http://127.0.0.1:18080/.well-known/jmap";
-const SMTP_PORT: u16 = 15587;
-const DOMAIN: &str = "example.test";
-const PASSWORD: &str = "secret";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn adduser(prefix: &str) -> String {
-    let name = format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/mailhost.sh"))
-        .args(["adduser", &name, PASSWORD])
-        .output()
-        .expect("bash runs");
-    assert!(
-        out.status.success(),
-        "adduser: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    format!("{name}@{DOMAIN}")
-}
-
-fn account(email: &str) -> Account {
-    Account {
-        name: "bench".into(),
-        email: email.into(),
-        jmap_url: url::Url::parse(JMAP).unwrap(),
-        login: email.into(),
-        password: PASSWORD.into(),
-        smtp_host: "127.0.0.1".into(),
-        smtp_port: SMTP_PORT,
-        smtp_security: SmtpSecurity::Plain,
-        insecure_tls: false,
-        poll_interval: Duration::from_secs(1),
-        push: false,
-        push_transport: PushTransport::Auto,
-        reconcile_interval: Duration::from_secs(60),
-        save_sent: false,
-        aamp_url: None,
-        sender_auth: SenderAuth::Auto,
-        authserv_id: None,
-        replica: None,
-    }
-}
 
 /// A config folder for replica `name` of `agent`'s mailbox: two slots, a 1 s agent.
 fn replica_config(dir: &Path, agent: &str, boss: &str, name: &str) -> PathBuf {

@@ -67,6 +67,22 @@ fn completed(bridges: &mut [Bridge]) -> Vec<HashSet<String>> {
         .collect()
 }
 
+/// Waits until one of `bridges` has started a task (`task_id`, or any when `None`): its index.
+async fn runner_of(bridges: &mut [Bridge], task_id: Option<&str>) -> usize {
+    loop {
+        let started = bridges.iter_mut().position(|b| {
+            b.take_events();
+            b.seen
+                .iter()
+                .any(|e| e["event"] == "task.started" && task_id.is_none_or(|t| e["taskId"] == t))
+        });
+        if let Some(i) = started {
+            return i;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn three_replicas_run_a_burst_once_each_and_share_it() {
     let Some(host) = mailhost() else { return };
@@ -139,16 +155,7 @@ async fn a_replica_killed_mid_task_loses_its_tasks_to_the_others_after_the_lease
         tasks.push(sent.task_id().to_string());
     }
     // The first replica seen starting one: killed (no stop, no answer, no lease release).
-    let victim = loop {
-        let started = bridges.iter_mut().position(|b| {
-            b.take_events();
-            b.seen.iter().any(|e| e["event"] == "task.started")
-        });
-        if let Some(i) = started {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let victim = runner_of(&mut bridges, None).await;
     bridges.remove(victim).kill();
     for task in &tasks {
         peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(90))
@@ -188,18 +195,7 @@ async fn a_cancel_stops_the_task_on_the_replica_that_runs_it() {
     let sent = peer.send(dispatch).await;
     let task = sent.task_id().to_string();
     peer.wait_for(&task, Intent::TaskAck).await;
-    let runner = loop {
-        let started = bridges.iter_mut().position(|b| {
-            b.take_events();
-            b.seen
-                .iter()
-                .any(|e| e["event"] == "task.started" && e["taskId"] == task.as_str())
-        });
-        if let Some(i) = started {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let runner = runner_of(&mut bridges, Some(&task)).await;
     // `status` shows which replica holds it, read from the server, on any replica.
     let other = (runner + 1) % 3;
     let status: serde_json::Value =
@@ -244,18 +240,7 @@ async fn a_task_that_must_not_run_twice_is_answered_interrupted_after_a_takeover
         .send(peer.dispatch_to(&agent.email, "Once", "only once"))
         .await;
     let task = sent.task_id().to_string();
-    let runner = loop {
-        let started = bridges.iter_mut().position(|b| {
-            b.take_events();
-            b.seen
-                .iter()
-                .any(|e| e["event"] == "task.started" && e["taskId"] == task.as_str())
-        });
-        if let Some(i) = started {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let runner = runner_of(&mut bridges, Some(&task)).await;
     bridges.remove(runner).kill();
     let result = peer
         .wait_for_within(&task, Intent::TaskResult, Duration::from_secs(60))
