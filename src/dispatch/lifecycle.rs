@@ -217,13 +217,7 @@ impl<O: Backend> Dispatcher<O> {
             self.lost_claim(&task, &workspace, None);
             return;
         }
-        // A task's own folder goes (a conversation's stays for its next turn).
-        workspace.finish();
-        inner
-            .running
-            .lock()
-            .expect("running lock")
-            .remove(&task_key(&task.env.from, &task.env.task_id));
+        self.leave(&task, &workspace);
         if matches!(outcome, Err(RunError::Cancelled)) && inner.abort.is_cancelled() {
             tracing::info!("the bridge is stopping: the task stays in the journal and is picked up at the next start");
             self.note(
@@ -391,16 +385,22 @@ impl<O: Backend> Dispatcher<O> {
         }
     }
 
-    /// Another bridge runs the task: this one forgets it (no ack, no result), so a takeover
-    /// can bring it back here.
-    fn lost_claim(&self, task: &Task, workspace: &workspace::Workspace, by: Option<&str>) {
-        let inner = &self.inner;
+    /// The task is no longer here: its own folder goes (a conversation's stays for its next
+    /// turn), and a cancel no longer finds it running.
+    fn leave(&self, task: &Task, workspace: &workspace::Workspace) {
         workspace.finish();
-        inner
+        self.inner
             .running
             .lock()
             .expect("running lock")
             .remove(&task_key(&task.env.from, &task.env.task_id));
+    }
+
+    /// Another bridge runs the task: this one forgets it (no ack, no result), so a takeover
+    /// can bring it back here.
+    fn lost_claim(&self, task: &Task, workspace: &workspace::Workspace, by: Option<&str>) {
+        let inner = &self.inner;
+        self.leave(task, workspace);
         let reason = match by {
             Some(by) => format!("claimed by replica {by}"),
             None => "claimed by another replica".to_string(),

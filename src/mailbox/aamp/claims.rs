@@ -216,55 +216,18 @@ pub async fn finish(jmap: &JmapClient, email_id: &str) -> Result<(), MailboxErro
     .map(drop)
 }
 
-/// Dispatches in `inbox` that a replica claimed and stopped renewing (its lease ran out), not
-/// answered: the ids of those a replica should take over.
-pub async fn expired(jmap: &JmapClient, inbox: &str) -> Result<Vec<String>, MailboxError> {
+/// The claims on `inbox` not yet answered, at most `limit`: each mail's id and claim.
+async fn open_claims(
+    jmap: &JmapClient,
+    inbox: &str,
+    limit: usize,
+) -> Result<Vec<(String, Held)>, MailboxError> {
     let found = jmap
         .call(
             "Email/query",
             json!({
                 "filter": { "inMailbox": inbox, "hasKeyword": CLAIMED, "notKeyword": DONE },
-                "limit": 256
-            }),
-        )
-        .await?;
-    let ids: Vec<String> = found["ids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    if ids.is_empty() {
-        return Ok(ids);
-    }
-    let got = jmap
-        .call(
-            "Email/get",
-            json!({ "ids": ids, "properties": ["keywords"] }),
-        )
-        .await?;
-    let now = now_secs();
-    Ok(got["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| {
-            e["keywords"]
-                .as_object()
-                .is_some_and(|k| !Held::of(k).live(now))
-        })
-        .filter_map(|e| e["id"].as_str().map(str::to_string))
-        .collect())
-}
-
-/// The claims on `inbox` not yet answered (at most 1,000), for `status`.
-pub async fn held(jmap: &JmapClient, inbox: &str) -> Result<Vec<Held>, MailboxError> {
-    let found = jmap
-        .call(
-            "Email/query",
-            json!({
-                "filter": { "inMailbox": inbox, "hasKeyword": CLAIMED, "notKeyword": DONE },
-                "limit": 1000
+                "limit": limit
             }),
         )
         .await?;
@@ -282,7 +245,33 @@ pub async fn held(jmap: &JmapClient, inbox: &str) -> Result<Vec<Held>, MailboxEr
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|e| e["keywords"].as_object().map(Held::of))
+        .filter_map(|e| {
+            Some((
+                e["id"].as_str()?.to_string(),
+                Held::of(e["keywords"].as_object()?),
+            ))
+        })
+        .collect())
+}
+
+/// Dispatches in `inbox` that a replica claimed and stopped renewing (its lease ran out), not
+/// answered: the ids of those a replica should take over.
+pub async fn expired(jmap: &JmapClient, inbox: &str) -> Result<Vec<String>, MailboxError> {
+    let now = now_secs();
+    Ok(open_claims(jmap, inbox, 256)
+        .await?
+        .into_iter()
+        .filter(|(_, held)| !held.live(now))
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// The claims on `inbox` not yet answered (at most 1,000), for `status`.
+pub async fn held(jmap: &JmapClient, inbox: &str) -> Result<Vec<Held>, MailboxError> {
+    Ok(open_claims(jmap, inbox, 1000)
+        .await?
+        .into_iter()
+        .map(|(_, held)| held)
         .collect())
 }
 
