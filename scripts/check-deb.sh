@@ -16,9 +16,12 @@ deb=$(bash scripts/package.sh target/debug/aamp-bridge "$work/dist" 2>/dev/null 
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$deb" >/dev/null
 test "$(command -v aamp-bridge)" = /usr/bin/aamp-bridge
 aamp-bridge --version
-man -P cat aamp-bridge | grep -q "aamp-bridge"
+# Read whole, then searched: `grep -q` in a pipe would stop the writer early (SIGPIPE).
+page=$(man -P cat aamp-bridge)
+grep -q "aamp-bridge" <<<"$page"
 : > "$work/config.toml"
-aamp-bridge --config "$work/config.toml" service render | grep -q "ExecStart="
+unit=$(aamp-bridge --config "$work/config.toml" service render)
+grep -q "ExecStart=" <<<"$unit"
 mkdir -m 700 "$work/runtime"
 XDG_RUNTIME_DIR=$work/runtime systemd-analyze verify --user /usr/lib/systemd/user/aamp-bridge.service
 # A person's first steps: `init` from answers, against a mailbox of the local mail host,
