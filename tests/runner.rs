@@ -268,6 +268,15 @@ fn tagged_processes_are_found_among_those_created_since_a_point() {
         .unwrap();
     let after = last_pid();
     let pid = child.id() as i32;
+    // `spawn` can return while the child is still inside execve, before its new environment
+    // shows in /proc (seen about once in 40 runs): wait for the exec to finish first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&tag))
+    {
+        assert!(std::time::Instant::now() < deadline, "sleep never exec'd");
+        std::thread::yield_now();
+    }
     assert_eq!(tagged_since("AAMP_TEST_TAG", &tag, before), vec![pid]);
     assert_eq!(tagged_since("AAMP_TEST_TAG", &tag, None), vec![pid]);
     // Created before `after`: not among those created since.
