@@ -12,7 +12,8 @@ fi
 [ -x target/debug/aamp-bridge ] || cargo build --locked
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-deb=$(bash scripts/package.sh target/debug/aamp-bridge "$work/dist" 2>/dev/null | head -1)
+built=$(bash scripts/package.sh target/debug/aamp-bridge "$work/dist" 2>/dev/null)
+deb=${built%%$'\n'*}
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$deb" >/dev/null
 test "$(command -v aamp-bridge)" = /usr/bin/aamp-bridge
 aamp-bridge --version
