@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use aamp_bridge::protocol::{AampMessage, Dispatch, Intent, Priority};
+use aamp_bridge::protocol::Intent;
 use common::*;
 use serde_json::{json, Value};
 
@@ -258,20 +258,6 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
-}
-
-fn dispatch(from: &str, to: &str, n: usize) -> AampMessage {
-    AampMessage::dispatch(
-        format!("bench-{n}-{}", uuid::Uuid::new_v4()),
-        from,
-        to,
-        Dispatch {
-            title: format!("bench {n}"),
-            priority: Priority::Normal,
-            body_text: "instant".into(),
-            ..Dispatch::default()
-        },
-    )
 }
 
 fn main() {
@@ -805,44 +791,4 @@ fn end_to_end(
     }
     out.sort();
     out
-}
-
-/// `n` dispatches sent one after another; seconds from the first sent to the last result
-/// seen by the dispatcher.
-fn burst_run(
-    rt: &tokio::runtime::Runtime,
-    sender: &aamp_bridge::mailbox::Sender,
-    mailbox: &aamp_bridge::mailbox::Reader,
-    boss: &str,
-    to: &str,
-    n: usize,
-) -> f64 {
-    let mut state =
-        aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
-    let started = Instant::now();
-    let mut ids: std::collections::HashSet<String> = (0..n)
-        .map(|i| {
-            let msg = dispatch(boss, to, 200_000 + i);
-            rt.block_on(sender.send(&msg)).unwrap();
-            msg.task_id().to_string()
-        })
-        .collect();
-    while !ids.is_empty() {
-        let (inbound, next) = rt.block_on(mailbox.fetch_since(&state, 50)).unwrap();
-        state = next;
-        for m in inbound {
-            if m.message.intent() == Intent::TaskResult {
-                ids.remove(m.message.task_id());
-            }
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            eprintln!(
-                "{} of {n} results missing after 120 s; stopping this measure",
-                ids.len()
-            );
-            return f64::INFINITY;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    started.elapsed().as_secs_f64()
 }

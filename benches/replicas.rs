@@ -19,7 +19,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aamp_bridge::mailbox::aamp::claims::{self, Claim};
-use aamp_bridge::protocol::{AampMessage, Dispatch, Intent, Priority};
 use common::*;
 use serde_json::json;
 
@@ -75,51 +74,12 @@ fn stop(mut child: Child) {
     let _ = child.wait();
 }
 
-fn dispatch(from: &str, to: &str, n: usize) -> AampMessage {
-    AampMessage::dispatch(
-        format!("replica-bench-{n}-{}", uuid::Uuid::new_v4()),
-        from,
-        to,
-        Dispatch {
-            title: format!("bench {n}"),
-            priority: Priority::Normal,
-            body_text: "sleep".into(),
-            ..Dispatch::default()
-        },
-    )
-}
-
 /// Sends `n` dispatches at once and returns the seconds until every result is in.
 fn burst(rt: &tokio::runtime::Runtime, boss: &str, agent: &str, n: usize) -> f64 {
     let sender = aamp_bridge::mailbox::Sender::new(&account(boss)).unwrap();
     let mut reader = aamp_bridge::mailbox::Reader::new(account(boss)).unwrap();
     rt.block_on(reader.connect()).unwrap();
-    let mut state =
-        aamp_bridge::mailbox::Position::at(rt.block_on(reader.current_state()).unwrap());
-    let started = Instant::now();
-    let mut ids: std::collections::HashSet<String> = (0..n)
-        .map(|i| {
-            let msg = dispatch(boss, agent, i);
-            rt.block_on(sender.send(&msg)).unwrap();
-            msg.task_id().to_string()
-        })
-        .collect();
-    while !ids.is_empty() {
-        let (inbound, next) = rt.block_on(reader.fetch_since(&state, 50)).unwrap();
-        state = next;
-        for m in inbound {
-            if m.message.intent() == Intent::TaskResult {
-                ids.remove(m.message.task_id());
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "{} of {n} results missing after 300 s",
-            ids.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    started.elapsed().as_secs_f64()
+    burst_run(rt, &sender, &reader, boss, agent, n)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -5,14 +5,7 @@
 # mailbox, and prints the agent's answer. Needs root for the mail host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ] && ! bash scripts/mailhost.sh check >/dev/null 2>&1; then
-  if command -v sudo >/dev/null 2>&1; then
-    echo "scripts/demo.sh: the mail host it starts needs root (apt-get, Cyrus); run: sudo scripts/demo.sh" >&2
-  else
-    echo "scripts/demo.sh: the mail host it starts needs root (apt-get, Cyrus); run it as root (sudo is not installed)" >&2
-  fi
-  exit 1
-fi
+bash scripts/mailhost.sh need-root scripts/demo.sh
 repo=$PWD
 
 bash scripts/mailhost.sh install

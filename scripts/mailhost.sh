@@ -399,6 +399,20 @@ export MAILHOST_SMTP_STOCK_PORT=$SUBMIT_STOCK_PORT
 ENV
 }
 
+# For a script that starts the mail host (SCRIPT, run by a user who is not root): unless it
+# runs already, says what to run instead and fails.
+cmd_need_root() {
+  local script=${1:-this script}
+  [ "$(id -u)" = 0 ] && return 0
+  (cmd_check) >/dev/null 2>&1 && return 0
+  if command -v sudo >/dev/null 2>&1; then
+    echo "$script: the mail host it starts needs root (apt-get, Cyrus); run: sudo $script" >&2
+  else
+    echo "$script: the mail host it starts needs root (apt-get, Cyrus); run it as root (sudo is not installed)" >&2
+  fi
+  exit 1
+}
+
 case "${1:-}" in
   install) cmd_install ;;
   start) shift; cmd_start "$@" ;;
@@ -408,8 +422,9 @@ case "${1:-}" in
     exec 9>"$DIR.lock"; flock 9   # saslpasswd2 must not run twice at once on one sasldb
     cmd_adduser "$@" ;;
   check) shift; cmd_check "$@" ;;
+  need-root) shift; cmd_need_root "$@" ;;
   env) cmd_env ;;
   stop) cmd_stop ;;
   clean) cmd_stop; rm -rf "$DIR" "$DIR.lock" ;;
-  *) echo "usage: $0 install | start [USER ...] | adduser USER [PASSWORD] | check [USER] | env | stop | clean" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start [USER ...] | adduser USER [PASSWORD] | check [USER] | env | stop | clean | need-root SCRIPT" >&2; exit 2 ;;
 esac

@@ -7,14 +7,7 @@
 #   AAMP_FUZZ_SECONDS=0 scripts/test.sh   skips the fuzz run
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ] && ! bash scripts/mailhost.sh check >/dev/null 2>&1; then
-  if command -v sudo >/dev/null 2>&1; then
-    echo "scripts/test.sh: the mail host it starts needs root (apt-get, Cyrus); run: sudo scripts/test.sh" >&2
-  else
-    echo "scripts/test.sh: the mail host it starts needs root (apt-get, Cyrus); run it as root (sudo is not installed)" >&2
-  fi
-  exit 1
-fi
+bash scripts/mailhost.sh need-root scripts/test.sh
 
 bash scripts/mailhost.sh install
 # The packaging tests use these (Debian's packages; usually there already).

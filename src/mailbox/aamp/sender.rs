@@ -141,16 +141,22 @@ impl Sender {
         self.smtp.check().await
     }
 
+    /// This sender's JMAP connection, connected.
+    async fn connected(&self) -> Result<tokio::sync::MutexGuard<'_, JmapClient>, MailboxError> {
+        let mut jmap = self.jmap.lock().await;
+        if jmap.session().is_none() {
+            jmap.connect().await?;
+        }
+        Ok(jmap)
+    }
+
     /// Claims a dispatch's mail for this replica (see [`super::claims`]); won at once when
     /// the mailbox has no `replica` set.
     pub async fn claim(&self, email_id: &str) -> Result<super::claims::Claim, MailboxError> {
         let Some(replica) = &self.account.replica else {
             return Ok(super::claims::Claim::Won);
         };
-        let mut jmap = self.jmap.lock().await;
-        if jmap.session().is_none() {
-            jmap.connect().await?;
-        }
+        let jmap = self.connected().await?;
         super::claims::claim(&jmap, email_id, &replica.name, replica.lease).await
     }
 
@@ -159,10 +165,7 @@ impl Sender {
         let Some(replica) = &self.account.replica else {
             return Ok(true);
         };
-        let mut jmap = self.jmap.lock().await;
-        if jmap.session().is_none() {
-            jmap.connect().await?;
-        }
+        let jmap = self.connected().await?;
         super::claims::renew(&jmap, email_id, &replica.name, replica.lease).await
     }
 
@@ -171,10 +174,7 @@ impl Sender {
         if self.account.replica.is_none() {
             return Ok(());
         }
-        let mut jmap = self.jmap.lock().await;
-        if jmap.session().is_none() {
-            jmap.connect().await?;
-        }
+        let jmap = self.connected().await?;
         super::claims::finish(&jmap, email_id).await
     }
 

@@ -112,11 +112,8 @@ pub(super) fn unannounced_tool(
         }
         titles.insert(id.clone(), title.clone());
     }
-    // A tool call first seen here ends what the agent said before it, as any tool call.
-    shared.answer_from.store(
-        shared.text.lock().expect("text lock").len(),
-        std::sync::atomic::Ordering::SeqCst,
-    );
+    // A tool call first seen here is a step, as any tool call.
+    shared.step();
     let refused = match outcome {
         RequestPermissionOutcome::Selected(selected) => req
             .options

@@ -100,6 +100,13 @@ impl Shared {
         }
     }
 
+    /// The agent took a step (a tool call, a plan): what it said before is progress, not
+    /// its answer.
+    pub(super) fn step(&self) {
+        self.answer_from
+            .store(self.text.lock().expect("text lock").len(), Ordering::SeqCst);
+    }
+
     /// What the agent said about an error its session is in at the end of the turn, when it
     /// is in one.
     pub(super) fn failed(&self) -> Option<String> {
@@ -192,11 +199,7 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             _ => Vec::new(),
         },
         SessionUpdate::ToolCall(call) => {
-            // What the agent said before a tool call is progress, not its answer.
-            shared.answer_from.store(
-                shared.text.lock().expect("text lock").len(),
-                Ordering::SeqCst,
-            );
+            shared.step();
             let id = call.tool_call_id.0.to_string();
             shared
                 .titles
@@ -270,11 +273,8 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
                 })
                 .collect();
             // A plan comes from a tool call (claude-agent-acp turns Claude's TaskCreate and
-            // TaskUpdate into plans): what the agent said before it is progress too.
-            shared.answer_from.store(
-                shared.text.lock().expect("text lock").len(),
-                Ordering::SeqCst,
-            );
+            // TaskUpdate into plans): a step too.
+            shared.step();
             // An adapter that sends the same plan twice (claude-agent-acp) gives one event.
             let mut last = shared.last_plan.lock().expect("plan lock");
             if last.as_ref() == Some(&items) {
