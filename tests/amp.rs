@@ -583,3 +583,66 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
 }
+
+/// A poll compared the inbox's visible count only, so a task that arrived while another
+/// thread was archived (and was opened in the console) left the count as it was and waited
+/// for the next arrival, forever in a quiet inbox. The unread count is compared too, and the
+/// newest messages are read at each start and every `recheck_secs`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config_with(&broker, &coder, &boss.1, "echo", "recheck_secs = 2\n");
+    let bridge = Bridge::start(&dir, 1);
+    let first = send(&broker, &boss, &coder.1, "First", "one").await;
+    assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
+
+    // Between two polls (the bridge is held still meanwhile): the first thread is archived, a
+    // task arrives and a person opens it. Both counts are what they were.
+    let masked = |hidden: Value, text: &'static str| {
+        let (broker, boss, coder) = (&broker, &boss, &coder);
+        async move {
+            broker
+                .as_person(
+                    reqwest::Method::POST,
+                    &format!(
+                        "/admin/threads/{}/archive",
+                        hidden["thread_id"].as_str().unwrap()
+                    ),
+                    None,
+                )
+                .await;
+            let sent = send(broker, boss, &coder.1, text, text).await;
+            broker
+                .as_person(
+                    reqwest::Method::PATCH,
+                    &format!("/admin/messages/{}/read", sent["id"].as_str().unwrap()),
+                    None,
+                )
+                .await;
+            sent
+        }
+    };
+    bridge.signal(nix::sys::signal::Signal::SIGSTOP);
+    let second = masked(first, "Second").await;
+    bridge.signal(nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(broker.replies_to(&second, &coder.1).await.len(), 1);
+    assert!(
+        bridge.log().contains("the inbox counts did not show"),
+        "found by the recheck"
+    );
+    assert!(bridge.stop().success());
+
+    // The same while the bridge is stopped, with no recheck: its start reads the newest.
+    let text = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &text.replace("recheck_secs = 2", "recheck_secs = 0"),
+    );
+    let third = masked(second, "Third").await;
+    let bridge = Bridge::start(&dir, 1);
+    assert_eq!(broker.replies_to(&third, &coder.1).await.len(), 1);
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+}

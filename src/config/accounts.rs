@@ -59,6 +59,9 @@ pub struct AmpAccount {
     pub poll_interval: std::time::Duration,
     /// How long one HTTP call may take.
     pub timeout: std::time::Duration,
+    /// How often the newest messages are read although the counts did not change (`None`:
+    /// only at each start).
+    pub recheck: Option<std::time::Duration>,
     pub insecure_tls: bool,
 }
 
@@ -115,6 +118,7 @@ impl LoadedConfig {
             ("address", m.address.is_some()),
             ("agent_id", m.agent_id.is_some()),
             ("api_key_file", m.api_key_file.is_some()),
+            ("recheck_secs", m.recheck_secs.is_some()),
             (
                 "timeout_secs",
                 m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp,
@@ -405,6 +409,10 @@ impl LoadedConfig {
         )?;
         let poll_interval = self.poll_interval(&key, m)?;
         let timeout = self.call_timeout(&key, m, 120)?;
+        let recheck = match m.recheck_secs.unwrap_or(300) {
+            0 => None,
+            secs => Some(std::time::Duration::from_secs(secs)),
+        };
         Ok(AmpAccount {
             name: name.to_string(),
             url,
@@ -413,6 +421,7 @@ impl LoadedConfig {
             api_key,
             poll_interval,
             timeout,
+            recheck,
             insecure_tls: m.insecure_tls,
         })
     }

@@ -125,6 +125,11 @@ pub struct MailboxConfig {
     /// the unread envelopes already waiting.
     #[serde(default, skip_serializing_if = "is_false")]
     pub skip_backlog: bool,
+    /// AMP: every this many seconds (and at each start) the newest messages are read even
+    /// when the inbox's counts did not change, for an arrival that a message archived or
+    /// trashed at the same time hid from them (default 300; 0: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recheck_secs: Option<u64>,
     /// AMP and ASMTP: seconds one HTTP call to the broker or operator may take (default:
     /// AMP 120, since its broker renders every message it returns; ASMTP 30).
     #[serde(skip_serializing_if = "Option::is_none")]

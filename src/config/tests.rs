@@ -197,3 +197,38 @@ allow_from = ["@owner.boss"]
         "{e}"
     );
 }
+
+/// `recheck_secs` is an AMP key: five minutes unless set, 0 turns it off, and another kind
+/// of mailbox refuses it.
+#[test]
+fn recheck_secs_belongs_to_amp_mailboxes() {
+    let amp = |extra: &str| {
+        format!(
+            "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"http://127.0.0.1:9\"\naddress = \"coder@alice.amp.test\"\nagent_id = \"a1\"\napi_key_file = \"coder.pass\"\n{extra}\n[[agents]]\nname = \"coder\"\nprofile = \"echo\"\nallow_from = [\"boss@alice.amp.test\"]\n"
+        )
+    };
+    let recheck_of = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "coder.pass", "secret\n", 0o600);
+        let path = write(dir.path(), "config.toml", text, 0o644);
+        LoadedConfig::load(&path)
+            .unwrap()
+            .amp_account("coder")
+            .unwrap()
+            .recheck
+    };
+    assert_eq!(
+        recheck_of(&amp("")),
+        Some(std::time::Duration::from_secs(300))
+    );
+    assert_eq!(recheck_of(&amp("recheck_secs = 0")), None);
+    let e = load_err(
+        &GOOD.replace(
+            "smtp_security = \"plain\"",
+            "smtp_security = \"plain\"\nrecheck_secs = 10",
+        ),
+        0o600,
+        0o644,
+    );
+    assert!(e.contains("recheck_secs"), "{e}");
+}

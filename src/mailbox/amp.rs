@@ -3,10 +3,13 @@
 //! position, not by its read flag (a person who opens a message in the broker's console marks
 //! it read): a position `(created_at, ids at it)` kept on disk, moved only after every message
 //! before it was handed to `deliver` (the journal, which also de-duplicates). The broker renders
-//! markdown for every message it returns, so a poll first asks for the visible message count
-//! alone (a page past the end: nothing rendered) and reads the newest messages only when it
-//! changed, a page the size of the change. Delivered messages are marked read, as a hint for
-//! people. At the first start the unread messages already waiting are the backlog, answered.
+//! markdown for every message it returns, so a poll first asks for the visible and the unread
+//! message counts alone (a page past the end: nothing rendered) and reads the newest messages
+//! only when one changed, a page the size of the change. A message archived or trashed as
+//! another arrives (and is opened in the console) leaves both counts as they were, so the
+//! newest messages are also read at each start and every `recheck` (default five minutes).
+//! Delivered messages are marked read, as a hint for people. At the first start the unread
+//! messages already waiting are the backlog, answered.
 //!
 //! Answers go back as a `reply` to the message, in its thread. The broker has no idempotency
 //! key: the thread is read first (for a bridge Message-ID in an HTML comment at the end of a
@@ -206,6 +209,25 @@ impl AmpClient {
         Ok(self.inbox_page(COUNT_PAGE, 1).await?.total)
     }
 
+    /// How many of those are unread, counted the same way.
+    pub async fn unread_total(&self) -> Result<u64, MailboxError> {
+        let path = format!("messages/inbox/{}", self.account.address);
+        let page = COUNT_PAGE.to_string();
+        let value = self
+            .call(
+                reqwest::Method::GET,
+                &path,
+                &[
+                    ("agent_id", &self.account.agent_id),
+                    ("page", &page),
+                    ("page_size", "1"),
+                ],
+                None,
+            )
+            .await?;
+        Ok(Self::parse::<InboxPage>(value, "an AMP inbox page")?.total)
+    }
+
     pub async fn mark_read(&self, id: &str) -> Result<(), MailboxError> {
         self.call(
             reqwest::Method::PATCH,
@@ -341,12 +363,14 @@ const COUNT_PAGE: u64 = 1_000_000;
 const PAGE: u64 = 100;
 
 /// How far the inbox has been read: the newest `created_at` handed on, the ids at exactly that
-/// time (the broker's timestamps can tie), and the visible count then.
+/// time (the broker's timestamps can tie), and the visible and unread counts then.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     pub created_at: String,
     pub ids: Vec<String>,
     pub total: u64,
+    #[serde(default)]
+    pub unread: u64,
 }
 
 /// The position file.
@@ -359,11 +383,22 @@ struct AmpWatched<'a, D> {
     deliver: D,
     link: &'a super::link::Link,
     poll_interval: Duration,
+    /// When this process last read the newest messages (`None`: not yet).
+    walked: Option<tokio::time::Instant>,
 }
 
 impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AmpWatched<'_, D> {
     async fn read(&mut self) -> Result<usize, IntakeError> {
-        poll_once(&self.client, self.position, &mut self.deliver).await
+        let recheck = match (self.walked, self.client.account.recheck) {
+            (None, _) => true,
+            (Some(at), Some(every)) => at.elapsed() >= every,
+            (Some(_), None) => false,
+        };
+        let read = poll_once(&self.client, self.position, &mut self.deliver, recheck).await?;
+        if read.walked {
+            self.walked = Some(tokio::time::Instant::now());
+        }
+        Ok(read.taken)
     }
 
     fn next_read(&mut self, taken: usize) -> Duration {
@@ -404,26 +439,48 @@ pub async fn run_intake(
         deliver,
         link: &link,
         poll_interval,
+        walked: None,
     };
     intake::watch(&name, events, health, &mut watched, None, &stop).await;
 }
 
+/// What one poll did.
+struct Polled {
+    /// Messages handed on.
+    taken: usize,
+    /// Whether the newest messages were read (not only counted).
+    walked: bool,
+}
+
+/// One poll: the counts, and the newest messages down to the position when a count changed
+/// or `recheck` asks for it.
 async fn poll_once(
     client: &AmpClient,
     position: &PositionFile,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
-) -> Result<usize, IntakeError> {
+    recheck: bool,
+) -> Result<Polled, IntakeError> {
     let Some(mut at) = position.load()? else {
-        return first_start(client, position, deliver).await;
+        let taken = first_start(client, position, deliver).await?;
+        return Ok(Polled {
+            taken,
+            walked: true,
+        });
     };
     let total = client.visible_total().await?;
-    if total == at.total {
-        return Ok(0);
+    let unread = client.unread_total().await?;
+    if total == at.total && unread == at.unread && !recheck {
+        return Ok(Polled {
+            taken: 0,
+            walked: false,
+        });
     }
-    // Something arrived (or was archived or trashed): the newest messages down to the
-    // position, a page the size of the change at a time.
-    let page_size = total.saturating_sub(at.total).clamp(10, PAGE);
+    // Something arrived (or was archived, trashed or read), or it is time to look anyway: the
+    // newest messages down to the position (an older message, or every message at it), a
+    // page the size of the change and one more at a time.
+    let page_size = (total.abs_diff(at.total) + 1).clamp(2, PAGE);
     let mut fresh = Vec::new();
+    let mut at_position = HashSet::new();
     let mut page = 1;
     loop {
         let got = client.inbox_page(page, page_size).await?;
@@ -432,10 +489,13 @@ async fn poll_once(
         for m in got.messages {
             if m.created_at < at.created_at {
                 reached = true;
-            } else if !(m.created_at == at.created_at && at.ids.contains(&m.id)) {
+            } else if m.created_at == at.created_at && at.ids.contains(&m.id) {
+                at_position.insert(m.id);
+            } else {
                 fresh.push(m);
             }
         }
+        reached |= !at.ids.is_empty() && at_position.len() == at.ids.len();
         if reached || last_page {
             break;
         }
@@ -446,7 +506,13 @@ async fn poll_once(
     fresh.sort_by(|a, b| a.created_at.cmp(&b.created_at));
     let mut seen = HashSet::new();
     fresh.retain(|m| seen.insert(m.id.clone()));
-    let taken = hand_on(client, &fresh, deliver).await?;
+    if recheck && !fresh.is_empty() && total == at.total && unread == at.unread {
+        tracing::info!(
+            new = fresh.len(),
+            "messages the inbox counts did not show (another was archived or trashed meanwhile)"
+        );
+    }
+    let handed = hand_on(client, &fresh, deliver).await?;
     for m in &fresh {
         if m.created_at > at.created_at {
             at.created_at = m.created_at.clone();
@@ -457,8 +523,13 @@ async fn poll_once(
         }
     }
     at.total = total;
+    // Those this poll marked read are no longer unread.
+    at.unread = unread.saturating_sub(handed.marked);
     position.save(&at)?;
-    Ok(taken)
+    Ok(Polled {
+        taken: handed.taken,
+        walked: true,
+    })
 }
 
 /// The first start: the position is the newest message, then the unread messages already
@@ -470,7 +541,8 @@ async fn first_start(
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
 ) -> Result<usize, IntakeError> {
     let newest = client.inbox_page(1, 1).await?;
-    let at = Position {
+    let backlog = client.unread().await?;
+    let mut at = Position {
         created_at: newest
             .messages
             .first()
@@ -483,17 +555,25 @@ async fn first_start(
             .into_iter()
             .collect(),
         total: newest.total,
+        unread: backlog.len() as u64,
     };
-    let backlog = client.unread().await?;
     if !backlog.is_empty() {
         tracing::info!(
             unread = backlog.len(),
             "first start: answering the unread messages already waiting"
         );
     }
-    let taken = hand_on(client, &backlog, deliver).await?;
+    let handed = hand_on(client, &backlog, deliver).await?;
+    at.unread = at.unread.saturating_sub(handed.marked);
     position.save(&at)?;
-    Ok(taken)
+    Ok(handed.taken)
+}
+
+/// What [`hand_on`] did.
+struct Handed {
+    taken: usize,
+    /// How many unread messages it marked read.
+    marked: u64,
 }
 
 /// Hands each message to the journal, then marks it read (a hint for people).
@@ -501,8 +581,11 @@ async fn hand_on(
     client: &AmpClient,
     messages: &[AmpMessage],
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
-) -> Result<usize, IntakeError> {
-    let mut taken = 0;
+) -> Result<Handed, IntakeError> {
+    let mut handed = Handed {
+        taken: 0,
+        marked: 0,
+    };
     for m in messages {
         if !m.to_agent.eq_ignore_ascii_case(client.address()) {
             continue;
@@ -522,10 +605,11 @@ async fn hand_on(
             .saw(&m.id, &m.subject);
         if !m.is_read {
             client.mark_read(&m.id).await?;
+            handed.marked += 1;
         }
-        taken += 1;
+        handed.taken += 1;
     }
-    Ok(taken)
+    Ok(handed)
 }
 
 /// Where an AMP agent's answers go: replies in the task's thread.
