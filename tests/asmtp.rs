@@ -819,3 +819,124 @@ async fn a_three_turn_conversation_sent_like_the_reference_cli_keeps_one_session
     assert!(bridge.stop().success());
     operator.no_invalid();
 }
+
+/// The operator's push and rows as the reference sends them: a task the agent is only
+/// cc'd on, stored by an operator that keeps no `size_hint` (older rows), from a sender that
+/// asked for `monitor.fact` frames. The agent answers it once, to its sender alone; the
+/// sender's socket sees one `stored` fact per recipient; when the operator stops, every
+/// socket is closed with 1001 and the bridge says so and reads what came meanwhile once it
+/// is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_the_agent_is_cc_d_on_is_answered_once_to_its_sender_only() {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let mut operator = Operator::start(
+        &["@alice.coder", "@alice.boss", "@alice.other"],
+        &["--no-size-hint"],
+    );
+    // Polling every ten minutes: the bridge reads by push and its catch-ups.
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let mut bridge = Bridge::start(&dir, 1);
+    support::wait_until("push connected", || {
+        bridge.log().contains("ASMTP push connected")
+    });
+    let mut request = format!("ws://127.0.0.1:{}/connect", operator.port)
+        .into_client_request()
+        .unwrap();
+    request.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {}", operator.token("@alice.boss"))
+            .parse()
+            .unwrap(),
+    );
+    let (mut boss_socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+
+    let sent = operator
+        .post(
+            "@alice.boss",
+            json!({"id": ulid(), "to": ["@alice.other"], "cc": ["@alice.coder"],
+                   "subject": "FYI", "date_ms": 1_764_000_000_000u64, "monitor": "mon_boss1",
+                   "content_parts": [{"type": "text", "text": "say hello"}]}),
+        )
+        .await;
+    let replies = operator.replies("@alice.boss", &sent).await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(
+        replies[0]["to"],
+        json!(["@alice.boss"]),
+        "to its sender only"
+    );
+    assert!(replies[0].get("cc").is_none(), "{}", replies[0]);
+    // What the coder's socket was sent: the row with cc and without size_hint.
+    let pushed: Vec<Value> = operator
+        .record()
+        .into_iter()
+        .filter(|r| r["push"] == "@alice.coder" && r["frame"]["id"] == sent.as_str())
+        .collect();
+    assert_eq!(pushed.len(), 1, "{pushed:?}");
+    assert_eq!(pushed[0]["frame"]["cc"], json!(["@alice.coder"]));
+    assert!(pushed[0]["frame"].get("size_hint").is_none());
+    // The other recipient heard nothing from the coder.
+    let other = operator
+        .call(
+            "@alice.other",
+            reqwest::Method::GET,
+            "/mailbox?direction=in&order=asc&limit=1000",
+            None,
+        )
+        .await;
+    assert_eq!(other["envelope_headers"].as_array().unwrap().len(), 1);
+
+    // The sender's socket: one stored fact per recipient, then the envelope.notify of the
+    // coder's answer.
+    let mut facts = Vec::new();
+    while facts.len() < 2 {
+        let frame = tokio::time::timeout(Duration::from_secs(30), boss_socket.next())
+            .await
+            .expect("a frame")
+            .unwrap()
+            .unwrap();
+        let Message::Text(text) = frame else { continue };
+        let value: Value = serde_json::from_str(text.as_str()).unwrap();
+        if value["op"] == "monitor.fact" {
+            facts.push(value);
+        }
+    }
+    let mut recipients: Vec<&str> = facts
+        .iter()
+        .map(|f| f["recipient_handle"].as_str().unwrap())
+        .collect();
+    recipients.sort_unstable();
+    assert_eq!(recipients, ["@alice.coder", "@alice.other"]);
+    assert!(facts
+        .iter()
+        .all(|f| f["fact"] == "stored" && f["envelope_id"] == sent.as_str()));
+
+    // The operator stops as a service: 1001 on every socket.
+    operator.terminate();
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(30), boss_socket.next())
+            .await
+            .expect("the close")
+        {
+            Some(Ok(Message::Close(frame))) => break frame.expect("a close code"),
+            Some(Ok(_)) => continue,
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    assert_eq!(u16::from(close.code), 1001);
+    support::wait_until("the close is logged", || {
+        bridge.log().contains("1001 operator shutting down")
+    });
+    operator.restart();
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "say hello")
+        .await;
+    assert_eq!(operator.replies("@alice.boss", &later).await.len(), 1);
+    bridge.wait_event("task.completed", |e| {
+        e["taskId"] == format!("asmtp:{later}").as_str()
+    });
+    assert!(bridge.stop().success());
+    assert_eq!(operator.replies("@alice.boss", &sent).await.len(), 1);
+    operator.no_invalid();
+}

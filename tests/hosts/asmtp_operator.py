@@ -68,8 +68,9 @@ opts = args.parse_args()
 MAX_BODY = 1 << 20
 MAX_FILE = 10 * 1024 * 1024
 
-ENVELOPE_ID = re.compile(r"^01[0-9A-HJKMNP-TV-Z]{24}$")
-HANDLE = re.compile(r"^@[a-z0-9_-]+\.[a-z0-9_-]+$")
+ENVELOPE_ID = re.compile(r"^01[0-9A-HJKMNP-TV-Z]{24}\Z")
+HANDLE = re.compile(r"^@[a-z0-9_-]+\.[a-z0-9_-]+\Z")
+MONITOR = re.compile(r"^mon_[0-9A-Za-z_-]{1,64}\Z")
 tokens = {}
 for entry in opts.agent:
     handle, token = entry.rsplit(":", 1)
@@ -177,8 +178,13 @@ def content_parts(value):
 
 
 def check_frame(frame):
-    """The envelope.notify shape (a /mailbox row)."""
+    """The envelope.notify shape (a /mailbox row), or a monitor.fact."""
     problems = []
+    if frame.get("op") == "monitor.fact":
+        for key in ("monitor", "envelope_id", "recipient_handle", "fact", "at_ms"):
+            if key not in frame:
+                problems.append(key)
+        return problems
     if frame.get("op") != "envelope.notify":
         problems.append("op")
     if not ENVELOPE_ID.match(frame.get("id", "")):
@@ -433,6 +439,9 @@ class Handler(BaseHTTPRequestHandler):
                 envelope_id(r, f"references[{i}]")
             if references and in_reply_to and references[-1] != in_reply_to:
                 raise bad("INVALID_REFERENCES", "references[-1] must equal in_reply_to")
+            monitor = body.get("monitor")
+            if monitor is not None and not (isinstance(monitor, str) and MONITOR.match(monitor)):
+                raise bad("INVALID_MONITOR", "monitor must match mon_<token>")
             date_ms = body.get("date_ms")
             if not isinstance(date_ms, int) or isinstance(date_ms, bool) or date_ms < 0:
                 raise bad("INVALID_REQUEST", "date_ms must be a non-negative integer (epoch ms)")

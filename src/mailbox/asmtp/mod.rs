@@ -519,14 +519,21 @@ pub async fn run_intake(
                 tracing::info!("ASMTP push connected");
             })
             .await;
-            push_up.store(false, std::sync::atomic::Ordering::SeqCst);
+            if push_up.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                // It was up: a drop after that starts the waits over.
+                backoff.reset();
+            }
             link.push("polling");
             if stop.is_cancelled() {
                 return;
             }
             let delay = backoff.next_delay();
             match result {
-                Ok(()) => tracing::info!("the ASMTP push connection closed; reconnecting"),
+                Ok(why) => tracing::info!(
+                    closed = why.as_deref().unwrap_or("without a close frame"),
+                    retry_in_s = delay.as_secs(),
+                    "the ASMTP operator closed the push connection; reconnecting"
+                ),
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "ASMTP push unavailable")
                 }
@@ -685,14 +692,16 @@ async fn catch_up(
     }
 }
 
-/// One push connection: every `envelope.notify` frame wakes the catch-up. `Ok` when the
-/// operator closed it or `stop` was cancelled.
+/// One push connection: every `envelope.notify` frame wakes the catch-up; other frames
+/// (`monitor.fact`, for senders that asked) are let go. `Ok` when the operator closed it (with
+/// its close code and reason, as the reference sends `1001 operator shutting down` when it
+/// stops) or `stop` was cancelled.
 async fn run_push(
     client: &AsmtpClient,
     wake: &mpsc::Sender<()>,
     stop: &CancellationToken,
     connected: impl FnOnce(),
-) -> Result<(), MailboxError> {
+) -> Result<Option<String>, MailboxError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::http::HeaderValue;
     use tokio_tungstenite::tungstenite::Message;
@@ -715,16 +724,16 @@ async fn run_push(
     );
     let (mut socket, _) = tokio::select! {
         r = tokio_tungstenite::connect_async(request) => r.map_err(|e| push_error(e.to_string(), ErrorClass::Transient))?,
-        _ = stop.cancelled() => return Ok(()),
+        _ = stop.cancelled() => return Ok(None),
     };
     connected();
     loop {
         let frame = tokio::select! {
             f = socket.next() => f,
-            _ = stop.cancelled() => return Ok(()),
+            _ = stop.cancelled() => return Ok(None),
         };
         match frame {
-            None => return Ok(()),
+            None => return Ok(None),
             Some(Err(e)) => return Err(push_error(e.to_string(), ErrorClass::Transient)),
             Some(Ok(Message::Text(text))) => {
                 let value: Value = serde_json::from_str(text.as_str()).unwrap_or(Value::Null);
@@ -732,7 +741,13 @@ async fn run_push(
                     let _ = wake.try_send(());
                 }
             }
-            Some(Ok(Message::Close(_))) => return Ok(()),
+            Some(Ok(Message::Close(frame))) => {
+                return Ok(frame.map(|f| {
+                    let code = u16::from(f.code);
+                    let reason: String = f.reason.chars().filter(|c| !c.is_control()).collect();
+                    format!("{code} {reason}")
+                }))
+            }
             Some(Ok(_)) => {}
         }
     }
