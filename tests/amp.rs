@@ -646,3 +646,68 @@ async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
 }
+
+/// The broker lists the inbox newest first by `created_at` (a string), at most 100 a page.
+/// More than a page arrived while the bridge was stopped: each is answered once, oldest
+/// first, and a message trashed meanwhile is not (the inbox hides it).
+#[tokio::test(flavor = "multi_thread")]
+async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    let bridge = Bridge::start(&dir, 1);
+    let first = send(&broker, &boss, &coder.1, "First", "one").await;
+    broker.replies_to(&first, &coder.1).await;
+    assert!(bridge.stop().success());
+
+    let mut sent = Vec::new();
+    for n in 0..105 {
+        sent.push(send(&broker, &boss, &coder.1, &format!("Task {n}"), "say hello").await);
+    }
+    let trashed = send(&broker, &boss, &coder.1, "Trashed", "never").await;
+    broker
+        .as_person(
+            reqwest::Method::POST,
+            &format!("/admin/messages/{}/trash", trashed["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let task_of = |m: &Value| {
+        format!(
+            "amp:{}:{}",
+            m["thread_id"].as_str().unwrap(),
+            m["id"].as_str().unwrap()
+        )
+    };
+    bridge.wait_event("task.completed", |e| {
+        e["taskId"] == task_of(sent.last().unwrap()).as_str()
+    });
+    for m in &sent {
+        assert_eq!(broker.replies_to(m, &coder.1).await.len(), 1);
+    }
+    let started: Vec<String> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "task.started")
+        .map(|e| e["taskId"].as_str().unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = sent.iter().map(task_of).collect();
+    assert_eq!(started, expected, "each once, oldest first");
+    assert!(bridge.stop().success());
+    let boss_inbox = broker
+        .call(
+            reqwest::Method::GET,
+            &format!("/messages/inbox/{}?agent_id={}&all=true", boss.1, boss.0),
+            None,
+        )
+        .await;
+    let answers = boss_inbox.as_array().unwrap();
+    assert_eq!(answers.len(), 106, "one answer each");
+    assert!(
+        answers.iter().all(|m| m["parent_id"] != trashed["id"]),
+        "the trashed message was not answered"
+    );
+    no_invalid_requests(&broker);
+}
