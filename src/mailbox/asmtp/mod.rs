@@ -379,24 +379,22 @@ impl AsmtpClient {
     }
 }
 
-/// A client-chosen envelope id (a ULID's shape: `01` and 24 Crockford base32 characters)
-/// derived from the bridge's Message-ID, so a resend carries the same id.
-pub fn envelope_id(message_id: &str) -> String {
+/// A client-chosen envelope id, a ULID: the time (`date_ms`, the answer's own date, kept
+/// within the years the reference's `01` prefix allows) in the first 10 characters, so ids
+/// sort as the answers were made, then 80 bits derived from the bridge's Message-ID, so a
+/// resend carries the same id.
+pub fn envelope_id(message_id: &str, date_ms: i64) -> String {
     const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x2b8e_61c4_7a0d_4f3e_9c55_0e1f_d3a2_b7c9);
-    let a = uuid::Uuid::new_v5(&NAMESPACE, message_id.as_bytes());
-    let b = uuid::Uuid::new_v5(&a, message_id.as_bytes());
-    let bytes: Vec<u8> = a.as_bytes().iter().chain(b.as_bytes()).copied().collect();
-    let mut out = String::from("01");
-    let (mut acc, mut bits, mut i) = (0u32, 0u32, 0usize);
-    while out.len() < 26 {
-        if bits < 5 {
-            acc = (acc << 8) | u32::from(bytes[i]);
-            i += 1;
-            bits += 8;
-        }
-        bits -= 5;
-        out.push(CROCKFORD[((acc >> bits) & 31) as usize] as char);
+    // 2^40 ms (November 2004) to 2^41 - 1 (September 2039): the ULIDs that begin `01`.
+    let time = date_ms.clamp(1 << 40, (1 << 41) - 1) as u64;
+    let mut out = String::with_capacity(26);
+    for shift in (0..10).rev() {
+        out.push(CROCKFORD[((time >> (shift * 5)) & 31) as usize] as char);
+    }
+    let hash = uuid::Uuid::new_v5(&NAMESPACE, message_id.as_bytes()).as_u128();
+    for shift in (0..16).rev() {
+        out.push(CROCKFORD[((hash >> (shift * 5)) & 31) as usize] as char);
     }
     out
 }
@@ -826,7 +824,7 @@ impl AsmtpReplies {
             .max(0);
         // No subject: a reply is read in its thread.
         Some(json!({
-            "id": envelope_id(&mail.message_id),
+            "id": envelope_id(&mail.message_id, date_ms),
             "to": msg.envelope.to,
             "in_reply_to": parent,
             "references": references,

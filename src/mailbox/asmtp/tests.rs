@@ -2,17 +2,34 @@
 
 use super::*;
 
+/// Issue 21: the ids looked like ULIDs but were not time-ordered. They are now: the answer's
+/// date in the first 10 characters, stable for the same Message-ID and date.
 #[test]
-fn envelope_ids_are_stable_ulid_shaped_and_distinct() {
-    let a = envelope_id("<task.result.1@x>");
-    assert_eq!(a, envelope_id("<task.result.1@x>"));
-    assert_ne!(a, envelope_id("<task.result.2@x>"));
+fn envelope_ids_are_stable_time_ordered_ulids() {
+    let now = 1_796_000_000_000;
+    let a = envelope_id("<task.result.1@x>", now);
+    assert_eq!(a, envelope_id("<task.result.1@x>", now));
+    assert_ne!(a, envelope_id("<task.result.2@x>", now));
     assert_eq!(a.len(), 26);
     assert!(a.starts_with("01"));
     assert!(a
         .chars()
-        .skip(2)
         .all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
+    // The time, decoded, is the date's.
+    let time = a[..10].chars().fold(0i64, |acc, c| {
+        acc * 32 + "0123456789ABCDEFGHJKMNPQRSTVWXYZ".find(c).unwrap() as i64
+    });
+    assert_eq!(time, now);
+    // Later answers sort later, whatever their Message-IDs.
+    let mut ids: Vec<String> = (0..50)
+        .map(|n| envelope_id(&format!("<m{}@x>", 50 - n), now + n * 1000))
+        .collect();
+    let made = ids.clone();
+    ids.sort();
+    assert_eq!(ids, made);
+    // A date the `01` prefix cannot hold is kept within it.
+    assert!(envelope_id("<m@x>", 0).starts_with("01"));
+    assert!(envelope_id("<m@x>", i64::MAX).starts_with("01"));
 }
 
 fn envelope() -> AsmtpEnvelope {
