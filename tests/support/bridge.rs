@@ -93,8 +93,14 @@ pub struct Bridge {
     stderr_path: PathBuf,
 }
 
+/// The binary under test: this build's, or the one `AAMP_BRIDGE_UNDER_TEST` names (to show
+/// a test fails on an older build: `AAMP_BRIDGE_UNDER_TEST=/path/to/old cargo test --test T`).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_aamp-bridge")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("AAMP_BRIDGE_UNDER_TEST")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_aamp-bridge").to_string())
+    })
 }
 
 impl Bridge {
