@@ -940,3 +940,85 @@ async fn a_task_the_agent_is_cc_d_on_is_answered_once_to_its_sender_only() {
     assert_eq!(operator.replies("@alice.boss", &sent).await.len(), 1);
     operator.no_invalid();
 }
+
+/// The test operator's refusals, as the reference's (3ab187e): a body over 1 MiB is cut
+/// with no HTTP answer; a recipient that has not allowed the sender, or that blocked it, is
+/// 404 (never 403), in either direction; a `monitor` that is not `mon_<token>` is 400. The
+/// bridge's tests rely on each, so each is checked here.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_test_operator_refuses_as_the_reference_does() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let post = |from: &str, body: Value| {
+        reqwest::Client::new()
+            .post(format!("{}/messages", operator.url()))
+            .bearer_auth(operator.token(from))
+            .json(&body)
+            .send()
+    };
+    let envelope = |to: &str, text: String| {
+        json!({"id": ulid(), "to": [to], "date_ms": 1_764_000_000_000u64,
+               "content_parts": [{"type": "text", "text": text}]})
+    };
+    // Over the cap: the connection is cut, no status.
+    let cut = post(
+        "@alice.boss",
+        envelope("@alice.coder", "x".repeat(1_100_000)),
+    )
+    .await;
+    assert!(cut.is_err(), "{cut:?}");
+    assert!(operator.record().iter().any(|r| r["cut"] == true));
+    // Just under it: accepted.
+    let under = post(
+        "@alice.boss",
+        envelope("@alice.coder", "x".repeat(1_000_000)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(under.status(), 202);
+    // Off the allowlist (the coder's owner took the boss off): 404.
+    operator
+        .call(
+            "@alice.coder",
+            reqwest::Method::DELETE,
+            "/agents/me/allowlist/@alice.boss",
+            None,
+        )
+        .await;
+    let refused = post("@alice.boss", envelope("@alice.coder", "hi".into()))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    // Reachability is both ways: the coder may not reach the boss either now.
+    let back = post("@alice.coder", envelope("@alice.boss", "hi".into()))
+        .await
+        .unwrap();
+    assert_eq!(back.status(), 404);
+    // Blocked: 404 although allowed.
+    operator
+        .call(
+            "@alice.coder",
+            reqwest::Method::POST,
+            "/agents/me/allowlist",
+            Some(json!({"entries": ["@alice.boss"]})),
+        )
+        .await;
+    operator
+        .call(
+            "@alice.boss",
+            reqwest::Method::POST,
+            "/agents/me/blocks",
+            Some(json!({"handle": "@alice.coder"})),
+        )
+        .await;
+    let blocked = post("@alice.coder", envelope("@alice.boss", "hi".into()))
+        .await
+        .unwrap();
+    assert_eq!(blocked.status(), 404);
+    // A bad monitor: 400 INVALID_MONITOR.
+    let mut bad = envelope("@alice.coder", "hi".into());
+    bad["monitor"] = json!("monitor-1\n");
+    let response = post("@alice.boss", bad).await.unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "INVALID_MONITOR", "{body}");
+}
