@@ -199,15 +199,16 @@ allow_from = ["@owner.boss"]
 }
 
 /// `recheck_secs` is an AMP key: five minutes unless set, 0 turns it off, and another kind
-/// of mailbox refuses it.
+/// of mailbox refuses it. `timeout_secs` (one HTTP call) is 120 s on AMP unless set (issue
+/// 21: the fixed 30 s cut every read of a large message on the real broker), never 0.
 #[test]
-fn recheck_secs_belongs_to_amp_mailboxes() {
+fn recheck_secs_and_timeout_secs_of_amp_mailboxes() {
     let amp = |extra: &str| {
         format!(
             "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"http://127.0.0.1:9\"\naddress = \"coder@alice.amp.test\"\nagent_id = \"a1\"\napi_key_file = \"coder.pass\"\n{extra}\n[[agents]]\nname = \"coder\"\nprofile = \"echo\"\nallow_from = [\"boss@alice.amp.test\"]\n"
         )
     };
-    let recheck_of = |text: &str| {
+    let account_of = |text: &str| {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "coder.pass", "secret\n", 0o600);
         let path = write(dir.path(), "config.toml", text, 0o644);
@@ -215,8 +216,21 @@ fn recheck_secs_belongs_to_amp_mailboxes() {
             .unwrap()
             .amp_account("coder")
             .unwrap()
-            .recheck
     };
+    let recheck_of = |text: &str| account_of(text).recheck;
+    assert_eq!(
+        account_of(&amp("")).timeout,
+        std::time::Duration::from_secs(120)
+    );
+    assert_eq!(
+        account_of(&amp("timeout_secs = 20")).timeout,
+        std::time::Duration::from_secs(20)
+    );
+    let e = load_err(&amp("timeout_secs = 0"), 0o600, 0o644);
+    assert!(
+        e.contains("timeout_secs") && e.contains("at least 1"),
+        "{e}"
+    );
     assert_eq!(
         recheck_of(&amp("")),
         Some(std::time::Duration::from_secs(300))
