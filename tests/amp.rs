@@ -108,6 +108,35 @@ impl Broker {
             .await
     }
 
+    /// A person opens `message` in the console, which marks it read.
+    async fn open_in_console(&self, message: &Value) -> Value {
+        let id = message["id"].as_str().unwrap();
+        self.as_person(
+            reqwest::Method::PATCH,
+            &format!("/admin/messages/{id}/read"),
+            None,
+        )
+        .await
+    }
+
+    /// A person archives the thread of `message` in the console: the inbox hides it.
+    async fn archive_thread(&self, message: &Value) -> Value {
+        let thread = message["thread_id"].as_str().unwrap();
+        let path = format!("/admin/threads/{thread}/archive");
+        self.as_person(reqwest::Method::POST, &path, None).await
+    }
+
+    /// A person trashes `message` in the console: the inbox hides it.
+    async fn trash(&self, message: &Value) -> Value {
+        let id = message["id"].as_str().unwrap();
+        self.as_person(
+            reqwest::Method::POST,
+            &format!("/admin/messages/{id}/trash"),
+            None,
+        )
+        .await
+    }
+
     /// A console session of the user alice: the `Authorization` header value.
     async fn console(&self) -> String {
         let login = self
@@ -496,26 +525,11 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
     let sent = send(&broker, &boss, &coder.1, "Opened", "read by a person first").await;
-    let opened = broker
-        .as_person(
-            reqwest::Method::PATCH,
-            &format!("/admin/messages/{}/read", sent["id"].as_str().unwrap()),
-            None,
-        )
-        .await;
+    let opened = broker.open_in_console(&sent).await;
     assert_eq!(opened["is_read"], true);
     // Another thread archived meanwhile: hidden from the inbox, so the count alone would
     // not have changed; the walk still finds the new task.
-    broker
-        .as_person(
-            reqwest::Method::POST,
-            &format!(
-                "/admin/threads/{}/archive",
-                first["thread_id"].as_str().unwrap()
-            ),
-            None,
-        )
-        .await;
+    broker.archive_thread(&first).await;
     let extra = send(&broker, &boss, &coder.1, "Third", "three").await;
 
     let mut bridge = Bridge::start(&dir, 1);
@@ -631,24 +645,9 @@ async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
     let masked = |hidden: Value, text: &'static str| {
         let (broker, boss, coder) = (&broker, &boss, &coder);
         async move {
-            broker
-                .as_person(
-                    reqwest::Method::POST,
-                    &format!(
-                        "/admin/threads/{}/archive",
-                        hidden["thread_id"].as_str().unwrap()
-                    ),
-                    None,
-                )
-                .await;
+            broker.archive_thread(&hidden).await;
             let sent = send(broker, boss, &coder.1, text, text).await;
-            broker
-                .as_person(
-                    reqwest::Method::PATCH,
-                    &format!("/admin/messages/{}/read", sent["id"].as_str().unwrap()),
-                    None,
-                )
-                .await;
+            broker.open_in_console(&sent).await;
             sent
         }
     };
@@ -694,13 +693,7 @@ async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
         sent.push(send(&broker, &boss, &coder.1, &format!("Task {n}"), "say hello").await);
     }
     let trashed = send(&broker, &boss, &coder.1, "Trashed", "never").await;
-    broker
-        .as_person(
-            reqwest::Method::POST,
-            &format!("/admin/messages/{}/trash", trashed["id"].as_str().unwrap()),
-            None,
-        )
-        .await;
+    broker.trash(&trashed).await;
     let mut bridge = Bridge::start(&dir, 1);
     let task_of = |m: &Value| {
         format!(

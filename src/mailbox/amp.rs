@@ -185,47 +185,39 @@ impl AmpClient {
 
     /// Page `page` (from 1) of every visible message to the agent, read or not, newest first.
     pub async fn inbox_page(&self, page: u64, page_size: u64) -> Result<InboxPage, MailboxError> {
-        let path = format!("messages/inbox/{}", self.account.address);
-        let (page, page_size) = (page.to_string(), page_size.to_string());
-        let value = self
-            .call(
-                reqwest::Method::GET,
-                &path,
-                &[
-                    ("agent_id", &self.account.agent_id),
-                    ("all", "true"),
-                    ("page", &page),
-                    ("page_size", &page_size),
-                ],
-                None,
-            )
-            .await?;
-        Self::parse(value, "an AMP inbox page")
+        self.inbox_query(true, page, page_size).await
     }
 
     /// How many messages the inbox shows, read or not: a page past the end, so the broker
     /// counts them and renders none.
     pub async fn visible_total(&self) -> Result<u64, MailboxError> {
-        Ok(self.inbox_page(COUNT_PAGE, 1).await?.total)
+        Ok(self.inbox_query(true, COUNT_PAGE, 1).await?.total)
     }
 
     /// How many of those are unread, counted the same way.
     pub async fn unread_total(&self) -> Result<u64, MailboxError> {
+        Ok(self.inbox_query(false, COUNT_PAGE, 1).await?.total)
+    }
+
+    /// One page of the inbox: every visible message (`all`) or the unread ones only.
+    async fn inbox_query(
+        &self,
+        all: bool,
+        page: u64,
+        page_size: u64,
+    ) -> Result<InboxPage, MailboxError> {
         let path = format!("messages/inbox/{}", self.account.address);
-        let page = COUNT_PAGE.to_string();
-        let value = self
-            .call(
-                reqwest::Method::GET,
-                &path,
-                &[
-                    ("agent_id", &self.account.agent_id),
-                    ("page", &page),
-                    ("page_size", "1"),
-                ],
-                None,
-            )
-            .await?;
-        Ok(Self::parse::<InboxPage>(value, "an AMP inbox page")?.total)
+        let (page, page_size) = (page.to_string(), page_size.to_string());
+        let mut query = vec![
+            ("agent_id", self.account.agent_id.as_str()),
+            ("page", &page),
+            ("page_size", &page_size),
+        ];
+        if all {
+            query.push(("all", "true"));
+        }
+        let value = self.call(reqwest::Method::GET, &path, &query, None).await?;
+        Self::parse(value, "an AMP inbox page")
     }
 
     pub async fn mark_read(&self, id: &str) -> Result<(), MailboxError> {
