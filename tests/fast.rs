@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 mod support;
 
-use support::{Downloads, FakeBackend};
+use support::{Claims, Downloads, FakeBackend};
 
 const AGENT: &str = "agent@example.test";
 const BOSS: &str = "boss@example.test";
@@ -64,9 +64,15 @@ impl Rig {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
+        // A back-end that claims serves one of several replicas.
+        let replica = if outbox.claims.is_some() {
+            "replica = \"r1\"\n"
+        } else {
+            ""
+        };
         // Port 9 (discard): nothing here talks to a mail server.
         let text = format!(
-            "state_dir = \"state\"\n\n[mailboxes.agent]\nemail = \"{AGENT}\"\njmap_url = \"http://127.0.0.1:9/.well-known/jmap\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = 9\nsmtp_security = \"plain\"\n\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nallow_from = [\"{BOSS}\"]\n{agent}\n"
+            "state_dir = \"state\"\n\n[mailboxes.agent]\nemail = \"{AGENT}\"\njmap_url = \"http://127.0.0.1:9/.well-known/jmap\"\npassword_file = \"password\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = 9\nsmtp_security = \"plain\"\n{replica}\n[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nallow_from = [\"{BOSS}\"]\n{agent}\n"
         );
         let path = dir.path().join("config.toml");
         std::fs::write(&path, &text).unwrap();
@@ -294,6 +300,75 @@ async fn a_cancel_racing_its_tasks_end_gets_exactly_one_answer() {
             .count();
         assert_eq!(results, 1, "{:?}", outbox.intents(task.task_id()));
     }
+}
+
+/// A replica whose task is cancelled while its claim is on the way answers only if it wins
+/// the claim. CI saw the sender get two results, one from the replica that ran the task and
+/// one from a replica that had a free slot and gave up claiming when the cancel came.
+#[tokio::test]
+async fn a_replica_cancelled_while_it_claims_answers_only_if_it_wins_the_claim() {
+    let claims = Claims::new();
+    let outbox = FakeBackend {
+        claims: Some(claims.clone()),
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let task = rig.dispatch(BOSS, "Long", "wait");
+    rig.deliver(&task);
+    rig.outbox
+        .until("the claim", |_: &[AampMessage]| {
+            claims.made.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+    rig.deliver(&rig.cancel_of(&task));
+    rig.outbox
+        .until("the claim given up", |_: &[AampMessage]| {
+            claims.dropped.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+    claims.open.send_replace(true);
+    let id = task.task_id().to_string();
+    rig.outbox
+        .until("the claim lost, or an answer", |sent: &[AampMessage]| {
+            claims.lost.load(Ordering::SeqCst) >= 1 || sent.iter().any(|m| m.task_id() == id)
+        })
+        .await;
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(outbox.intents(task.task_id()), Vec::<Intent>::new());
+}
+
+/// A refusal every replica would give alike leaves only from the replica that wins the
+/// mail's claim; here another won, so this one sends nothing and keeps nothing unsent.
+#[tokio::test]
+async fn a_replica_that_loses_the_claim_does_not_send_its_refusal() {
+    let claims = Claims::new();
+    claims.open.send_replace(true);
+    let outbox = FakeBackend {
+        claims: Some(claims.clone()),
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let task = rig.dispatch("stranger@elsewhere.test", "Let me in", "please");
+    rig.deliver(&task);
+    rig.outbox
+        .until("the claim lost", |_: &[AampMessage]| {
+            claims.lost.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(outbox.intents(task.task_id()), Vec::<Intent>::new());
+    assert_eq!(journal.unsent("agent").unwrap(), 0);
 }
 
 #[tokio::test]

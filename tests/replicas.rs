@@ -223,6 +223,46 @@ async fn a_cancel_stops_the_task_on_the_replica_that_runs_it() {
     }
 }
 
+/// A dispatch every replica refuses (a stranger; a task passed on too often) is answered by
+/// one of them: the one that wins its claim, as for a task that runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_the_replicas_refuse_is_answered_once() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
+    let stranger = host.user("stranger");
+    let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
+        .iter()
+        .map(|name| replica(host, &agent, &boss.email, name, 0.1))
+        .collect();
+    let bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
+    let mut boss = Peer::new(boss).await;
+    let mut stranger = Peer::new(stranger).await;
+    let mut looped = boss.dispatch_to(&agent.email, "Passed on", "again");
+    if let aamp_bridge::protocol::Body::Dispatch(d) = &mut looped.body {
+        d.hop_count = Some(99);
+    }
+    let looped = boss.send(looped).await;
+    let refused = stranger
+        .send(stranger.dispatch_to(&agent.email, "Let me in", "please"))
+        .await;
+    for (peer, task, why) in [
+        (&mut boss, looped.task_id(), "loop guard"),
+        (&mut stranger, refused.task_id(), "Unauthorized sender"),
+    ] {
+        let result = peer.wait_for(task, Intent::TaskResult).await;
+        assert!(
+            format!("{:?}", result.message.body).contains(why),
+            "{:?}",
+            result.message.body
+        );
+        peer.settle(&via).await;
+        assert_eq!(peer.intents_for(task), vec![Intent::TaskResult], "{task}");
+    }
+    for b in bridges {
+        assert!(b.stop().success());
+    }
+}
+
 /// A task taken over from a replica that died is not run again when the agent's tasks must
 /// not run twice (`rerun_interrupted = false`): it is answered "interrupted", once.
 #[tokio::test(flavor = "multi_thread")]

@@ -66,7 +66,17 @@ impl<O: Backend> Dispatcher<O> {
         Outgoing {
             intent: intent.to_string(),
             mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
+            claim: None,
         }
+    }
+
+    /// `reply` as one of several replicas sends an answer they would all give alike to mail
+    /// none of them runs (a refusal, a card): only if it wins the claim on `email_id`.
+    pub(super) fn once_among_replicas(&self, mut reply: Outgoing, email_id: &str) -> Outgoing {
+        if self.spec().replica.is_some() {
+            reply.claim = Some(email_id.to_string());
+        }
+        reply
     }
 }
 

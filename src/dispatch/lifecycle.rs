@@ -174,18 +174,19 @@ impl<O: Backend> Dispatcher<O> {
                 }
                 None => None,
             },
-            // Cancelled while it waited: answered by the bridge that wins its claim, only.
-            (None, Some(_)) if !inner.abort.is_cancelled() => {
-                match self.claim(&task, &inner.abort.child_token()).await {
-                    Some(ClaimOutcome::Lost { by }) => {
-                        self.lost_claim(&task, &workspace, by.as_deref());
-                        return;
-                    }
-                    _ => None,
-                }
-            }
             (slot, _) => slot,
         };
+        // Cancelled while it waited for a slot or for its claim: answered by the bridge that
+        // wins the claim, only (a claim given up half way may have been won; claiming again
+        // finds it ours).
+        if slot.is_none() && replica.is_some() && !inner.abort.is_cancelled() {
+            if let Some(ClaimOutcome::Lost { by }) =
+                self.claim(&task, &inner.abort.child_token()).await
+            {
+                self.lost_claim(&task, &workspace, by.as_deref());
+                return;
+            }
+        }
         let claim_lost = std::sync::atomic::AtomicBool::new(false);
         let outcome = match (slot, prepared) {
             (_, Some(Err(e))) => Err(e),

@@ -3,7 +3,8 @@
 //! mail server accepted it; until then it is retried with capped, jittered backoff, across
 //! restarts, for `retry_for` (default a day). A refusal that will not change (the server
 //! rejects the recipient) is given up at once. Sending never blocks the tasks: it is its own
-//! loop, woken whenever something is queued.
+//! loop, woken whenever something is queued. A mail that waits on a claim (one of several
+//! replicas answering mail none of them runs) leaves only from the replica that wins it.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,7 +12,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::Pending;
-use super::{Backend, Dispatcher};
+use super::{Backend, BackendError, ClaimOutcome, Dispatcher};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
 
@@ -23,6 +24,8 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// What became of one attempt.
 enum Sent {
     Yes,
+    /// Another replica won the claim the mail waited on, and answers instead.
+    Elsewhere(String),
     /// Not now; the round stops (the server is likely down for every mail).
     Later,
 }
@@ -83,7 +86,7 @@ impl<O: Backend> Dispatcher<O> {
             }
             for pending in &due {
                 match self.send_one(pending, backoff).await? {
-                    Sent::Yes => backoff.reset(),
+                    Sent::Yes | Sent::Elsewhere(_) => backoff.reset(),
                     Sent::Later => return Ok(Some(self.until_next_due())),
                 }
             }
@@ -103,8 +106,13 @@ impl<O: Backend> Dispatcher<O> {
         let _enter = span.enter();
         let event = json!({"agent": self.spec().name, "taskId": pending.task_id, "intent": mail.intent,
                            "messageId": mail.mail.message_id, "attempt": pending.attempts + 1});
-        match inner.outbox.submit(&mail.mail).await {
-            Ok(()) => {
+        match self.claim_and_submit(mail).await {
+            Ok(Sent::Elsewhere(by)) => {
+                tracing::info!(replica = %by, "another replica won this mail's claim and answers it; not sent here");
+                journal.answered_elsewhere(pending, &by)?;
+                Ok(Sent::Elsewhere(by))
+            }
+            Ok(_) => {
                 journal.mark_sent(pending)?;
                 tracing::info!(attempt = pending.attempts + 1, "sent");
                 if mail.intent == "task.ack" {
@@ -143,5 +151,26 @@ impl<O: Backend> Dispatcher<O> {
                 }
             }
         }
+    }
+
+    /// Submits the mail, after winning its claim when it waits on one. The claim is marked
+    /// done before the mail is submitted, so no replica takes it over while sending is
+    /// retried; a retry finds it done by this replica and sends.
+    async fn claim_and_submit(&self, mail: &super::Outgoing) -> Result<Sent, BackendError> {
+        let backend = &self.inner.outbox;
+        if let Some(email_id) = &mail.claim {
+            let spec = self.spec();
+            let me = spec.replica.as_ref().map(|r| r.name.as_str());
+            match backend.claim(email_id).await? {
+                ClaimOutcome::Lost { by } if by.is_none() || by.as_deref() != me => {
+                    return Ok(Sent::Elsewhere(
+                        by.unwrap_or_else(|| "another replica".to_string()),
+                    ));
+                }
+                _ => backend.claim_done(email_id).await?,
+            }
+        }
+        backend.submit(&mail.mail).await?;
+        Ok(Sent::Yes)
     }
 }

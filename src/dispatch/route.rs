@@ -332,7 +332,9 @@ impl<O: Backend> Dispatcher<O> {
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
         let policy = self.policy(&spec)?;
-        let rejected = |reason: &str| self.rejection(&env, &key, reason);
+        // Every replica decides alike here; the one that wins the mail's claim answers.
+        let rejected =
+            |reason: &str| self.once_among_replicas(self.rejection(&env, &key, reason), &email_id);
         match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
@@ -437,7 +439,10 @@ impl<O: Backend> Dispatcher<O> {
                 format!("Agent {} (no card configured).", spec.name),
             )
         });
-        let reply = self.compose(env, key, Body::CardResponse { summary, text }, 0);
+        let reply = self.once_among_replicas(
+            self.compose(env, key, Body::CardResponse { summary, text }, 0),
+            &inbound.email_id,
+        );
         let recorded = self.record_answered(
             inbound,
             key,

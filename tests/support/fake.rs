@@ -1,11 +1,12 @@
 //! A fake mailbox back-end for dispatch in-process (the fast tier): records what would have
-//! been mailed, fails submissions on demand, and serves attachments behind a gate.
+//! been mailed, fails submissions on demand, serves attachments behind a gate, and, as one of
+//! several replicas, loses its claims to another behind a gate.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aamp_bridge::dispatch::{prompt, Backend, BackendError};
+use aamp_bridge::dispatch::{prompt, Backend, BackendError, ClaimOutcome};
 use aamp_bridge::error::ErrorClass;
 use aamp_bridge::mailbox::Attachment;
 use aamp_bridge::protocol::{self, AampMessage, Body, Intent, RenderedMail};
@@ -19,6 +20,46 @@ pub struct FakeBackend {
     pub changed: Arc<tokio::sync::Notify>,
     /// Attachments are served (each once the gate is open) instead of refused.
     pub downloads: Option<Downloads>,
+    /// This bridge is one of several replicas (`replica` in its mailbox), and every claim it
+    /// makes is lost to replica r9 once the gate is open.
+    pub claims: Option<Claims>,
+}
+
+/// Claims held at a gate, counted: made, dropped before the gate opened (the caller gave up
+/// waiting), and answered (lost).
+#[derive(Clone)]
+pub struct Claims {
+    pub open: tokio::sync::watch::Sender<bool>,
+    pub made: Arc<AtomicUsize>,
+    pub dropped: Arc<AtomicUsize>,
+    pub lost: Arc<AtomicUsize>,
+}
+
+impl Claims {
+    pub fn new() -> Claims {
+        Claims {
+            open: tokio::sync::watch::channel(false).0,
+            made: Arc::default(),
+            dropped: Arc::default(),
+            lost: Arc::default(),
+        }
+    }
+}
+
+/// Counts a claim dropped while it waited at the gate.
+struct Waiting<'a> {
+    claims: &'a Claims,
+    changed: &'a tokio::sync::Notify,
+    done: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.claims.dropped.fetch_add(1, Ordering::SeqCst);
+            self.changed.notify_waiters();
+        }
+    }
 }
 
 /// Attachment downloads held at a gate, counted.
@@ -83,6 +124,27 @@ impl Backend for FakeBackend {
     }
 
     async fn close_stream(&self, _: &str, _: serde_json::Value) {}
+
+    async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
+        let Some(claims) = &self.claims else {
+            return Ok(ClaimOutcome::Won);
+        };
+        claims.made.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        let mut waiting = Waiting {
+            claims,
+            changed: &self.changed,
+            done: false,
+        };
+        let mut open = claims.open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+        waiting.done = true;
+        claims.lost.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        Ok(ClaimOutcome::Lost {
+            by: Some("r9".into()),
+        })
+    }
 }
 
 impl FakeBackend {

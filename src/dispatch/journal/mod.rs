@@ -134,6 +134,10 @@ pub struct NewTask<'a> {
 pub struct Outgoing {
     pub intent: String,
     pub mail: RenderedMail,
+    /// The server's id of the mail this answers, when this bridge is one of several replicas
+    /// and the answer leaves only if it wins that mail's claim (an answer every replica
+    /// would give alike, to mail none of them runs); `None`: sent as it is.
+    pub claim: Option<String>,
 }
 
 /// An outbox row waiting to be sent.
@@ -282,7 +286,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts   INTEGER NOT NULL DEFAULT 0,
     sent_at    INTEGER,
     failed_at  INTEGER,
-    last_error TEXT
+    last_error TEXT,
+    claim      TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (agent, sent_at, failed_at, next_at);
 -- A task's mails (their count, the order they leave in) without scanning the outbox.
@@ -318,7 +323,7 @@ const BOUND_NOT_ADMITTED: &str = "DELETE FROM tasks WHERE agent = ?1 AND admitte
 /// (a scan of a journal with months of history would cost every task more).
 const COUNT_OUTGOING: &str = "SELECT COUNT(*) FROM outbox WHERE task = ?1 AND intent = ?2";
 const DUE: &str = "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.message_id, o.sender, o.recipients, o.bytes,
-        (SELECT t.task_id FROM tasks t WHERE t.id = o.task)
+        (SELECT t.task_id FROM tasks t WHERE t.id = o.task), o.claim
     FROM outbox o
     WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_at <= ?2
       AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
@@ -330,8 +335,8 @@ const COUNT_ADMITTED: &str =
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
-/// 4: turns.
-const SCHEMA_VERSION: i64 = 4;
+/// 4: turns; 5: outbox.claim.
+const SCHEMA_VERSION: i64 = 5;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
@@ -341,29 +346,35 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             "written by a newer aamp-bridge (schema {version}, this one knows {SCHEMA_VERSION}); upgrade aamp-bridge"
         )));
     }
-    let has_tasks: bool = conn
+    add_column(conn, "tasks", "session_key", "TEXT")?;
+    add_column(conn, "outbox", "claim", "TEXT")?;
+    conn.execute_batch(SCHEMA)?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+}
+
+/// Adds `column` to `table` of a journal written before it was there (a new journal has it
+/// from the schema).
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
+    let has_table = conn
         .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks'",
-            [],
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [table],
             |_| Ok(()),
         )
         .optional()?
         .is_some();
-    if has_tasks {
-        let has_session_key: bool = conn
-            .query_row(
-                "SELECT 1 FROM pragma_table_info('tasks') WHERE name = 'session_key'",
-                [],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some();
-        if !has_session_key {
-            conn.execute_batch("ALTER TABLE tasks ADD COLUMN session_key TEXT")?;
-        }
+    let has_column = conn
+        .query_row(
+            "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, column],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if has_table && !has_column {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
     }
-    conn.execute_batch(SCHEMA)?;
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+    Ok(())
 }
 
 fn millis(t: SystemTime) -> i64 {
@@ -483,8 +494,8 @@ fn insert_outgoing(
     now: i64,
 ) -> rusqlite::Result<()> {
     c.execute(
-        "INSERT INTO outbox (agent, task, intent, message_id, sender, recipients, bytes, created_at, next_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)
+        "INSERT INTO outbox (agent, task, intent, message_id, sender, recipients, bytes, created_at, next_at, claim)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9)
          ON CONFLICT (message_id) DO NOTHING",
         params![
             agent,
@@ -494,7 +505,8 @@ fn insert_outgoing(
             mail.mail.from,
             serde_json::to_string(&mail.mail.to).expect("strings serialize"),
             mail.mail.bytes,
-            now
+            now,
+            mail.claim
         ],
     )
     .map(drop)

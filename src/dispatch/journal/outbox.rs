@@ -42,6 +42,7 @@ impl Journal {
                             to: serde_json::from_str(&recipients).unwrap_or_default(),
                             bytes: r.get(8)?,
                         },
+                        claim: r.get(10)?,
                     },
                 })
             })?;
@@ -104,6 +105,28 @@ impl Journal {
                 params![pending.id, millis(next), error],
             )
             .map(drop)
+        })
+    }
+
+    /// Another replica won the claim this mail waited on, and answers in its place: the
+    /// mail is not sent (its row goes; the task's timeline says why).
+    pub fn answered_elsewhere(&self, pending: &Pending, by: &str) -> Result<(), JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute("DELETE FROM outbox WHERE id = ?1", params![pending.id])?;
+            if let Some(task) = pending.task {
+                tx.execute(
+                    "INSERT INTO timeline (task, at, what, detail) VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        task,
+                        now,
+                        format!("{} left to another replica", pending.mail.intent),
+                        by
+                    ],
+                )?;
+            }
+            tx.commit()
         })
     }
 

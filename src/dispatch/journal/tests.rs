@@ -81,6 +81,7 @@ fn mail(intent: &str, id: &str) -> Outgoing {
             to: vec!["a@x.test".into()],
             bytes: b"bytes".to_vec(),
         },
+        claim: None,
     }
 }
 
@@ -202,6 +203,39 @@ fn a_journal_of_the_first_schema_is_brought_up_to_date() {
         .unwrap();
     let newer = Journal::open(&path).unwrap_err().to_string();
     assert!(newer.contains("newer aamp-bridge"), "{newer}");
+}
+
+/// Schema 5 adds outbox.claim: a journal of schema 4 keeps its unsent mail (sent as it is)
+/// and takes mail that waits on a claim.
+#[test]
+fn a_journal_of_schema_4_gets_the_outbox_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.sqlite3");
+    drop(Journal::open(&path).unwrap());
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("ALTER TABLE outbox DROP COLUMN claim")
+            .unwrap();
+        c.pragma_update(None, "user_version", 4).unwrap();
+        c.execute(
+            "INSERT INTO outbox (agent, intent, message_id, sender, recipients, bytes, created_at, next_at)
+             VALUES ('coder', 'task.result', '<old>', 'coder@x.test', '[]', x'00', 1, 1)",
+            [],
+        )
+        .unwrap();
+    }
+    let j = Journal::open(&path).unwrap();
+    let mut waits = mail("task.result", "<new>");
+    waits.claim = Some("M1".into());
+    j.enqueue("coder", None, &waits).unwrap();
+    let due = j.due("coder", 10).unwrap();
+    let claims: Vec<_> = due
+        .iter()
+        .map(|p| (p.mail.mail.message_id.as_str(), p.mail.claim.as_deref()))
+        .collect();
+    assert_eq!(claims, vec![("<old>", None), ("<new>", Some("M1"))]);
+    j.answered_elsewhere(&due[1], "r2").unwrap();
+    assert_eq!(j.unsent("coder").unwrap(), 1);
 }
 
 #[test]
