@@ -117,6 +117,21 @@ impl Rig {
         }
     }
 
+    /// One of several replicas of the agent (the echo profile), its claims made through
+    /// `claims`.
+    fn replica(claims: &Claims) -> Rig {
+        let outbox = FakeBackend {
+            claims: Some(claims.clone()),
+            ..FakeBackend::default()
+        };
+        Rig::in_dir(
+            tempfile::tempdir().unwrap(),
+            "profile = \"echo\"",
+            &[],
+            outbox,
+        )
+    }
+
     /// A dispatch from `from`, as the intake would hand it on, with a Message-ID of its own.
     fn dispatch(&self, from: &str, title: &str, body: &str) -> AampMessage {
         let mut msg = AampMessage {
@@ -308,16 +323,7 @@ async fn a_cancel_racing_its_tasks_end_gets_exactly_one_answer() {
 #[tokio::test]
 async fn a_replica_cancelled_while_it_claims_answers_only_if_it_wins_the_claim() {
     let claims = Claims::new();
-    let outbox = FakeBackend {
-        claims: Some(claims.clone()),
-        ..FakeBackend::default()
-    };
-    let rig = Rig::in_dir(
-        tempfile::tempdir().unwrap(),
-        "profile = \"echo\"",
-        &[],
-        outbox,
-    );
+    let rig = Rig::replica(&claims);
     let task = rig.dispatch(BOSS, "Long", "wait");
     rig.deliver(&task);
     rig.outbox
@@ -348,16 +354,7 @@ async fn a_replica_cancelled_while_it_claims_answers_only_if_it_wins_the_claim()
 async fn a_replica_that_loses_the_claim_does_not_send_its_refusal() {
     let claims = Claims::new();
     claims.open.send_replace(true);
-    let outbox = FakeBackend {
-        claims: Some(claims.clone()),
-        ..FakeBackend::default()
-    };
-    let rig = Rig::in_dir(
-        tempfile::tempdir().unwrap(),
-        "profile = \"echo\"",
-        &[],
-        outbox,
-    );
+    let rig = Rig::replica(&claims);
     let task = rig.dispatch("stranger@elsewhere.test", "Let me in", "please");
     rig.deliver(&task);
     rig.outbox
