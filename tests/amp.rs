@@ -111,12 +111,8 @@ impl Broker {
     /// A person opens `message` in the console, which marks it read.
     async fn open_in_console(&self, message: &Value) -> Value {
         let id = message["id"].as_str().unwrap();
-        self.as_person(
-            reqwest::Method::PATCH,
-            &format!("/admin/messages/{id}/read"),
-            None,
-        )
-        .await
+        let path = format!("/admin/messages/{id}/read");
+        self.as_person(reqwest::Method::PATCH, &path, None).await
     }
 
     /// A person archives the thread of `message` in the console: the inbox hides it.
@@ -129,12 +125,8 @@ impl Broker {
     /// A person trashes `message` in the console: the inbox hides it.
     async fn trash(&self, message: &Value) -> Value {
         let id = message["id"].as_str().unwrap();
-        self.as_person(
-            reqwest::Method::POST,
-            &format!("/admin/messages/{id}/trash"),
-            None,
-        )
-        .await
+        let path = format!("/admin/messages/{id}/trash");
+        self.as_person(reqwest::Method::POST, &path, None).await
     }
 
     /// A console session of the user alice: the `Authorization` header value.
