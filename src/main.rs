@@ -13,7 +13,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(aamp_bridge::cli::run(cli)) {
+    let result = runtime.block_on(aamp_bridge::cli::run(cli));
+    // Work still running off the runtime (a file request an agent made on a file system that
+    // does not answer) must not keep the process from exiting after a stop.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("aamp-bridge: {e:#}");

@@ -176,13 +176,14 @@ async fn updates_become_stream_events_and_the_answer() {
         tools[2].4.as_deref(),
         Some("edited /w/src/lib.rs: 2 lines → 3 lines")
     );
+    // Under the default policy (read_only) the agent is offered reads only: no writes, no
+    // terminals (issue 30: what the policy refuses is not offered).
     let init = &agent.received("initialize")[0]["params"];
     assert_eq!(
         init["clientCapabilities"]["fs"],
-        json!({"readTextFile": true, "writeTextFile": true})
+        json!({"readTextFile": true, "writeTextFile": false})
     );
-    // Issue 20: terminals are offered now (codex-acp uses them whatever the client says).
-    assert_eq!(init["clientCapabilities"]["terminal"], true);
+    assert_eq!(init["clientCapabilities"]["terminal"], false);
     let prompt = &agent.received("session/prompt")[0]["params"]["prompt"][0]["text"];
     assert_eq!(prompt, "Do the task.", "the prompt goes over stdio");
 }
@@ -193,10 +194,10 @@ async fn permissions_follow_the_policy() {
         {"permission": {"id": "edit", "title": "Edit a file", "kind": "edit"}},
         {"permission": {"id": "read", "title": "Read a file", "kind": "read"}}
     ]});
-    for (policy, expected) in [
-        ("read_only", "permission edit: no permission read: yes"),
-        ("allow", "permission edit: yes permission read: yes"),
-        ("deny", "permission edit: no permission read: no"),
+    for (policy, expected, note) in [
+        ("read_only", "permission edit: no permission read: yes", "\n\n(aamp-bridge: refused during this task: \"Edit a file\" (permissions = \"read_only\"))"),
+        ("allow", "permission edit: yes permission read: yes", ""),
+        ("deny", "permission edit: no permission read: no", "\n\n(aamp-bridge: refused during this task: \"Edit a file\" (permissions = \"deny\"); \"Read a file\" (permissions = \"deny\"))"),
     ] {
         let agent = Agent::new(steps.clone());
         let (out, events) = agent
@@ -212,7 +213,10 @@ async fn permissions_follow_the_policy() {
             expected,
             "policy {policy}"
         );
-        assert!(expected.ends_with(&out.unwrap().output), "policy {policy}");
+        // Issue 30: and what the policy refused is said after it.
+        let out = out.unwrap().output;
+        let answer = out.strip_suffix(note).unwrap_or_else(|| panic!("policy {policy}: {out}"));
+        assert!(expected.ends_with(answer), "policy {policy}: {out}");
     }
 }
 
@@ -333,7 +337,11 @@ async fn commands_run_in_the_bridges_terminals_within_the_workspace() {
         {"say": "done"}
     ]}));
     let (result, events) = agent
-        .run(&agent.profile(""), None, &CancellationToken::new())
+        .run(
+            &agent.profile("permissions = \"allow\""),
+            None,
+            &CancellationToken::new(),
+        )
         .await;
     let out = result.unwrap();
     assert_eq!(out.output, "done");
@@ -391,7 +399,11 @@ async fn file_access_is_confined_to_the_workspace() {
     });
     std::fs::write(&agent.script, script.to_string()).unwrap();
     let out = agent
-        .run(&agent.profile(""), None, &CancellationToken::new())
+        .run(
+            &agent.profile("permissions = \"allow\""),
+            None,
+            &CancellationToken::new(),
+        )
         .await
         .0
         .unwrap();
@@ -769,4 +781,243 @@ async fn under_the_ask_policy_permission_requests_become_questions() {
     // answered rejected, saying why.
     let err = result.unwrap_err().to_string();
     assert!(err.contains("no answer within 1s"), "{err}");
+}
+
+/// Issue 30: the policy held only on `session/request_permission`; terminals, file writes and
+/// reads were served whatever it said, and a FIFO read froze a runtime worker for good. A
+/// hostile agent (the scripted one, doing what a prompt-injected adapter could) tries every
+/// way it has under each policy; each cell says what ran, what was written, what was read and
+/// what the sender is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_holds_on_every_way_an_acp_agent_acts() {
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Asked {
+        NoOne,
+        Yes,
+        No,
+        Never,
+    }
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("id_rsa");
+    std::fs::write(&secret, "PRIVATE KEY").unwrap();
+    let cases = [
+        ("allow", Asked::NoOne),
+        ("read_only", Asked::NoOne),
+        ("deny", Asked::NoOne),
+        ("ask", Asked::Yes),
+        ("ask", Asked::No),
+        ("ask", Asked::Never),
+        // `ask` with nobody to ask is `read_only`.
+        ("ask", Asked::NoOne),
+    ];
+    for (policy, asked) in cases {
+        let cell = format!("{policy} / {asked:?}");
+        let agent = Agent::new(json!({}));
+        let ws = agent.workspace();
+        let escaped = outside.path().join(format!("escaped-{policy}-{asked:?}"));
+        std::fs::write(ws.join("notes.txt"), "inside").unwrap();
+        let steps = json!([
+            {"permission": {"id": "p1", "title": "Run id", "kind": "execute", "input": {"command": ["id", "-u"]}}},
+            // A terminal the permission named (not asked again when it was allowed)...
+            {"terminal": {"id": "t0", "command": "id", "args": ["-u"]}},
+            // ...and one it did not name: asked of its own.
+            {"terminal": {"id": "t1", "command": "sh", "args": ["-c", "echo ran > ran.txt; env"]}},
+            {"terminal": {"id": "t2", "command": "cat", "args": [secret]}},
+            {"write": [ws.join("written.txt"), "written"]},
+            {"write": [escaped, "x"]},
+            {"read": ws.join("notes.txt")},
+            {"symlink": [secret, ws.join("link")]},
+            {"read": ws.join("link")},
+            {"hardlink": [secret, ws.join("hard")]},
+            {"read": ws.join("hard")},
+            {"write": [ws.join("hard"), "overwritten"]},
+            {"mkfifo": ws.join("fifo")},
+            {"read": ws.join("fifo")},
+            {"write": [ws.join("fifo"), "x"]},
+            {"symlink": ["/proc/self/environ", ws.join("environ")]},
+            {"read": ws.join("environ")},
+            {"read": "/proc/self/environ"},
+            {"sparse": [ws.join("sparse"), 1u64 << 30]},
+            {"read": ws.join("sparse")},
+            {"say": "finished"}
+        ]);
+        let mut steps = steps.as_array().unwrap().clone();
+        if nix::unistd::geteuid().is_root() {
+            steps.insert(steps.len() - 1, json!({"mknod": ws.join("null")}));
+            steps.insert(steps.len() - 1, json!({"read": ws.join("null")}));
+        }
+        let script = json!({
+            "record": agent.dir.path().join("messages.jsonl"),
+            "state": agent.dir.path().join("sessions.json"),
+            "steps": steps,
+        });
+        std::fs::write(&agent.script, script.to_string()).unwrap();
+        let profile = agent.profile(&format!("permissions = \"{policy}\"\nask_timeout_secs = 1"));
+        let (qtx, mut qrx) = tokio::sync::mpsc::channel(8);
+        let task = TaskInput {
+            agent: "acp".into(),
+            task_id: "t-hostile".into(),
+            prompt: "Do it.".into(),
+            session_key: None,
+            resume_id: None,
+            fresh_prompt: None,
+            workspace: ws.clone(),
+            questions: (asked != Asked::NoOne).then_some(qtx),
+            env: Vec::new(),
+            on_spawn: None,
+        };
+        let started = Instant::now();
+        let answering = async {
+            let mut asked_about = Vec::new();
+            while let Some(q) = qrx.recv().await {
+                asked_about.push(q.text.clone());
+                match asked {
+                    Asked::Yes => q
+                        .answer
+                        .send(aamp_bridge::runner::Answer::Chosen(0))
+                        .unwrap(),
+                    Asked::No => q
+                        .answer
+                        .send(aamp_bridge::runner::Answer::Chosen(2))
+                        .unwrap(),
+                    // Left to time out (the sender is kept until the run ends).
+                    Asked::Never | Asked::NoOne => std::mem::forget(q),
+                }
+            }
+            asked_about
+        };
+        let ((result, events), asked_about) = tokio::join!(
+            async {
+                let r = support::run_collecting(&profile, &task, &CancellationToken::new()).await;
+                drop(task);
+                r
+            },
+            answering
+        );
+        let took = started.elapsed();
+        assert_eq!(agent.leftovers(), Vec::<String>::new(), "{cell}");
+        let said = support::text_of(&events);
+        let ran = ws.join("ran.txt").exists();
+        let written = ws.join("written.txt").exists();
+        // Never, under any policy: outside the workspace, through links, FIFOs, devices, or
+        // beyond the size cap; never a hang.
+        assert!(!escaped.exists(), "{cell}: wrote outside the workspace");
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "PRIVATE KEY",
+            "{cell}"
+        );
+        assert!(!said.contains("read: PRIVATE KEY"), "{cell}: {said}");
+        assert!(
+            !said.contains("read: inside") || policy != "deny",
+            "{cell}: {said}"
+        );
+        assert!(!said.contains("slow read"), "{cell}: {said}");
+        assert!(took < Duration::from_secs(30), "{cell}: took {took:?}");
+        assert!(said.contains("read refused: "), "{cell}: {said}");
+        let may_act = matches!((policy, asked), ("allow", _) | ("ask", Asked::Yes));
+        assert_eq!(ran, may_act, "{cell}: the terminal ran? {said}");
+        assert_eq!(written, may_act, "{cell}: written? {said}");
+        if may_act {
+            // The terminal's environment is not the bridge's (cargo's variables are in this
+            // process), but what the profile names and the bridge's tags.
+            assert!(said.contains("ACP_TEST_SCRIPT="), "{cell}: {said}");
+            assert!(said.contains("AAMP_TASK_ID=t-hostile"), "{cell}: {said}");
+            assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
+            assert!(!said.contains("CARGO_MANIFEST_DIR"), "{cell}: {said}");
+            // A terminal may read what its user may (the policy allowed commands); what the
+            // bridge itself serves never leaves the workspace, whatever the agent made there.
+            for refused in [
+                "hard links",
+                "not a regular file",
+                "outside the task's workspace",
+                "at most",
+            ] {
+                assert!(said.contains(refused), "{cell}: {refused}: {said}");
+            }
+        }
+        // What the agent was offered.
+        let init = &agent.received("initialize")[0]["params"]["clientCapabilities"];
+        let offered = (
+            init["fs"]["readTextFile"] == true,
+            init["fs"]["writeTextFile"] == true,
+            init["terminal"] == true,
+        );
+        let expected = match (policy, asked) {
+            ("allow", _) => (true, true, true),
+            ("deny", _) => (false, false, false),
+            ("ask", a) if a != Asked::NoOne => (true, true, true),
+            _ => (true, false, false),
+        };
+        assert_eq!(offered, expected, "{cell}: capabilities");
+        // What the sender was asked: the permission, then the one command it did not name
+        // and the write; never the workspace's path.
+        match asked {
+            Asked::Yes => {
+                // The permission, the two commands it did not name, and the writes inside the
+                // workspace (the one outside is refused without asking).
+                assert_eq!(asked_about.len(), 6, "{cell}: {asked_about:#?}");
+                assert!(
+                    asked_about[0].contains("the command `id -u`"),
+                    "{asked_about:?}"
+                );
+                assert!(
+                    asked_about[1].contains("running `sh -c 'echo ran > ran.txt; env'`"),
+                    "{asked_about:?}"
+                );
+                assert!(
+                    asked_about[3].contains("writing written.txt"),
+                    "{asked_about:?}"
+                );
+            }
+            Asked::No | Asked::Never => assert!(!asked_about.is_empty(), "{cell}"),
+            Asked::NoOne => assert!(asked_about.is_empty(), "{cell}"),
+        }
+        for q in &asked_about {
+            assert!(!q.contains(ws.to_str().unwrap()), "{cell}: {q}");
+        }
+        // What the sender gets.
+        match (policy, asked) {
+            ("allow", _) => {
+                let out = result.unwrap();
+                assert!(out.output.ends_with("finished"), "{cell}: {}", out.output);
+            }
+            ("ask", Asked::Never) => {
+                let err = result.unwrap_err().to_string();
+                assert!(err.contains("no answer within 1s"), "{cell}: {err}");
+            }
+            ("ask", Asked::Yes) => {
+                let out = result.unwrap();
+                assert!(out.output.ends_with("finished"), "{cell}: {}", out.output);
+            }
+            _ => {
+                let out = result.unwrap();
+                assert!(
+                    out.output
+                        .contains("finished\n\n(aamp-bridge: refused during this task: "),
+                    "{cell}: {}",
+                    out.output
+                );
+                assert!(
+                    out.output.contains("running `sh -c"),
+                    "{cell}: {}",
+                    out.output
+                );
+                assert!(
+                    out.output.contains("writing written.txt"),
+                    "{cell}: {}",
+                    out.output
+                );
+                let note = out.output.split("(aamp-bridge:").nth(1).unwrap();
+                assert!(!note.contains(ws.to_str().unwrap()), "{cell}: {note}");
+            }
+        }
+        // Refusals are failed tool calls in the stream.
+        if !may_act {
+            assert!(
+                events.iter().any(|e| matches!(e, StreamEvent::ToolCall { status: ToolStatus::Failed, output: Some(o), .. } if o.starts_with("refused"))),
+                "{cell}: {events:#?}"
+            );
+        }
+    }
 }

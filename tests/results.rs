@@ -137,7 +137,7 @@ async fn an_acp_agent_hands_back_written_linked_and_embedded_files_with_fields()
     dir.write(
         "acp.toml",
         &format!(
-            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\nattach_written_files = true\n",
+            "kind = \"acp\"\ncommand = \"python3\"\nargs = [{:?}]\nenv = {{ ACP_TEST_SCRIPT = {:?} }}\nattach_written_files = true\npermissions = \"allow\"\n",
             repo().join("tests/agents/acp_agent.py").display(),
             dir.dir.path().join("script.json").display()
         ),

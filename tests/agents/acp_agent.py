@@ -26,6 +26,10 @@ Steps: {"say": text} {"think": text} {"plan": [[content, status], ...]}
   command in a client terminal (as codex-acp does): a tool call whose content is the terminal,
   then (with "wait") its exit and output said as "exit CODE: OUTPUT"; a refusal is said as
   "terminal refused: MESSAGE"
+Hostile steps, done by the agent itself (as an agent with its own shell can): {"mkfifo": path}
+  {"hardlink": [existing, new]} {"symlink": [target, new]} {"sparse": [path, bytes]}
+  {"mknod": path} (a character device like /dev/null; needs root). A "permission" step may carry
+  "input" (the tool call's rawInput). A read that takes over 5 s says so.
 {"say_prompt": true} says the prompt's text back. "ignore_eof": true keeps the process alive
 after stdin closes.
 """
@@ -125,7 +129,8 @@ def run_prompt(rid, params):
             p = step["permission"]
             answer = request("session/request_permission", {
                 "sessionId": sid,
-                "toolCall": {"toolCallId": p["id"], "title": p["title"], "kind": p.get("kind", "edit")},
+                "toolCall": dict({"toolCallId": p["id"], "title": p["title"], "kind": p.get("kind", "edit")},
+                                 **({"rawInput": p["input"]} if "input" in p else {})),
                 "options": [
                     {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
                     {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
@@ -135,7 +140,10 @@ def run_prompt(rid, params):
             outcome = (answer.get("result") or {}).get("outcome", {})
             say(sid, "permission %s: %s " % (p["id"], outcome.get("optionId", outcome.get("outcome"))))
         elif "read" in step:
+            started = time.time()
             answer = request("fs/read_text_file", {"sessionId": sid, "path": step["read"]})
+            if time.time() - started > 5:
+                say(sid, "(slow read: %.1fs) " % (time.time() - started))
             if "result" in answer:
                 say(sid, "read: %s " % answer["result"]["content"])
             else:
@@ -161,6 +169,19 @@ def run_prompt(rid, params):
             name, text = step["resource"]
             update(sid, {"sessionUpdate": "agent_message_chunk",
                          "content": {"type": "resource", "resource": {"uri": "file:///virtual/" + name, "text": text, "mimeType": "text/plain"}}})
+        elif "mkfifo" in step:
+            os.mkfifo(step["mkfifo"])
+        elif "hardlink" in step:
+            os.link(*step["hardlink"])
+        elif "symlink" in step:
+            os.symlink(*step["symlink"])
+        elif "sparse" in step:
+            path, size = step["sparse"]
+            with open(path, "wb") as f:
+                f.truncate(size)
+        elif "mknod" in step:
+            import stat
+            os.mknod(step["mknod"], 0o600 | stat.S_IFCHR, os.makedev(1, 3))
         elif "sleep" in step:
             deadline = time.time() + step["sleep"]
             while time.time() < deadline:

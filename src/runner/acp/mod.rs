@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 mod framing;
 mod fs;
+mod gate;
 mod permissions;
 mod probe;
 mod terminals;
@@ -113,6 +114,115 @@ struct Shared {
     /// otherwise since: where in `text` its words about it start. It then ends the turn as if
     /// it had answered, with the error as the text.
     system_error: Mutex<Option<usize>>,
+    /// What the policy (or the person asked) refused during the task.
+    refusals: gate::Refusals,
+    /// What a person allowed that covers later actions.
+    granted: gate::Granted,
+    /// The task's workspace, kept out of what is mailed.
+    workspace: PathBuf,
+}
+
+impl Shared {
+    /// `text` without local detail, for the sender.
+    fn redact(&self, text: &str) -> String {
+        gate::redact(text, &self.workspace)
+    }
+}
+
+/// An agent's request refused, in words for the agent.
+fn refused(message: String) -> agent_client_protocol::Error {
+    agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
+}
+
+/// What every action an agent asks of the bridge goes through before it is carried out: the
+/// policy's verdict ([`gate::verdict`]), and under `ask` a question to the sender.
+#[derive(Clone)]
+struct Guard {
+    shared: Arc<Shared>,
+    events: mpsc::Sender<StreamEvent>,
+    questions: Option<mpsc::Sender<crate::runner::Question>>,
+    policy: PermissionPolicy,
+    asking: bool,
+    ask_timeout: std::time::Duration,
+}
+
+impl Guard {
+    /// `Ok` when `what` ("running `make`") may be done; otherwise why not, kept for the answer
+    /// and shown in the stream as a failed tool call.
+    async fn clear(&self, act: gate::Act, what: String) -> Result<(), String> {
+        let shared = &self.shared;
+        let why = match gate::verdict(self.policy, self.asking, act) {
+            gate::Verdict::Go => return Ok(()),
+            gate::Verdict::Ask if shared.granted.always(act) => return Ok(()),
+            gate::Verdict::Ask => {
+                let questions = self.questions.as_ref().expect("ask has someone to ask");
+                let text = format!(
+                    "The agent asks to do this in its workspace: {what}. Which option do you choose?"
+                );
+                let options = vec!["Allow".into(), "Always allow".into(), "Reject".into()];
+                match ask_person(questions, text, options, self.ask_timeout, shared).await {
+                    Some(0) => return Ok(()),
+                    Some(1) => {
+                        shared.granted.set_always(act);
+                        return Ok(());
+                    }
+                    Some(_) => "the sender refused it".to_string(),
+                    None if shared.unanswered.lock().expect("unanswered lock").is_some() => {
+                        "the sender did not answer in time".to_string()
+                    }
+                    None => "nobody answered".to_string(),
+                }
+            }
+            gate::Verdict::Refuse(why) => why,
+        };
+        tracing::info!(%what, %why, "an agent's action refused");
+        if !shared.cancelling.load(Ordering::SeqCst) {
+            shared.refusals.add(format!("{what} ({why})"));
+            shared.step();
+            let id = format!("refused-{}", uuid::Uuid::new_v4().simple());
+            let _ = self
+                .events
+                .send(StreamEvent::ToolCall {
+                    id,
+                    label: what.clone(),
+                    status: ToolStatus::Failed,
+                    input: None,
+                    output: Some(format!("refused: {why}")),
+                })
+                .await;
+        }
+        Err(format!("refused: {what}: {why}"))
+    }
+}
+
+/// The environment of a command run in one of our terminals: not the bridge's own (which may
+/// hold what the agent must not see), only the basics a command needs, what the profile names
+/// for the agent, and the bridge's tags.
+fn terminal_env(
+    profile: &Profile,
+    task: &TaskInput,
+    vars: &crate::runner::template::Vars,
+) -> Vec<(String, String)> {
+    const BASICS: &[&str] = &[
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
+    ];
+    let mut env: Vec<(String, String)> = BASICS
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    env.extend(
+        profile
+            .env
+            .iter()
+            .map(|(name, value)| (name.clone(), value.render(vars))),
+    );
+    env.push(("AAMP_AGENT".into(), task.agent.clone()));
+    env.push(("AAMP_TASK_ID".into(), task.task_id.clone()));
+    if let Some(key) = &task.session_key {
+        env.push(("AAMP_SESSION_KEY".into(), key.clone()));
+    }
+    env.extend(task.env.iter().cloned());
+    env
 }
 
 /// After `session/load`, the history replay is over when no update came for this long...
@@ -166,11 +276,15 @@ pub async fn run_acp(
         files: Mutex::new(Vec::new()),
         terminals: Some(terminals::Terminals::new(
             workspace.clone(),
-            task.env.clone(),
+            terminal_env(profile, task, &vars),
         )),
         meta_output: Mutex::new(HashMap::new()),
         system_error: Mutex::new(None),
+        refusals: gate::Refusals::default(),
+        granted: gate::Granted::default(),
+        workspace: workspace.clone(),
     });
+    let asking = task.questions.is_some();
     let policy = profile.permissions;
     let on_update = {
         let (events, shared) = (events.clone(), shared.clone());
@@ -209,7 +323,8 @@ pub async fn run_acp(
                         let outcome = ask(&questions, &req, ask_timeout, &shared).await;
                         let outcome = if shared.cancelling.load(Ordering::SeqCst) { RequestPermissionOutcome::Cancelled } else { outcome };
                         tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by the dispatcher");
-                        if let Some(event) = unannounced_tool(&shared, &req, &outcome) {
+                        let by = if shared.unanswered.lock().expect("unanswered lock").is_some() { "no answer in time" } else { "the sender's answer" };
+                        for event in settle_permission(&shared, &req, &outcome, by).into_iter().chain(unannounced_tool(&shared, &req, &outcome)) {
                             let _ = events.send(event).await;
                         }
                         responder.respond(RequestPermissionResponse::new(outcome))
@@ -218,7 +333,11 @@ pub async fn run_acp(
                 _ => {
                     let outcome = decide(policy, &req);
                     tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
-                    if let Some(event) = unannounced_tool(&shared, &req, &outcome) {
+                    let by = format!("permissions = \"{}\"", gate::policy_name(policy));
+                    for event in settle_permission(&shared, &req, &outcome, &by)
+                        .into_iter()
+                        .chain(unannounced_tool(&shared, &req, &outcome))
+                    {
                         let _ = events.send(event).await;
                     }
                     responder.respond(RequestPermissionResponse::new(outcome))
@@ -226,61 +345,112 @@ pub async fn run_acp(
             }
         }
     };
+    // Every action below goes through the policy first (`gate`), then runs off the
+    // connection's reading loop: a person's answer, a slow file system or a command never
+    // stalls it.
+    let guard = Guard {
+        shared: shared.clone(),
+        events: events.clone(),
+        questions: task.questions.clone(),
+        policy,
+        asking,
+        ask_timeout: profile.ask_timeout,
+    };
     let on_read = {
-        let root = workspace.clone();
+        let (root, guard) = (workspace.clone(), guard.clone());
         async move |req: ReadTextFileRequest,
                     responder: agent_client_protocol::v1::Responder<ReadTextFileResponse>,
-                    _cx| match read_confined(&root, &req) {
-            Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
-            Err(message) => responder.respond_with_error(agent_client_protocol::Error::new(
-                ErrorCode::INVALID_PARAMS,
-                message,
-            )),
+                    cx: ConnectionTo<Agent>| {
+            let (root, guard) = (root.clone(), guard.clone());
+            cx.spawn(async move {
+                let what = format!(
+                    "reading {}",
+                    guard.shared.redact(&req.path.display().to_string())
+                );
+                if let Err(why) = precheck(&root, &req.path) {
+                    return responder.respond_with_error(refused(why));
+                }
+                if let Err(why) = guard.clear(gate::Act::Read, what).await {
+                    return responder.respond_with_error(refused(why));
+                }
+                match off_runtime(move || read_confined(&root, &req)).await {
+                    Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
+                    Err(message) => responder.respond_with_error(refused(message)),
+                }
+            })
         }
     };
     let on_write = {
-        let root = workspace.clone();
-        let (shared, attach) = (shared.clone(), profile.attach_written_files);
+        let (root, guard) = (workspace.clone(), guard.clone());
+        let attach = profile.attach_written_files;
         async move |req: WriteTextFileRequest,
                     responder: agent_client_protocol::v1::Responder<WriteTextFileResponse>,
-                    _cx| match write_confined(&root, &req) {
-            Ok(()) => {
-                if attach {
-                    let mut files = shared.files.lock().expect("files lock");
-                    let path = super::OutputFile::Path(req.path.clone());
-                    if !files.contains(&path) {
-                        files.push(path);
-                    }
+                    cx: ConnectionTo<Agent>| {
+            let (root, guard) = (root.clone(), guard.clone());
+            cx.spawn(async move {
+                let what = format!(
+                    "writing {}",
+                    guard.shared.redact(&req.path.display().to_string())
+                );
+                if let Err(why) = precheck(&root, &req.path) {
+                    return responder.respond_with_error(refused(why));
                 }
-                responder.respond(WriteTextFileResponse::new())
-            }
-            Err(message) => responder.respond_with_error(agent_client_protocol::Error::new(
-                ErrorCode::INVALID_PARAMS,
-                message,
-            )),
+                if let Err(why) = guard.clear(gate::Act::Write, what).await {
+                    return responder.respond_with_error(refused(why));
+                }
+                let path = req.path.clone();
+                match off_runtime(move || write_confined(&root, &req)).await {
+                    Ok(()) => {
+                        if attach {
+                            let mut files = guard.shared.files.lock().expect("files lock");
+                            let path = super::OutputFile::Path(path);
+                            if !files.contains(&path) {
+                                files.push(path);
+                            }
+                        }
+                        responder.respond(WriteTextFileResponse::new())
+                    }
+                    Err(message) => responder.respond_with_error(refused(message)),
+                }
+            })
         }
     };
     // Terminals: each answered from the task's own terminals, refused in words when it cannot
     // be done; waiting runs off the connection's reading loop.
-    fn refused(message: String) -> agent_client_protocol::Error {
-        agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
-    }
     let on_terminal_create = {
-        let shared = shared.clone();
+        let guard = guard.clone();
         async move |req: CreateTerminalRequest,
                     responder: agent_client_protocol::v1::Responder<CreateTerminalResponse>,
                     cx: ConnectionTo<Agent>| {
-            let terminals = shared.terminals.as_ref().expect("a task has terminals");
-            match terminals.create(&req) {
-                Ok((id, run)) => {
-                    cx.spawn(async move {
-                        run.await;
-                        Ok(())
-                    })?;
-                    responder.respond(CreateTerminalResponse::new(id))
+            let guard = guard.clone();
+            let runner = cx.clone();
+            cx.spawn(async move {
+                let command = gate::command_line(&req.command, &req.args);
+                let what = format!("running `{}`", guard.shared.redact(&command));
+                let cleared = if guard.shared.granted.take_command(&command) {
+                    Ok(())
+                } else {
+                    guard.clear(gate::Act::Terminal, what).await
+                };
+                if let Err(why) = cleared {
+                    return responder.respond_with_error(refused(why));
                 }
-                Err(message) => responder.respond_with_error(refused(message)),
-            }
+                let terminals = guard
+                    .shared
+                    .terminals
+                    .as_ref()
+                    .expect("a task has terminals");
+                match terminals.create(&req) {
+                    Ok((id, run)) => {
+                        runner.spawn(async move {
+                            run.await;
+                            Ok(())
+                        })?;
+                        responder.respond(CreateTerminalResponse::new(id))
+                    }
+                    Err(message) => responder.respond_with_error(refused(message)),
+                }
+            })
         }
     };
     let on_terminal_output = {
@@ -407,8 +577,28 @@ pub async fn run_acp(
                 "the agent's model failed: {}",
                 shared.failed().unwrap_or_default()
             ))),
+            StopReason::EndTurn
+                if shared.refusals.summary().is_some() && shared.after_step().is_none() =>
+            {
+                // The agent stopped at what it was refused: that is the answer, with what it
+                // said before.
+                let refused = shared.refusals.summary().unwrap_or_default();
+                let said = shared.answer();
+                let said = said.trim();
+                Err(RunError::Reported(if said.is_empty() {
+                    format!("the agent ended its turn after the bridge refused: {refused}")
+                } else {
+                    format!("the agent ended its turn after the bridge refused: {refused}. Before that it said: {said}")
+                }))
+            }
             StopReason::EndTurn => {
-                let text = shared.answer();
+                let mut text = shared.answer();
+                if let Some(refused) = shared.refusals.summary() {
+                    text = format!(
+                        "{}\n\n(aamp-bridge: refused during this task: {refused})",
+                        text.trim_end()
+                    );
+                }
                 let (output, truncated) = super::cap(
                     clean(&text, profile.output.strip_ansi, profile.output.trim),
                     profile.output.max_bytes,
@@ -512,16 +702,17 @@ fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
     (exited && nix::unistd::geteuid().is_root() && sandbox != "1").then_some(sandbox)
 }
 
-/// `initialize` with the capabilities we really have: file reads and writes and terminals
-/// (confined to the workspace).
-fn initialize_request() -> InitializeRequest {
+/// `initialize` with the capabilities the policy lets the agent use ([`gate::offered`]): file
+/// reads and writes and terminals, confined to the workspace.
+fn initialize_request(policy: PermissionPolicy, asking: bool) -> InitializeRequest {
+    let (read, write, terminal) = gate::offered(policy, asking);
     InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(
             ClientCapabilities::new()
                 .fs(FileSystemCapabilities::new()
-                    .read_text_file(true)
-                    .write_text_file(true))
-                .terminal(true),
+                    .read_text_file(read)
+                    .write_text_file(write))
+                .terminal(terminal),
         )
         .client_info(Implementation::new(
             "aamp-bridge",
@@ -749,7 +940,7 @@ async fn drive(
     cancel: &CancellationToken,
     shared: &Shared,
 ) -> Result<Driven, agent_client_protocol::Error> {
-    let init = initialize_request();
+    let init = initialize_request(profile.permissions, task.questions.is_some());
     let init = tokio::select! {
         r = tokio::time::timeout(profile.init_timeout, cx.send_request(init).block_task()) => match r {
             Ok(r) => r?,

@@ -3,6 +3,41 @@
 
 use super::*;
 
+/// Asks whoever answers questions, and waits for the choice: the option's index, or `None`
+/// for no answer in time (which is then kept, so the task says so), free text, or nobody
+/// listening.
+pub(super) async fn ask_person(
+    questions: &mpsc::Sender<crate::runner::Question>,
+    text: String,
+    options: Vec<String>,
+    wait: std::time::Duration,
+    shared: &Shared,
+) -> Option<usize> {
+    let count = options.len();
+    let (answer, chosen) = tokio::sync::oneshot::channel();
+    let question = crate::runner::Question {
+        text,
+        reason: "The agent needs a permission that this bridge's policy leaves to you.".into(),
+        options,
+        answer,
+    };
+    if questions.send(question).await.is_err() {
+        return None;
+    }
+    match tokio::time::timeout(wait, chosen).await {
+        Ok(Ok(crate::runner::Answer::Chosen(i))) if i < count => Some(i),
+        Ok(_) => None,
+        Err(_) => {
+            tracing::warn!(
+                seconds = wait.as_secs(),
+                "no answer to the permission question in time; rejecting"
+            );
+            *shared.unanswered.lock().expect("unanswered lock") = Some(wait.as_secs());
+            None
+        }
+    }
+}
+
 /// Hands a permission request to whoever answers questions, and waits for the choice. No
 /// answer in time (or nobody listening) rejects.
 pub(super) async fn ask(
@@ -28,32 +63,89 @@ pub(super) async fn ask(
                 .unwrap_or_default()
         })
         .unwrap_or_else(|| "other".into());
-    let (answer, chosen) = tokio::sync::oneshot::channel();
-    let question = crate::runner::Question {
-        text: format!("The agent asks for permission to use \"{title}\" ({kind}). Which option do you choose?"),
-        reason: "The agent needs a permission that this bridge's policy leaves to you.".into(),
-        options: req.options.iter().map(|o| o.name.clone()).collect(),
-        answer,
-    };
-    if questions.send(question).await.is_err() {
-        return decide(PermissionPolicy::Deny, req);
+    let command = gate::command_of(req.tool_call.fields.raw_input.as_ref())
+        .map(|c| format!(", the command `{}`", shared.redact(&c)))
+        .unwrap_or_default();
+    let text = shared.redact(&format!(
+        "The agent asks for permission to use \"{title}\" ({kind}{command}). Which option do you choose?"
+    ));
+    let options = req.options.iter().map(|o| shared.redact(&o.name)).collect();
+    match ask_person(questions, text, options, wait, shared).await {
+        Some(i) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(
+            req.options[i].option_id.clone(),
+        )),
+        None => decide(PermissionPolicy::Deny, req),
     }
-    match tokio::time::timeout(wait, chosen).await {
-        Ok(Ok(crate::runner::Answer::Chosen(i))) if i < req.options.len() => {
-            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(
-                req.options[i].option_id.clone(),
-            ))
-        }
-        Ok(_) => decide(PermissionPolicy::Deny, req),
-        Err(_) => {
-            tracing::warn!(
-                seconds = wait.as_secs(),
-                "no answer to the permission question in time; rejecting"
-            );
-            *shared.unanswered.lock().expect("unanswered lock") = Some(wait.as_secs());
-            decide(PermissionPolicy::Deny, req)
-        }
+}
+
+/// Whether `outcome` refuses `req`.
+pub(super) fn refuses(req: &RequestPermissionRequest, outcome: &RequestPermissionOutcome) -> bool {
+    match outcome {
+        RequestPermissionOutcome::Selected(selected) => req
+            .options
+            .iter()
+            .find(|o| o.option_id == selected.option_id)
+            .is_none_or(|o| {
+                matches!(
+                    o.kind,
+                    PermissionOptionKind::RejectOnce | PermissionOptionKind::RejectAlways
+                )
+            }),
+        _ => true,
     }
+}
+
+/// After a permission request was answered: what it grants later terminals and writes, or,
+/// refused, the refusal kept for the answer and shown in the stream as a failed tool call
+/// (returned as the event to send).
+pub(super) fn settle_permission(
+    shared: &Shared,
+    req: &RequestPermissionRequest,
+    outcome: &RequestPermissionOutcome,
+    by: &str,
+) -> Option<crate::runner::StreamEvent> {
+    let title = req
+        .tool_call
+        .fields
+        .title
+        .clone()
+        .unwrap_or_else(|| "a tool".into());
+    if !refuses(req, outcome) {
+        let always = matches!(outcome, RequestPermissionOutcome::Selected(s)
+            if req.options.iter().any(|o| o.option_id == s.option_id && o.kind == PermissionOptionKind::AllowAlways));
+        match req.tool_call.fields.kind {
+            Some(ToolKind::Execute) => {
+                if let Some(command) = gate::command_of(req.tool_call.fields.raw_input.as_ref()) {
+                    shared.granted.command(command);
+                }
+                if always {
+                    shared.granted.set_always(gate::Act::Terminal);
+                }
+            }
+            Some(ToolKind::Edit) | Some(ToolKind::Delete) | Some(ToolKind::Move) if always => {
+                shared.granted.set_always(gate::Act::Write)
+            }
+            _ => {}
+        }
+        return None;
+    }
+    if shared.cancelling.load(Ordering::SeqCst) {
+        return None;
+    }
+    shared
+        .refusals
+        .add(format!("\"{}\" ({by})", shared.redact(&title)));
+    let id = req.tool_call.tool_call_id.0.to_string();
+    // A tool announced before its request: its refusal in the stream (one first seen in the
+    // request is told by `unannounced_tool`).
+    let announced = shared.titles.lock().expect("titles lock").contains_key(&id);
+    announced.then(|| crate::runner::StreamEvent::ToolCall {
+        id,
+        label: title,
+        status: crate::runner::stream::ToolStatus::Failed,
+        input: super::updates::json_text(&req.tool_call.fields.raw_input),
+        output: Some(format!("refused: the permission was not given ({by})")),
+    })
 }
 
 /// The option to pick for a permission request under `policy`, chosen by kind. `ask` without
@@ -114,19 +206,7 @@ pub(super) fn unannounced_tool(
     }
     // A tool call first seen here is a step, as any tool call.
     shared.step();
-    let refused = match outcome {
-        RequestPermissionOutcome::Selected(selected) => req
-            .options
-            .iter()
-            .find(|o| o.option_id == selected.option_id)
-            .is_none_or(|o| {
-                matches!(
-                    o.kind,
-                    PermissionOptionKind::RejectOnce | PermissionOptionKind::RejectAlways
-                )
-            }),
-        _ => true,
-    };
+    let refused = refuses(req, outcome);
     Some(crate::runner::StreamEvent::ToolCall {
         id,
         label: title,

@@ -36,7 +36,7 @@ pub async fn probe(
     let connection = Client.v1().name("aamp-bridge").connect_with(
         Lines::new(line_sink(stdin), line_stream(stdout)),
         async |cx: ConnectionTo<Agent>| {
-            let request = initialize_request();
+            let request = initialize_request(profile.permissions, false);
             let reply =
                 tokio::time::timeout(profile.init_timeout, cx.send_request(request).block_task())
                     .await;

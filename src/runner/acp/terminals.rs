@@ -53,7 +53,8 @@ struct Terminal {
 /// A task's terminals.
 pub struct Terminals {
     root: PathBuf,
-    /// The bridge's tags, which the commands inherit like the agent.
+    /// The commands' whole environment (beside what the agent asks for): never the bridge's
+    /// own, which may hold what the agent must not see.
     env: Vec<(String, String)>,
     next: AtomicU64,
     open: Mutex<HashMap<String, Terminal>>,
@@ -129,6 +130,7 @@ impl Terminals {
         let mut cmd = tokio::process::Command::new(&req.command);
         cmd.args(&req.args)
             .current_dir(&cwd)
+            .env_clear()
             .envs(req.env.iter().map(|v| (v.name.clone(), v.value.clone())))
             .envs(self.env.iter().cloned())
             .stdin(std::process::Stdio::null())

@@ -100,6 +100,15 @@ impl Shared {
         }
     }
 
+    /// What the agent said after its last step, when it said anything.
+    pub(super) fn after_step(&self) -> Option<String> {
+        let text = self.text.lock().expect("text lock");
+        let from = self.answer_from.load(Ordering::SeqCst).min(text.len());
+        text.get(from..)
+            .filter(|after| !after.trim().is_empty())
+            .map(str::to_string)
+    }
+
     /// The agent took a step (a tool call, a plan): what it said before is progress, not
     /// its answer.
     pub(super) fn step(&self) {
