@@ -724,3 +724,70 @@ async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
     );
     no_invalid_requests(&broker);
 }
+
+/// Issue 30, item 5: under `permissions = "ask"` the question was posted, but the sender's
+/// reply to it (AMP `parent_id` = the question) was taken as a new task: the question waited
+/// out its timeout and was refused, then "Allow" ran on the agent as a task of its own. The
+/// reply is now matched by the broker's own link: one answer each, no extra task, for Allow
+/// and for Reject.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_task() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "asking.toml");
+    dir.write_asking_agent(120);
+    let mut bridge = Bridge::start(&dir, 1);
+    for (choice, answer) in [
+        ("Allow", "permission edit: yes Done."),
+        (
+            "Reject",
+            "permission edit: no Done.\n\n(aamp-bridge: refused during this task: \"Edit README.md\" (the sender's answer))",
+        ),
+    ] {
+        let sent = send(&broker, &boss, &coder.1, "Fix the README", "Please fix the typo.").await;
+        let thread = sent["thread_id"].as_str().unwrap();
+        let question = broker.replies(thread, &coder.1).await;
+        assert_eq!(question.len(), 1, "{question:?}");
+        let body = question[0]["body"].as_str().unwrap();
+        assert!(body.starts_with("**Question:**") && body.contains("Edit README.md"), "{body}");
+        let reply = broker
+            .call(
+                reqwest::Method::POST,
+                "/messages/send",
+                Some(json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
+                            "action": "reply", "subject": "Re: Fix the README",
+                            "body": choice, "parent_id": question[0]["id"]})),
+            )
+            .await;
+        let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
+        let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+        assert_eq!(done["status"], "completed", "{choice}: {done}");
+        let answered = bridge.wait_event("task.answered", |e| e["answerTaskId"] == task_id.as_str());
+        assert_eq!(answered["choice"], choice);
+        bridge.wait_event("mail.sent", |e| {
+            e["taskId"] == task_id.as_str() && e["intent"] == "task.result"
+        });
+        let from_coder: Vec<Value> = broker
+            .thread(thread)
+            .await
+            .into_iter()
+            .filter(|m| m["from_agent"] == coder.1.as_str())
+            .collect();
+        assert_eq!(from_coder.len(), 2, "the question and the one result: {from_coder:?}");
+        let result = from_coder[1]["body"].as_str().unwrap();
+        assert!(result.starts_with(answer), "{choice}: {result}");
+        // The answer never became a task.
+        let answer_task = format!("amp:{thread}:{}", reply["id"].as_str().unwrap());
+        assert!(
+            !bridge
+                .seen
+                .iter()
+                .any(|e| e["taskId"] == answer_task.as_str() && e["event"] != "task.answered"),
+            "{choice}: the answer was taken as a task: {:?}",
+            bridge.seen
+        );
+    }
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+}

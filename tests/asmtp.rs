@@ -1022,3 +1022,65 @@ async fn the_test_operator_refuses_as_the_reference_does() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "INVALID_MONITOR", "{body}");
 }
+
+/// Issue 30, item 5, on ASMTP: a reply to the agent's question (its `in_reply_to` the
+/// question's envelope) answers it, for Allow and for Reject; it is never run as a task, and
+/// each task gets the question and one result.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    dir.write_asking_agent(120);
+    let config = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &config.replace("profile = \"echo\"", "profile = \"asking.toml\""),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    for (choice, answer) in [
+        ("Allow", "permission edit: yes Done."),
+        (
+            "Reject",
+            "permission edit: no Done.\n\n(aamp-bridge: refused during this task: \"Edit README.md\" (the sender's answer))",
+        ),
+    ] {
+        let task = operator
+            .send("@alice.boss", "@alice.coder", "Fix the README", "Please fix the typo.")
+            .await;
+        let question = operator.replies("@alice.boss", &task).await;
+        assert_eq!(question.len(), 1, "{question:?}");
+        let asked = text_of(&question[0]);
+        assert!(asked.starts_with("Question:") && asked.contains("Edit README.md"), "{asked}");
+        let reply = operator
+            .post(
+                "@alice.boss",
+                json!({"id": ulid(), "to": ["@alice.coder"], "in_reply_to": question[0]["id"],
+                       "date_ms": 1_764_000_000_000u64,
+                       "content_parts": [{"type": "text", "text": choice}]}),
+            )
+            .await;
+        let task_id = format!("asmtp:{task}");
+        let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+        assert_eq!(done["status"], "completed", "{choice}: {done}");
+        let answered =
+            bridge.wait_event("task.answered", |e| e["answerTaskId"] == task_id.as_str());
+        assert_eq!(answered["choice"], choice);
+        bridge.wait_event("mail.sent", |e| {
+            e["taskId"] == task_id.as_str() && e["intent"] == "task.result"
+        });
+        let replies = operator.replies("@alice.boss", &task).await;
+        assert_eq!(replies.len(), 2, "the question and one result: {replies:?}");
+        assert!(text_of(&replies[1]).starts_with(answer), "{choice}: {}", text_of(&replies[1]));
+        let answer_task = format!("asmtp:{reply}");
+        assert!(
+            !bridge
+                .seen
+                .iter()
+                .any(|e| e["taskId"] == answer_task.as_str()),
+            "{choice}: the answer was taken as a task: {:?}",
+            bridge.seen
+        );
+    }
+    assert!(bridge.stop().success());
+    operator.no_invalid();
+}

@@ -71,6 +71,10 @@ struct Recent {
     subjects: VecDeque<(String, String)>,
     attempted: HashSet<String>,
     attempted_order: VecDeque<String>,
+    /// Questions this process posted (`task.help_needed`): their broker id and the
+    /// Message-ID the bridge gave them, so that a reply to one (its `parent_id`) is taken as
+    /// the answer, never as a task. A question waits only in the process that asked it.
+    questions: VecDeque<(String, String)>,
 }
 
 /// How many of each [`Recent`] keeps.
@@ -91,6 +95,23 @@ impl Recent {
             .rev()
             .find(|(i, _)| i == id)
             .map(|(_, s)| s.as_str())
+    }
+
+    fn asked(&mut self, posted_id: &str, message_id: &str) {
+        if self.questions.len() >= RECENT {
+            self.questions.pop_front();
+        }
+        self.questions
+            .push_back((posted_id.to_string(), message_id.to_string()));
+    }
+
+    /// The Message-ID of the question posted as `posted_id`.
+    fn question(&self, posted_id: &str) -> Option<&str> {
+        self.questions
+            .iter()
+            .rev()
+            .find(|(i, _)| i == posted_id)
+            .map(|(_, m)| m.as_str())
     }
 
     /// Notes an attempt to post `message_id`; false when it was tried before.
@@ -582,12 +603,21 @@ async fn hand_on(
         if !m.to_agent.eq_ignore_ascii_case(client.address()) {
             continue;
         }
-        match to_inbound(m) {
-            Some(inbound) => {
-                deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
-            }
-            None => {
-                tracing::warn!(id = %m.id, "an AMP message that cannot be read as a task; skipped")
+        let question = m.parent_id.as_deref().and_then(|parent| {
+            let recent = client.recent.lock().expect("recent lock");
+            recent.question(parent).map(str::to_string)
+        });
+        if let Some(question) = question {
+            // An answer to a question the agent asked: matched by the broker's own link.
+            deliver(Mail::Reply(answer_to(m, question))).map_err(IntakeError::Deliver)?
+        } else {
+            match to_inbound(m) {
+                Some(inbound) => {
+                    deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
+                }
+                None => {
+                    tracing::warn!(id = %m.id, "an AMP message that cannot be read as a task; skipped")
+                }
             }
         }
         client
@@ -602,6 +632,22 @@ async fn hand_on(
         handed.taken += 1;
     }
     Ok(handed)
+}
+
+/// A reply to the question posted as `question` (its Message-ID), as a plain reply.
+fn answer_to(m: &AmpMessage, question: String) -> crate::inbound::Reply {
+    crate::inbound::Reply {
+        email_id: m.id.clone(),
+        from: m.from_agent.clone(),
+        message_id: format!("<{}@amp>", m.id),
+        in_reply_to: Some(question),
+        references: Vec::new(),
+        text: m.body.clone(),
+        sender_check: crate::inbound::SenderCheck::Verified(
+            "the AMP broker checked the sender's key and tenant".into(),
+        ),
+        auto_submitted: is_answer(&m.body),
+    }
 }
 
 /// Where an AMP agent's answers go: replies in the task's thread.
@@ -682,15 +728,23 @@ impl AmpReplies {
             }
         };
         // A reply reads like one: `Re:` and the subject of the message it answers.
-        self.client
+        let posted = self
+            .client
             .reply(
                 parent,
                 &to,
                 &reply_subject(&subject),
                 &format!("{text}\n\n{marker}"),
             )
-            .await
-            .map(|_| ())
+            .await?;
+        if matches!(msg.body, Body::HelpNeeded(_)) {
+            self.client
+                .recent
+                .lock()
+                .expect("recent lock")
+                .asked(&posted.id, &mail.message_id);
+        }
+        Ok(())
     }
 }
 

@@ -181,7 +181,15 @@ pub struct AsmtpClient {
     http: reqwest::Client,
     account: AsmtpAccount,
     threads: std::sync::Arc<std::sync::Mutex<Threads>>,
+    /// Questions this process sent (`task.help_needed`): the reply envelope's id and the
+    /// Message-ID the bridge gave the question, so that an envelope answering one (its
+    /// `in_reply_to`) is taken as the answer, never as a task. A question waits only in the
+    /// process that asked it.
+    questions: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(String, String)>>>,
 }
+
+/// How many questions [`AsmtpClient`] remembers.
+const QUESTIONS_KEPT: usize = 4096;
 
 impl AsmtpClient {
     pub fn new(account: AsmtpAccount) -> Result<AsmtpClient, MailboxError> {
@@ -189,6 +197,7 @@ impl AsmtpClient {
             http: super::http_client(account.insecure_tls, Some(account.timeout))?,
             account,
             threads: std::sync::Arc::default(),
+            questions: std::sync::Arc::default(),
         })
     }
 
@@ -202,14 +211,50 @@ impl AsmtpClient {
         &self.account.handle
     }
 
-    /// An envelope as a task, in the conversation its thread belongs to.
-    fn inbound(&self, e: &AsmtpEnvelope) -> Option<Inbound> {
+    /// An envelope as the intake hands it on: the answer to a question the agent asked (by
+    /// the operator's own reply link, `in_reply_to`), or else a task, in the conversation its
+    /// thread belongs to.
+    fn inbound(&self, e: &AsmtpEnvelope) -> Option<Mail> {
+        let question = e.in_reply_to.as_deref().and_then(|parent| {
+            let questions = self.questions.lock().expect("questions lock");
+            questions
+                .iter()
+                .rev()
+                .find(|(id, _)| id == parent)
+                .map(|(_, message_id)| message_id.clone())
+        });
         let root = self
             .threads
             .lock()
             .expect("threads lock")
             .root(&e.id, &thread_of(e));
-        to_inbound_in(e, self.handle(), &root)
+        let inbound = to_inbound_in(e, self.handle(), &root)?;
+        let Some(question) = question else {
+            return Some(Mail::Aamp(Box::new(inbound)));
+        };
+        let text = match &inbound.message.body {
+            Body::Dispatch(d) => d.body_text.clone(),
+            _ => String::new(),
+        };
+        Some(Mail::Reply(crate::inbound::Reply {
+            email_id: e.id.clone(),
+            from: e.from.clone(),
+            message_id: inbound.message.envelope.message_id.clone(),
+            in_reply_to: Some(question),
+            references: Vec::new(),
+            text,
+            sender_check: inbound.sender_check.clone(),
+            auto_submitted: inbound.view.header("Auto-Submitted").is_some(),
+        }))
+    }
+
+    /// Notes that the envelope `envelope_id` asks the question `message_id`.
+    fn asked(&self, envelope_id: &str, message_id: &str) {
+        let mut questions = self.questions.lock().expect("questions lock");
+        if questions.len() >= QUESTIONS_KEPT {
+            questions.pop_front();
+        }
+        questions.push_back((envelope_id.to_string(), message_id.to_string()));
     }
 
     async fn call(
@@ -617,9 +662,7 @@ async fn catch_up(
                 .find(|b| &b.id == id)
                 .and_then(|e| client.inbound(e))
             {
-                Some(inbound) => {
-                    deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
-                }
+                Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
                 None => {
                     tracing::warn!(%id, "a backlog envelope that cannot be read as a task; skipped")
                 }
@@ -655,9 +698,7 @@ async fn catch_up(
         for header in &fresh {
             match bodies.iter().find(|b| b.id == header.id) {
                 Some(envelope) => match client.inbound(envelope) {
-                    Some(inbound) => {
-                        deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
-                    }
+                    Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
                     None => {
                         tracing::warn!(id = %header.id, "an ASMTP envelope that cannot be read as a task; skipped")
                     }
@@ -751,6 +792,13 @@ async fn run_push(
     }
 }
 
+/// Whether `mail` is a question to the dispatcher (`task.help_needed`).
+fn mail_is_question(mail: &RenderedMail) -> bool {
+    protocol::rfc5322::parse_raw(&mail.bytes)
+        .and_then(|view| AampMessage::parse(&view).ok())
+        .is_some_and(|m| matches!(m.body, Body::HelpNeeded(_)))
+}
+
 /// Where an ASMTP agent's answers go: reply envelopes.
 #[derive(Clone)]
 pub struct AsmtpReplies {
@@ -838,6 +886,9 @@ impl AsmtpReplies {
         let Some(mut envelope) = AsmtpReplies::envelope_for(mail) else {
             return Ok(());
         };
+        if let (Some(id), true) = (envelope["id"].as_str(), mail_is_question(mail)) {
+            self.client.asked(id, &mail.message_id);
+        }
         // The reply belongs to the conversation of the envelopes it answers.
         if let (Some(id), Some(chain)) =
             (envelope["id"].as_str(), envelope["references"].as_array())
