@@ -323,6 +323,56 @@ async fn the_policy_is_also_set_as_the_agents_own_mode() {
     );
 }
 
+/// Issue 30, item 7: the shipped codex-acp profile named `workspace-write` for `allow`, which
+/// Zed's codex-acp calls `auto`, so it refused the mode and no task ran. A profile names a
+/// mode by each adapter's name; the first the agent offers is set, and an agent that offers
+/// none of them is refused with what it offers.
+#[tokio::test]
+async fn a_mode_is_chosen_by_the_names_the_agent_offers() {
+    let zed_modes = json!(["read-only", "auto", "full-access"]);
+    let agent =
+        Agent::new(json!({"modes": zed_modes, "offer_modes": true, "steps": [{"say": "done"}]}));
+    let shipped = aamp_bridge::runner::Profile::find("codex-acp", &[]).unwrap();
+    let modes = "\n[modes]\nallow = [\"workspace-write\", \"auto\"]\n";
+    assert_eq!(
+        shipped.modes[&aamp_bridge::runner::PermissionPolicy::Allow],
+        vec!["workspace-write", "auto"],
+        "the shipped profile names both"
+    );
+    let out = agent
+        .run(
+            &agent.profile(&format!("permissions = \"allow\"{modes}")),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap();
+    assert!(out.output.ends_with("done"), "{}", out.output);
+    let set = agent.received("session/set_mode");
+    assert_eq!(set.len(), 1);
+    assert_eq!(set[0]["params"]["modeId"], "auto");
+    // None of the names offered: refused before the task, naming what it offers.
+    let agent =
+        Agent::new(json!({"modes": zed_modes, "offer_modes": true, "steps": [{"say": "done"}]}));
+    let err = agent
+        .run(
+            &agent.profile("permissions = \"allow\"\n[modes]\nallow = \"workspace-write\"\n"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .0
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("offers none of the modes") && err.contains("read-only, auto, full-access"),
+        "{err}"
+    );
+    assert!(agent.received("session/set_mode").is_empty());
+    assert!(agent.received("session/prompt").is_empty());
+}
+
 /// Issue 20: codex-acp 2.6 runs its commands in client terminals even when the client says it
 /// has none, so their output was only in metadata. The bridge offers terminals: confined to
 /// the workspace, bounded, without a shell, and stopped with the task.

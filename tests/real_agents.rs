@@ -768,3 +768,75 @@ fn profile_test_shows_the_real_claude_codes_events_in_order() {
         "{text}"
     );
 }
+
+/// Issue 30, item 7, with the real Gemini CLI (0.61): a profile that passes its own
+/// `--approval-mode yolo` got the policy's `--approval-mode default` put first, and gemini
+/// exited 1 "Invalid approval mode: default,yolo" (the sender read a stack frame). The
+/// profile's own option now wins, with a warning at start that the policy does not hold for
+/// the agent's own tools.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_gemini_cli_runs_with_a_profiles_own_approval_mode() {
+    let shipped = std::fs::read_to_string(support::repo().join("profiles/gemini.toml")).unwrap();
+    let own = shipped
+        .replace("name = \"gemini\"", "name = \"my-gemini\"")
+        .replace(
+            "\"--skip-trust\"",
+            "\"--skip-trust\", \"--approval-mode\", \"yolo\"",
+        );
+    assert_ne!(own, shipped);
+    let profiles = tempfile::tempdir().unwrap();
+    let path = profiles.path().join("my-gemini.toml");
+    std::fs::write(&path, own).unwrap();
+    let Some(mut setup) = Setup::new(path.to_str().unwrap(), gemini_env).await else {
+        return;
+    };
+    let mut bridge = setup.start();
+    let (_, r) = setup.ask("Remember", "remember: kiwi").await;
+    assert_eq!(r.status, Status::Completed, "{r:?}");
+    assert_eq!(r.output, "I remember: kiwi.");
+    bridge.take_events();
+    let log = bridge.log();
+    assert!(
+        log.contains("passes its own `--approval-mode yolo`")
+            && log.contains("`--approval-mode default`"),
+        "{log}"
+    );
+    assert!(bridge.stop().success());
+}
+
+/// Issue 30, item 6, with Zed's claude-code-acp (0.16): under `read_only` it asked to run
+/// `echo hi`, the policy refused, the agent ended its turn, and the task came back
+/// `completed` with "Planning first." (the chatter before the tool) as the answer. Now the
+/// sender is told what was refused, with what the agent said. (`touch`: Claude Code runs the
+/// commands it deems read-only, such as `echo`, without asking.)
+#[tokio::test(flavor = "multi_thread")]
+async fn zeds_claude_code_acp_refused_a_command_says_so() {
+    let profiles = tempfile::tempdir().unwrap();
+    let path = profiles.path().join("zed-claude.toml");
+    std::fs::write(
+        &path,
+        "name = \"zed-claude\"\nkind = \"acp\"\ncommand = \"claude-code-acp\"\npermissions = \"read_only\"\n[modes]\nread_only = \"default\"\n",
+    )
+    .unwrap();
+    let Some(mut setup) = Setup::new(path.to_str().unwrap(), |model, home| {
+        with_zed(claude_acp_env(model, home))
+    })
+    .await
+    else {
+        return;
+    };
+    let bridge = setup.start();
+    let (_, r) = setup.ask("Run it", "run: touch made-by-agent").await;
+    assert!(bridge.stop().success());
+    assert_eq!(
+        found(setup.dir.dir.path(), "made-by-agent"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let told = format!("{} {}", r.output, r.error.as_deref().unwrap_or_default());
+    println!("the sender got: {r:?}");
+    assert_ne!(r.output.trim(), "Planning first.", "{r:?}");
+    assert!(
+        told.contains("refused") && told.contains("touch made-by-agent"),
+        "the refusal is named: {r:?}"
+    );
+}

@@ -32,20 +32,10 @@ pub async fn run_cli(
     let started = Instant::now();
     let vars = vars_for(task);
     let program = profile.command.render(&vars);
-    // The permission policy in the CLI's own terms, first (before any subcommand).
-    let mut args: Vec<_> = profile
-        .permission_args
-        .get(&profile.permissions)
-        .cloned()
-        .unwrap_or_default();
-    args.extend(
-        match (&profile.args_when_resuming, &task.resume_id) {
-            (Some(resuming), Some(id)) if !id.is_empty() => resuming,
-            _ => &profile.args,
-        }
-        .iter()
-        .cloned(),
-    );
+    // The permission policy in the CLI's own terms, first (before any subcommand), unless
+    // the profile passes that option itself.
+    let resuming = task.resume_id.as_deref().is_some_and(|id| !id.is_empty());
+    let args = profile.args_for(resuming);
     let args = &args;
     let cwd = agent_cwd(profile, task, &vars);
     let stdin_piped = profile.stdin.is_some() || profile.help_lines;

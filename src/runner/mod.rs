@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Classify, ErrorClass};
 use process::GroupChild;
-pub use profile::Profile;
+pub use profile::{PermissionPolicy, Profile};
 use stream::StreamParser;
 pub use stream::{StreamEvent, StreamFormat};
 use template::Vars;

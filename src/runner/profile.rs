@@ -110,9 +110,10 @@ struct ProfileFile {
     permissions: PermissionPolicy,
     /// ACP: the agent's own session mode for each permission policy (`read_only = "read-only"`),
     /// set with `session/set_mode` before the task, so the policy holds where the agent would
-    /// not ask (codex-acp's default mode edits without asking).
+    /// not ask (codex-acp's default mode edits without asking). A list names the same mode
+    /// as different adapters call it: the first the agent offers is used.
     #[serde(default)]
-    modes: std::collections::BTreeMap<PermissionPolicy, String>,
+    modes: std::collections::BTreeMap<PermissionPolicy, ModeNames>,
     /// CLI: arguments put first for each permission policy, the policy in the CLI's own terms
     /// (`read_only = ["--sandbox", "read-only"]`), so it holds whatever the CLI's own
     /// settings say.
@@ -241,7 +242,9 @@ pub struct Profile {
     pub kind: ProfileKind,
     pub permissions: PermissionPolicy,
     /// The agent's session mode for each policy.
-    pub modes: std::collections::BTreeMap<PermissionPolicy, String>,
+    /// The agent's session mode for each policy: its names in the adapters the profile
+    /// serves, the first the agent offers used.
+    pub modes: std::collections::BTreeMap<PermissionPolicy, Vec<String>>,
     /// CLI: the arguments added for each policy.
     pub permission_args: std::collections::BTreeMap<PermissionPolicy, Vec<Template>>,
     pub init_timeout: Duration,
@@ -322,7 +325,23 @@ impl Profile {
             linger: Duration::from_secs(file.linger_secs),
             kind: file.kind,
             permissions: file.permissions,
-            modes: file.modes,
+            modes: file
+                .modes
+                .into_iter()
+                .map(|(policy, names)| {
+                    let names = match names {
+                        ModeNames::One(name) => vec![name],
+                        ModeNames::Many(names) => names,
+                    };
+                    if names.is_empty() {
+                        return Err(invalid(format!(
+                            "modes.{} names no mode",
+                            policy_word(policy)
+                        )));
+                    }
+                    Ok((policy, names))
+                })
+                .collect::<Result<_, ProfileError>>()?,
             permission_args: file
                 .permission_args
                 .iter()
@@ -353,9 +372,44 @@ impl Profile {
         })
     }
 
+    /// The arguments a CLI agent is started with: the policy's (`[permission_args]`) first,
+    /// less any option the profile's own `args` (or `args_when_resuming`) already pass (the
+    /// profile's own wins: two values of one flag make some CLIs refuse to start, as Gemini
+    /// does with `--approval-mode default,yolo`), then the profile's own.
+    pub fn args_for(&self, resuming: bool) -> Vec<Template> {
+        let own = match (&self.args_when_resuming, resuming) {
+            (Some(args), true) => args,
+            _ => &self.args,
+        };
+        let policy = self
+            .permission_args
+            .get(&self.permissions)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let (kept, _) = merge_policy_args(policy, own);
+        kept.into_iter().chain(own.iter().cloned()).collect()
+    }
+
     /// What is unsafe about this profile, in words a person acts on.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let policy = self
+            .permission_args
+            .get(&self.permissions)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for own in std::iter::once(&self.args).chain(self.args_when_resuming.iter()) {
+            for (theirs, ours) in merge_policy_args(policy, own).1 {
+                let warning = format!(
+                    "profile {} passes its own `{theirs}`, which is used instead of `{ours}` that permissions = \"{}\" would pass: what the agent's own tools may do follows the profile's flag, not the policy; remove it from args to let the policy hold",
+                    self.name,
+                    policy_word(self.permissions)
+                );
+                if theirs != ours && !out.contains(&warning) {
+                    out.push(warning);
+                }
+            }
+        }
         if self.prompt_in_args {
             out.push(format!(
                 "profile {} puts {{{{prompt}}}} in its arguments: every local user can read the task's text with ps; pass it on stdin instead (stdin = \"{{{{prompt}}}}\")",
@@ -464,6 +518,89 @@ pub fn render_args(args: &[Template], vars: &template::Vars) -> Vec<String> {
     out
 }
 
+/// A session mode's name, or its names in several adapters.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum ModeNames {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The policy's word in the config file.
+fn policy_word(policy: PermissionPolicy) -> &'static str {
+    match policy {
+        PermissionPolicy::Allow => "allow",
+        PermissionPolicy::ReadOnly => "read_only",
+        PermissionPolicy::Deny => "deny",
+        PermissionPolicy::Ask => "ask",
+    }
+}
+
+/// One command-line option: what identifies it (`--approval-mode`; for `-c key=value`,
+/// Codex's config overrides, the flag and the key), and its words as written.
+fn options(args: &[String]) -> Vec<(String, std::ops::Range<usize>)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let word = &args[i];
+        if !word.starts_with('-') || word == "-" || word == "--" {
+            i += 1;
+            continue;
+        }
+        let (flag, inline) = match word.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
+            _ => (word.as_str(), None),
+        };
+        let (value, end) = match inline {
+            Some(value) => (Some(value.to_string()), i + 1),
+            None => match args.get(i + 1).filter(|next| !next.starts_with('-')) {
+                Some(next) => (Some(next.clone()), i + 2),
+                None => (None, i + 1),
+            },
+        };
+        let identity = match (flag, &value) {
+            ("-c" | "--config", Some(v)) => {
+                format!(
+                    "{flag} {}",
+                    v.split_once('=').map_or(v.as_str(), |(k, _)| k)
+                )
+            }
+            _ => flag.to_string(),
+        };
+        out.push((identity, i..end));
+        i = end;
+    }
+    out
+}
+
+/// The policy's arguments less the options `own` already passes, and, for each of those,
+/// (the profile's words, the policy's words).
+fn merge_policy_args(
+    policy: &[Template],
+    own: &[Template],
+) -> (Vec<Template>, Vec<(String, String)>) {
+    let text = |args: &[Template]| args.iter().map(Template::literal_text).collect::<Vec<_>>();
+    let (policy_text, own_text) = (text(policy), text(own));
+    let own_options = options(&own_text);
+    let mut kept = Vec::new();
+    let mut overridden = Vec::new();
+    let mut covered = 0;
+    for (identity, range) in options(&policy_text) {
+        // Words before this option that belong to none (positional ones) are kept.
+        kept.extend(policy[covered..range.start].iter().cloned());
+        covered = range.end;
+        match own_options.iter().find(|(id, _)| *id == identity) {
+            Some((_, theirs)) => overridden.push((
+                own_text[theirs.clone()].join(" "),
+                policy_text[range.clone()].join(" "),
+            )),
+            None => kept.extend(policy[range].iter().cloned()),
+        }
+    }
+    kept.extend(policy[covered..].iter().cloned());
+    (kept, overridden)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +625,70 @@ mod tests {
         for name in ["claude", "codex", "gemini", "echo"] {
             let p = Profile::find(name, &[]).unwrap();
             assert!(p.warnings().is_empty(), "{name}: {:?}", p.warnings());
+        }
+    }
+
+    /// Issue 30, item 7: a gemini profile passing its own `--approval-mode yolo` got the
+    /// policy's `--approval-mode default` put first, and gemini exited "Invalid approval mode:
+    /// default,yolo". The profile's own option wins (with a warning when it differs); the
+    /// policy's other options stay; Codex's `-c` overrides count by key.
+    #[test]
+    fn the_policy_args_give_way_to_the_profiles_own_option() {
+        let words = |p: &Profile, resuming| -> Vec<String> {
+            p.args_for(resuming)
+                .iter()
+                .map(Template::literal_text)
+                .collect()
+        };
+        let gemini = Profile::parse(
+            "command = \"gemini\"\nargs = [\"-p\", \"\", \"--approval-mode=yolo\"]\nargs_when_resuming = [\"--resume\", \"x\"]\n[permission_args]\nread_only = [\"--approval-mode\", \"default\", \"--sandbox\"]\n",
+            "my-gemini",
+            "test",
+        )
+        .unwrap();
+        assert_eq!(
+            words(&gemini, false),
+            ["--sandbox", "-p", "", "--approval-mode=yolo"]
+        );
+        assert_eq!(
+            words(&gemini, true),
+            ["--approval-mode", "default", "--sandbox", "--resume", "x"]
+        );
+        let warnings = gemini.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("`--approval-mode=yolo`")
+                && warnings[0].contains("`--approval-mode default`")
+                && warnings[0].contains("read_only"),
+            "{warnings:?}"
+        );
+        let codex = Profile::parse(
+            "command = \"codex\"\nargs = [\"-c\", \"model=x\", \"exec\"]\n[permission_args]\nread_only = [\"-c\", \"sandbox_mode=\\\"read-only\\\"\"]\n",
+            "my-codex",
+            "test",
+        )
+        .unwrap();
+        assert_eq!(
+            words(&codex, false),
+            ["-c", "sandbox_mode=\"read-only\"", "-c", "model=x", "exec"]
+        );
+        assert!(codex.warnings().is_empty());
+        let own_sandbox = Profile::parse(
+            "command = \"codex\"\nargs = [\"-c\", \"sandbox_mode=danger-full-access\", \"exec\"]\n[permission_args]\nread_only = [\"-c\", \"sandbox_mode=\\\"read-only\\\"\"]\n",
+            "my-codex",
+            "test",
+        )
+        .unwrap();
+        assert_eq!(
+            words(&own_sandbox, false),
+            ["-c", "sandbox_mode=danger-full-access", "exec"]
+        );
+        assert_eq!(own_sandbox.warnings().len(), 1);
+        // The shipped profiles pass none of their policy's options themselves.
+        for name in ["claude", "codex", "gemini"] {
+            let p = Profile::find(name, &[]).unwrap();
+            let policy = p.permission_args[&p.permissions].len();
+            assert_eq!(p.args_for(false).len(), policy + p.args.len(), "{name}");
         }
     }
 

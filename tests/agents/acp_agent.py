@@ -11,6 +11,7 @@ The script is a JSON file named by $ACP_TEST_SCRIPT:
                                         # (as gemini --acp 0.61 does: it does not await it)
     "on_cancel": "honour" | "ignore",
     "modes": ["read-only", ...],        # session modes it takes with session/set_mode
+    "offer_modes": true,                # session/new also names them (availableModes)
     "record": "/path/messages.jsonl",   # every message from the client, one per line
     "state": "/path/sessions.json",     # sessions kept across processes (for load/resume)
     "steps": [ ... ]                    # what each prompt does, in order
@@ -259,7 +260,12 @@ def handle(message):
         state = load_state()
         state[sid] = []
         save_state(state)
-        send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": sid}})
+        result = {"sessionId": sid}
+        if script.get("offer_modes"):
+            modes = script.get("modes", [])
+            result["modes"] = {"currentModeId": modes[0] if modes else "",
+                               "availableModes": [{"id": m, "name": m} for m in modes]}
+        send({"jsonrpc": "2.0", "id": rid, "result": result})
     elif method in ("session/load", "session/resume"):
         state = load_state()
         sid = params.get("sessionId")

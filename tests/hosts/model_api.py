@@ -18,7 +18,9 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
-`run: COMMAND` in a Gemini turn scripts a `run_shell_command` call the same way.
+`run: COMMAND` in a Gemini turn scripts a `run_shell_command` call the same way; in an
+Anthropic turn, a text ("Planning first.") and a `Bash` call, then (once its result came back)
+"All done. The command said: LAST LINE." (a refused call's result is its error text).
 `fail: 500` anywhere in a Responses conversation is answered HTTP 500 with OpenAI's overload
 error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
 text naming the last line the command's output ended with.
@@ -100,6 +102,15 @@ def script_for(body):
             return [{"type": "tool_use", "id": "toolu_update", "name": "TaskUpdate",
                      "input": {"taskId": first.group(1) if first else "1", "status": "completed"}}]
         return [{"type": "text", "text": "All done. The plan is finished."}]
+    run = re.search(r"run: ([^\n]+)", prompt)
+    if run:
+        if "Bash" not in used:
+            return [{"type": "text", "text": "Planning first. "},
+                    {"type": "tool_use", "id": "toolu_bash", "name": "Bash",
+                     "input": {"command": run.group(1).strip(), "description": "Run it"}}]
+        said = tool_results(body).get("toolu_bash", "")
+        lines = [l.strip() for l in str(said).splitlines() if l.strip()]
+        return [{"type": "text", "text": "All done. The command said: %s." % (lines[-1] if lines else "nothing")}]
     return [{"type": "text", "text": answer_for(body)}]
 
 

@@ -843,12 +843,23 @@ async fn open_session(
 
     // Continue the Session-Key's session when the agent can; otherwise start a new one.
     let mut session_id = None;
+    // The session modes the agent offers, as its answer named them.
+    let mut offered: Option<Vec<String>> = None;
+    let ids = |state: &Option<agent_client_protocol::v1::schema::SessionModeState>| {
+        state.as_ref().map(|s| {
+            s.available_modes
+                .iter()
+                .map(|m| m.id.0.to_string())
+                .collect::<Vec<_>>()
+        })
+    };
     if let Some(id) = resume_id.filter(|id| !id.is_empty()) {
         let resumed = if caps.session_capabilities.resume.is_some() {
-            within!(ResumeSessionRequest::new(id.to_string(), cwd)).map(|_| ())
+            within!(ResumeSessionRequest::new(id.to_string(), cwd)).map(|r| offered = ids(&r.modes))
         } else if caps.load_session {
             shared.replaying.store(true, Ordering::SeqCst);
-            let r = within!(LoadSessionRequest::new(id.to_string(), cwd)).map(|_| ());
+            let r = within!(LoadSessionRequest::new(id.to_string(), cwd))
+                .map(|r| offered = ids(&r.modes));
             if r.is_ok() {
                 // Some agents replay after they answer (gemini --acp 0.61 does not await its
                 // replay): the history is over once the updates stop for a moment.
@@ -880,7 +891,10 @@ async fn open_session(
     let session_id = match session_id {
         Some(id) => id,
         None => match within!(NewSessionRequest::new(cwd)) {
-            Ok(r) => r.session_id.0.to_string(),
+            Ok(r) => {
+                offered = ids(&r.modes);
+                r.session_id.0.to_string()
+            }
             Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
                 // Authenticate only when asked, and only with a method that needs no person:
                 // the profile's auth_method, or one that uses an API key from the environment.
@@ -902,7 +916,10 @@ async fn open_session(
                     return Ok(Err(Driven::NotLoggedIn(advice(&e.message))));
                 }
                 match within!(NewSessionRequest::new(cwd)) {
-                    Ok(r) => r.session_id.0.to_string(),
+                    Ok(r) => {
+                        offered = ids(&r.modes);
+                        r.session_id.0.to_string()
+                    }
                     Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&e.message)))),
                 }
             }
@@ -919,11 +936,30 @@ async fn open_session(
     };
     // The policy in the agent's own terms, where the profile names its mode: the task does
     // not run in another mode.
-    if let Some(mode) = profile.modes.get(&profile.permissions) {
+    if let Some(names) = profile.modes.get(&profile.permissions) {
+        let policy = gate::policy_name(profile.permissions);
+        // The first of the profile's names the agent offers (adapters name one mode
+        // differently: codex-acp's workspace-write is Zed's codex-acp's auto); an agent
+        // that names no modes is asked for the first.
+        let mode = match &offered {
+            Some(offered) if !offered.is_empty() => {
+                match names.iter().find(|n| offered.contains(n)) {
+                    Some(mode) => mode.clone(),
+                    None => {
+                        return Ok(Err(Driven::SessionRefused(format!(
+                            "it offers none of the modes the profile names for permissions = \"{policy}\" ({}); it offers: {}. Add its name for that mode under [modes] in the profile",
+                            names.join(", "),
+                            offered.join(", ")
+                        ))))
+                    }
+                }
+            }
+            _ => names[0].clone(),
+        };
         if let Err(e) = within!(SetSessionModeRequest::new(session_id.clone(), mode.clone())) {
             return Ok(Err(Driven::SessionRefused(format!(
-                "it would not take the mode {mode:?} the profile names for permissions = {:?} ({})",
-                profile.permissions, e.message
+                "it would not take the mode {mode:?} the profile names for permissions = \"{policy}\" ({})",
+                e.message
             ))));
         }
         tracing::info!(%mode, "the agent's session mode set for the permission policy");
