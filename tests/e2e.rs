@@ -717,3 +717,95 @@ async fn an_answer_that_bounces_is_shown_as_undelivered() {
         "{row}"
     );
 }
+
+/// Issue 30: a hostile ACP agent under the default policy (`read_only`), over the mail host.
+/// It made a FIFO and asked the bridge to read it, which blocked a runtime worker in `open()`
+/// for good (two such reads stopped the bridge reading mail, and SIGTERM no longer stopped
+/// it); it read the bridge's own mailbox password through a hard link, and ran `cat` on it
+/// in a terminal. Now each is refused, the sender is told what was, and SIGTERM still stops
+/// the bridge within its grace period while the agent runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(
+        host,
+        &support::one_agent(host, &agent, "hostile.toml", &boss.email)
+            .top("shutdown_grace_secs = 5")
+            .text(),
+    );
+    let password = dir.dir.path().join("password");
+    assert!(password.exists());
+    let ws_marker = "HOSTILE-WS";
+    let script = serde_json::json!({"steps": [
+        {"say": "Looking around. "},
+        {"mkfifo": format!("{ws_marker}/fifo")},
+        {"read": format!("{ws_marker}/fifo")},
+        {"read": format!("{ws_marker}/fifo")},
+        {"read": format!("{ws_marker}/fifo")},
+        {"hardlink": [password, format!("{ws_marker}/hard")]},
+        {"read": format!("{ws_marker}/hard")},
+        {"terminal": {"id": "t1", "command": "cat", "args": [password]}},
+        {"write": [format!("{ws_marker}/x.txt"), "x"]},
+        {"say": "Waiting."},
+        {"sleep": 600}
+    ]});
+    // The scripted agent takes paths literally: it is told its workspace by a wrapper.
+    let wrapper = dir.dir.path().join("hostile.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nsed \"s#{ws_marker}#$PWD#g\" {} > \"$PWD/.script.json\"\nACP_TEST_SCRIPT=\"$PWD/.script.json\" exec python3 {}\n",
+            dir.dir.path().join("hostile-script.json").display(),
+            support::repo().join("tests/agents/acp_agent.py").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    dir.write("hostile-script.json", &script.to_string());
+    dir.write(
+        "hostile.toml",
+        &format!("kind = \"acp\"\ncommand = {:?}\n", wrapper.display().to_string()),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Look around", "Please look around."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    // Every refusal reached the stream (as failed tool calls and in the agent's words)...
+    let waiting = bridge.wait_event("task.stream", |e| {
+        e["taskId"] == task_id.as_str()
+            && e["type"] == "text.delta"
+            && e["payload"]["text"].as_str().is_some_and(|t| t.contains("Waiting."))
+    });
+    assert_eq!(waiting["taskId"], task_id.as_str());
+    let said: String = bridge
+        .seen
+        .iter()
+        .filter(|e| e["taskId"] == task_id.as_str() && e["type"] == "text.delta")
+        .filter_map(|e| e["payload"]["text"].as_str())
+        .collect();
+    assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
+    assert!(said.contains("hard links"), "{said}");
+    assert!(said.contains("terminal refused: refused: running `cat"), "{said}");
+    assert!(said.contains("write: refused: refused: writing x.txt"), "{said}");
+    let secret = std::fs::read_to_string(&password).unwrap();
+    assert!(!said.contains(secret.trim()), "the password reached the agent: {said}");
+    // ...and the bridge still reads mail while the agent runs: a second task is acked.
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "Another", "Are you there?"))
+        .await;
+    peer.wait_for(second.task_id(), Intent::TaskAck).await;
+    // SIGTERM stops it within the grace period (5 s), the agent with it.
+    let stopping = std::time::Instant::now();
+    bridge.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = bridge.wait_exit();
+    let took = stopping.elapsed();
+    assert!(status.success(), "{status:?}\n{}", bridge.log());
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "stopping took {took:?}"
+    );
+}
