@@ -51,7 +51,9 @@
 //!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
 //!   mailbox's link state, refused keys and retries), HTTP clients, errors, the link state a
 //!   status command reads. It never names `dispatch` or `runner`.
-//! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`), CLI profiles
+//! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where
+//!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
+//!   permission requests, terminals, file writes and reads), CLI profiles
 //!   (`runner::profile`, which owns the permission policy both kinds apply) and their stream
 //!   formats (`runner::stream`), templates, process groups and tagged leftovers
 //!   (`runner::process`), the agent scan (`runner::scan`). It names only the bottom modules.
