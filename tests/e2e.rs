@@ -761,12 +761,18 @@ async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     dir.write("hostile-script.json", &script.to_string());
     dir.write(
         "hostile.toml",
-        &format!("kind = \"acp\"\ncommand = {:?}\n", wrapper.display().to_string()),
+        &format!(
+            "kind = \"acp\"\ncommand = {:?}\n",
+            wrapper.display().to_string()
+        ),
     );
     let mut bridge = Bridge::start(&dir, 1);
     let mut peer = Peer::new(boss).await;
@@ -778,7 +784,9 @@ async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
     let waiting = bridge.wait_event("task.stream", |e| {
         e["taskId"] == task_id.as_str()
             && e["type"] == "text.delta"
-            && e["payload"]["text"].as_str().is_some_and(|t| t.contains("Waiting."))
+            && e["payload"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("Waiting."))
     });
     assert_eq!(waiting["taskId"], task_id.as_str());
     let said: String = bridge
@@ -789,10 +797,19 @@ async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
         .collect();
     assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
     assert!(said.contains("hard links"), "{said}");
-    assert!(said.contains("terminal refused: refused: running `cat"), "{said}");
-    assert!(said.contains("write: refused: refused: writing x.txt"), "{said}");
+    assert!(
+        said.contains("terminal refused: refused: running `cat"),
+        "{said}"
+    );
+    assert!(
+        said.contains("write: refused: refused: writing x.txt"),
+        "{said}"
+    );
     let secret = std::fs::read_to_string(&password).unwrap();
-    assert!(!said.contains(secret.trim()), "the password reached the agent: {said}");
+    assert!(
+        !said.contains(secret.trim()),
+        "the password reached the agent: {said}"
+    );
     // ...and the bridge still reads mail while the agent runs: a second task is acked.
     let second = peer
         .send(peer.dispatch_to(&agent.email, "Another", "Are you there?"))
