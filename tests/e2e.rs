@@ -503,6 +503,35 @@ async fn a_permission_question_goes_to_the_dispatcher_by_mail_and_their_answer_i
         peer.intents_for(answer.task_id()).is_empty(),
         "the answer is not run as a task of its own"
     );
+
+    // Issue 30: answered Reject, the agent goes on without the tool, and the sender is told
+    // what was refused; again one answer, no extra task.
+    let dispatch = peer
+        .send(peer.dispatch_to(&agent.email, "Fix it again", "Please fix the typo."))
+        .await;
+    let task_id = dispatch.task_id().to_string();
+    peer.wait_for(&task_id, Intent::TaskHelpNeeded).await;
+    let mut answer = peer.dispatch_to(&agent.email, "Re: Fix it again", "Reject");
+    if let Body::Dispatch(d) = &mut answer.body {
+        d.parent_task_id = Some(task_id.clone());
+    }
+    let answer = peer.send(answer).await;
+    let result = peer.wait_for(&task_id, Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed, "{:?}", r.error);
+    assert_eq!(
+        r.output,
+        "permission edit: no Done.\n\n(aamp-bridge: refused during this task: \"Edit README.md\" (the sender's answer))"
+    );
+    let answered = bridge.wait_event("task.answered", |e| e["answerTaskId"] == answer.task_id());
+    assert_eq!(answered["choice"], "Reject");
+    assert!(peer.intents_for(answer.task_id()).is_empty());
+    assert_eq!(
+        peer.intents_for(&task_id),
+        vec![Intent::TaskAck, Intent::TaskHelpNeeded, Intent::TaskResult]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
