@@ -791,3 +791,37 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
 }
+
+/// Issue 36, item 1, on AMP: a message the bridge could not decode (no `from_agent`) failed the
+/// whole inbox page, so nothing after it was answered. Now it costs itself only: reported once,
+/// marked read, and the messages after it answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
+    let broker = Broker::start(&["--malformed-subject", "POISON"]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    let mut bridge = Bridge::start(&dir, 1);
+    let poison = send(&broker, &boss, &coder.1, "POISON", "you cannot read me").await;
+    let good = send(&broker, &boss, &coder.1, "Fine", "say hello").await;
+    let replies = broker.replies_to(&good, &coder.1).await;
+    assert!(replies[0]["body"].as_str().unwrap().contains("say hello"));
+    let ignored = bridge.wait_event("message.ignored", |e| e["messageId"] == poison["id"]);
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `from_agent`"),
+        "{ignored}"
+    );
+    let later = send(&broker, &boss, &coder.1, "Later", "again").await;
+    broker.replies_to(&later, &coder.1).await;
+    bridge.take_events();
+    let times = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "message.ignored" && e["messageId"] == poison["id"])
+        .count();
+    assert_eq!(times, 1, "reported once");
+    assert!(bridge.stop().success());
+}

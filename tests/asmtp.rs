@@ -1084,3 +1084,66 @@ async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task(
     assert!(bridge.stop().success());
     operator.no_invalid();
 }
+
+/// Issue 36, item 1: with one envelope the bridge could not decode (no `from`, as a proxy
+/// altering the operator's answers made it) in every page, the whole page failed ("was not
+/// understood"), `status` said the mailbox was unreachable, and the next task was never
+/// answered. Now that envelope costs itself only: reported once as `message.ignored`, passed,
+/// and the tasks after it answered; the mailbox stays up.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_envelope_the_bridge_cannot_read_costs_that_envelope_only() {
+    let operator = Operator::start(
+        &["@alice.coder", "@alice.boss"],
+        &["--malformed-subject", "POISON"],
+    );
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let mut bridge = Bridge::start(&dir, 1);
+    let poison = operator
+        .send(
+            "@alice.boss",
+            "@alice.coder",
+            "POISON",
+            "you cannot read me",
+        )
+        .await;
+    let good = operator
+        .send("@alice.boss", "@alice.coder", "Fine", "say hello")
+        .await;
+    let reply = operator.replies("@alice.boss", &good).await;
+    assert!(text_of(&reply[0]).contains("say hello"), "{reply:?}");
+    let ignored = bridge.wait_event("message.ignored", |e| e["messageId"] == poison.as_str());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `from`"),
+        "{ignored}"
+    );
+    // The bogus row with no position is reported too, and neither stops the next task.
+    bridge.wait_event("message.ignored", |e| {
+        e["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("mailbox row") && r.contains("created_at"))
+    });
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "again")
+        .await;
+    operator.replies("@alice.boss", &later).await;
+    let text = dir.run(&["status"]);
+    assert!(!text.contains("unreachable"), "{text}");
+    bridge.take_events();
+    let times = bridge
+        .seen
+        .iter()
+        .filter(|e| e["event"] == "message.ignored" && e["messageId"] == poison.as_str())
+        .count();
+    assert_eq!(times, 1, "reported once");
+    assert!(
+        !bridge
+            .seen
+            .iter()
+            .any(|e| e["taskId"] == format!("asmtp:{poison}").as_str()),
+        "the unreadable envelope did not become a task"
+    );
+    assert!(bridge.stop().success());
+}

@@ -58,7 +58,7 @@ pub struct AmpMessage {
 }
 
 /// A page of the inbox (`?page=`), newest first.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct InboxPage {
     pub messages: Vec<AmpMessage>,
     pub total: u64,
@@ -135,6 +135,9 @@ pub struct AmpClient {
     http: reqwest::Client,
     account: AmpAccount,
     recent: Arc<Mutex<Recent>>,
+    /// Messages the broker returned that could not be read, for the intake to report once
+    /// each.
+    unreadable: Arc<super::UnreadableLog>,
 }
 
 impl AmpClient {
@@ -143,6 +146,7 @@ impl AmpClient {
             http: super::http_client(account.insecure_tls, Some(account.timeout))?,
             account,
             recent: Arc::default(),
+            unreadable: Arc::default(),
         })
     }
 
@@ -201,7 +205,15 @@ impl AmpClient {
                 None,
             )
             .await?;
-        Self::parse(value, "the AMP inbox")
+        self.each(&value, "an AMP inbox message")
+    }
+
+    /// The messages of a list answer, each read on its own: one the bridge does not
+    /// understand costs that message only, and is reported once by the intake.
+    fn each(&self, list: &Value, what: &str) -> Result<Vec<AmpMessage>, MailboxError> {
+        let (messages, bad) = super::decode_each::<AmpMessage>(list, what)?;
+        self.unreadable.note(bad);
+        Ok(messages)
     }
 
     /// Page `page` (from 1) of every visible message to the agent, read or not, newest first.
@@ -238,7 +250,16 @@ impl AmpClient {
             query.push(("all", "true"));
         }
         let value = self.call(reqwest::Method::GET, &path, &query, None).await?;
-        Self::parse(value, "an AMP inbox page")
+        let total = value["total"]
+            .as_u64()
+            .ok_or_else(|| MailboxError::Protocol {
+                what: "an AMP inbox page".into(),
+                detail: "no total".into(),
+            })?;
+        Ok(InboxPage {
+            messages: self.each(&value["messages"], "an AMP inbox message")?,
+            total,
+        })
     }
 
     pub async fn mark_read(&self, id: &str) -> Result<(), MailboxError> {
@@ -262,7 +283,7 @@ impl AmpClient {
                 None,
             )
             .await?;
-        Self::parse(value, "an AMP thread")
+        self.each(&value, "an AMP thread message")
     }
 
     /// Replies to message `parent` (from `to`).
@@ -398,6 +419,8 @@ struct AmpWatched<'a, D> {
     poll_interval: Duration,
     /// When this process last read the newest messages (`None`: not yet).
     walked: Option<tokio::time::Instant>,
+    agent: &'a str,
+    events: Events,
 }
 
 impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AmpWatched<'_, D> {
@@ -407,7 +430,17 @@ impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AmpWatched<'
             (Some(at), Some(every)) => at.elapsed() >= every,
             (Some(_), None) => false,
         };
-        let read = poll_once(&self.client, self.position, &mut self.deliver, recheck).await?;
+        let read = poll_once(&self.client, self.position, &mut self.deliver, recheck).await;
+        // A message the broker returns that cannot be read is reported once and marked read,
+        // so that the unread count does not keep a poll reading it again.
+        let bad = self.client.unreadable.take();
+        for id in bad.iter().filter_map(|b| b.id.as_deref()) {
+            if let Err(e) = self.client.mark_read(id).await {
+                tracing::debug!(%id, error = %e, "could not mark an unreadable AMP message read");
+            }
+        }
+        super::report_unreadable(bad, self.agent, "AMP", &self.events);
+        let read = read?;
         if read.walked {
             self.walked = Some(tokio::time::Instant::now());
         }
@@ -453,6 +486,8 @@ pub async fn run_intake(
         link: &link,
         poll_interval,
         walked: None,
+        agent: &name,
+        events,
     };
     intake::watch(&name, events, health, &mut watched, None, &stop).await;
 }

@@ -254,3 +254,157 @@ pub async fn read_json(
         detail: e.to_string(),
     })
 }
+
+/// One item of a server's list answer that the bridge could not read: what it knows of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The item's id, when it has one.
+    pub id: Option<String>,
+    /// Why it could not be read, in the decoder's words.
+    pub reason: String,
+}
+
+/// Decodes each item of the JSON list `list` on its own: an item the bridge does not
+/// understand costs that item only (it is returned in the second list), never the page.
+/// `what` names the list for the error when `list` is not a list at all.
+pub fn decode_each<T: serde::de::DeserializeOwned>(
+    list: &serde_json::Value,
+    what: &str,
+) -> Result<(Vec<T>, Vec<Unreadable>), MailboxError> {
+    let items = list.as_array().ok_or_else(|| MailboxError::Protocol {
+        what: what.to_string(),
+        detail: format!("expected a list, got {}", kind_of(list)),
+    })?;
+    let mut read = Vec::with_capacity(items.len());
+    let mut unreadable = Vec::new();
+    for item in items {
+        match T::deserialize(item) {
+            Ok(value) => read.push(value),
+            Err(e) => unreadable.push(Unreadable {
+                id: item
+                    .get("id")
+                    .and_then(|v| v.as_str())
+                    .map(|s| s.chars().take(200).collect()),
+                reason: format!("{what}: {e}"),
+            }),
+        }
+    }
+    Ok((read, unreadable))
+}
+
+fn kind_of(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "nothing",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Items a back-end could not read, kept until the intake reports them, each once: a server
+/// that returns the same bad item at every read is not told about at every read.
+#[derive(Default)]
+pub struct UnreadableLog {
+    inner: std::sync::Mutex<UnreadableInner>,
+}
+
+#[derive(Default)]
+struct UnreadableInner {
+    pending: Vec<Unreadable>,
+    told: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many reported items [`UnreadableLog`] remembers.
+const UNREADABLE_KEPT: usize = 4096;
+
+impl UnreadableLog {
+    /// Notes `items`; those reported before are left out.
+    pub fn note(&self, items: Vec<Unreadable>) {
+        let mut inner = self.inner.lock().expect("unreadable lock");
+        for item in items {
+            let key = format!(
+                "{}\n{}",
+                item.id.as_deref().unwrap_or_default(),
+                item.reason
+            );
+            if !inner.told.insert(key.clone()) {
+                continue;
+            }
+            inner.order.push_back(key);
+            while inner.order.len() > UNREADABLE_KEPT {
+                if let Some(old) = inner.order.pop_front() {
+                    inner.told.remove(&old);
+                }
+            }
+            if inner.pending.len() < 100 {
+                inner.pending.push(item);
+            }
+        }
+    }
+
+    /// What is still to be reported.
+    pub fn take(&self) -> Vec<Unreadable> {
+        std::mem::take(&mut self.inner.lock().expect("unreadable lock").pending)
+    }
+
+    /// Reports what is pending: a warning and a `message.ignored` event each.
+    pub fn report(&self, agent: &str, system: &str, events: &crate::events::Events) {
+        report_unreadable(self.take(), agent, system, events);
+    }
+}
+
+/// Reports items a `system` server returned that could not be read: a warning and a
+/// `message.ignored` event each.
+pub fn report_unreadable(
+    items: Vec<Unreadable>,
+    agent: &str,
+    system: &str,
+    events: &crate::events::Events,
+) {
+    for item in items {
+        tracing::warn!(id = ?item.id, reason = %item.reason, "the {system} server returned an item the bridge cannot read; skipped, the rest read as usual");
+        events.emit(
+            crate::events::Event::MessageIgnored,
+            serde_json::json!({"agent": agent, "messageId": item.id, "intent": null,
+                               "reason": format!("the {system} server's item could not be read ({})", item.reason)}),
+        );
+    }
+}
+
+#[cfg(test)]
+mod decode_tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    struct Item {
+        id: String,
+        from: String,
+    }
+
+    #[test]
+    fn one_bad_item_costs_that_item_only() {
+        let list = serde_json::json!([
+            {"id": "a", "from": "x"},
+            {"id": "b"},
+            "garbage",
+            {"id": "c", "from": "y"}
+        ]);
+        let (read, bad) = decode_each::<Item>(&list, "envelopes").unwrap();
+        assert_eq!(
+            read.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert_eq!(bad.len(), 2);
+        assert_eq!(bad[0].id.as_deref(), Some("b"));
+        assert!(bad[0].reason.contains("missing field `from`"), "{bad:?}");
+        assert!(decode_each::<Item>(&serde_json::json!({"x": 1}), "envelopes").is_err());
+        let log = UnreadableLog::default();
+        log.note(bad.clone());
+        log.note(bad);
+        assert_eq!(log.take().len(), 2, "each reported once");
+        assert!(log.take().is_empty());
+    }
+}

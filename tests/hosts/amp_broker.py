@@ -57,6 +57,8 @@ args.add_argument(
     help="store the first reply, record it, then never answer that request (a client killed mid-send)",
 )
 args.add_argument("--render-ms-per-kb", type=float, default=0.0)
+# Every message whose subject is this is returned without its from_agent (issue 36).
+args.add_argument("--malformed-subject", default=None)
 opts = args.parse_args()
 
 lock = threading.Lock()
@@ -163,7 +165,7 @@ def message(row):
     rendered[0] += len(row["body"])
     if opts.render_ms_per_kb:
         time.sleep(len(row["body"]) / 1024 * opts.render_ms_per_kb / 1000)
-    return {
+    out = {
         "id": row["id"],
         "thread_id": row["thread_id"],
         "from_agent": row["from_agent"],
@@ -177,6 +179,10 @@ def message(row):
         "parent_id": row["parent_id"],
         "created_at": row["created_at"],
     }
+    # A fault for tests (issue 36), as a proxy that alters the broker's answers would make it.
+    if opts.malformed_subject is not None and row["subject"] == opts.malformed_subject:
+        del out["from_agent"]
+    return out
 
 
 class Fail(Exception):

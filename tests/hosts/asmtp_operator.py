@@ -7,7 +7,7 @@ a bridge uses, with their validation, keyset pagination, read state, idempotent 
     asmtp_operator.py --port N --db FILE --record FILE --agent @owner.name:TOKEN [...]
                       [--allow @owner.name=ENTRY ...] [--open @owner.name ...]
                       [--stall-first-reply] [--frozen-clock MS] [--no-size-hint]
-                      [--admin-token TOKEN]
+                      [--admin-token TOKEN] [--malformed-subject SUBJECT]
 
 As the reference operator (3ab187e): an agent's inbound policy is `allowlist` unless made
 `open`, and an envelope is refused with 404 (never 403) unless each recipient can be reached
@@ -21,6 +21,11 @@ with code 1001. `--no-size-hint` stores rows without `size_hint` (older operator
 Every request and every push frame is appended to the record file as a JSON line; a request
 or frame that breaks the rules is recorded with "invalid" (the tests assert there are none).
 State is kept in the SQLite file, so the operator can be stopped and started again.
+
+A fault for tests, as a proxy that alters the operator's answers would make it (issue 36):
+`--malformed-subject S` returns every envelope whose subject is S without its `from` (in
+`GET /messages` and `GET /messages/{id}`), and the `/mailbox` rows listed with it carry an extra
+row with no `created_at`.
 
   POST /messages                       envelope (client id, no from) -> 202
   GET  /messages?ids=a,b               {envelopes: [...]}, marks read
@@ -63,6 +68,7 @@ args.add_argument("--open", action="append", default=[], help="@owner.name")
 args.add_argument("--frozen-clock", type=int, default=None)
 args.add_argument("--no-size-hint", action="store_true")
 args.add_argument("--admin-token", default=None)
+args.add_argument("--malformed-subject", default=None)
 opts = args.parse_args()
 
 MAX_BODY = 1 << 20
@@ -201,6 +207,14 @@ def check_frame(frame):
     if frame.get("type_hint") not in ("text", "image", "file", "data", "mixed"):
         problems.append("type_hint")
     return problems
+
+
+def malformed(envelope):
+    """The envelope as --malformed-subject alters it."""
+    if opts.malformed_subject is not None and envelope.get("subject") == opts.malformed_subject:
+        envelope = dict(envelope)
+        envelope.pop("from", None)
+    return envelope
 
 
 def header_of(row):
@@ -523,7 +537,7 @@ class Handler(BaseHTTPRequestHandler):
                 for e in wanted:
                     if db.execute("SELECT 1 FROM mailbox WHERE handle = ? AND envelope_id = ?", (caller, e)).fetchone():
                         row = db.execute("SELECT body_json FROM envelopes WHERE id = ?", (e,)).fetchone()
-                        out.append(json.loads(row["body_json"]))
+                        out.append(malformed(json.loads(row["body_json"])))
                         db.execute("UPDATE mailbox SET unread = 0 WHERE handle = ? AND envelope_id = ?", (caller, e))
                 db.commit()
             return 200, {"envelopes": out}
@@ -534,7 +548,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise Fail(404, "NOT_FOUND", "not found")
                 db.execute("UPDATE mailbox SET unread = 0 WHERE handle = ? AND envelope_id = ?", (caller, eid))
                 db.commit()
-                return 200, json.loads(db.execute("SELECT body_json FROM envelopes WHERE id = ?", (eid,)).fetchone()["body_json"])
+                return 200, malformed(json.loads(db.execute("SELECT body_json FROM envelopes WHERE id = ?", (eid,)).fetchone()["body_json"]))
         if method == "GET" and path == "/mailbox":
             if query.get("direction", "in") != "in":
                 raise bad("INVALID_QUERY", "this test operator serves direction=in")
@@ -564,6 +578,9 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 rows = db.execute(sql, params).fetchall()
             items = [header_of(r) for r in rows]
+            if opts.malformed_subject is not None and any(
+                    json.loads(r["body_json"]).get("subject") == opts.malformed_subject for r in rows):
+                items.insert(0, {"id": "01BADBADBADBADBADBADBADBAD", "from": "@eve.proxy"})
             cursor = None
             if rows and len(rows) == int(limit):
                 cursor = {"created_at": rows[-1]["listed"], "envelope_id": rows[-1]["id"]}

@@ -186,6 +186,9 @@ pub struct AsmtpClient {
     /// `in_reply_to`) is taken as the answer, never as a task. A question waits only in the
     /// process that asked it.
     questions: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(String, String)>>>,
+    /// Rows and envelopes the operator returned that could not be read, for the intake to
+    /// report once each.
+    unreadable: std::sync::Arc<super::UnreadableLog>,
 }
 
 /// How many questions [`AsmtpClient`] remembers.
@@ -198,6 +201,7 @@ impl AsmtpClient {
             account,
             threads: std::sync::Arc::default(),
             questions: std::sync::Arc::default(),
+            unreadable: std::sync::Arc::default(),
         })
     }
 
@@ -312,11 +316,10 @@ impl AsmtpClient {
         let value = self
             .call(reqwest::Method::GET, "mailbox", &query, None)
             .await?;
-        let headers: Vec<Header> = serde_json::from_value(value["envelope_headers"].clone())
-            .map_err(|e| MailboxError::Protocol {
-                what: "the ASMTP mailbox".into(),
-                detail: e.to_string(),
-            })?;
+        // A row the bridge cannot read costs that row only.
+        let (headers, bad) =
+            super::decode_each::<Header>(&value["envelope_headers"], "an ASMTP mailbox row")?;
+        self.unreadable.note(bad);
         Ok((headers, !value["next_cursor"].is_null()))
     }
 
@@ -366,10 +369,17 @@ impl AsmtpClient {
                 None,
             )
             .await?;
-        serde_json::from_value(value["envelopes"].clone()).map_err(|e| MailboxError::Protocol {
-            what: "ASMTP envelopes".into(),
-            detail: e.to_string(),
-        })
+        // An envelope the bridge cannot read costs that envelope only: the intake skips it
+        // (its row is passed as one the operator would not return) and reports it once.
+        let (envelopes, bad) =
+            super::decode_each::<AsmtpEnvelope>(&value["envelopes"], "an ASMTP envelope")?;
+        self.unreadable.note(bad);
+        Ok(envelopes)
+    }
+
+    /// Reports what could not be read since the last report.
+    pub fn report_unreadable(&self, agent: &str, events: &Events) {
+        self.unreadable.report(agent, "ASMTP", events);
     }
 
     /// Uploads a file (`POST /files`, multipart); its id, for a content part's `file_id`.
@@ -514,13 +524,15 @@ struct AsmtpWatched<'a, D> {
     deliver: D,
     push_up: &'a std::sync::atomic::AtomicBool,
     poll_interval: Duration,
+    agent: &'a str,
+    events: &'a Events,
 }
 
 impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for AsmtpWatched<'_, D> {
     async fn read(&mut self) -> Result<usize, IntakeError> {
-        catch_up(self.client, self.watermark, &mut self.deliver)
-            .await
-            .map(|()| 0)
+        let read = catch_up(self.client, self.watermark, &mut self.deliver).await;
+        self.client.report_unreadable(self.agent, self.events);
+        read.map(|()| 0)
     }
 
     fn next_read(&mut self, _taken: usize) -> Duration {
@@ -587,6 +599,7 @@ pub async fn run_intake(
             }
         }
     };
+    let watch_events = events.clone();
     let reading = async {
         let health = Health::new(
             &link,
@@ -600,6 +613,8 @@ pub async fn run_intake(
             deliver,
             push_up: &push_up,
             poll_interval,
+            agent: &name,
+            events: &watch_events,
         };
         intake::watch(
             &name,
