@@ -599,7 +599,7 @@ pub async fn run_intake(
             }
         }
     };
-    let watch_events = events.clone();
+    let watch_events = events;
     let reading = async {
         let health = Health::new(
             &link,
