@@ -825,3 +825,32 @@ async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
     assert_eq!(times, 1, "reported once");
     assert!(bridge.stop().success());
 }
+
+/// Issue 36, item 5, on AMP: the broker's messages carry no files the bridge can post, so the
+/// answer names the files the agent handed over instead of dropping them silently.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_an_agent_hands_over_are_named_in_the_amp_answer() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    dir.use_profile(
+        "results.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}]\nstdin = \"{{{{prompt}}}}\"\n",
+            support::repo()
+                .join("tests/agents/result_agent.py")
+                .display()
+        ),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let sent = send(&broker, &boss, &coder.1, "Report", "Write the report.").await;
+    let replies = broker.replies_to(&sent, &coder.1).await;
+    let body = replies[0]["body"].as_str().unwrap();
+    assert!(
+        body.contains("not sent: an AMP message carries no files: report.md, data.csv"),
+        "{body}"
+    );
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+}

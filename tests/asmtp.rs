@@ -1147,3 +1147,54 @@ async fn an_envelope_the_bridge_cannot_read_costs_that_envelope_only() {
     );
     assert!(bridge.stop().success());
 }
+
+/// Issue 36, item 5: an agent's `FILE:` lines on an ASMTP task gave a reply with text and data
+/// parts only; the files go as file parts now, which the sender downloads.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_an_agent_hands_over_go_as_file_parts() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    dir.use_profile(
+        "results.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{:?}]\nstdin = \"{{{{prompt}}}}\"\n",
+            support::repo()
+                .join("tests/agents/result_agent.py")
+                .display()
+        ),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let sent = operator
+        .send("@alice.boss", "@alice.coder", "Report", "Write the report.")
+        .await;
+    let replies = operator.replies("@alice.boss", &sent).await;
+    assert_eq!(replies.len(), 1);
+    let files: Vec<&Value> = replies[0]["content_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "file")
+        .collect();
+    let names: Vec<&str> = files.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["report.md", "data.csv"], "{replies:?}");
+    let report = reqwest::Client::new()
+        .get(files[0]["url"].as_str().unwrap())
+        .bearer_auth(operator.token("@alice.boss"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(report, "# Report\n\nAll good.\n");
+    // The data part still carries the answer's status and marks it an answer.
+    let data = replies[0]["content_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "data")
+        .unwrap();
+    assert_eq!(data["data"]["status"], "completed");
+    assert!(bridge.stop().success());
+    operator.no_invalid();
+}

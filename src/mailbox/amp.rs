@@ -315,6 +315,19 @@ impl AmpClient {
     }
 }
 
+/// The names of the files attached to a rendered mail.
+fn attachment_names(bytes: &[u8]) -> Vec<String> {
+    use mail_parser::MimeHeaders;
+    mail_parser::MessageParser::default()
+        .parse(bytes)
+        .map(|m| {
+            m.attachments()
+                .map(|p| p.attachment_name().unwrap_or("file").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The TaskId of an AMP message: its thread and its id.
 fn task_id(m: &AmpMessage) -> String {
     format!("amp:{}:{}", m.thread_id, m.id)
@@ -722,6 +735,15 @@ impl AmpReplies {
                 }
                 if let Some(fields) = &r.structured_result {
                     text.push_str(&format!("\n\n```json\n{fields}\n```"));
+                }
+                // The broker's messages carry no files the bridge can post: say which were
+                // left out, never drop them silently.
+                let files = attachment_names(&mail.bytes);
+                if !files.is_empty() {
+                    text.push_str(&format!(
+                        "\n\n(Files the agent handed over, not sent: an AMP message carries no files: {})",
+                        files.join(", ")
+                    ));
                 }
                 text
             }
