@@ -34,6 +34,9 @@ pub struct Inbound {
     /// The text body was longer than we fetch and was cut.
     pub truncated: bool,
     pub attachments: Vec<Attachment>,
+    /// Why the back-end would not read this message whole (too large): it is then answered
+    /// rejected with this reason, never run. `None` for a message read as it is.
+    pub refused: Option<String>,
 }
 
 /// A mail to an agent, as the intake hands it on.
@@ -132,6 +135,7 @@ impl Inbound {
             sender_check: SenderCheck::Verified("checked when it arrived".into()),
             truncated: stored.truncated,
             attachments: stored.attachments,
+            refused: None,
         })
     }
 }
@@ -163,6 +167,7 @@ mod tests {
                 size: 3,
                 url: "http://x/a".into(),
             }],
+            refused: None,
         }
     }
 

@@ -1198,3 +1198,48 @@ async fn files_an_agent_hands_over_go_as_file_parts() {
     assert!(bridge.stop().success());
     operator.no_invalid();
 }
+
+/// Issue 36, item 2: a 30 MB envelope was answered, but the bridge's memory peaked at 286 MB
+/// (the envelope held several times over while read, rendered and journaled). An envelope over
+/// the mailbox's `max_message_bytes` (by the operator's `size_hint`) is no longer fetched; it is
+/// answered rejected, saying why and what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_envelope_over_the_size_limit_is_answered_rejected_unread() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let config = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &config.replace(
+            "poll_interval_secs = 1\n",
+            "poll_interval_secs = 1\nmax_message_bytes = 100000\n",
+        ),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let big = operator
+        .send("@alice.boss", "@alice.coder", "Big", &"x".repeat(200_000))
+        .await;
+    let small = operator
+        .send("@alice.boss", "@alice.coder", "Small", "say hello")
+        .await;
+    let reply = operator.replies("@alice.boss", &big).await;
+    let text = text_of(&reply[0]);
+    assert!(
+        text.starts_with("rejected: the task is about ")
+            && text.contains("max_message_bytes")
+            && text.contains("100000 bytes"),
+        "{text}"
+    );
+    let reply = operator.replies("@alice.boss", &small).await;
+    assert!(text_of(&reply[0]).contains("say hello"));
+    assert!(bridge.stop().success());
+    let fetched_big = operator.record().iter().any(|r| {
+        r["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/messages"))
+            && r.to_string().contains(&big)
+            && r["method"] == "GET"
+    });
+    assert!(!fetched_big, "the large envelope was fetched");
+    operator.no_invalid();
+}

@@ -201,6 +201,7 @@ fn as_delivered_with(msg: &AampMessage, n: usize, attachments: Vec<Attachment>) 
         sender_check: SenderCheck::Trusted,
         truncated: false,
         attachments,
+        refused: None,
     }))
 }
 

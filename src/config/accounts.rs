@@ -88,6 +88,8 @@ pub struct AsmtpAccount {
     pub insecure_tls: bool,
     /// At the first start, skip the unread envelopes already waiting.
     pub skip_backlog: bool,
+    /// The largest envelope fetched; a larger one is answered rejected.
+    pub max_message_bytes: u64,
 }
 
 impl fmt::Debug for AsmtpAccount {
@@ -129,6 +131,7 @@ impl LoadedConfig {
             ("handle", m.handle.is_some()),
             ("token_file", m.token_file.is_some()),
             ("skip_backlog", m.skip_backlog),
+            ("max_message_bytes", m.max_message_bytes.is_some()),
             // (Shown once, with the AMP keys, when another kind sets it.)
             (
                 "timeout_secs",
@@ -367,6 +370,7 @@ impl LoadedConfig {
             timeout,
             insecure_tls: m.insecure_tls,
             skip_backlog: m.skip_backlog,
+            max_message_bytes: m.max_message_bytes.unwrap_or(16 << 20),
         })
     }
 

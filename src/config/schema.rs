@@ -125,6 +125,11 @@ pub struct MailboxConfig {
     /// the unread envelopes already waiting.
     #[serde(default, skip_serializing_if = "is_false")]
     pub skip_backlog: bool,
+    /// ASMTP: an envelope larger than this (by the operator's `size_hint`) is not fetched;
+    /// it is answered rejected, saying so (default 16 MiB), so one message cannot cost the
+    /// bridge more than that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<u64>,
     /// AMP: every this many seconds (and at each start) the newest messages are read even
     /// when the inbox's counts did not change, for an arrival that a message archived or
     /// trashed at the same time hid from them (default 300; 0: never).

@@ -263,6 +263,7 @@ impl<O: Backend> Dispatcher<O> {
             message,
             truncated,
             attachments,
+            refused,
             ..
         } = inbound;
         let env = message.envelope;
@@ -335,7 +336,21 @@ impl<O: Backend> Dispatcher<O> {
         // Every replica decides alike here; the one that wins the mail's claim answers.
         let rejected =
             |reason: &str| self.once_among_replicas(self.rejection(&env, &key, reason), &email_id);
-        match admit(&spec, &policy, &env, &dispatch, duplicate, &load, now) {
+        let admission = match (
+            admit(&spec, &policy, &env, &dispatch, duplicate, &load, now),
+            refused,
+        ) {
+            // A message the back-end would not read whole (too large) is answered rejected,
+            // once the sender may dispatch at all.
+            (admission @ (Admission::Duplicate | Admission::Refuse { .. }), _) => admission,
+            (admission, None) => admission,
+            (admission @ Admission::Reject { .. }, Some(_)) => admission,
+            (_, Some(reason)) => Admission::Reject {
+                reason,
+                state: TaskState::Rejected,
+            },
+        };
+        match admission {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
                 inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));

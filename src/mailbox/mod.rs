@@ -167,6 +167,7 @@ impl ForeignTask<'_> {
             sender_check: auth::SenderCheck::Verified(self.believed_because.into()),
             truncated: false,
             attachments: Vec::new(),
+            refused: None,
         })
     }
 }

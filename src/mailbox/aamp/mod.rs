@@ -392,6 +392,7 @@ impl Reader {
                     view: email.view,
                     sender_check,
                     truncated: email.truncated,
+                    refused: None,
                     attachments,
                 })))
             }

@@ -47,6 +47,20 @@ const LAST_ID: &str = "01ZZZZZZZZZZZZZZZZZZZZZZZZ";
 pub struct Header {
     pub id: String,
     pub created_at: i64,
+    #[serde(default)]
+    pub from: Option<String>,
+    /// The envelope's size as the operator estimates it: its content parts' JSON length
+    /// over four, rounded up, as the reference operator counts it (a token estimate, not
+    /// bytes; older operators leave it out).
+    #[serde(default)]
+    pub size_hint: Option<u64>,
+}
+
+impl Header {
+    /// About how many bytes the envelope's content is, from its `size_hint`.
+    fn bytes(&self) -> Option<u64> {
+        self.size_hint.map(|hint| hint.saturating_mul(4))
+    }
 }
 
 /// An envelope's body (`GET /messages`).
@@ -252,6 +266,28 @@ impl AsmtpClient {
         }))
     }
 
+    /// The envelope of `header`, too large (`size` bytes) to fetch, as a task answered
+    /// rejected, saying why; `None` when the row names no sender.
+    fn refused(&self, header: &Header, size: u64) -> Option<Mail> {
+        let envelope = AsmtpEnvelope {
+            id: header.id.clone(),
+            from: header.from.clone()?,
+            to: vec![self.handle().to_string()],
+            subject: None,
+            in_reply_to: None,
+            references: Vec::new(),
+            content_parts: Vec::new(),
+        };
+        let Some(Mail::Aamp(mut inbound)) = self.inbound(&envelope) else {
+            return None;
+        };
+        inbound.refused = Some(format!(
+            "the task is about {size} bytes, more than this agent reads from one ASMTP envelope ({} bytes, max_message_bytes): send large content as a file part, which is passed on as its link",
+            self.account.max_message_bytes
+        ));
+        Some(Mail::Aamp(inbound))
+    }
+
     /// Notes that the envelope `envelope_id` asks the question `message_id`.
     fn asked(&self, envelope_id: &str, message_id: &str) {
         let mut questions = self.questions.lock().expect("questions lock");
@@ -332,8 +368,8 @@ impl AsmtpClient {
         self.mailbox_page(false, false, after, limit).await
     }
 
-    /// The ids of unread envelopes in the mailbox, oldest first: a first start's backlog.
-    pub async fn unread_ids(&self) -> Result<Vec<String>, MailboxError> {
+    /// The unread envelopes' rows, oldest first: a first start's backlog.
+    pub async fn unread_headers(&self) -> Result<Vec<Header>, MailboxError> {
         let mut ids = Vec::new();
         let mut after: Option<(i64, String)> = None;
         loop {
@@ -343,7 +379,7 @@ impl AsmtpClient {
                 return Ok(ids);
             };
             after = Some((last.created_at, last.id.clone()));
-            ids.extend(headers.iter().map(|h| h.id.clone()));
+            ids.extend(headers);
             if !more {
                 return Ok(ids);
             }
@@ -655,7 +691,18 @@ async fn catch_up(
                 })
                 .unwrap_or_default();
             if !client.account.skip_backlog {
-                w.backlog = client.unread_ids().await?;
+                // Those over the size limit are answered now, never fetched.
+                let limit = client.account.max_message_bytes;
+                for header in client.unread_headers().await? {
+                    match header.bytes().filter(|size| *size > limit) {
+                        Some(size) => {
+                            if let Some(mail) = client.refused(&header, size) {
+                                deliver(mail).map_err(IntakeError::Deliver)?;
+                            }
+                        }
+                        None => w.backlog.push(header.id),
+                    }
+                }
             }
             if !w.backlog.is_empty() {
                 tracing::info!(
@@ -708,9 +755,28 @@ async fn catch_up(
             })
         };
         let fresh: Vec<&Header> = headers.iter().filter(|h| !delivered(h)).collect();
-        let ids: Vec<String> = fresh.iter().map(|h| h.id.clone()).collect();
+        // An envelope over the mailbox's size limit is not fetched: one message must not
+        // cost the bridge its size several times over in memory. It is answered rejected.
+        let limit = client.account.max_message_bytes;
+        let too_large = |h: &Header| h.bytes().is_some_and(|size| size > limit);
+        let ids: Vec<String> = fresh
+            .iter()
+            .filter(|h| !too_large(h))
+            .map(|h| h.id.clone())
+            .collect();
         let bodies = client.fetch(&ids).await?;
         for header in &fresh {
+            if too_large(header) {
+                let size = header.bytes().unwrap_or_default();
+                tracing::warn!(id = %header.id, size, limit, "an ASMTP envelope over max_message_bytes; not fetched, answered rejected");
+                match client.refused(header, size) {
+                    Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
+                    None => {
+                        tracing::warn!(id = %header.id, "an oversized envelope without a sender; skipped")
+                    }
+                }
+                continue;
+            }
             match bodies.iter().find(|b| b.id == header.id) {
                 Some(envelope) => match client.inbound(envelope) {
                     Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
