@@ -34,6 +34,7 @@ pub enum Event {
     TaskDuplicate,
     TaskHelpNeeded,
     TaskInterrupted,
+    TaskParked,
     TaskReceived,
     TaskRecovered,
     TaskRejected,
@@ -43,7 +44,7 @@ pub enum Event {
 }
 
 impl Event {
-    pub const ALL: [Event; 29] = [
+    pub const ALL: [Event; 30] = [
         Event::AgentCard,
         Event::AgentReady,
         Event::BridgeReloadFailed,
@@ -67,6 +68,7 @@ impl Event {
         Event::TaskDuplicate,
         Event::TaskHelpNeeded,
         Event::TaskInterrupted,
+        Event::TaskParked,
         Event::TaskReceived,
         Event::TaskRecovered,
         Event::TaskRejected,
@@ -100,6 +102,7 @@ impl Event {
             Event::TaskDuplicate => "task.duplicate",
             Event::TaskHelpNeeded => "task.help_needed",
             Event::TaskInterrupted => "task.interrupted",
+            Event::TaskParked => "task.parked",
             Event::TaskReceived => "task.received",
             Event::TaskRecovered => "task.recovered",
             Event::TaskRejected => "task.rejected",

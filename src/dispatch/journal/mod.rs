@@ -49,10 +49,14 @@ pub enum TaskState {
     Cancelled,
     /// Expired before it could start.
     Expired,
+    /// Set aside without an answer: the mail server refused this bridge's claim on it for
+    /// good (with several bridges an answer may leave only from the claim's winner). Tried
+    /// again at the next start; `reason` says why.
+    Parked,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 8] = [
+    pub const ALL: [TaskState; 9] = [
         TaskState::Received,
         TaskState::Acked,
         TaskState::Running,
@@ -61,6 +65,7 @@ impl TaskState {
         TaskState::Rejected,
         TaskState::Cancelled,
         TaskState::Expired,
+        TaskState::Parked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +78,7 @@ impl TaskState {
             TaskState::Rejected => "rejected",
             TaskState::Cancelled => "cancelled",
             TaskState::Expired => "expired",
+            TaskState::Parked => "parked",
         }
     }
 

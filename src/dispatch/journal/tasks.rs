@@ -91,6 +91,17 @@ impl Journal {
         })
     }
 
+    /// Sets the task aside, unanswered, with why (see [`TaskState::Parked`]).
+    pub fn park(&self, id: i64, reason: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET state = 'parked', reason = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
+                params![id, reason, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
     /// The task starts a run: `running`, one more run counted, no process group yet.
     /// Returns the number of runs so far, this one included.
     pub fn start_run(&self, id: i64) -> Result<u32, JournalError> {
@@ -142,7 +153,7 @@ impl Journal {
         self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT id, state, mail, runs, pgid FROM tasks
-                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed')
+                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed', 'parked')
                  ORDER BY id",
             )?;
             let rows = stmt.query_map(params![agent], |r| {

@@ -276,6 +276,17 @@ impl Reader {
             .collect())
     }
 
+    /// Whether the server takes the keywords this replica's claims write (see
+    /// [`claims::check`]); `Ok(None)` without `replica`.
+    pub async fn check_claims(&self) -> Result<Option<bool>, MailboxError> {
+        let (Some(inbox), Some(replica)) = (self.inbox_id.as_deref(), &self.account.replica) else {
+            return Ok(None);
+        };
+        claims::check(&self.jmap, inbox, &replica.name)
+            .await
+            .map(Some)
+    }
+
     /// The replicas holding claims on this mailbox's Inbox: per name, (live claims, claims
     /// whose lease ran out). Empty without `replica`.
     pub async fn replicas(
