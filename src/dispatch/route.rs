@@ -59,6 +59,7 @@ impl<O: Backend> Dispatcher<O> {
             Ok(())
         };
         let failed: Vec<String> = n.failed().map(|r| r.describe()).collect();
+        let addresses: Vec<String> = n.failed().map(|r| r.address.clone()).collect();
         let Some(message_id) = message_id.as_deref() else {
             return ignore("a delivery report that names no mail");
         };
@@ -66,8 +67,12 @@ impl<O: Backend> Dispatcher<O> {
             return ignore("a delivery report of no failure (a delay, or a delivery)");
         }
         let error = format!("bounced: {}", failed.join("; "));
-        match self.inner.journal.bounced(&spec.name, message_id, &error)? {
-            Some(journal::Bounced {
+        match self
+            .inner
+            .journal
+            .bounced(&spec.name, message_id, &addresses, &error)?
+        {
+            journal::BounceFound::Marked(journal::Bounced {
                 task: row,
                 task_id,
                 intent,
@@ -83,7 +88,15 @@ impl<O: Backend> Dispatcher<O> {
                 );
                 Ok(())
             }
-            None => ignore("a delivery report for a mail this agent did not send"),
+            journal::BounceFound::NotSent(_) => {
+                ignore("a delivery report for a mail of this agent's that has not left (or already failed)")
+            }
+            journal::BounceFound::NotARecipient(_) => ignore(
+                "a delivery report naming no address the mail was sent to",
+            ),
+            journal::BounceFound::NotOurs => {
+                ignore("a delivery report for a mail this agent did not send")
+            }
         }
     }
 

@@ -23,7 +23,7 @@ use crate::protocol::RenderedMail;
 
 mod history;
 mod outbox;
-pub use outbox::Bounced;
+pub use outbox::{BounceFound, Bounced};
 mod sessions;
 mod turns;
 pub use turns::Turn;

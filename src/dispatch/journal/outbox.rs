@@ -141,29 +141,58 @@ impl Journal {
         })
     }
 
-    /// A mail this agent sent came back (a delivery report): marks it failed with `error`
-    /// and says which; `None` when the agent sent no mail with that Message-ID.
+    /// A delivery report says `message_id` will never reach `failed` (addresses): the mail
+    /// is marked failed with `error` only when this agent sent it (it left the outbox: a
+    /// report never stops an answer still waiting to be sent) and to one of those addresses.
     pub fn bounced(
         &self,
         agent: &str,
         message_id: &str,
+        failed: &[String],
         error: &str,
-    ) -> Result<Option<Bounced>, JournalError> {
+    ) -> Result<BounceFound, JournalError> {
         self.with(|c| {
-            c.query_row(
-                "UPDATE outbox SET failed_at = ?3, last_error = ?4
-                 WHERE agent = ?1 AND message_id = ?2
-                 RETURNING task, (SELECT t.task_id FROM tasks t WHERE t.id = outbox.task), intent",
-                params![agent, message_id, now_ms(), error],
-                |r| {
-                    Ok(Bounced {
-                        task: r.get(0)?,
-                        task_id: r.get(1)?,
-                        intent: r.get(2)?,
-                    })
-                },
-            )
-            .optional()
+            let found = c
+                .query_row(
+                    "SELECT id, task, (SELECT t.task_id FROM tasks t WHERE t.id = outbox.task), intent,
+                            recipients, sent_at IS NOT NULL, failed_at IS NOT NULL
+                     FROM outbox WHERE agent = ?1 AND message_id = ?2",
+                    params![agent, message_id],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            Bounced {
+                                task: r.get(1)?,
+                                task_id: r.get(2)?,
+                                intent: r.get(3)?,
+                            },
+                            r.get::<_, String>(4)?,
+                            r.get::<_, bool>(5)?,
+                            r.get::<_, bool>(6)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((id, bounced, recipients, sent, failed_before)) = found else {
+                return Ok(BounceFound::NotOurs);
+            };
+            if !sent || failed_before {
+                return Ok(BounceFound::NotSent(bounced));
+            }
+            let recipients: Vec<String> = serde_json::from_str(&recipients).unwrap_or_default();
+            let addressed = failed.iter().any(|f| {
+                recipients
+                    .iter()
+                    .any(|r| crate::protocol::address(r).eq_ignore_ascii_case(&crate::protocol::address(f)))
+            });
+            if !addressed {
+                return Ok(BounceFound::NotARecipient(bounced));
+            }
+            c.execute(
+                "UPDATE outbox SET failed_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![id, now_ms(), error],
+            )?;
+            Ok(BounceFound::Marked(bounced))
         })
     }
 }
@@ -175,4 +204,17 @@ pub struct Bounced {
     pub task: Option<i64>,
     pub task_id: Option<String>,
     pub intent: String,
+}
+
+/// What a delivery report was found to be about.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BounceFound {
+    /// A mail this agent sent, to an address the report names: now marked undelivered.
+    Marked(Bounced),
+    /// A mail of this agent's that has not left (still in the outbox), or already failed.
+    NotSent(Bounced),
+    /// A mail this agent sent, but to none of the addresses the report names.
+    NotARecipient(Bounced),
+    /// No mail this agent sent has that Message-ID.
+    NotOurs,
 }

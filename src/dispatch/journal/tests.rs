@@ -287,3 +287,34 @@ fn a_conversations_turns_are_kept_in_order_bounded_and_cut() {
     );
     assert!(journal.turns("b", "k1").unwrap().is_empty(), "per agent");
 }
+
+/// A delivery report marks a mail undelivered only once it left, and only for an address it
+/// was sent to (issue 31: a forged one stopped an answer waiting in the outbox for good).
+#[test]
+fn a_report_marks_only_a_sent_mail_to_an_address_it_was_sent_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+        .unwrap();
+    let to = ["A@X.test".to_string()];
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &to, "bounced").unwrap(),
+        BounceFound::NotSent(_)
+    ));
+    let due = j.due("coder", 10).unwrap();
+    assert_eq!(due.len(), 1, "still waiting to be sent");
+    j.mark_sent(&due[0]).unwrap();
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &["other@x.test".to_string()], "bounced")
+            .unwrap(),
+        BounceFound::NotARecipient(_)
+    ));
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &to, "bounced").unwrap(),
+        BounceFound::Marked(Bounced { intent, .. }) if intent == "task.ack"
+    ));
+    assert_eq!(
+        j.bounced("coder", "<nobody's>", &to, "bounced").unwrap(),
+        BounceFound::NotOurs
+    );
+}
