@@ -296,6 +296,8 @@ struct Inner<O> {
     abort: CancellationToken,
     /// Wakes the outbox worker.
     wake: Notify,
+    /// Rounds the outbox worker made (see [`Dispatcher::outbox_rounds`]).
+    outbox_rounds: std::sync::atomic::AtomicU64,
 }
 
 /// One agent's task lifecycle. Cheap to clone.
@@ -342,6 +344,7 @@ impl<O: Backend> Dispatcher<O> {
                 tracker,
                 abort,
                 wake: Notify::new(),
+                outbox_rounds: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }

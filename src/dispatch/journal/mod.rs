@@ -335,6 +335,11 @@ const DUE: &str = "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.me
       AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
                       AND e.sent_at IS NULL AND e.failed_at IS NULL)
     ORDER BY o.id LIMIT ?3";
+/// When the next mail [`DUE`] reads is due.
+const NEXT_DUE: &str = "SELECT MIN(o.next_at) FROM outbox o
+    WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
+                      AND e.sent_at IS NULL AND e.failed_at IS NULL)";
 const COUNT_ADMITTED: &str =
     "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
     AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)";

@@ -23,10 +23,15 @@ impl Journal {
     /// Mails of `agent` due now, oldest first; a mail waits while an earlier one of the same
     /// task is unsent, so a task's mails leave in order.
     pub fn due(&self, agent: &str, limit: usize) -> Result<Vec<Pending>, JournalError> {
-        let now = now_ms();
+        self.pending(agent, now_ms(), limit)
+    }
+
+    /// Unsent mails of `agent` due by `by` (Unix ms), first in their task's line, oldest
+    /// first, at most `limit`.
+    fn pending(&self, agent: &str, by: i64, limit: usize) -> Result<Vec<Pending>, JournalError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(DUE)?;
-            let rows = stmt.query_map(params![agent, now, limit as i64], |r| {
+            let rows = stmt.query_map(params![agent, by, limit as i64], |r| {
                 let recipients: String = r.get(7)?;
                 Ok(Pending {
                     id: r.get(0)?,
@@ -50,16 +55,31 @@ impl Journal {
         })
     }
 
-    /// When the next unsent mail of `agent` is due, if there is one.
+    /// When the next unsent mail of `agent` is due, if there is one: of the mails first in
+    /// their task's line (as [`Journal::due`] reads them). A task's result behind its unsent
+    /// ack is due when the ack is sent, whatever its own time says; counting it made the
+    /// worker look at the journal every 10 ms through a whole outage.
     pub fn next_due(&self, agent: &str) -> Result<Option<SystemTime>, JournalError> {
+        self.with(|c| c.query_row(NEXT_DUE, params![agent], |r| r.get::<_, Option<i64>>(0)))
+            .map(|t| t.map(from_millis))
+    }
+
+    /// The oldest mail of `agent` waiting to be sent (first in its task's line), due or not:
+    /// what the outbox tries while the server is down, to learn when it is back.
+    pub fn oldest_waiting(&self, agent: &str) -> Result<Vec<Pending>, JournalError> {
+        self.pending(agent, i64::MAX, 1)
+    }
+
+    /// The server is back: every waiting mail of `agent` is due now (their order kept).
+    /// Returns how many were waiting for a later time.
+    pub fn resume(&self, agent: &str) -> Result<usize, JournalError> {
+        let now = now_ms();
         self.with(|c| {
-            c.query_row(
-                "SELECT MIN(next_at) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
-                params![agent],
-                |r| r.get::<_, Option<i64>>(0),
+            c.execute(
+                "UPDATE outbox SET next_at = ?2 WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL AND next_at > ?2",
+                params![agent, now],
             )
         })
-        .map(|t| t.map(from_millis))
     }
 
     /// Unsent mails of `agent`.

@@ -10,6 +10,7 @@ fn the_queries_run_for_every_task_use_indexes_not_scans() {
     for (name, sql, n) in [
         ("COUNT_OUTGOING", COUNT_OUTGOING, 2),
         ("DUE", DUE, 3),
+        ("NEXT_DUE", NEXT_DUE, 1),
         ("COUNT_ADMITTED", COUNT_ADMITTED, 4),
         ("BOUND_NOT_ADMITTED", BOUND_NOT_ADMITTED, 2),
     ] {
