@@ -575,3 +575,62 @@ async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
     );
     assert!(bridge.stop().success());
 }
+
+/// Issue 31: the replica that lost a claim forgot the task, so a second delivery of the
+/// dispatch (the same Message-ID again, or the same sender and TaskId under a new one) was
+/// new to it, carried no claim, and ran again: two results. A lost claim is kept as a record
+/// of who runs the task now, so every copy is a duplicate on every replica, while the task
+/// runs and after it is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_delivered_twice_to_two_replicas_runs_once() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
+    let dirs: Vec<ConfigDir> = ["r1", "r2"]
+        .iter()
+        .map(|name| replica(host, &agent, &boss.email, name, 3.0))
+        .collect();
+    let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
+    let mut peer = Peer::new(boss).await;
+    let mut task = peer.dispatch_to(&agent.email, "Twice", "delivered twice");
+    task.envelope.message_id = format!("<twice-{}@example.test>", uuid::Uuid::new_v4());
+    let task = peer.send(task).await;
+    let id = task.task_id().to_string();
+    let runner = runner_of(&mut bridges, Some(&id)).await;
+    let other = 1 - runner;
+    // The other replica has lost the claim and left the task to the runner.
+    bridges[other].wait_event("message.ignored", |e| {
+        e["taskId"] == id.as_str()
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("claimed by"))
+    });
+    // While it runs: the same mail again, and the same task under a new Message-ID.
+    peer.send(task.clone()).await;
+    let mut renamed = task.clone();
+    renamed.envelope.message_id = String::new();
+    peer.send(renamed.clone()).await;
+    peer.wait_for_within(&id, Intent::TaskResult, Duration::from_secs(60))
+        .await;
+    // After it was answered: both again.
+    peer.send(task.clone()).await;
+    peer.send(renamed).await;
+    for b in bridges.iter_mut() {
+        b.wait_count("task.duplicate", 2);
+    }
+    peer.settle(&via).await;
+    let intents = peer.intents_for(&id);
+    assert_eq!(
+        intents,
+        vec![Intent::TaskAck, Intent::TaskResult],
+        "{intents:?}"
+    );
+    let ran = completed(&mut bridges);
+    assert_eq!(
+        ran.iter().map(HashSet::len).sum::<usize>(),
+        1,
+        "run once across the replicas: {ran:?}"
+    );
+    for b in bridges {
+        assert!(b.stop().success());
+    }
+}

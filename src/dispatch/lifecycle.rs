@@ -437,8 +437,9 @@ impl<O: Backend> Dispatcher<O> {
         );
     }
 
-    /// Another bridge runs the task: this one forgets it (no ack, no result), so a takeover
-    /// can bring it back here.
+    /// Another bridge runs the task: this one keeps it as a record of who does (no ack, no
+    /// result), so a second delivery of it is a duplicate here too, and a takeover (or
+    /// another delivery, once the claim ran out) brings it back as a task.
     fn lost_claim(&self, task: &Task, workspace: &workspace::Workspace, by: Option<&str>) {
         let inner = &self.inner;
         self.leave(task, workspace);
@@ -447,9 +448,10 @@ impl<O: Backend> Dispatcher<O> {
             None => "claimed by another replica".to_string(),
         };
         tracing::info!(%reason, "another bridge runs this task");
-        if let Err(e) = inner.journal.forget(task.row) {
-            tracing::warn!(error = %e, "could not forget the task");
+        if let Err(e) = inner.journal.elsewhere(task.row, &reason) {
+            tracing::warn!(error = %e, "could not record who runs the task");
         }
+        self.note(task.row, "left to another replica", Some(&reason));
         inner.events.emit(
             crate::events::Event::MessageIgnored,
             json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,

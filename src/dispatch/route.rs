@@ -187,7 +187,12 @@ impl<O: Backend> Dispatcher<O> {
             env.from.to_ascii_lowercase(),
             inbound.message_key()
         );
-        if self.inner.journal.knows_message(&self.spec().name, &key)? {
+        if let Some((row, state)) = self.inner.journal.message_row(&self.spec().name, &key)? {
+            if state == TaskState::Elsewhere {
+                // Another replica holds it: claimed again here, which finds it held (or, its
+                // claim run out, takes it over).
+                return self.reclaim(row, span.clone());
+            }
             tracing::debug!("this mail is in the journal already; a second delivery is ignored");
             return Ok(());
         }
@@ -313,9 +318,8 @@ impl<O: Backend> Dispatcher<O> {
             return Ok(());
         }
         let journal = &inner.journal;
-        let duplicate = journal
-            .admitted_task(name, &env.from, &env.task_id)?
-            .is_some();
+        let earlier = journal.admitted_task(name, &env.from, &env.task_id)?;
+        let duplicate = earlier.is_some();
         let now = SystemTime::now();
         let load = admission::Load {
             active: inner.running.lock().expect("running lock").len(),
@@ -352,6 +356,10 @@ impl<O: Backend> Dispatcher<O> {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
                 inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+                if let Some((row, TaskState::Elsewhere)) = earlier {
+                    // The earlier one is another replica's: its claim is looked at again.
+                    return self.reclaim(row, span);
+                }
             }
             Admission::Refuse { reason } => {
                 let answer = spec.unknown_senders == UnknownSenders::Reject
@@ -491,6 +499,12 @@ impl<O: Backend> Dispatcher<O> {
         }
         let journal = &self.inner.journal;
         match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
+            Some((_, TaskState::Elsewhere)) => {
+                // Another replica runs it and stops it; should this one take it over, the
+                // cancel holds.
+                tracing::info!(from = %env.from, "cancel for a task another replica holds; remembered for a takeover");
+                journal.remember_cancel(&spec.name, &env.from, &env.task_id)?;
+            }
             Some(_) => {
                 tracing::info!(from = %env.from, "cancel for a task that already ended; nothing to stop")
             }

@@ -53,10 +53,14 @@ pub enum TaskState {
     /// good (with several bridges an answer may leave only from the claim's winner). Tried
     /// again at the next start; `reason` says why.
     Parked,
+    /// Another bridge serving the mailbox won the task's claim and runs it (`reason` names
+    /// it): kept, not deleted, so a second delivery of the dispatch is known here too; a
+    /// takeover turns it back into a task.
+    Elsewhere,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 9] = [
+    pub const ALL: [TaskState; 10] = [
         TaskState::Received,
         TaskState::Acked,
         TaskState::Running,
@@ -66,6 +70,7 @@ impl TaskState {
         TaskState::Cancelled,
         TaskState::Expired,
         TaskState::Parked,
+        TaskState::Elsewhere,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +84,7 @@ impl TaskState {
             TaskState::Cancelled => "cancelled",
             TaskState::Expired => "expired",
             TaskState::Parked => "parked",
+            TaskState::Elsewhere => "elsewhere",
         }
     }
 
@@ -342,7 +348,7 @@ const NEXT_DUE: &str = "SELECT MIN(o.next_at) FROM outbox o
                       AND e.sent_at IS NULL AND e.failed_at IS NULL)";
 const COUNT_ADMITTED: &str =
     "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
-    AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)";
+    AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4) AND state != 'elsewhere'";
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
@@ -457,7 +463,7 @@ impl Journal {
         self.with(|c| {
             let tx = c.transaction()?;
             let n = tx.execute(
-                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired')
+                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired', 'elsewhere')
                  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.sent_at IS NULL AND o.failed_at IS NULL)",
                 params![millis(before)],
             )?;

@@ -319,3 +319,37 @@ fn a_report_marks_only_a_sent_mail_to_an_address_it_was_sent_to() {
         BounceFound::NotOurs
     );
 }
+
+/// A task another replica won is kept as a record (issue 31: it was deleted, and a second
+/// delivery ran again): its Message-ID and TaskId stay known, it counts toward no limit, and
+/// it comes back as a task once, for one caller.
+#[test]
+fn a_task_left_to_another_replica_is_kept_and_taken_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    let row = j
+        .record(&task("<m1>", "t1", true), None)
+        .unwrap()
+        .expect("recorded");
+    j.elsewhere(row, "claimed by replica r2").unwrap();
+    assert_eq!(
+        j.message_row("coder", "<m1>").unwrap(),
+        Some((row, TaskState::Elsewhere))
+    );
+    assert_eq!(
+        j.admitted_task("coder", "a@x.test", "t1").unwrap(),
+        Some((row, TaskState::Elsewhere))
+    );
+    assert!(
+        j.unfinished("coder").unwrap().is_empty(),
+        "not picked up at a start"
+    );
+    let counted = j
+        .count_admitted("coder", None, None, std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert_eq!(counted, 0, "not counted toward this replica's limits");
+    let (key, mail) = j.reclaim(row).unwrap().expect("taken back");
+    assert_eq!((key.as_str(), mail.as_str()), ("<m1>", "{}"));
+    assert_eq!(j.reclaim(row).unwrap(), None, "once");
+    assert_eq!(j.unfinished("coder").unwrap().len(), 1);
+}
