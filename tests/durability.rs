@@ -309,6 +309,21 @@ async fn every_answer_waiting_out_a_45_s_smtp_cut_arrives_within_15_s_of_its_end
         took <= std::time::Duration::from_secs(15),
         "the last answer arrived {took:?} after SMTP came back"
     );
+    // Each outbox line names the mail it is about (issue 31: they named none).
+    let log = bridge.log();
+    let retries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("could not send"))
+        .collect();
+    assert!(!retries.is_empty(), "{log}");
+    for line in retries {
+        assert!(
+            line.contains("outbox{task_id=")
+                && line.contains("intent=task.")
+                && line.contains("message_id=<"),
+            "{line}"
+        );
+    }
     assert!(bridge.stop().success());
     peer.settle(&agent).await;
     for task in &tasks {

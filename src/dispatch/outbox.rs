@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -150,7 +151,22 @@ impl<O: Backend> Dispatcher<O> {
         }
     }
 
+    /// One attempt at one mail, its log lines in a span naming the mail (its task, intent
+    /// and Message-ID). The span is the future's (`instrument`), not entered across the
+    /// awaits: a guard held over an await leaves the lines after it without the span once
+    /// the task resumes on another thread.
     async fn send_one(
+        &self,
+        pending: &Pending,
+        backoff: &mut Backoff,
+    ) -> Result<Sent, super::JournalError> {
+        let mail = &pending.mail;
+        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
+            intent = %mail.intent, message_id = %mail.mail.message_id);
+        self.attempt(pending, backoff).instrument(span).await
+    }
+
+    async fn attempt(
         &self,
         pending: &Pending,
         backoff: &mut Backoff,
@@ -158,9 +174,6 @@ impl<O: Backend> Dispatcher<O> {
         let inner = &self.inner;
         let journal = &inner.journal;
         let mail = &pending.mail;
-        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
-            intent = %mail.intent, message_id = %mail.mail.message_id);
-        let _enter = span.enter();
         let event = json!({"agent": self.spec().name, "taskId": pending.task_id, "intent": mail.intent,
                            "messageId": mail.mail.message_id, "attempt": pending.attempts + 1});
         match self.claim_and_submit(mail).await {
