@@ -237,6 +237,51 @@ async fn an_unknown_sender_is_refused_before_anything_is_acked_or_run() {
     assert!(!touched.exists(), "the agent ran for a stranger");
 }
 
+/// Issue 31: the budget of answers to refused senders (`max_refusals_per_hour`) was kept in
+/// memory, so every restart gave a flood of strangers a fresh one. It is kept in the journal.
+#[tokio::test]
+async fn the_refusal_budget_survives_a_restart() {
+    let agent = "profile = \"echo\"\nmax_refusals_per_hour = 3";
+    let rig = Rig::new(agent, &[]);
+    let first: Vec<AampMessage> = (0..3)
+        .map(|n| {
+            rig.dispatch(
+                &format!("stranger{n}@elsewhere.test"),
+                "Let me in",
+                "please",
+            )
+        })
+        .collect();
+    for task in &first {
+        rig.deliver(task);
+    }
+    rig.outbox.until("three refusals", |s| s.len() == 3).await;
+    let (dir, _) = rig.shut().await;
+    let rig = Rig::in_dir(dir, agent, &[], FakeBackend::default());
+    for n in 3..6 {
+        rig.deliver(&rig.dispatch(
+            &format!("stranger{n}@elsewhere.test"),
+            "Let me in",
+            "please",
+        ));
+    }
+    let (dir, outbox) = rig.shut().await;
+    assert!(
+        outbox.sent().is_empty(),
+        "answered past the budget: {:?}",
+        outbox.sent()
+    );
+    let journal = Journal::open(&dir.path().join("state/journal.sqlite3")).unwrap();
+    let refused = journal
+        .tasks(
+            Some("agent"),
+            Some(aamp_bridge::dispatch::TaskState::Rejected),
+            100,
+        )
+        .unwrap();
+    assert_eq!(refused.len(), 6, "every refused mail is recorded");
+}
+
 #[tokio::test]
 async fn the_same_mail_delivered_three_times_runs_and_is_answered_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -236,27 +236,20 @@ impl<O: Backend> Dispatcher<O> {
 
     /// Whether another refusal may be answered now (at most `refusals_per_hour`).
     pub(super) fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
-        self.may_answer(&self.inner.refusals, spec.refusals_per_hour)
+        self.may_answer("refusals", spec.refusals_per_hour)
     }
 
-    /// Whether one more answer fits in `budget` (answers sent in the last hour) under `max`;
-    /// if so, it is counted.
-    pub(super) fn may_answer(
-        &self,
-        budget: &Mutex<std::collections::VecDeque<std::time::Instant>>,
-        max: u32,
-    ) -> bool {
-        let mut sent = budget.lock().expect("refusals lock");
-        let hour_ago = std::time::Instant::now() - Duration::from_secs(3600);
-        while sent.front().is_some_and(|t| *t < hour_ago) {
-            sent.pop_front();
-        }
-        if sent.len() < max as usize {
-            sent.push_back(std::time::Instant::now());
-            true
-        } else {
-            false
-        }
+    /// Whether one more answer fits in the budget `kind` (answers sent in the last hour, kept
+    /// in the journal across restarts) under `max`; if so, it is counted. A journal that
+    /// cannot say is taken as no budget left: a refusal then goes unanswered.
+    pub(super) fn may_answer(&self, kind: &str, max: u32) -> bool {
+        self.inner
+            .journal
+            .spend_answer(&self.spec().name, kind, max)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the answer budget; not answering");
+                false
+            })
     }
 
     pub(super) fn on_dispatch(

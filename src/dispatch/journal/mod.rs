@@ -321,6 +321,14 @@ CREATE TABLE IF NOT EXISTS turns (
 );
 CREATE INDEX IF NOT EXISTS turns_by_key ON turns (agent, key, id);
 CREATE INDEX IF NOT EXISTS turns_by_time ON turns (agent, at);
+-- Answers sent to refused mail in the last hour, per budget (refused dispatches, refused
+-- pair requests): a restart does not give a flood of strangers a fresh budget.
+CREATE TABLE IF NOT EXISTS answer_budget (
+    agent TEXT NOT NULL,
+    kind  TEXT NOT NULL,
+    at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS answer_budget_by_kind ON answer_budget (agent, kind, at);
 ";
 
 /// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early
@@ -352,8 +360,8 @@ const COUNT_ADMITTED: &str =
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
-/// 4: turns; 5: outbox.claim.
-const SCHEMA_VERSION: i64 = 5;
+/// 4: turns; 5: outbox.claim; 6: answer_budget.
+const SCHEMA_VERSION: i64 = 6;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
