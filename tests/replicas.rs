@@ -634,3 +634,72 @@ async fn a_dispatch_delivered_twice_to_two_replicas_runs_once() {
         assert!(b.stop().success());
     }
 }
+
+/// Two copies of one dispatch (delivered twice: the same Message-ID; or the same sender and
+/// TaskId under another) are one task to the claims: a replica claiming the copy it saw first
+/// loses to the claim another replica holds on the other copy, and to a copy already answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_on_one_copy_of_a_dispatch_holds_every_copy() {
+    use aamp_bridge::mailbox::aamp::claims::{self, Claim};
+    use aamp_bridge::mailbox::aamp::jmap::JmapClient;
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("agent");
+    let lease = Duration::from_secs(60);
+    let copy = |message_id: &str, task_id: &str, from: &str| {
+        support::inject_mx(
+            host,
+            from,
+            &agent.email,
+            &format!("From: {from}\nTo: {}\nSubject: [AAMP Task] copy\nMessage-ID: {message_id}\nX-AAMP-Version: 1.1\nX-AAMP-Intent: task.dispatch\nX-AAMP-TaskId: {task_id}\n\nTask: copy\n", agent.email),
+        );
+    };
+    let mut jmap = JmapClient::new(&agent).unwrap();
+    jmap.connect().await.unwrap();
+    let inbox = jmap.inbox_id().await.unwrap();
+    // Delivers a copy and waits for it: its id.
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut deliver = async |message_id: &str, task_id: &str, from: &str| -> String {
+        copy(message_id, task_id, from);
+        loop {
+            let ids = jmap.query_mailbox(&inbox, 100).await.unwrap();
+            if let Some(new) = ids.into_iter().find(|id| !seen.contains(id)) {
+                seen.insert(new.clone());
+                return new;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // The same Message-ID twice, a renamed copy (same sender and TaskId), and another
+    // sender's mail with that TaskId, which is not a copy.
+    let first = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    let again = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    let renamed = deliver("<copy-1b@example.test>", "task-1", "boss@example.test").await;
+    let other = deliver("<other@example.test>", "task-1", "someone@example.test").await;
+    assert_eq!(
+        claims::claim(&jmap, &first, "r1", lease).await.unwrap(),
+        Claim::Won
+    );
+    for copy in [&again, &renamed] {
+        assert_eq!(
+            claims::claim(&jmap, copy, "r2", lease).await.unwrap(),
+            Claim::Lost {
+                by: Some("r1".into())
+            },
+            "a copy of r1's task"
+        );
+    }
+    assert_eq!(
+        claims::claim(&jmap, &other, "r2", lease).await.unwrap(),
+        Claim::Won,
+        "another sender's task"
+    );
+    // Answered: a copy that comes later is lost too.
+    claims::finish(&jmap, &first).await.unwrap();
+    let later = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    assert_eq!(
+        claims::claim(&jmap, &later, "r2", lease).await.unwrap(),
+        Claim::Lost {
+            by: Some("r1".into())
+        }
+    );
+}
