@@ -34,6 +34,7 @@ pub enum Event {
     TaskDuplicate,
     TaskHelpNeeded,
     TaskInterrupted,
+    TaskParked,
     TaskReceived,
     TaskRecovered,
     TaskRejected,
@@ -43,7 +44,7 @@ pub enum Event {
 }
 
 impl Event {
-    pub const ALL: [Event; 29] = [
+    pub const ALL: [Event; 30] = [
         Event::AgentCard,
         Event::AgentReady,
         Event::BridgeReloadFailed,
@@ -67,6 +68,7 @@ impl Event {
         Event::TaskDuplicate,
         Event::TaskHelpNeeded,
         Event::TaskInterrupted,
+        Event::TaskParked,
         Event::TaskReceived,
         Event::TaskRecovered,
         Event::TaskRejected,
@@ -100,6 +102,7 @@ impl Event {
             Event::TaskDuplicate => "task.duplicate",
             Event::TaskHelpNeeded => "task.help_needed",
             Event::TaskInterrupted => "task.interrupted",
+            Event::TaskParked => "task.parked",
             Event::TaskReceived => "task.received",
             Event::TaskRecovered => "task.recovered",
             Event::TaskRejected => "task.rejected",
@@ -151,7 +154,21 @@ impl Events {
         if let Value::Object(map) = fields {
             line.extend(map);
         }
-        writer().send(Value::Object(line).to_string());
+        writer().send(json_line(&Value::Object(line)));
+    }
+}
+
+/// `value` as one JSON line with U+2028 and U+2029 escaped (`\u2028`, `\u2029`): JSON allows
+/// them raw in strings, but JavaScript before ES2019 and many line-oriented readers take them
+/// for line ends, so a sender's subject could split an event in two. They occur only inside
+/// strings, so replacing them keeps the JSON the same value.
+fn json_line(value: &Value) -> String {
+    let text = value.to_string();
+    if text.contains(['\u{2028}', '\u{2029}']) {
+        text.replace('\u{2028}', "\\u2028")
+            .replace('\u{2029}', "\\u2029")
+    } else {
+        text
     }
 }
 
@@ -227,6 +244,15 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_lines_escape_the_unicode_line_separators() {
+        let value = serde_json::json!({"title": "one\u{2028}two\u{2029}three\nfour"});
+        let line = json_line(&value);
+        assert_eq!(line, r#"{"title":"one\u2028two\u2029three\nfour"}"#);
+        assert!(!line.contains(['\u{2028}', '\u{2029}', '\n']));
+        assert_eq!(serde_json::from_str::<Value>(&line).unwrap(), value);
+    }
 
     #[test]
     fn event_names_are_distinct_and_dotted() {

@@ -238,6 +238,51 @@ async fn an_unknown_sender_is_refused_before_anything_is_acked_or_run() {
     assert!(!touched.exists(), "the agent ran for a stranger");
 }
 
+/// Issue 31: the budget of answers to refused senders (`max_refusals_per_hour`) was kept in
+/// memory, so every restart gave a flood of strangers a fresh one. It is kept in the journal.
+#[tokio::test]
+async fn the_refusal_budget_survives_a_restart() {
+    let agent = "profile = \"echo\"\nmax_refusals_per_hour = 3";
+    let rig = Rig::new(agent, &[]);
+    let first: Vec<AampMessage> = (0..3)
+        .map(|n| {
+            rig.dispatch(
+                &format!("stranger{n}@elsewhere.test"),
+                "Let me in",
+                "please",
+            )
+        })
+        .collect();
+    for task in &first {
+        rig.deliver(task);
+    }
+    rig.outbox.until("three refusals", |s| s.len() == 3).await;
+    let (dir, _) = rig.shut().await;
+    let rig = Rig::in_dir(dir, agent, &[], FakeBackend::default());
+    for n in 3..6 {
+        rig.deliver(&rig.dispatch(
+            &format!("stranger{n}@elsewhere.test"),
+            "Let me in",
+            "please",
+        ));
+    }
+    let (dir, outbox) = rig.shut().await;
+    assert!(
+        outbox.sent().is_empty(),
+        "answered past the budget: {:?}",
+        outbox.sent()
+    );
+    let journal = Journal::open(&dir.path().join("state/journal.sqlite3")).unwrap();
+    let refused = journal
+        .tasks(
+            Some("agent"),
+            Some(aamp_bridge::dispatch::TaskState::Rejected),
+            100,
+        )
+        .unwrap();
+    assert_eq!(refused.len(), 6, "every refused mail is recorded");
+}
+
 #[tokio::test]
 async fn the_same_mail_delivered_three_times_runs_and_is_answered_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -461,6 +506,90 @@ async fn answers_the_server_refused_are_kept_and_sent_once_after_a_restart() {
         outbox.intents(task.task_id()),
         vec![Intent::TaskAck, Intent::TaskResult]
     );
+}
+
+/// Issue 31: after a short outage, answers went out up to 12 minutes after the server came
+/// back, each waiting out its own backoff (doubling to 5 minutes). Now, while the server is
+/// down, one waiting mail is tried at least every 5 s, and the first that goes through makes
+/// every waiting one due: all leave within seconds of the server's return, in order.
+#[tokio::test(start_paused = true)]
+async fn answers_waiting_out_an_outage_all_leave_within_seconds_of_the_server_coming_back() {
+    let outbox = FakeBackend::default();
+    outbox.fail.store(usize::MAX, Ordering::SeqCst);
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let tasks: Vec<AampMessage> = (0..5)
+        .map(|n| rig.dispatch(BOSS, &format!("Task {n}"), "answer after the outage"))
+        .collect();
+    for task in &tasks {
+        rig.deliver(task);
+    }
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    while journal.unsent("agent").unwrap() < 10 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ten minutes down: each mail's own backoff has grown to its cap.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    rig.outbox.fail.store(0, Ordering::SeqCst);
+    let back = tokio::time::Instant::now();
+    let sent = rig.outbox.until("every answer", |s| s.len() == 10).await;
+    let took = back.elapsed();
+    assert!(
+        took <= Duration::from_secs(6),
+        "the last answer left {took:?} after the server came back"
+    );
+    let acks: Vec<&str> = sent
+        .iter()
+        .filter(|m| m.intent() == Intent::TaskAck)
+        .map(|m| m.task_id())
+        .collect();
+    let order: Vec<&str> = tasks.iter().map(|t| t.task_id()).collect();
+    assert_eq!(acks, order, "oldest first");
+    let (_, outbox) = rig.shut().await;
+    for task in &tasks {
+        assert_eq!(
+            outbox.intents(task.task_id()),
+            vec![Intent::TaskAck, Intent::TaskResult]
+        );
+    }
+}
+
+/// Issue 31: with the server down, a task's result waited behind its unsent ack, and the
+/// outbox, taking the result's own time as due, read the journal every 10 ms for the whole
+/// outage (8-11 % of a core). It wakes on events now: a mail queued, the next due time, the
+/// next try of the server (at most every 5 s while it is down); idle, not at all.
+#[tokio::test(start_paused = true)]
+async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
+    let outbox = FakeBackend::default();
+    outbox.fail.store(usize::MAX, Ordering::SeqCst);
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let idle = rig.dispatcher.outbox_rounds();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let idle = rig.dispatcher.outbox_rounds() - idle;
+    // The first round at start, and one look an hour.
+    assert!(idle <= 2, "{idle} rounds in an idle hour");
+    let task = rig.dispatch(BOSS, "Wait", "wait out the outage");
+    rig.deliver(&task);
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    while journal.unsent("agent").unwrap() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = rig.dispatcher.outbox_rounds();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let rounds = rig.dispatcher.outbox_rounds() - before;
+    assert!(rounds <= 15, "{rounds} rounds in a minute of outage");
+    rig.outbox.fail.store(0, Ordering::SeqCst);
+    rig.outbox.result(task.task_id()).await;
+    rig.shut().await;
 }
 
 /// Issue 18: tasks of equal priority ran as 34, 32, 31, 33, 35: each took its place in the

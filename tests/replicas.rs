@@ -311,3 +311,395 @@ async fn a_task_that_must_not_run_twice_is_answered_interrupted_after_a_takeover
         assert!(b.stop().success());
     }
 }
+
+/// Issue 31: Cyrus keeps a mailbox's keyword names in a table of 100 that is never emptied,
+/// and builds that wrote a name per lease (`$aamp-lease-SECS`) stopped claiming for good
+/// after about a hundred claims and renewals ("Too many user flags in mailbox"). Two
+/// replicas race for claims on 20 mails, the winner renews three times and lets the lease
+/// end, round after round: 2,000 claims and renewals, each with a lease ending at another
+/// second (as claims over half an hour would), all taken by the server, each claim won by
+/// exactly one replica, and the names on the mailbox's mail a fixed few.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_make_2000_claims_and_renewals_on_one_mailbox() {
+    use aamp_bridge::mailbox::aamp::claims::{self, Claim};
+    use aamp_bridge::mailbox::aamp::jmap::JmapClient;
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("agent");
+    const MAILS: usize = 20;
+    for n in 0..MAILS {
+        support::inject_mx(
+            host,
+            "someone@example.test",
+            &agent.email,
+            &format!("From: someone@example.test\nTo: {}\nSubject: mail {n}\nMessage-ID: <claims-{n}@example.test>\n\nhello\n", agent.email),
+        );
+    }
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let mut jmap = JmapClient::new(&agent).unwrap();
+        jmap.connect().await.unwrap();
+        replicas.push(jmap);
+    }
+    let inbox = replicas[0].inbox_id().await.unwrap();
+    let ids = loop {
+        let ids = replicas[0].query_mailbox(&inbox, 100).await.unwrap();
+        if ids.len() == MAILS {
+            break ids;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let names = ["r1", "r2"];
+    let started = std::time::Instant::now();
+    let (mut ops, mut round) = (0usize, 0u64);
+    while ops < 2_000 {
+        let id = &ids[round as usize % MAILS];
+        // A lease ending at a second no earlier round used.
+        let lease = |k: u64| Duration::from_secs(600 + round * 5 + k);
+        let (a, b) = tokio::join!(
+            claims::claim(&replicas[0], id, names[0], lease(0)),
+            claims::claim(&replicas[1], id, names[1], lease(0)),
+        );
+        ops += 2;
+        let (a, b) = (
+            a.unwrap_or_else(|e| panic!("claim {ops}: {e}")),
+            b.unwrap_or_else(|e| panic!("claim {ops}: {e}")),
+        );
+        let won = |c: &Claim| matches!(c, Claim::Won | Claim::TakenOver { .. });
+        assert!(won(&a) != won(&b), "round {round}: {a:?} / {b:?}");
+        let winner = if won(&a) { 0 } else { 1 };
+        let loser = if won(&a) { &b } else { &a };
+        assert_eq!(
+            loser,
+            &Claim::Lost {
+                by: Some(names[winner].to_string())
+            }
+        );
+        for k in 1..=3 {
+            let renewed = claims::renew(&replicas[winner], id, names[winner], lease(k)).await;
+            assert!(renewed.unwrap_or_else(|e| panic!("renewal {ops}: {e}")));
+            ops += 1;
+        }
+        // The lease ends now: the next round on this mail is a takeover race.
+        assert!(
+            claims::renew(&replicas[winner], id, names[winner], Duration::ZERO)
+                .await
+                .unwrap()
+        );
+        ops += 1;
+        round += 1;
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{ops} claims and renewals in {round} rounds: {elapsed:?}, {:.0}/s",
+        ops as f64 / elapsed.as_secs_f64()
+    );
+    let got = replicas[0]
+        .call(
+            "Email/get",
+            serde_json::json!({ "ids": ids, "properties": ["keywords"] }),
+        )
+        .await
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for mail in got["list"].as_array().unwrap() {
+        seen.extend(mail["keywords"].as_object().unwrap().keys().cloned());
+    }
+    let allowed: HashSet<String> = claims::names(&names).into_iter().collect();
+    let strays: Vec<&String> = seen.iter().filter(|k| !allowed.contains(*k)).collect();
+    assert!(
+        strays.is_empty(),
+        "names outside the claims' set: {strays:?}"
+    );
+}
+
+/// Uses up `n` of the agent's mailbox's keyword names (Cyrus keeps 100 per mailbox, never
+/// freed), as years of a mail client's labels would: set on a mail, then taken off again.
+/// The mail keeps `$aamp-done` (one name more), as an answered task's would.
+async fn age_keyword_table(host: &MailHost, agent: &aamp_bridge::config::Account, n: usize) {
+    use aamp_bridge::mailbox::aamp::jmap::JmapClient;
+    support::inject_mx(
+        host,
+        "someone@example.test",
+        &agent.email,
+        &format!("From: someone@example.test\nTo: {}\nSubject: labels\nMessage-ID: <labels@example.test>\n\nold mail\n", agent.email),
+    );
+    let mut jmap = JmapClient::new(agent).unwrap();
+    jmap.connect().await.unwrap();
+    let inbox = jmap.inbox_id().await.unwrap();
+    let id = loop {
+        if let Some(id) = jmap.query_mailbox(&inbox, 1).await.unwrap().pop() {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for on in [true, false] {
+        let patch: serde_json::Map<String, serde_json::Value> = (0..n)
+            .map(|i| {
+                let v = if on {
+                    serde_json::json!(true)
+                } else {
+                    serde_json::Value::Null
+                };
+                (format!("keywords/$label{i}"), v)
+            })
+            .collect();
+        let set = jmap
+            .call("Email/set", serde_json::json!({ "update": { &id: patch } }))
+            .await
+            .unwrap();
+        assert!(set["notUpdated"].is_null(), "{set}");
+    }
+    let set = jmap
+        .call(
+            "Email/set",
+            serde_json::json!({ "update": { &id: { "keywords/$aamp-done": true } } }),
+        )
+        .await
+        .unwrap();
+    assert!(set["notUpdated"].is_null(), "{set}");
+}
+
+/// Issue 31, end to end: two replicas on a mailbox whose keyword table is 60 names full
+/// answer 120 dispatches once each (a claim in most seconds of a minute). Builds that wrote
+/// a name per lease ran out of names within a minute here, and every task after that held
+/// its slot forever, unclaimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_answer_120_dispatches_once_on_a_mailbox_with_few_names_left() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
+    age_keyword_table(host, &agent, 60).await;
+    let dirs: Vec<ConfigDir> = ["r1", "r2"]
+        .iter()
+        .map(|name| {
+            let dir = ConfigDir::new(
+                host,
+                &support::Toml::new()
+                    .host_mailbox(
+                        host,
+                        "agent",
+                        &agent,
+                        &format!("replica = \"{name}\"\nlease_secs = 10\n"),
+                    )
+                    .agent(
+                        "agent",
+                        "sleeper.toml",
+                        &[&boss.email],
+                        "max_concurrent_tasks = 2",
+                    )
+                    .text(),
+            );
+            dir.write("sleeper.toml", &sleeper(1.2));
+            dir
+        })
+        .collect();
+    let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
+    let mut peer = Peer::new(boss).await;
+    let mut tasks = Vec::new();
+    for n in 0..120 {
+        let sent = peer
+            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a little"))
+            .await;
+        tasks.push(sent.task_id().to_string());
+    }
+    for task in &tasks {
+        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(240))
+            .await;
+    }
+    peer.settle(&via).await;
+    for task in &tasks {
+        let intents = peer.intents_for(task);
+        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
+        assert_eq!(count(Intent::TaskAck), 1, "{task}: {intents:?}");
+        assert_eq!(count(Intent::TaskResult), 1, "{task}: {intents:?}");
+    }
+    let ran = completed(&mut bridges);
+    assert_eq!(
+        ran.iter().map(HashSet::len).sum::<usize>(),
+        tasks.len(),
+        "{ran:?}"
+    );
+    for b in bridges {
+        assert!(b.stop().success());
+    }
+}
+
+/// A claim the server refuses for good (here its keyword table is full) is not retried while
+/// the task holds a slot: the task is parked, unanswered (only a claim's winner answers), and
+/// `status`, `tasks` and `doctor` say why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    age_keyword_table(host, &agent, 99).await;
+    let dir = replica(host, &agent, &boss.email, "r1", 0.1);
+    let mut bridge = Bridge::start(&dir, 1);
+    let peer = Peer::new(boss).await;
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "one"))
+        .await;
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "Second", "two"))
+        .await;
+    for sent in [&first, &second] {
+        let parked = bridge.wait_event("task.parked", |e| e["taskId"] == sent.task_id());
+        let reason = parked["reason"].as_str().unwrap();
+        assert!(reason.contains("Too many user flags"), "{parked}");
+    }
+    let status: serde_json::Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let a = &status["agents"][0];
+    assert_eq!(a["parked"], 2, "{status}");
+    assert_eq!(a["queued"], 0, "{status}");
+    assert!(
+        a["parkedReason"]
+            .as_str()
+            .unwrap()
+            .contains("Too many user flags"),
+        "{status}"
+    );
+    let text = dir.run(&["status"]);
+    assert!(text.contains("2 tasks parked"), "{text}");
+    let doctor: serde_json::Value = serde_json::from_str(&dir.run(&["doctor", "--json"])).unwrap();
+    let claims = doctor
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["check"].as_str().is_some_and(|c| c.ends_with("claims")))
+        .unwrap_or_else(|| panic!("{doctor}"));
+    assert_eq!(claims["status"], "fail", "{claims}");
+    assert!(
+        claims["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Too many user flags"),
+        "{claims}"
+    );
+    assert!(bridge.stop().success());
+}
+
+/// Issue 31: the replica that lost a claim forgot the task, so a second delivery of the
+/// dispatch (the same Message-ID again, or the same sender and TaskId under a new one) was
+/// new to it, carried no claim, and ran again: two results. A lost claim is kept as a record
+/// of who runs the task now, so every copy is a duplicate on every replica, while the task
+/// runs and after it is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_delivered_twice_to_two_replicas_runs_once() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
+    let dirs: Vec<ConfigDir> = ["r1", "r2"]
+        .iter()
+        .map(|name| replica(host, &agent, &boss.email, name, 3.0))
+        .collect();
+    let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
+    let mut peer = Peer::new(boss).await;
+    let mut task = peer.dispatch_to(&agent.email, "Twice", "delivered twice");
+    task.envelope.message_id = format!("<twice-{}@example.test>", uuid::Uuid::new_v4());
+    let task = peer.send(task).await;
+    let id = task.task_id().to_string();
+    let runner = runner_of(&mut bridges, Some(&id)).await;
+    let other = 1 - runner;
+    // The other replica has lost the claim and left the task to the runner.
+    bridges[other].wait_event("message.ignored", |e| {
+        e["taskId"] == id.as_str()
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("claimed by"))
+    });
+    // While it runs: the same mail again, and the same task under a new Message-ID.
+    peer.send(task.clone()).await;
+    let mut renamed = task.clone();
+    renamed.envelope.message_id = String::new();
+    peer.send(renamed.clone()).await;
+    peer.wait_for_within(&id, Intent::TaskResult, Duration::from_secs(60))
+        .await;
+    // After it was answered: both again.
+    peer.send(task.clone()).await;
+    peer.send(renamed).await;
+    for b in bridges.iter_mut() {
+        b.wait_count("task.duplicate", 2);
+    }
+    peer.settle(&via).await;
+    let intents = peer.intents_for(&id);
+    assert_eq!(
+        intents,
+        vec![Intent::TaskAck, Intent::TaskResult],
+        "{intents:?}"
+    );
+    let ran = completed(&mut bridges);
+    assert_eq!(
+        ran.iter().map(HashSet::len).sum::<usize>(),
+        1,
+        "run once across the replicas: {ran:?}"
+    );
+    for b in bridges {
+        assert!(b.stop().success());
+    }
+}
+
+/// Two copies of one dispatch (delivered twice: the same Message-ID; or the same sender and
+/// TaskId under another) are one task to the claims: a replica claiming the copy it saw first
+/// loses to the claim another replica holds on the other copy, and to a copy already answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_on_one_copy_of_a_dispatch_holds_every_copy() {
+    use aamp_bridge::mailbox::aamp::claims::{self, Claim};
+    use aamp_bridge::mailbox::aamp::jmap::JmapClient;
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("agent");
+    let lease = Duration::from_secs(60);
+    let copy = |message_id: &str, task_id: &str, from: &str| {
+        support::inject_mx(
+            host,
+            from,
+            &agent.email,
+            &format!("From: {from}\nTo: {}\nSubject: [AAMP Task] copy\nMessage-ID: {message_id}\nX-AAMP-Version: 1.1\nX-AAMP-Intent: task.dispatch\nX-AAMP-TaskId: {task_id}\n\nTask: copy\n", agent.email),
+        );
+    };
+    let mut jmap = JmapClient::new(&agent).unwrap();
+    jmap.connect().await.unwrap();
+    let inbox = jmap.inbox_id().await.unwrap();
+    // Delivers a copy and waits for it: its id.
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut deliver = async |message_id: &str, task_id: &str, from: &str| -> String {
+        copy(message_id, task_id, from);
+        loop {
+            let ids = jmap.query_mailbox(&inbox, 100).await.unwrap();
+            if let Some(new) = ids.into_iter().find(|id| !seen.contains(id)) {
+                seen.insert(new.clone());
+                return new;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // The same Message-ID twice, a renamed copy (same sender and TaskId), and another
+    // sender's mail with that TaskId, which is not a copy.
+    let first = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    let again = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    let renamed = deliver("<copy-1b@example.test>", "task-1", "boss@example.test").await;
+    let other = deliver("<other@example.test>", "task-1", "someone@example.test").await;
+    assert_eq!(
+        claims::claim(&jmap, &first, "r1", lease).await.unwrap(),
+        Claim::Won
+    );
+    for copy in [&again, &renamed] {
+        assert_eq!(
+            claims::claim(&jmap, copy, "r2", lease).await.unwrap(),
+            Claim::Lost {
+                by: Some("r1".into())
+            },
+            "a copy of r1's task"
+        );
+    }
+    assert_eq!(
+        claims::claim(&jmap, &other, "r2", lease).await.unwrap(),
+        Claim::Won,
+        "another sender's task"
+    );
+    // Answered: a copy that comes later is lost too.
+    claims::finish(&jmap, &first).await.unwrap();
+    let later = deliver("<copy-1@example.test>", "task-1", "boss@example.test").await;
+    assert_eq!(
+        claims::claim(&jmap, &later, "r2", lease).await.unwrap(),
+        Claim::Lost {
+            by: Some("r1".into())
+        }
+    );
+}

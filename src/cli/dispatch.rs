@@ -56,36 +56,59 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     // The stream follower, when there is one; aborted when the result is in.
     let mut following = tokio::task::JoinSet::new();
     let mut followed = false;
+    // Who answered this task: a report that one of them could not be reached is not true.
+    let mut answered: Vec<String> = Vec::new();
     loop {
         let (mail, next) = mailbox.fetch_mail_since(&state, 50).await?;
         state = next;
         let mut inbound = Vec::new();
+        let mut bounces = Vec::new();
         for m in mail {
             match m {
-                crate::inbound::Mail::Aamp(i) => inbound.push(i.message),
-                // The server could not deliver the dispatch: no answer will come.
-                crate::inbound::Mail::Bounce(b)
-                    if b.notification
-                        .message_id
-                        .as_deref()
-                        .map(crate::protocol::message::normalize_message_id)
-                        == Some(crate::protocol::message::normalize_message_id(&message_id))
-                        && b.notification.failed().next().is_some() =>
-                {
-                    let failed: Vec<String> =
-                        b.notification.failed().map(|r| r.describe()).collect();
-                    if args.json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"taskId": task_id, "messageId": message_id,
-                                               "undeliverable": failed})
-                        );
+                crate::inbound::Mail::Aamp(i) => {
+                    if i.message.task_id() == task_id {
+                        answered.push(crate::protocol::address(&i.message.envelope.from));
                     }
-                    eprintln!("the dispatch could not be delivered: {}", failed.join("; "));
-                    return Ok(3);
+                    inbound.push(i.message)
                 }
+                crate::inbound::Mail::Bounce(b) => bounces.push(b),
                 _ => {}
             }
+        }
+        for b in bounces {
+            // The server could not deliver the dispatch: no answer will come. Only a report
+            // of this dispatch, for the address it was sent to, that has not answered it.
+            let of_this = b
+                .notification
+                .message_id
+                .as_deref()
+                .map(crate::protocol::message::normalize_message_id)
+                == Some(crate::protocol::message::normalize_message_id(&message_id));
+            let unreached: Vec<&crate::protocol::dsn::Recipient> = b
+                .notification
+                .failed()
+                .filter(|r| {
+                    let address = crate::protocol::address(&r.address);
+                    address.eq_ignore_ascii_case(&crate::protocol::address(&args.to))
+                        && !answered.iter().any(|a| a.eq_ignore_ascii_case(&address))
+                })
+                .collect();
+            if !of_this || unreached.is_empty() {
+                if of_this {
+                    eprintln!("ignored a delivery report naming no address that has not answered");
+                }
+                continue;
+            }
+            let failed: Vec<String> = unreached.iter().map(|r| r.describe()).collect();
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"taskId": task_id, "messageId": message_id,
+                                       "undeliverable": failed})
+                );
+            }
+            eprintln!("the dispatch could not be delivered: {}", failed.join("; "));
+            return Ok(3);
         }
         for m in inbound.into_iter().filter(|m| m.task_id() == task_id) {
             match &m.body {

@@ -157,6 +157,27 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                         (true, Some(target)) => checks.push(check(what("push"), Verdict::Ok, format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
                         (true, None) => checks.push(check(what("push"), Verdict::Warn, format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
                     }
+                    match mailbox.check_claims().await {
+                        Ok(None) => {}
+                        Ok(Some(true)) => checks.push(check(
+                            what("claims"),
+                            Verdict::Ok,
+                            "the server takes the keywords this replica's claims write",
+                            "",
+                        )),
+                        Ok(Some(false)) => checks.push(check(
+                            what("claims"),
+                            Verdict::Warn,
+                            "no answered task in the Inbox yet to try the claims' keywords on",
+                            "run doctor again after the first task",
+                        )),
+                        Err(e) => checks.push(check(
+                            what("claims"),
+                            Verdict::Fail,
+                            e.to_string(),
+                            "this replica cannot claim tasks, so it runs none (they are parked): the login must be allowed to set keywords, and the mailbox must have room for 30 more keyword names (Cyrus keeps 100 per mailbox, never freed: builds before this one used one per lease; a new mailbox, or the administrator, clears them)",
+                        )),
+                    }
                     match mailbox.newest_headers().await {
                         Ok(Some(headers)) => {
                             let ev = crate::mailbox::auth::evidence(&headers);

@@ -45,6 +45,19 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
                 .collect::<Vec<_>>(),
             None => Vec::new(),
         };
+        // Tasks set aside because the server refused their claims, and the latest reason.
+        let parked_reason = match &journal {
+            Some(j) => j
+                .tasks(
+                    Some(&agent.name),
+                    Some(crate::dispatch::TaskState::Parked),
+                    1,
+                )?
+                .into_iter()
+                .next()
+                .and_then(|t| t.reason),
+            None => None,
+        };
         let slots = live.as_ref().and_then(|l| {
             l["agents"]
                 .as_array()?
@@ -62,6 +75,7 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             "undelivered": count("undelivered"),
             "queued": count("received") + count("acked"), "running": running_tasks,
             "unsent": count("unsent"), "slots": slots,
+            "parked": count("parked"), "parkedReason": parked_reason,
         }));
     }
     if json {
@@ -114,6 +128,13 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             a["running"].as_array().map_or(0, Vec::len),
             a["unsent"]
         );
+        if a["parked"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "    {} tasks parked, not run or answered here: {} (tried again at the next start; aamp-bridge tasks --state parked)",
+                a["parked"],
+                a["parkedReason"].as_str().unwrap_or("the server refused their claims")
+            );
+        }
         if a["undelivered"].as_u64().unwrap_or(0) > 0 {
             println!(
                 "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",

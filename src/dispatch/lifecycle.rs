@@ -20,6 +20,7 @@ use super::{
     arrival, conversation_key, prompt, results, session_scope, task_key, workspace, Backend,
     CancelReply, ClaimOutcome, Dispatcher, Place, Task, OWNER_VAR, RUN_VAR,
 };
+use crate::error::{Classify, ErrorClass};
 use crate::inbound::Attachment;
 use crate::protocol::{Body, HelpNeeded, Status, TaskResult};
 use crate::runner::{self, RunError, SpawnHook, TaskInput};
@@ -160,16 +161,21 @@ impl<O: Backend> Dispatcher<O> {
         let mut refused = task.rerun_refused.clone();
         let slot = match (slot, &replica) {
             (Some(held), Some(_)) => match self.claim(&task, &cancel).await {
-                Some(ClaimOutcome::Won) => Some(held),
-                Some(ClaimOutcome::TakenOver { from }) => {
+                Some(Ok(ClaimOutcome::Won)) => Some(held),
+                Some(Ok(ClaimOutcome::TakenOver { from })) => {
                     if !self.spec().profile.rerun_interrupted {
                         refused = Some(format!("interrupted: replica {from} stopped while it ran; this agent's tasks are not run twice; dispatch it again"));
                     }
                     Some(held)
                 }
-                Some(ClaimOutcome::Lost { by }) => {
+                Some(Ok(ClaimOutcome::Lost { by })) => {
                     drop(held);
                     self.lost_claim(&task, &workspace, by.as_deref());
+                    return;
+                }
+                Some(Err(refused)) => {
+                    drop(held);
+                    self.park(&task, &workspace, &refused);
                     return;
                 }
                 None => None,
@@ -180,11 +186,16 @@ impl<O: Backend> Dispatcher<O> {
         // wins the claim, only (a claim given up half way may have been won; claiming again
         // finds it ours).
         if slot.is_none() && replica.is_some() && !inner.abort.is_cancelled() {
-            if let Some(ClaimOutcome::Lost { by }) =
-                self.claim(&task, &inner.abort.child_token()).await
-            {
-                self.lost_claim(&task, &workspace, by.as_deref());
-                return;
+            match self.claim(&task, &inner.abort.child_token()).await {
+                Some(Ok(ClaimOutcome::Lost { by })) => {
+                    self.lost_claim(&task, &workspace, by.as_deref());
+                    return;
+                }
+                Some(Err(refused)) => {
+                    self.park(&task, &workspace, &refused);
+                    return;
+                }
+                _ => {}
             }
         }
         let claim_lost = std::sync::atomic::AtomicBool::new(false);
@@ -314,8 +325,14 @@ impl<O: Backend> Dispatcher<O> {
 
     /// Claims the task's mail on the server, retrying while the server cannot be reached;
     /// acknowledges the task when won (once: a claim kept across a restart is won again, and
-    /// its ack is the same mail). `None` when cancelled first.
-    async fn claim(&self, task: &Task, cancel: &CancellationToken) -> Option<ClaimOutcome> {
+    /// its ack is the same mail). `None` when cancelled first; `Err(why)` when the server
+    /// refused the claim for good (its keyword table is full, the login may not set keywords):
+    /// asking again would get the same answer, and the slot is wanted by other tasks.
+    async fn claim(
+        &self,
+        task: &Task,
+        cancel: &CancellationToken,
+    ) -> Option<Result<ClaimOutcome, String>> {
         let inner = &self.inner;
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -343,9 +360,12 @@ impl<O: Backend> Dispatcher<O> {
                     if let Err(e) = self.enqueue(task, &ack) {
                         tracing::warn!(error = %e, "could not queue task.ack");
                     }
-                    return Some(won);
+                    return Some(Ok(won));
                 }
-                Ok(lost) => return Some(lost),
+                Ok(lost) => return Some(Ok(lost)),
+                Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
+                    return Some(Err(e.to_string()));
+                }
                 Err(e) => {
                     let delay = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not claim the task on the server; trying again");
@@ -397,8 +417,29 @@ impl<O: Backend> Dispatcher<O> {
             .remove(&task_key(&task.env.from, &task.env.task_id));
     }
 
-    /// Another bridge runs the task: this one forgets it (no ack, no result), so a takeover
-    /// can bring it back here.
+    /// The server refused this bridge's claim on the task for good: the task is set aside in
+    /// the journal, unanswered (another bridge may hold it, and only a claim's winner answers),
+    /// its slot free for others; `status` and `task show` say why, and the next start tries
+    /// again.
+    fn park(&self, task: &Task, workspace: &workspace::Workspace, refused: &str) {
+        let inner = &self.inner;
+        self.leave(task, workspace);
+        let reason = format!("the mail server refused this replica's claim: {refused}");
+        tracing::error!(%reason, "task parked: not answered here; tried again at the next start");
+        if let Err(e) = inner.journal.park(task.row, &reason) {
+            tracing::warn!(error = %e, "could not record the task as parked");
+        }
+        self.note(task.row, "parked", Some(&reason));
+        inner.events.emit(
+            crate::events::Event::TaskParked,
+            json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,
+                   "messageId": task.env.message_id, "reason": reason}),
+        );
+    }
+
+    /// Another bridge runs the task: this one keeps it as a record of who does (no ack, no
+    /// result), so a second delivery of it is a duplicate here too, and a takeover (or
+    /// another delivery, once the claim ran out) brings it back as a task.
     fn lost_claim(&self, task: &Task, workspace: &workspace::Workspace, by: Option<&str>) {
         let inner = &self.inner;
         self.leave(task, workspace);
@@ -407,9 +448,10 @@ impl<O: Backend> Dispatcher<O> {
             None => "claimed by another replica".to_string(),
         };
         tracing::info!(%reason, "another bridge runs this task");
-        if let Err(e) = inner.journal.forget(task.row) {
-            tracing::warn!(error = %e, "could not forget the task");
+        if let Err(e) = inner.journal.elsewhere(task.row, &reason) {
+            tracing::warn!(error = %e, "could not record who runs the task");
         }
+        self.note(task.row, "left to another replica", Some(&reason));
         inner.events.emit(
             crate::events::Event::MessageIgnored,
             json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,

@@ -274,10 +274,6 @@ const PAIR_AGENT_TRIES: u32 = 20;
 const PAIR_REFUSALS_PER_HOUR: u32 = 20;
 
 struct Inner<O> {
-    /// When rejections were last sent to refused senders (for `refusals_per_hour`).
-    refusals: Mutex<std::collections::VecDeque<std::time::Instant>>,
-    /// When refused pair requests were last answered (their own budget).
-    pair_refusals: Mutex<std::collections::VecDeque<std::time::Instant>>,
     /// Replaced whole on a reload (policy, profile, queue bound).
     spec: std::sync::RwLock<Arc<AgentSpec>>,
     outbox: O,
@@ -296,6 +292,8 @@ struct Inner<O> {
     abort: CancellationToken,
     /// Wakes the outbox worker.
     wake: Notify,
+    /// Rounds the outbox worker made (see [`Dispatcher::outbox_rounds`]).
+    outbox_rounds: std::sync::atomic::AtomicU64,
 }
 
 /// One agent's task lifecycle. Cheap to clone.
@@ -330,8 +328,6 @@ impl<O: Backend> Dispatcher<O> {
         Dispatcher {
             inner: Arc::new(Inner {
                 spec: std::sync::RwLock::new(Arc::new(spec)),
-                refusals: Mutex::new(std::collections::VecDeque::new()),
-                pair_refusals: Mutex::new(std::collections::VecDeque::new()),
                 outbox,
                 journal,
                 events,
@@ -342,6 +338,7 @@ impl<O: Backend> Dispatcher<O> {
                 tracker,
                 abort,
                 wake: Notify::new(),
+                outbox_rounds: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }

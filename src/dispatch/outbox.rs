@@ -2,11 +2,17 @@
 //! (a task's mails in order), each exactly as recorded. A mail is marked sent only once the
 //! mail server accepted it; until then it is retried with capped, jittered backoff, across
 //! restarts, for `retry_for` (default a day). A refusal that will not change (the server
-//! rejects the recipient) is given up at once. Sending never blocks the tasks: it is its own
-//! loop, woken whenever something is queued. A mail that waits on a claim (one of several
+//! rejects the recipient) is given up at once. While the server cannot be reached, one mail
+//! is tried at least every [`PROBE_MAX`], and the first that goes through makes every waiting
+//! mail due. Sending never blocks the tasks: it is its own loop, woken whenever something is
+//! queued, at the next due time, or at the next try of the server; never by polling. A mail that waits on a claim (one of several
 //! replicas answering mail none of them runs) leaves only from the replica that wins it.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -20,41 +26,56 @@ use crate::error::{Classify, ErrorClass};
 const BATCH: usize = 32;
 /// How long the worker sleeps when nothing is due.
 const IDLE: Duration = Duration::from_secs(3600);
+/// While the server cannot be reached, the oldest waiting mail is tried again at most this
+/// long after the last try, whatever its own backoff says: the first send that goes through
+/// makes every waiting mail due at once, so a short outage ends for all of them within
+/// seconds of the server's return, not at each one's next backoff (up to 5 minutes).
+const PROBE_MAX: Duration = Duration::from_secs(5);
 
 /// What became of one attempt.
 enum Sent {
     Yes,
     /// Another replica won the claim the mail waited on, and answers instead.
     Elsewhere(String),
-    /// Not now; the round stops (the server is likely down for every mail).
-    Later,
+    /// Not now; the round stops (the server is likely down for every mail). `Some(delay)`
+    /// when the server could not be reached (the oldest mail is tried again after at most
+    /// `delay`, capped at [`PROBE_MAX`]); `None` when it refused the login.
+    Later(Option<Duration>),
 }
 
 impl<O: Backend> Dispatcher<O> {
     /// Sends what is due until `stop`; then makes one last round (bounded by `last_round`) so
-    /// answers recorded during the shutdown still leave when the server is up.
+    /// answers recorded during the shutdown still leave when the server is up. It waits on
+    /// events only: woken when something is queued, or at the next mail's due time, or (while
+    /// the server is down) at the next probe; never by looking at the journal in a loop.
     pub async fn send_outbox(self, stop: CancellationToken, last_round: Duration) {
         let inner = &self.inner;
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+        // While the server is unreachable: when the oldest waiting mail is tried again.
+        let mut probe: Option<Instant> = None;
         loop {
-            let wait = match self.round(&mut backoff).await {
-                Ok(Some(wait)) => wait,
-                Ok(None) => self.until_next_due(),
+            let wait = match self.round(&mut backoff, &mut probe).await {
+                Ok(()) => self.until_next_due(),
                 Err(e) => {
                     tracing::error!(error = %e, "the outbox cannot read the journal; retrying");
                     backoff.next_delay()
                 }
             };
+            let mut wake = Instant::now() + wait;
+            if let Some(at) = probe {
+                wake = wake.min(at);
+            }
             tokio::select! {
                 _ = inner.wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep_until(wake) => {}
                 _ = stop.cancelled() => break,
             }
         }
         let unsent = inner.journal.unsent(&self.spec().name).unwrap_or(0);
         if unsent > 0 {
             backoff.reset();
-            let _ = tokio::time::timeout(last_round, self.round(&mut backoff)).await;
+            let mut probe = Some(Instant::now());
+            let _ = tokio::time::timeout(last_round, self.round(&mut backoff, &mut probe)).await;
             let left = inner.journal.unsent(&self.spec().name).unwrap_or(0);
             if left > 0 {
                 tracing::warn!(
@@ -65,7 +86,14 @@ impl<O: Backend> Dispatcher<O> {
         }
     }
 
-    /// How long until the next mail is due.
+    /// How many rounds the outbox worker has made (each reads the journal once or more):
+    /// for tests and figures, as an idle worker must make none.
+    pub fn outbox_rounds(&self) -> u64 {
+        self.inner.outbox_rounds.load(Ordering::Relaxed)
+    }
+
+    /// How long until the next mail is due (only mails first in their task's line count: a
+    /// task's result waits for its ack, whatever its own time says).
     fn until_next_due(&self) -> Duration {
         match self.inner.journal.next_due(&self.spec().name) {
             Ok(Some(at)) => at
@@ -76,24 +104,69 @@ impl<O: Backend> Dispatcher<O> {
         }
     }
 
-    /// Sends every due mail. `Some(wait)` when the round stopped on a failure and the worker
-    /// should wait that long.
-    async fn round(&self, backoff: &mut Backoff) -> Result<Option<Duration>, super::JournalError> {
+    /// Sends every due mail, oldest first. While the server is down (`probe` set) one mail is
+    /// tried, when the probe is due; once a mail goes through after that, every waiting mail
+    /// is made due and sent in order.
+    async fn round(
+        &self,
+        backoff: &mut Backoff,
+        probe: &mut Option<Instant>,
+    ) -> Result<(), super::JournalError> {
+        let journal = &self.inner.journal;
+        let agent = self.spec().name.clone();
+        self.inner.outbox_rounds.fetch_add(1, Ordering::Relaxed);
         loop {
-            let due = self.inner.journal.due(&self.spec().name, BATCH)?;
+            let due = match *probe {
+                // The probe: a due mail if there is one (a mail that fails on its own account
+                // waits out its backoff, and holds up no other), else the oldest waiting.
+                Some(at) if at <= Instant::now() => match journal.due(&agent, 1)? {
+                    due if due.is_empty() => journal.oldest_waiting(&agent)?,
+                    due => due,
+                },
+                Some(_) => return Ok(()),
+                None => journal.due(&agent, BATCH)?,
+            };
             if due.is_empty() {
-                return Ok(None);
+                *probe = None;
+                return Ok(());
             }
             for pending in &due {
                 match self.send_one(pending, backoff).await? {
-                    Sent::Yes | Sent::Elsewhere(_) => backoff.reset(),
-                    Sent::Later => return Ok(Some(self.until_next_due())),
+                    Sent::Yes | Sent::Elsewhere(_) => {
+                        backoff.reset();
+                        if probe.take().is_some() {
+                            let resumed = journal.resume(&agent)?;
+                            tracing::info!(
+                                waiting = resumed,
+                                "the mail server takes mail again; sending every waiting mail now"
+                            );
+                        }
+                    }
+                    Sent::Later(reachable) => {
+                        *probe = reachable.map(|d| Instant::now() + d.min(PROBE_MAX));
+                        return Ok(());
+                    }
                 }
             }
         }
     }
 
+    /// One attempt at one mail, its log lines in a span naming the mail (its task, intent
+    /// and Message-ID). The span is the future's (`instrument`), not entered across the
+    /// awaits: a guard held over an await leaves the lines after it without the span once
+    /// the task resumes on another thread.
     async fn send_one(
+        &self,
+        pending: &Pending,
+        backoff: &mut Backoff,
+    ) -> Result<Sent, super::JournalError> {
+        let mail = &pending.mail;
+        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
+            intent = %mail.intent, message_id = %mail.mail.message_id);
+        self.attempt(pending, backoff).instrument(span).await
+    }
+
+    async fn attempt(
         &self,
         pending: &Pending,
         backoff: &mut Backoff,
@@ -101,9 +174,6 @@ impl<O: Backend> Dispatcher<O> {
         let inner = &self.inner;
         let journal = &inner.journal;
         let mail = &pending.mail;
-        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
-            intent = %mail.intent, message_id = %mail.mail.message_id);
-        let _enter = span.enter();
         let event = json!({"agent": self.spec().name, "taskId": pending.task_id, "intent": mail.intent,
                            "messageId": mail.mail.message_id, "attempt": pending.attempts + 1});
         match self.claim_and_submit(mail).await {
@@ -147,7 +217,9 @@ impl<O: Backend> Dispatcher<O> {
                     tracing::warn!(error = %e, attempts = pending.attempts + 1, retry_in_s = delay.as_secs(), "could not send {}; it stays in the outbox", mail.intent);
                     journal.retry_at(pending, SystemTime::now() + delay, &error)?;
                     inner.events.emit(crate::events::Event::MailRetrying, event);
-                    Ok(Sent::Later)
+                    Ok(Sent::Later(
+                        (e.class() != ErrorClass::Auth).then_some(delay),
+                    ))
                 }
             }
         }

@@ -100,7 +100,7 @@ impl<O: Backend> Dispatcher<O> {
         };
         // Pairing answers have a budget of their own: refused dispatches cannot use it up.
         let answer = status == Status::Completed
-            || (!flooded && self.may_answer(&self.inner.pair_refusals, PAIR_REFUSALS_PER_HOUR));
+            || (!flooded && self.may_answer("pair refusals", PAIR_REFUSALS_PER_HOUR));
         let reply = answer.then(|| {
             self.compose(
                 env,

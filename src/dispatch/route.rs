@@ -59,6 +59,7 @@ impl<O: Backend> Dispatcher<O> {
             Ok(())
         };
         let failed: Vec<String> = n.failed().map(|r| r.describe()).collect();
+        let addresses: Vec<String> = n.failed().map(|r| r.address.clone()).collect();
         let Some(message_id) = message_id.as_deref() else {
             return ignore("a delivery report that names no mail");
         };
@@ -66,8 +67,12 @@ impl<O: Backend> Dispatcher<O> {
             return ignore("a delivery report of no failure (a delay, or a delivery)");
         }
         let error = format!("bounced: {}", failed.join("; "));
-        match self.inner.journal.bounced(&spec.name, message_id, &error)? {
-            Some(journal::Bounced {
+        match self
+            .inner
+            .journal
+            .bounced(&spec.name, message_id, &addresses, &error)?
+        {
+            journal::BounceFound::Marked(journal::Bounced {
                 task: row,
                 task_id,
                 intent,
@@ -83,7 +88,15 @@ impl<O: Backend> Dispatcher<O> {
                 );
                 Ok(())
             }
-            None => ignore("a delivery report for a mail this agent did not send"),
+            journal::BounceFound::NotSent(_) => {
+                ignore("a delivery report for a mail of this agent's that has not left (or already failed)")
+            }
+            journal::BounceFound::NotARecipient(_) => ignore(
+                "a delivery report naming no address the mail was sent to",
+            ),
+            journal::BounceFound::NotOurs => {
+                ignore("a delivery report for a mail this agent did not send")
+            }
         }
     }
 
@@ -174,7 +187,12 @@ impl<O: Backend> Dispatcher<O> {
             env.from.to_ascii_lowercase(),
             inbound.message_key()
         );
-        if self.inner.journal.knows_message(&self.spec().name, &key)? {
+        if let Some((row, state)) = self.inner.journal.message_row(&self.spec().name, &key)? {
+            if state == TaskState::Elsewhere {
+                // Another replica holds it: claimed again here, which finds it held (or, its
+                // claim run out, takes it over).
+                return self.reclaim(row, span.clone());
+            }
             tracing::debug!("this mail is in the journal already; a second delivery is ignored");
             return Ok(());
         }
@@ -218,27 +236,20 @@ impl<O: Backend> Dispatcher<O> {
 
     /// Whether another refusal may be answered now (at most `refusals_per_hour`).
     pub(super) fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
-        self.may_answer(&self.inner.refusals, spec.refusals_per_hour)
+        self.may_answer("refusals", spec.refusals_per_hour)
     }
 
-    /// Whether one more answer fits in `budget` (answers sent in the last hour) under `max`;
-    /// if so, it is counted.
-    pub(super) fn may_answer(
-        &self,
-        budget: &Mutex<std::collections::VecDeque<std::time::Instant>>,
-        max: u32,
-    ) -> bool {
-        let mut sent = budget.lock().expect("refusals lock");
-        let hour_ago = std::time::Instant::now() - Duration::from_secs(3600);
-        while sent.front().is_some_and(|t| *t < hour_ago) {
-            sent.pop_front();
-        }
-        if sent.len() < max as usize {
-            sent.push_back(std::time::Instant::now());
-            true
-        } else {
-            false
-        }
+    /// Whether one more answer fits in the budget `kind` (answers sent in the last hour, kept
+    /// in the journal across restarts) under `max`; if so, it is counted. A journal that
+    /// cannot say is taken as no budget left: a refusal then goes unanswered.
+    pub(super) fn may_answer(&self, kind: &str, max: u32) -> bool {
+        self.inner
+            .journal
+            .spend_answer(&self.spec().name, kind, max)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the answer budget; not answering");
+                false
+            })
     }
 
     pub(super) fn on_dispatch(
@@ -301,9 +312,8 @@ impl<O: Backend> Dispatcher<O> {
             return Ok(());
         }
         let journal = &inner.journal;
-        let duplicate = journal
-            .admitted_task(name, &env.from, &env.task_id)?
-            .is_some();
+        let earlier = journal.admitted_task(name, &env.from, &env.task_id)?;
+        let duplicate = earlier.is_some();
         let now = SystemTime::now();
         let load = admission::Load {
             active: inner.running.lock().expect("running lock").len(),
@@ -354,6 +364,10 @@ impl<O: Backend> Dispatcher<O> {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
                 inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+                if let Some((row, TaskState::Elsewhere)) = earlier {
+                    // The earlier one is another replica's: its claim is looked at again.
+                    return self.reclaim(row, span);
+                }
             }
             Admission::Refuse { reason } => {
                 let answer = spec.unknown_senders == UnknownSenders::Reject
@@ -493,6 +507,12 @@ impl<O: Backend> Dispatcher<O> {
         }
         let journal = &self.inner.journal;
         match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
+            Some((_, TaskState::Elsewhere)) => {
+                // Another replica runs it and stops it; should this one take it over, the
+                // cancel holds.
+                tracing::info!(from = %env.from, "cancel for a task another replica holds; remembered for a takeover");
+                journal.remember_cancel(&spec.name, &env.from, &env.task_id)?;
+            }
             Some(_) => {
                 tracing::info!(from = %env.from, "cancel for a task that already ended; nothing to stop")
             }

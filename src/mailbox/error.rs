@@ -18,6 +18,14 @@ pub enum MailboxError {
         kind: String,
         description: Option<String>,
     },
+    /// The server refused a change of one mail (a JMAP SetError), for a reason asking again
+    /// does not change: its keyword table is full, the login may not change keywords, ...
+    #[error("the server refused {what}: {kind}{}", .description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        what: String,
+        kind: String,
+        description: Option<String>,
+    },
     #[error("the server can no longer list changes since our last state")]
     CannotCalculateChanges,
     #[error("SMTP to {server}: {detail}")]
@@ -92,6 +100,7 @@ impl Classify for MailboxError {
             },
             MailboxError::CannotCalculateChanges => ErrorClass::Transient,
             MailboxError::Protocol { .. }
+            | MailboxError::Refused { .. }
             | MailboxError::Address(_)
             | MailboxError::TooLarge { .. } => ErrorClass::Permanent,
             MailboxError::Smtp { class, .. } | MailboxError::Push { class, .. } => *class,

@@ -177,7 +177,13 @@ impl Bridge {
 
     /// Waits for an event named `name` that satisfies `pred`.
     pub fn wait_event(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        if let Some(e) = self.seen.iter().find(|e| e["event"] == name && pred(e)) {
+        self.wait_for(name, |e| e["event"] == name && pred(e))
+    }
+
+    /// Waits for an event (of any name) that satisfies `pred`; `what` names it in a failure.
+    pub fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let name = what;
+        if let Some(e) = self.seen.iter().find(|e| pred(e)) {
             return e.clone();
         }
         let deadline = Instant::now() + WAIT;
@@ -186,7 +192,7 @@ impl Bridge {
             match self.events.recv_timeout(left) {
                 Ok(e) => {
                     self.seen.push(e.clone());
-                    if e["event"] == name && pred(&e) {
+                    if pred(&e) {
                         return e;
                     }
                 }

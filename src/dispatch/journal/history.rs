@@ -105,7 +105,7 @@ impl Journal {
     pub fn counts(&self) -> Result<Vec<(String, String, u32)>, JournalError> {
         self.with(|c| {
             let mut stmt = c.prepare(
-                "SELECT agent, state, COUNT(*) FROM tasks WHERE admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed') GROUP BY agent, state
+                "SELECT agent, state, COUNT(*) FROM tasks WHERE admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed', 'parked') GROUP BY agent, state
                  UNION ALL
                  SELECT agent, 'unsent', COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY agent
                  UNION ALL

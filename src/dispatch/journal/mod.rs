@@ -23,7 +23,7 @@ use crate::protocol::RenderedMail;
 
 mod history;
 mod outbox;
-pub use outbox::Bounced;
+pub use outbox::{BounceFound, Bounced};
 mod sessions;
 mod turns;
 pub use turns::Turn;
@@ -49,10 +49,18 @@ pub enum TaskState {
     Cancelled,
     /// Expired before it could start.
     Expired,
+    /// Set aside without an answer: the mail server refused this bridge's claim on it for
+    /// good (with several bridges an answer may leave only from the claim's winner). Tried
+    /// again at the next start; `reason` says why.
+    Parked,
+    /// Another bridge serving the mailbox won the task's claim and runs it (`reason` names
+    /// it): kept, not deleted, so a second delivery of the dispatch is known here too; a
+    /// takeover turns it back into a task.
+    Elsewhere,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 8] = [
+    pub const ALL: [TaskState; 10] = [
         TaskState::Received,
         TaskState::Acked,
         TaskState::Running,
@@ -61,6 +69,8 @@ impl TaskState {
         TaskState::Rejected,
         TaskState::Cancelled,
         TaskState::Expired,
+        TaskState::Parked,
+        TaskState::Elsewhere,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +83,8 @@ impl TaskState {
             TaskState::Rejected => "rejected",
             TaskState::Cancelled => "cancelled",
             TaskState::Expired => "expired",
+            TaskState::Parked => "parked",
+            TaskState::Elsewhere => "elsewhere",
         }
     }
 
@@ -309,6 +321,14 @@ CREATE TABLE IF NOT EXISTS turns (
 );
 CREATE INDEX IF NOT EXISTS turns_by_key ON turns (agent, key, id);
 CREATE INDEX IF NOT EXISTS turns_by_time ON turns (agent, at);
+-- Answers sent to refused mail in the last hour, per budget (refused dispatches, refused
+-- pair requests): a restart does not give a flood of strangers a fresh budget.
+CREATE TABLE IF NOT EXISTS answer_budget (
+    agent TEXT NOT NULL,
+    kind  TEXT NOT NULL,
+    at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS answer_budget_by_kind ON answer_budget (agent, kind, at);
 ";
 
 /// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early
@@ -329,14 +349,19 @@ const DUE: &str = "SELECT o.id, o.task, o.attempts, o.created_at, o.intent, o.me
       AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
                       AND e.sent_at IS NULL AND e.failed_at IS NULL)
     ORDER BY o.id LIMIT ?3";
+/// When the next mail [`DUE`] reads is due.
+const NEXT_DUE: &str = "SELECT MIN(o.next_at) FROM outbox o
+    WHERE o.agent = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.task = o.task AND e.id < o.id
+                      AND e.sent_at IS NULL AND e.failed_at IS NULL)";
 const COUNT_ADMITTED: &str =
     "SELECT COUNT(*) FROM tasks WHERE agent = ?1 AND admitted = 1 AND received_at >= ?2
-    AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4)";
+    AND (?3 IS NULL OR sender = ?3) AND (?4 IS NULL OR session_key = ?4) AND state != 'elsewhere'";
 
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
-/// 4: turns; 5: outbox.claim.
-const SCHEMA_VERSION: i64 = 5;
+/// 4: turns; 5: outbox.claim; 6: answer_budget.
+const SCHEMA_VERSION: i64 = 6;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
@@ -446,7 +471,7 @@ impl Journal {
         self.with(|c| {
             let tx = c.transaction()?;
             let n = tx.execute(
-                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired')
+                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired', 'elsewhere')
                  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.sent_at IS NULL AND o.failed_at IS NULL)",
                 params![millis(before)],
             )?;

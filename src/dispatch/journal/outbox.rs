@@ -23,10 +23,15 @@ impl Journal {
     /// Mails of `agent` due now, oldest first; a mail waits while an earlier one of the same
     /// task is unsent, so a task's mails leave in order.
     pub fn due(&self, agent: &str, limit: usize) -> Result<Vec<Pending>, JournalError> {
-        let now = now_ms();
+        self.pending(agent, now_ms(), limit)
+    }
+
+    /// Unsent mails of `agent` due by `by` (Unix ms), first in their task's line, oldest
+    /// first, at most `limit`.
+    fn pending(&self, agent: &str, by: i64, limit: usize) -> Result<Vec<Pending>, JournalError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(DUE)?;
-            let rows = stmt.query_map(params![agent, now, limit as i64], |r| {
+            let rows = stmt.query_map(params![agent, by, limit as i64], |r| {
                 let recipients: String = r.get(7)?;
                 Ok(Pending {
                     id: r.get(0)?,
@@ -50,16 +55,31 @@ impl Journal {
         })
     }
 
-    /// When the next unsent mail of `agent` is due, if there is one.
+    /// When the next unsent mail of `agent` is due, if there is one: of the mails first in
+    /// their task's line (as [`Journal::due`] reads them). A task's result behind its unsent
+    /// ack is due when the ack is sent, whatever its own time says; counting it made the
+    /// worker look at the journal every 10 ms through a whole outage.
     pub fn next_due(&self, agent: &str) -> Result<Option<SystemTime>, JournalError> {
+        self.with(|c| c.query_row(NEXT_DUE, params![agent], |r| r.get::<_, Option<i64>>(0)))
+            .map(|t| t.map(from_millis))
+    }
+
+    /// The oldest mail of `agent` waiting to be sent (first in its task's line), due or not:
+    /// what the outbox tries while the server is down, to learn when it is back.
+    pub fn oldest_waiting(&self, agent: &str) -> Result<Vec<Pending>, JournalError> {
+        self.pending(agent, i64::MAX, 1)
+    }
+
+    /// The server is back: every waiting mail of `agent` is due now (their order kept).
+    /// Returns how many were waiting for a later time.
+    pub fn resume(&self, agent: &str) -> Result<usize, JournalError> {
+        let now = now_ms();
         self.with(|c| {
-            c.query_row(
-                "SELECT MIN(next_at) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
-                params![agent],
-                |r| r.get::<_, Option<i64>>(0),
+            c.execute(
+                "UPDATE outbox SET next_at = ?2 WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL AND next_at > ?2",
+                params![agent, now],
             )
         })
-        .map(|t| t.map(from_millis))
     }
 
     /// Unsent mails of `agent`.
@@ -141,29 +161,58 @@ impl Journal {
         })
     }
 
-    /// A mail this agent sent came back (a delivery report): marks it failed with `error`
-    /// and says which; `None` when the agent sent no mail with that Message-ID.
+    /// A delivery report says `message_id` will never reach `failed` (addresses): the mail
+    /// is marked failed with `error` only when this agent sent it (it left the outbox: a
+    /// report never stops an answer still waiting to be sent) and to one of those addresses.
     pub fn bounced(
         &self,
         agent: &str,
         message_id: &str,
+        failed: &[String],
         error: &str,
-    ) -> Result<Option<Bounced>, JournalError> {
+    ) -> Result<BounceFound, JournalError> {
         self.with(|c| {
-            c.query_row(
-                "UPDATE outbox SET failed_at = ?3, last_error = ?4
-                 WHERE agent = ?1 AND message_id = ?2
-                 RETURNING task, (SELECT t.task_id FROM tasks t WHERE t.id = outbox.task), intent",
-                params![agent, message_id, now_ms(), error],
-                |r| {
-                    Ok(Bounced {
-                        task: r.get(0)?,
-                        task_id: r.get(1)?,
-                        intent: r.get(2)?,
-                    })
-                },
-            )
-            .optional()
+            let found = c
+                .query_row(
+                    "SELECT id, task, (SELECT t.task_id FROM tasks t WHERE t.id = outbox.task), intent,
+                            recipients, sent_at IS NOT NULL, failed_at IS NOT NULL
+                     FROM outbox WHERE agent = ?1 AND message_id = ?2",
+                    params![agent, message_id],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            Bounced {
+                                task: r.get(1)?,
+                                task_id: r.get(2)?,
+                                intent: r.get(3)?,
+                            },
+                            r.get::<_, String>(4)?,
+                            r.get::<_, bool>(5)?,
+                            r.get::<_, bool>(6)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((id, bounced, recipients, sent, failed_before)) = found else {
+                return Ok(BounceFound::NotOurs);
+            };
+            if !sent || failed_before {
+                return Ok(BounceFound::NotSent(bounced));
+            }
+            let recipients: Vec<String> = serde_json::from_str(&recipients).unwrap_or_default();
+            let addressed = failed.iter().any(|f| {
+                recipients
+                    .iter()
+                    .any(|r| crate::protocol::address(r).eq_ignore_ascii_case(&crate::protocol::address(f)))
+            });
+            if !addressed {
+                return Ok(BounceFound::NotARecipient(bounced));
+            }
+            c.execute(
+                "UPDATE outbox SET failed_at = ?2, last_error = ?3 WHERE id = ?1",
+                params![id, now_ms(), error],
+            )?;
+            Ok(BounceFound::Marked(bounced))
         })
     }
 }
@@ -175,4 +224,17 @@ pub struct Bounced {
     pub task: Option<i64>,
     pub task_id: Option<String>,
     pub intent: String,
+}
+
+/// What a delivery report was found to be about.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BounceFound {
+    /// A mail this agent sent, to an address the report names: now marked undelivered.
+    Marked(Bounced),
+    /// A mail of this agent's that has not left (still in the outbox), or already failed.
+    NotSent(Bounced),
+    /// A mail this agent sent, but to none of the addresses the report names.
+    NotARecipient(Bounced),
+    /// No mail this agent sent has that Message-ID.
+    NotOurs,
 }

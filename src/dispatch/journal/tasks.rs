@@ -17,6 +17,23 @@ impl Journal {
         })
     }
 
+    /// The row and state of the message recorded under `message_key`, if any.
+    pub fn message_row(
+        &self,
+        agent: &str,
+        message_key: &str,
+    ) -> Result<Option<(i64, TaskState)>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, state FROM tasks WHERE agent = ?1 AND message_key = ?2",
+                params![agent, message_key],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+        })
+        .map(|r| r.map(|(id, s)| (id, TaskState::parse(&s).unwrap_or(TaskState::Received))))
+    }
+
     /// The admitted task with this sender and TaskId, if any.
     pub fn admitted_task(
         &self,
@@ -91,6 +108,17 @@ impl Journal {
         })
     }
 
+    /// Sets the task aside, unanswered, with why (see [`TaskState::Parked`]).
+    pub fn park(&self, id: i64, reason: &str) -> Result<(), JournalError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE tasks SET state = 'parked', reason = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
+                params![id, reason, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
     /// The task starts a run: `running`, one more run counted, no process group yet.
     /// Returns the number of runs so far, this one included.
     pub fn start_run(&self, id: i64) -> Result<u32, JournalError> {
@@ -142,7 +170,7 @@ impl Journal {
         self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT id, state, mail, runs, pgid FROM tasks
-                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed')
+                 WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed', 'parked')
                  ORDER BY id",
             )?;
             let rows = stmt.query_map(params![agent], |r| {
@@ -193,13 +221,29 @@ impl Journal {
         })
     }
 
-    /// Removes a task this bridge will not run (another replica claimed it), with its
-    /// timeline: should that replica die, a takeover records it here afresh.
-    pub fn forget(&self, row: i64) -> Result<(), JournalError> {
+    /// Another replica won the task's claim (`by`, when known): the task is kept as a record
+    /// ([`TaskState::Elsewhere`]), so de-duplication here sees a second delivery of it.
+    pub fn elsewhere(&self, row: i64, by: &str) -> Result<(), JournalError> {
         self.with(|c| {
-            c.execute("DELETE FROM timeline WHERE task = ?1", params![row])?;
-            c.execute("DELETE FROM tasks WHERE id = ?1", params![row])
-                .map(drop)
+            c.execute(
+                "UPDATE tasks SET state = 'elsewhere', reason = ?2, pgid = NULL, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
+                params![row, by, now_ms()],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A task another replica held comes back to be claimed here (a delivery of it again,
+    /// or its claim ran out): `received` again, its message key and mail as recorded; `None`
+    /// when it was not [`TaskState::Elsewhere`] (another caller took it back first).
+    pub fn reclaim(&self, row: i64) -> Result<Option<(String, String)>, JournalError> {
+        self.with(|c| {
+            c.query_row(
+                "UPDATE tasks SET state = 'received', updated_at = ?2 WHERE id = ?1 AND state = 'elsewhere' RETURNING message_key, mail",
+                params![row, now_ms()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
         })
     }
 }

@@ -10,6 +10,7 @@ fn the_queries_run_for_every_task_use_indexes_not_scans() {
     for (name, sql, n) in [
         ("COUNT_OUTGOING", COUNT_OUTGOING, 2),
         ("DUE", DUE, 3),
+        ("NEXT_DUE", NEXT_DUE, 1),
         ("COUNT_ADMITTED", COUNT_ADMITTED, 4),
         ("BOUND_NOT_ADMITTED", BOUND_NOT_ADMITTED, 2),
     ] {
@@ -286,4 +287,69 @@ fn a_conversations_turns_are_kept_in_order_bounded_and_cut() {
         turns::TURN_TEXT
     );
     assert!(journal.turns("b", "k1").unwrap().is_empty(), "per agent");
+}
+
+/// A delivery report marks a mail undelivered only once it left, and only for an address it
+/// was sent to (issue 31: a forged one stopped an answer waiting in the outbox for good).
+#[test]
+fn a_report_marks_only_a_sent_mail_to_an_address_it_was_sent_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+        .unwrap();
+    let to = ["A@X.test".to_string()];
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &to, "bounced").unwrap(),
+        BounceFound::NotSent(_)
+    ));
+    let due = j.due("coder", 10).unwrap();
+    assert_eq!(due.len(), 1, "still waiting to be sent");
+    j.mark_sent(&due[0]).unwrap();
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &["other@x.test".to_string()], "bounced")
+            .unwrap(),
+        BounceFound::NotARecipient(_)
+    ));
+    assert!(matches!(
+        j.bounced("coder", "<a1>", &to, "bounced").unwrap(),
+        BounceFound::Marked(Bounced { intent, .. }) if intent == "task.ack"
+    ));
+    assert_eq!(
+        j.bounced("coder", "<nobody's>", &to, "bounced").unwrap(),
+        BounceFound::NotOurs
+    );
+}
+
+/// A task another replica won is kept as a record (issue 31: it was deleted, and a second
+/// delivery ran again): its Message-ID and TaskId stay known, it counts toward no limit, and
+/// it comes back as a task once, for one caller.
+#[test]
+fn a_task_left_to_another_replica_is_kept_and_taken_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    let row = j
+        .record(&task("<m1>", "t1", true), None)
+        .unwrap()
+        .expect("recorded");
+    j.elsewhere(row, "claimed by replica r2").unwrap();
+    assert_eq!(
+        j.message_row("coder", "<m1>").unwrap(),
+        Some((row, TaskState::Elsewhere))
+    );
+    assert_eq!(
+        j.admitted_task("coder", "a@x.test", "t1").unwrap(),
+        Some((row, TaskState::Elsewhere))
+    );
+    assert!(
+        j.unfinished("coder").unwrap().is_empty(),
+        "not picked up at a start"
+    );
+    let counted = j
+        .count_admitted("coder", None, None, std::time::SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert_eq!(counted, 0, "not counted toward this replica's limits");
+    let (key, mail) = j.reclaim(row).unwrap().expect("taken back");
+    assert_eq!((key.as_str(), mail.as_str()), ("<m1>", "{}"));
+    assert_eq!(j.reclaim(row).unwrap(), None, "once");
+    assert_eq!(j.unfinished("coder").unwrap().len(), 1);
 }

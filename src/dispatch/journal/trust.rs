@@ -4,6 +4,39 @@
 use super::*;
 
 impl Journal {
+    /// Spends one answer of `agent`'s budget `kind` (at most `per_hour` in any hour) if one is
+    /// left: `true` when the answer may go. Kept in the journal, so a restart does not refill
+    /// it.
+    pub fn spend_answer(
+        &self,
+        agent: &str,
+        kind: &str,
+        per_hour: u32,
+    ) -> Result<bool, JournalError> {
+        let now = now_ms();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "DELETE FROM answer_budget WHERE agent = ?1 AND kind = ?2 AND at < ?3",
+                params![agent, kind, now - 3_600_000],
+            )?;
+            let spent: u32 = tx.query_row(
+                "SELECT COUNT(*) FROM answer_budget WHERE agent = ?1 AND kind = ?2",
+                params![agent, kind],
+                |r| r.get(0),
+            )?;
+            let may = spent < per_hour;
+            if may {
+                tx.execute(
+                    "INSERT INTO answer_budget (agent, kind, at) VALUES (?1, ?2, ?3)",
+                    params![agent, kind, now],
+                )?;
+            }
+            tx.commit()?;
+            Ok(may)
+        })
+    }
+
     /// Adds an allow rule or a deny pattern for `agent` (replacing one for the same sender).
     pub fn add_policy(
         &self,

@@ -88,6 +88,55 @@ pub fn check_sender(
     SenderCheck::Unverified(why.join("; "))
 }
 
+/// Was a delivery report made by the mailbox's own server? Only then is it believed: anyone
+/// can send a mail with a `message/delivery-status` part over the server's inbound port (or
+/// submit one), naming any Message-ID, and a believed report marks an answer undelivered and
+/// ends a waiting `dispatch`. The same region rule as for senders, from the top and failing
+/// closed: below the delivery hops (`LMTP`), the first Received field must record a mail the
+/// server made itself: no SMTP (or any other protocol it took the mail in over), no client
+/// (`from`), as Postfix's bounce daemon writes it (`by HOST (Postfix) id ID; DATE`); or Exim's
+/// own `from mailnull ... with local`. A local user's `sendmail` (Postfix's
+/// `(Postfix, from userid N)`) is not the server. `Err` says why not.
+pub fn report_by_server(headers: &[(String, String)]) -> Result<(), String> {
+    let mut number = 0;
+    for (name, value) in headers {
+        if !name.trim().eq_ignore_ascii_case("received") {
+            continue;
+        }
+        number += 1;
+        let value = unfold(value);
+        let hop = received::parse(&value).map_err(|e| {
+            format!(
+                "Received field {number} from the top, where the receiving server's own belongs, was not understood ({e}): {}",
+                clip(&value)
+            )
+        })?;
+        if hop.is_lmtp() {
+            continue;
+        }
+        let local_user = hop
+            .comments
+            .iter()
+            .any(|(_, c)| c.to_ascii_lowercase().contains("userid"));
+        let made_here = match (hop.from.as_deref(), hop.with.as_deref()) {
+            (None, None) => !local_user,
+            (Some(from), Some("local")) => from.eq_ignore_ascii_case("mailnull"),
+            _ => false,
+        };
+        return if made_here {
+            Ok(())
+        } else {
+            Err(format!(
+                "Received field {number} from the top says the report came in from {} ({}), not from the mail server itself: {}",
+                hop.from.as_deref().unwrap_or("a local user"),
+                hop.with.as_deref().unwrap_or("no protocol"),
+                clip(&value)
+            ))
+        };
+    }
+    Err("the report has no Received field of the mail server's own".into())
+}
+
 /// Which evidence a server wrote on one of its delivered mails: whether its own Received
 /// field records the authenticated login, and the authserv-ids of Authentication-Results it
 /// added. For `doctor` and `init`: what `sender_auth` can rely on with this server.
@@ -380,6 +429,60 @@ mod tests {
             "another server's results, and ours forged below our Received, do not count"
         );
         assert!(!check_sender(&dmarc, "a@partner.test", SenderAuth::Submission, id).is_believed());
+    }
+
+    /// The fields of the bounce the test host's Postfix wrote for mail to a user that does not
+    /// exist, as Cyrus delivered it.
+    fn postfix_bounce() -> Vec<(String, String)> {
+        h(&[
+            ("Return-Path", "<>"),
+            LMTP,
+            ("X-Sieve", "CMU Sieve 3.0"),
+            (
+                "Received",
+                "by localhost (Postfix)\r\n\tid 476F198EDB2; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)",
+            ),
+            ("From", "Mail Delivery System <MAILER-DAEMON@example.test>"),
+        ])
+    }
+
+    #[test]
+    fn a_delivery_report_is_believed_only_when_the_server_made_it() {
+        assert_eq!(report_by_server(&postfix_bounce()), Ok(()));
+        let exim = h(&[(
+            "Received",
+            "from mailnull by mx.example.test with local (Exim 4.96)\r\n\tid 1tQxYz-000AbC-1x\r\n\tfor agent@example.test; Mon, 30 Nov 2026 12:00:00 +0000",
+        )]);
+        assert_eq!(report_by_server(&exim), Ok(()));
+        // A stranger over the inbound port, with the server's own line forged below.
+        let mut forged = h(&[
+            LMTP,
+            (
+                "Received",
+                "from forger.test (localhost [127.0.0.1])\r\n\tby localhost (Postfix) with ESMTP id 1A2B3C\r\n\tfor <agent@example.test>; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)",
+            ),
+        ]);
+        forged.extend(postfix_bounce().into_iter().skip(1));
+        let why = report_by_server(&forged).unwrap_err();
+        assert!(
+            why.contains("forger.test") && why.contains("esmtp"),
+            "{why}"
+        );
+        // Submitted by a user of the server, or handed to its sendmail by a local user.
+        let mut submitted = h(&[LMTP]);
+        submitted.push(submission("boss@example.test"));
+        assert!(report_by_server(&submitted).is_err());
+        let pickup = h(&[
+            LMTP,
+            (
+                "Received",
+                "by localhost (Postfix, from userid 1000)\r\n\tid 5C6D; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)",
+            ),
+        ]);
+        assert!(report_by_server(&pickup).is_err());
+        assert!(report_by_server(&h(&[LMTP])).is_err());
+        let unreadable = h(&[("Received", "by localhost (Postfix id 1; Wed, 2 Dec 2026")]);
+        assert!(report_by_server(&unreadable).is_err());
     }
 
     /// Published shapes of each server's Received field, with the client's HELO name as `{}`:

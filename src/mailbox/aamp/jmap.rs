@@ -226,7 +226,7 @@ impl JmapClient {
     /// Calls several methods in one request (later ones may refer to earlier ones' results by
     /// `#name` back-references to `"0"`, `"1"`, ...) and returns each one's arguments or typed
     /// error, in order.
-    async fn calls(
+    pub(super) async fn calls(
         &self,
         methods: Vec<(&str, Value)>,
     ) -> Result<Vec<Result<Value, MailboxError>>, MailboxError> {

@@ -192,6 +192,19 @@ impl Reader {
         let mut ignored = Vec::new();
         for email in emails {
             if let Some(parts) = self.bounce_parts(&email) {
+                // Believed only when the mailbox's own server made it (see
+                // `auth::report_by_server`); anyone can mail a delivery-status part, and
+                // `sender_auth = "none"` is about senders, not about the server's reports.
+                if let Err(why) = auth::report_by_server(&email.view.headers) {
+                    tracing::warn!(email_id = %email.id, from = %email.view.from, reason = %why, "ignored: a delivery report the mail server did not make");
+                    ignored.push(Ignored {
+                        email_id: email.id,
+                        from: email.view.from,
+                        message_id: email.view.message_id,
+                        reason: format!("a delivery report not made by the mail server: {why}"),
+                    });
+                    continue;
+                }
                 match self.read_bounce(&email, parts).await {
                     Some(bounce) => inbound.push(Mail::Bounce(bounce)),
                     None => {
@@ -274,6 +287,17 @@ impl Reader {
             .into_iter()
             .filter_map(|e| self.accept(e).ok())
             .collect())
+    }
+
+    /// Whether the server takes the keywords this replica's claims write (see
+    /// [`claims::check`]); `Ok(None)` without `replica`.
+    pub async fn check_claims(&self) -> Result<Option<bool>, MailboxError> {
+        let (Some(inbox), Some(replica)) = (self.inbox_id.as_deref(), &self.account.replica) else {
+            return Ok(None);
+        };
+        claims::check(&self.jmap, inbox, &replica.name)
+            .await
+            .map(Some)
     }
 
     /// The replicas holding claims on this mailbox's Inbox: per name, (live claims, claims

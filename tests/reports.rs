@@ -1,0 +1,213 @@
+//! Issue 31: delivery reports (RFC 3464 bounces) are believed only when the mailbox's own
+//! server made them. Anyone can send a mail with a `message/delivery-status` part over the
+//! server's inbound port naming any Message-ID (an answer's is derived from its dispatch's),
+//! and on fb62012 such a mail marked a sent answer undelivered, stopped an answer still
+//! waiting in the outbox from ever leaving, and ended a waiting `aamp-bridge dispatch` with
+//! exit 3 after the agent's ack. A real Postfix bounce is still believed: see `tests/e2e.rs`
+//! (`dispatch_to_an_address_that_does_not_exist_fails_within_seconds`,
+//! `an_answer_that_bounces_is_shown_as_undelivered`).
+
+mod support;
+
+use std::time::Duration;
+
+use aamp_bridge::protocol::{Body, Intent, Status};
+use support::{inject_mx, mailhost, Bridge, ConfigDir, Gate, MailHost, Peer};
+
+/// A delivery report as Postfix writes one, saying `message_id` (sent to `failed`) could not
+/// be delivered, handed to the inbound port by a stranger.
+fn forge_report(host: &MailHost, to: &str, message_id: &str, failed: &str) {
+    let boundary = format!("forged-{}", uuid::Uuid::new_v4().simple());
+    inject_mx(
+        host,
+        "",
+        to,
+        &format!(
+            "Received: by localhost (Postfix)\n\tid 476F198EDB2; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)\n\
+             From: Mail Delivery System <MAILER-DAEMON@{domain}>\nTo: {to}\n\
+             Subject: Undelivered Mail Returned to Sender\nAuto-Submitted: auto-replied\n\
+             Message-ID: <{boundary}@{domain}>\nMIME-Version: 1.0\n\
+             Content-Type: multipart/report; report-type=delivery-status; boundary=\"{boundary}\"\n\n\
+             --{boundary}\nContent-Type: text/plain\n\nYour mail could not be delivered.\n\n\
+             --{boundary}\nContent-Type: message/delivery-status\n\n\
+             Reporting-MTA: dns; localhost\n\n\
+             Final-Recipient: rfc822; {failed}\nOriginal-Recipient: rfc822;{failed}\n\
+             Action: failed\nStatus: 5.1.1\nDiagnostic-Code: x-unix; user unknown\n\n\
+             --{boundary}\nContent-Type: text/rfc822-headers\n\n\
+             From: {to}\nTo: {failed}\nMessage-ID: {message_id}\nSubject: whatever\n\n\
+             --{boundary}--\n",
+            domain = host.domain,
+        ),
+    );
+}
+
+/// Waits until the bridge has read the report naming `message_id`: it ignored a report (this
+/// build), or took it as a failure of that mail (builds that believed it). An ignored one's
+/// event is then put aside, so the next report is waited for by its own.
+fn read_report(bridge: &mut Bridge, message_id: &str) {
+    let read = bridge.wait_for("the report read", |e| {
+        (e["event"] == "message.ignored"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("a delivery report")))
+            || (e["event"] == "mail.failed" && e["messageId"] == message_id)
+    });
+    if read["event"] == "message.ignored" {
+        let at = bridge.seen.iter().position(|e| e == &read).unwrap();
+        bridge.seen[at]["event"] = serde_json::json!("test.read");
+    }
+}
+
+/// A CLI agent that takes `seconds` over every task.
+fn sleeper(seconds: f64) -> String {
+    format!(
+        "name = \"sleeper\"\ncommand = \"python3\"\nargs = [\"-c\", \"import sys, time; sys.stdin.read(); time.sleep({seconds}); print('done')\"]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 120\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_reports_change_neither_sent_answers_nor_answers_waiting_to_be_sent() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let gate = Gate::new(host.smtp_port);
+    let dir = ConfigDir::new(
+        host,
+        &support::Toml::new()
+            .host_mailbox(host, "agent", &agent, "")
+            .agent("agent", "sleeper.toml", &[&boss.email], "")
+            .text()
+            .replace(
+                &format!("smtp_port = {}", host.smtp_port),
+                &format!("smtp_port = {}", gate.port),
+            ),
+    );
+    dir.write("sleeper.toml", &sleeper(0.1));
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss.clone()).await;
+
+    // A sent answer: its ack and result reported undelivered to their one recipient.
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "answered"))
+        .await;
+    let ack = peer.wait_for(first.task_id(), Intent::TaskAck).await;
+    let result = peer.wait_for(first.task_id(), Intent::TaskResult).await;
+    for mail in [&ack, &result] {
+        forge_report(
+            host,
+            &agent.email,
+            &mail.message.envelope.message_id,
+            &boss.email,
+        );
+        read_report(&mut bridge, &mail.message.envelope.message_id);
+    }
+    let listed: serde_json::Value =
+        serde_json::from_str(&dir.run(&["tasks", "--state", "undelivered", "--json"])).unwrap();
+    assert_eq!(listed, serde_json::json!([]), "{listed}");
+
+    // Answers waiting in the outbox while SMTP is down: reported undelivered before they left.
+    gate.close();
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "Second", "answered after the outage"))
+        .await;
+    let retrying = bridge.wait_event("mail.retrying", |e| {
+        e["taskId"] == second.task_id() && e["intent"] == "task.ack"
+    });
+    // The result waits behind the ack: its Message-ID from the task's timeline.
+    bridge.wait_event("task.completed", |e| e["taskId"] == second.task_id());
+    let shown = dir.run(&["task", "show", second.task_id(), "--json"]);
+    let result_id = shown
+        .split_once("<task.result.")
+        .and_then(|(_, rest)| rest.split_once('>'))
+        .map(|(id, _)| format!("<task.result.{id}>"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    for message_id in [retrying["messageId"].as_str().unwrap(), &result_id] {
+        forge_report(host, &agent.email, message_id, &boss.email);
+        read_report(&mut bridge, message_id);
+    }
+    gate.open();
+    let result = peer
+        .wait_for_within(
+            second.task_id(),
+            Intent::TaskResult,
+            Duration::from_secs(60),
+        )
+        .await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Completed);
+    assert!(
+        !bridge.seen.iter().any(|e| e["event"] == "mail.failed"),
+        "{:#?}",
+        bridge.seen
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&dir.run(&["tasks", "--state", "undelivered", "--json"])).unwrap();
+    assert_eq!(listed, serde_json::json!([]), "{listed}");
+    assert!(bridge.stop().success());
+    peer.settle(&agent).await;
+    for task in [&first, &second] {
+        assert_eq!(
+            peer.intents_for(task.task_id()),
+            vec![Intent::TaskAck, Intent::TaskResult]
+        );
+    }
+}
+
+/// `aamp-bridge dispatch` waiting for its result is not ended by a stranger's report that
+/// the agent's address does not exist (after the agent acknowledged it, even).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_report_does_not_end_a_waiting_dispatch() {
+    use tokio::io::AsyncBufReadExt;
+    let Some(host) = mailhost() else { return };
+    let (agent, me) = (host.user("agent"), host.user("me"));
+    let dir = ConfigDir::new(
+        host,
+        &support::Toml::new()
+            .host_mailbox(host, "agent", &agent, "")
+            .agent("agent", "sleeper.toml", &[&me.email], "")
+            .text(),
+    );
+    dir.write("sleeper.toml", &sleeper(4.0));
+    let bridge = Bridge::start(&dir, 1);
+    let mine = ConfigDir::new(host, &host.mailbox_toml("me", &me));
+    let mut dispatch = tokio::process::Command::new(support::bin())
+        .args(["--config", mine.config().to_str().unwrap(), "dispatch"])
+        .args(["--from", "me", "--to", &agent.email, "--timeout", "120"])
+        .arg("wait for me")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(dispatch.stderr.take().unwrap()).lines();
+    let mut told = Vec::new();
+    let mut message_id = None;
+    while let Some(line) = stderr.next_line().await.unwrap() {
+        told.push(line.clone());
+        if let Some(id) = line
+            .rsplit_once('(')
+            .and_then(|(_, id)| id.strip_suffix(')'))
+        {
+            if line.starts_with("sent task") {
+                message_id = Some(id.to_string());
+            }
+        }
+        if line.starts_with("acknowledged by") {
+            break;
+        }
+    }
+    let message_id = message_id.unwrap_or_else(|| panic!("{told:?}"));
+    forge_report(host, &me.email, &message_id, &agent.email);
+    let out = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            rest.push(line);
+        }
+        (dispatch.wait().await.unwrap(), rest)
+    })
+    .await
+    .expect("dispatch ends with its result");
+    let (status, rest) = out;
+    assert_eq!(status.code(), Some(0), "{told:?} {rest:?}");
+    assert!(bridge.stop().success());
+}
