@@ -854,3 +854,55 @@ async fn files_an_agent_hands_over_are_named_in_the_amp_answer() {
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
 }
+
+/// Issue 36, item 4: a task opened in the broker's console before the bridge ever started was
+/// never answered (the first start answered only the unread ones). With `skip_backlog` unset, a
+/// first start now also answers the newest messages that were read but have no reply from
+/// the agent in their thread; one it answered before (another state folder, a copy of the
+/// agent) is left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    // Answered before, by the agent (a reply from it in the thread): not answered again.
+    let done = send(&broker, &boss, &coder.1, "Done", "already answered").await;
+    broker.open_in_console(&done).await;
+    broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": coder.0, "from_agent": coder.1, "to_agent": boss.1,
+                        "action": "reply", "subject": "Re: Done", "body": "done",
+                        "parent_id": done["id"]}),
+            ),
+        )
+        .await;
+    let opened = send(
+        &broker,
+        &boss,
+        &coder.1,
+        "Opened",
+        "looked at, not answered",
+    )
+    .await;
+    assert_eq!(broker.open_in_console(&opened).await["is_read"], true);
+    let unread = send(&broker, &boss, &coder.1, "Unread", "never opened").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    let bridge = Bridge::start(&dir, 1);
+    let replies = broker.replies_to(&opened, &coder.1).await;
+    assert!(replies[0]["body"].as_str().unwrap().contains("looked at"));
+    broker.replies_to(&unread, &coder.1).await;
+    let later = send(&broker, &boss, &coder.1, "Later", "after").await;
+    broker.replies_to(&later, &coder.1).await;
+    assert!(bridge.stop().success());
+    let from_coder: Vec<Value> = broker
+        .thread(done["thread_id"].as_str().unwrap())
+        .await
+        .into_iter()
+        .filter(|m| m["from_agent"] == coder.1.as_str())
+        .collect();
+    assert_eq!(from_coder.len(), 1, "answered once, before: {from_coder:?}");
+    no_invalid_requests(&broker);
+}

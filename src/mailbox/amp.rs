@@ -596,13 +596,40 @@ async fn poll_once(
 /// The first start: the position is the newest message, then the unread messages already
 /// waiting are answered; the position is written only after them, so a crash in between
 /// starts over (the journal knows what it holds).
+/// How many of the newest messages a first start looks at for read ones still unanswered.
+const FIRST_START_READ: u64 = 100;
+
 async fn first_start(
     client: &AmpClient,
     position: &PositionFile,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
 ) -> Result<usize, IntakeError> {
     let newest = client.inbox_page(1, 1).await?;
-    let backlog = client.unread().await?;
+    let mut backlog = client.unread().await?;
+    let unread = backlog.len() as u64;
+    // A task a person opened in the console before the bridge ever started is read, but
+    // still waits for its answer: the newest page's read messages whose thread holds no
+    // reply from the agent to them are answered too (the journal knows any it answered).
+    let recent = client.inbox_page(1, FIRST_START_READ).await?;
+    let mut threads_read = std::collections::HashMap::new();
+    for m in recent.messages.iter().filter(|m| m.is_read).rev() {
+        if backlog.iter().any(|b| b.id == m.id)
+            || !m.to_agent.eq_ignore_ascii_case(client.address())
+        {
+            continue;
+        }
+        if !threads_read.contains_key(&m.thread_id) {
+            let thread = client.thread(&m.thread_id).await?;
+            threads_read.insert(m.thread_id.clone(), thread);
+        }
+        let answered = threads_read[&m.thread_id].iter().any(|r| {
+            r.parent_id.as_deref() == Some(m.id.as_str())
+                && r.from_agent.eq_ignore_ascii_case(client.address())
+        });
+        if !answered {
+            backlog.push(m.clone());
+        }
+    }
     let mut at = Position {
         created_at: newest
             .messages
@@ -616,7 +643,7 @@ async fn first_start(
             .into_iter()
             .collect(),
         total: newest.total,
-        unread: backlog.len() as u64,
+        unread,
     };
     if !backlog.is_empty() {
         tracing::info!(
