@@ -176,7 +176,7 @@ impl AmpClient {
         let mut request = self
             .http
             .request(method, url.clone())
-            .header("X-API-Key", &self.account.api_key);
+            .header("X-API-Key", self.account.api_key.value());
         if let Some(body) = body {
             request = request.json(&body);
         }

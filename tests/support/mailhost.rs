@@ -204,7 +204,7 @@ impl MailHost {
             email: email.clone(),
             jmap_url: url::Url::parse(&self.jmap_url).unwrap(),
             login: email,
-            password: self.password.clone(),
+            password: aamp_bridge::config::Secret::fixed(&name, self.password.clone()),
             smtp_host: "127.0.0.1".into(),
             smtp_port: self.smtp_port,
             smtp_security: SmtpSecurity::Plain,

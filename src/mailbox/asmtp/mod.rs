@@ -277,7 +277,7 @@ impl AsmtpClient {
         let mut request = self
             .http
             .request(method, url.clone())
-            .bearer_auth(&self.account.token);
+            .bearer_auth(self.account.token.value());
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -391,7 +391,7 @@ impl AsmtpClient {
         let request = self
             .http
             .post(url.clone())
-            .bearer_auth(&self.account.token)
+            .bearer_auth(self.account.token.value())
             .header(
                 reqwest::header::CONTENT_TYPE,
                 format!("multipart/form-data; boundary={boundary}"),
@@ -754,12 +754,14 @@ async fn run_push(
     })?;
     request.headers_mut().insert(
         "Authorization",
-        HeaderValue::from_str(&format!("Bearer {}", client.account.token)).map_err(|_| {
-            push_error(
-                "the token cannot go in a header".into(),
-                ErrorClass::Permanent,
-            )
-        })?,
+        HeaderValue::from_str(&format!("Bearer {}", client.account.token.value())).map_err(
+            |_| {
+                push_error(
+                    "the token cannot go in a header".into(),
+                    ErrorClass::Permanent,
+                )
+            },
+        )?,
     );
     let (mut socket, _) = tokio::select! {
         r = tokio_tungstenite::connect_async(request) => r.map_err(|e| push_error(e.to_string(), ErrorClass::Transient))?,
