@@ -108,6 +108,24 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
             println!("    last error: {error}");
         }
+        if let Some(c) = link.as_ref().and_then(|l| l.credentials.as_ref()) {
+            println!(
+                "    credentials {}, read {}{}",
+                match c.worked {
+                    Some(true) => "work",
+                    Some(false) => "refused",
+                    None => "not tried yet",
+                },
+                c.read_at,
+                match &c.file {
+                    Some(file) if c.since != c.read_at => {
+                        format!(" from {file} (these since {})", c.since)
+                    }
+                    Some(file) => format!(" from {file}"),
+                    None => " (in the config)".to_string(),
+                }
+            );
+        }
         println!(
             "    {} queued, {} running, {} answers waiting to be sent",
             a["queued"],

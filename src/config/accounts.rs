@@ -599,6 +599,17 @@ impl LoadedConfig {
         })
     }
 
+    /// The secret of mailbox `name`, whatever its kind, read from its file now.
+    pub fn mailbox_secret(&self, name: &str) -> Result<Secret, ConfigError> {
+        if self.is_asmtp(name) {
+            Ok(self.asmtp_account(name)?.token)
+        } else if self.is_amp(name) {
+            Ok(self.amp_account(name)?.api_key)
+        } else {
+            Ok(self.account(name)?.password)
+        }
+    }
+
     /// The registration a mailbox still needs: it has a `credentials_file` that does not exist
     /// yet, and an `aamp_url` to register with.
     pub fn registration(&self, name: &str) -> Option<Registration> {

@@ -31,6 +31,9 @@ pub enum SecretError {
     NotPrivate(PathBuf),
     #[error("{} is not a credentials file: {detail}", path.display())]
     Malformed { path: PathBuf, detail: String },
+    /// An empty file (one being written, or emptied by mistake) is never a secret.
+    #[error("{} is empty", .0.display())]
+    Empty(PathBuf),
 }
 
 /// What `status` shows of a secret: when it was last read, and whether the server took it.
@@ -85,7 +88,7 @@ pub fn read_secret(path: &Path, form: SecretForm) -> Result<String, SecretError>
     if !super::is_private(path) {
         return Err(SecretError::NotPrivate(path.to_path_buf()));
     }
-    Ok(match form {
+    let value = match form {
         SecretForm::Trimmed => text.trim().to_string(),
         SecretForm::Line => text.trim_end_matches(['\r', '\n']).to_string(),
         SecretForm::Credentials => {
@@ -96,7 +99,11 @@ pub fn read_secret(path: &Path, form: SecretForm) -> Result<String, SecretError>
                 })?
                 .smtp_password
         }
-    })
+    };
+    if value.is_empty() {
+        return Err(SecretError::Empty(path.to_path_buf()));
+    }
+    Ok(value)
 }
 
 impl Secret {
@@ -251,6 +258,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(secret.reread(), Err(SecretError::NotPrivate(_))));
+        private(&file, "\n");
+        assert!(matches!(secret.reread(), Err(SecretError::Empty(_))));
         std::fs::remove_file(&file).unwrap();
         assert!(matches!(secret.reread(), Err(SecretError::Read { .. })));
         assert_eq!(secret.value(), " pass word ");

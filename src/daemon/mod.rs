@@ -122,6 +122,10 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 .send_outbox(outbox_stop.clone(), LAST_ROUND)
                 .instrument(span.clone()),
         );
+        services.spawn(
+            retry_on_new_credentials(dispatcher.clone(), outbox_stop.clone())
+                .instrument(span.clone()),
+        );
         let deliver = move |inbound| {
             dispatcher
                 .deliver(inbound)
@@ -287,6 +291,24 @@ fn recover(
     Ok(())
 }
 
+/// Whenever the mailbox's credentials change (a reload, or a read after a refusal found
+/// others), what waits in the agent's outbox is sent at once. The intake hears the change
+/// itself.
+async fn retry_on_new_credentials(dispatcher: Dispatcher<Outlet>, stop: CancellationToken) {
+    let mut changes = dispatcher.outbox().secret().changes();
+    loop {
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                dispatcher.retry_outbox_now();
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
 /// How often an idle bridge gives freed memory back.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
 
@@ -384,11 +406,18 @@ pub fn agent_spec(
 /// config that does not load changes nothing (and says why); agents added or removed wait
 /// for a restart.
 async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>], events: Events) {
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
+    tracing::info!(config = %path.display(), "SIGHUP: reloading the config, profiles and credentials");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,
         Err(e) => {
             tracing::error!("the config was not reloaded: {e}");
+            // The credentials files are still read again, as they were named.
+            for dispatcher in dispatchers {
+                let secret = dispatcher.outbox().secret();
+                if let Err(e) = secret.reread() {
+                    tracing::error!(agent = %dispatcher.name(), "the credentials of {} were not reloaded: {e}", secret.mailbox());
+                }
+            }
             events.emit(
                 crate::events::Event::BridgeReloadFailed,
                 json!({"error": e.to_string()}),
@@ -403,6 +432,19 @@ async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>
             tracing::warn!(agent = %name, "the agent is no longer in the config; it stops at the next restart");
             continue;
         };
+        // Credentials first: the mailbox is retried at once when they changed, and left
+        // alone when not.
+        let secret = dispatcher.outbox().secret();
+        match config.mailbox_secret(secret.mailbox()) {
+            Ok(fresh) => {
+                secret.replace(&fresh);
+            }
+            Err(e) => tracing::error!(
+                agent = %name,
+                "the credentials of {} were not reloaded: {e}",
+                secret.mailbox()
+            ),
+        }
         match agent_spec(&config, agent) {
             Ok(spec) => {
                 dispatcher.reload(spec);

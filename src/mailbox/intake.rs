@@ -17,6 +17,7 @@ use super::link::{Link, Reach};
 use super::push::{self, PushTarget};
 use super::{Cursor, Mail, MailboxError, Position, Reader};
 use crate::backoff::Backoff;
+use crate::config::Secret;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
 
@@ -38,10 +39,17 @@ pub enum IntakeError {
     Deliver(DeliverError),
 }
 
+/// How often the credentials file is read again while the server refuses the credentials in
+/// use: a replaced key is tried at once, without a reload and without waiting for the
+/// 5-minute retry.
+pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(2);
+
 /// How one mailbox's reading is going, for every back-end alike: what its link shows
 /// (`status`, `doctor`), what the log says (a refused key once, not at every retry), and how
-/// long to wait before the next read: refused credentials every 5 minutes, a permanent error
-/// every minute, anything else with backoff.
+/// long to wait before the next read: refused credentials every 5 minutes (and at once when
+/// the credentials file holds others: it is read again at each refusal, every
+/// [`CREDENTIALS_RECHECK`] meanwhile, and at a reload), a permanent error every minute,
+/// anything else with backoff.
 pub struct Health<'a> {
     link: &'a Link,
     /// "the mail server", "the AMP broker", ...
@@ -51,6 +59,10 @@ pub struct Health<'a> {
     fix: &'static str,
     backoff: Backoff,
     auth_reported: bool,
+    /// The credentials the reads use, when they can be read again.
+    secret: Option<Secret>,
+    /// The last read was refused for its credentials.
+    refused: bool,
 }
 
 impl<'a> Health<'a> {
@@ -62,7 +74,22 @@ impl<'a> Health<'a> {
             fix,
             backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(60)),
             auth_reported: false,
+            secret: None,
+            refused: false,
         }
+    }
+
+    /// The credentials the reads use: read again when they are refused, recorded in the
+    /// link (when read, and whether they worked).
+    pub fn with_secret(mut self, secret: Secret) -> Self {
+        self.link.credentials(&secret);
+        self.secret = Some(secret);
+        self
+    }
+
+    /// Hears the credentials change (a reload, or a read after a refusal found others).
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.secret.as_ref().map(Secret::changes)
     }
 
     /// A read went through.
@@ -72,12 +99,40 @@ impl<'a> Health<'a> {
         }
         self.backoff.reset();
         self.auth_reported = false;
+        self.refused = false;
+        if let Some(secret) = &self.secret {
+            secret.worked(true);
+            self.link.credentials(secret);
+        }
         self.link.mailbox(Reach::Connected, None);
+    }
+
+    /// Reads the credentials file again after a refusal; true when it holds others (they
+    /// are in use from now on).
+    pub fn reread(&mut self) -> bool {
+        let Some(secret) = &self.secret else {
+            return false;
+        };
+        let changed = match secret.reread() {
+            Ok(changed) => changed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the credentials of {} again", self.account);
+                false
+            }
+        };
+        self.link.credentials(secret);
+        changed
     }
 
     /// A read failed: recorded, and the wait before the next one returned.
     pub fn failed(&mut self, e: &(impl Classify + std::fmt::Display)) -> Duration {
         let auth = e.class() == ErrorClass::Auth;
+        self.refused = auth;
+        if auth {
+            if let Some(secret) = &self.secret {
+                secret.worked(false);
+            }
+        }
         self.link.mailbox(
             if auth {
                 Reach::AuthFailed
@@ -89,8 +144,12 @@ impl<'a> Health<'a> {
         match e.class() {
             ErrorClass::Auth => {
                 if !self.auth_reported {
-                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes", self.server, self.account, self.fix);
+                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes, and at once when the file holds others", self.server, self.account, self.fix);
                     self.auth_reported = true;
+                }
+                if self.reread() {
+                    // Replaced since they were read: tried now.
+                    return Duration::ZERO;
                 }
                 Duration::from_secs(300)
             }
@@ -141,7 +200,12 @@ pub async fn watch(
     stop: &CancellationToken,
 ) {
     let mut ready = false;
+    let mut changes = health.changes();
     loop {
+        // A change heard before this read is the one it uses.
+        if let Some(rx) = changes.as_mut() {
+            rx.borrow_and_update();
+        }
         let read = tokio::select! {
             r = watched.read() => r,
             _ = stop.cancelled() => return,
@@ -163,20 +227,39 @@ pub async fn watch(
                 health.failed(&e)
             }
         };
-        let woken = async {
-            match wake.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let woken = async {
+                match wake.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let replaced = async {
+                match changes.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                Some(()) = woken => {
+                    tracing::debug!("woken by push");
+                    // When the server said the mailbox changed: where a task's clock starts.
+                    events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
+                    break;
+                }
+                true = replaced => {
+                    tracing::debug!("the credentials changed; reading now");
+                    break;
+                }
+                _ = tokio::time::sleep(CREDENTIALS_RECHECK), if health.refused => {
+                    if health.reread() {
+                        break;
+                    }
+                }
+                _ = stop.cancelled() => return,
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            Some(()) = woken => {
-                tracing::debug!("woken by push");
-                // When the server said the mailbox changed: where a task's clock starts.
-                events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
-            }
-            _ = stop.cancelled() => return,
         }
     }
 }
@@ -256,6 +339,8 @@ pub async fn run(
     let (target_tx, mut target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
     let push_up = AtomicBool::new(false);
     let use_push = mailbox.account.push;
+    // A replaced password is tried by push at once, not after its 5-minute wait.
+    let mut password_changes = mailbox.account.password.changes();
     let poll_secs = mailbox.account.poll_interval.as_secs();
 
     let polling = async {
@@ -264,7 +349,8 @@ pub async fn run(
             "the mail server",
             mailbox.email().to_string(),
             "the password (password_file)",
-        );
+        )
+        .with_secret(mailbox.account.password.clone());
         let mut watched = JmapWatched {
             name: &name,
             events,
@@ -374,6 +460,7 @@ pub async fn run(
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = target_rx.changed() => which = 0,
+                Ok(()) = password_changes.changed() => which = 0,
                 _ = stop.cancelled() => return,
             }
         }

@@ -211,6 +211,11 @@ impl AsmtpClient {
         &self.account.handle
     }
 
+    /// The bearer token every call (and the push socket) sends.
+    pub fn secret(&self) -> &crate::config::Secret {
+        &self.account.token
+    }
+
     /// An envelope as the intake hands it on: the answer to a question the agent asked (by
     /// the operator's own reply link, `in_reply_to`), or else a task, in the conversation its
     /// thread belongs to.
@@ -553,8 +558,11 @@ pub async fn run_intake(
     let push_up = std::sync::atomic::AtomicBool::new(false);
     let push = async {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        // A replaced token: the socket opened with the old one is closed and push connects
+        // again with the new one at once.
+        let mut replaced = client.account.token.changes();
         loop {
-            let result = run_push(&client, &wake_tx, &stop, || {
+            let result = run_push(&client, &wake_tx, &stop, &mut replaced, || {
                 push_up.store(true, std::sync::atomic::Ordering::SeqCst);
                 link.push("websocket");
                 // Connected: catch up on what came while the socket was down.
@@ -583,6 +591,7 @@ pub async fn run_intake(
             }
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
+                Ok(()) = replaced.changed() => backoff.reset(),
                 _ = stop.cancelled() => return,
             }
         }
@@ -593,7 +602,8 @@ pub async fn run_intake(
             "the ASMTP operator",
             client.handle().to_string(),
             "token_file",
-        );
+        )
+        .with_secret(client.account.token.clone());
         let mut watched = AsmtpWatched {
             client: &client,
             watermark: &watermark,
@@ -739,6 +749,7 @@ async fn run_push(
     client: &AsmtpClient,
     wake: &mpsc::Sender<()>,
     stop: &CancellationToken,
+    replaced: &mut tokio::sync::watch::Receiver<u64>,
     connected: impl FnOnce(),
 ) -> Result<Option<String>, MailboxError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -746,6 +757,7 @@ async fn run_push(
     use tokio_tungstenite::tungstenite::Message;
     let push_error = |detail: String, class: ErrorClass| MailboxError::Push { detail, class };
     let url = client.connect_url();
+    replaced.borrow_and_update();
     let mut request = url.as_str().into_client_request().map_err(|e| {
         push_error(
             format!("bad WebSocket URL {url}: {e}"),
@@ -771,6 +783,10 @@ async fn run_push(
     loop {
         let frame = tokio::select! {
             f = socket.next() => f,
+            Ok(()) = replaced.changed() => {
+                let _ = socket.close(None).await;
+                return Ok(Some("closed by the bridge: the token was replaced".into()));
+            }
             _ = stop.cancelled() => return Ok(None),
         };
         match frame {
@@ -810,6 +826,10 @@ pub struct AsmtpReplies {
 impl AsmtpReplies {
     pub fn new(client: AsmtpClient) -> AsmtpReplies {
         AsmtpReplies { client }
+    }
+
+    pub fn secret(&self) -> &crate::config::Secret {
+        self.client.secret()
     }
 
     /// The reply envelope for the answer in `mail`; `None` for what ASMTP has no place for.
