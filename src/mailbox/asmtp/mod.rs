@@ -578,6 +578,12 @@ pub async fn run_intake(
             if stop.is_cancelled() {
                 return;
             }
+            if matches!(&result, Ok(Some(why)) if why == REPLACED) {
+                tracing::info!(
+                    "the token was replaced; ASMTP push connects again with the new one"
+                );
+                continue;
+            }
             let delay = backoff.next_delay();
             match result {
                 Ok(why) => tracing::info!(
@@ -741,6 +747,9 @@ async fn catch_up(
     }
 }
 
+/// Why [`run_push`] closed a socket itself: its token was replaced.
+const REPLACED: &str = "closed by the bridge: the token was replaced";
+
 /// One push connection: every `envelope.notify` frame wakes the catch-up; other frames
 /// (`monitor.fact`, for senders that asked) are let go. `Ok` when the operator closed it (with
 /// its close code and reason, as the reference sends `1001 operator shutting down` when it
@@ -785,7 +794,7 @@ async fn run_push(
             f = socket.next() => f,
             Ok(()) = replaced.changed() => {
                 let _ = socket.close(None).await;
-                return Ok(Some("closed by the bridge: the token was replaced".into()));
+                return Ok(Some(REPLACED.into()));
             }
             _ = stop.cancelled() => return Ok(None),
         };
