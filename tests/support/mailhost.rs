@@ -221,6 +221,18 @@ impl MailHost {
         }
     }
 
+    /// Changes the password of `account` on the host: logins from now on need `password`
+    /// (a session already logged in, such as an open SMTP connection, keeps working).
+    pub fn set_password(&self, account: &Account, password: &str) {
+        let out = script_with(&self.env, &["passwd", &account.email, password]);
+        assert!(
+            out.status.success(),
+            "passwd {}: {}",
+            account.email,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A `[mailboxes.<key>]` table for `account`, reading the password from `password_file`.
     pub fn mailbox_toml(&self, key: &str, account: &Account) -> String {
         self.mailbox_toml_with(key, account, "poll_interval_secs = 1\n")
