@@ -235,6 +235,8 @@ pub enum ServiceAction {
     Uninstall,
     Start,
     Stop,
+    /// Reads the config, profiles and credentials files again (SIGHUP), without a restart.
+    Reload,
     /// Whether the installed service runs this binary with this config, and the fix if not.
     Status {
         #[arg(long)]
