@@ -210,6 +210,11 @@ impl Secret {
         self.state().worked = Some(worked);
     }
 
+    /// Which value is in use: one more at each change.
+    pub fn generation(&self) -> u64 {
+        *self.shared.changes.borrow()
+    }
+
     /// Hears every change of the value.
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.shared.changes.subscribe()

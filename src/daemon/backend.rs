@@ -28,12 +28,18 @@ impl Backend for Outlet {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         use crate::error::{Classify as _, ErrorClass};
         let secret = self.secret();
+        let tried = secret.generation();
         match self.submit_once(mail).await {
             Ok(()) => {
                 secret.worked(true);
                 Ok(())
             }
             Err(e) if e.class() == ErrorClass::Auth => {
+                if secret.generation() != tried {
+                    // Replaced while this attempt was under way (a reload): sent again with
+                    // the new one, not left for the 5-minute retry.
+                    return self.submit_once(mail).await;
+                }
                 secret.worked(false);
                 match secret.reread() {
                     Ok(true) => self.submit_once(mail).await,

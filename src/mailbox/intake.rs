@@ -63,6 +63,8 @@ pub struct Health<'a> {
     secret: Option<Secret>,
     /// The last read was refused for its credentials.
     refused: bool,
+    /// Which credentials the read under way uses ([`Secret::generation`]).
+    tried: u64,
 }
 
 impl<'a> Health<'a> {
@@ -76,6 +78,7 @@ impl<'a> Health<'a> {
             auth_reported: false,
             secret: None,
             refused: false,
+            tried: 0,
         }
     }
 
@@ -90,6 +93,11 @@ impl<'a> Health<'a> {
     /// Hears the credentials change (a reload, or a read after a refusal found others).
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.secret.as_ref().map(Secret::changes)
+    }
+
+    /// A read begins, with the credentials in use now.
+    fn reading(&mut self) {
+        self.tried = self.secret.as_ref().map_or(0, Secret::generation);
     }
 
     /// A read went through.
@@ -130,6 +138,10 @@ impl<'a> Health<'a> {
         self.refused = auth;
         if auth {
             if let Some(secret) = &self.secret {
+                if secret.generation() != self.tried {
+                    // Replaced while the read was under way: read again with the new ones.
+                    return Duration::ZERO;
+                }
                 secret.worked(false);
             }
         }
@@ -206,6 +218,7 @@ pub async fn watch(
         if let Some(rx) = changes.as_mut() {
             rx.borrow_and_update();
         }
+        health.reading();
         let read = tokio::select! {
             r = watched.read() => r,
             _ = stop.cancelled() => return,
@@ -682,6 +695,97 @@ mod tests {
             &mut deliver,
         )
         .await
+    }
+
+    /// A mailbox whose server takes only the key `good`; each read's time is kept.
+    struct Keyed {
+        secret: Secret,
+        good: String,
+        reads: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    }
+
+    impl Watched for Keyed {
+        async fn read(&mut self) -> Result<usize, IntakeError> {
+            self.reads.lock().unwrap().push(tokio::time::Instant::now());
+            if self.secret.value() == self.good {
+                Ok(0)
+            } else {
+                Err(IntakeError::Mailbox(MailboxError::Http {
+                    url: "http://broker.test/inbox".into(),
+                    status: 401,
+                    body: String::new(),
+                }))
+            }
+        }
+        fn next_read(&mut self, _taken: usize) -> Duration {
+            Duration::from_secs(600)
+        }
+        fn address(&self) -> String {
+            "coder@broker.test".into()
+        }
+    }
+
+    fn private(path: &std::path::Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let fresh = path.with_extension("new");
+        std::fs::write(&fresh, text).unwrap();
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::rename(fresh, path).unwrap();
+    }
+
+    /// Issue 37: refused credentials waited 5 minutes, read once at start. A key written to
+    /// the file is tried within [`CREDENTIALS_RECHECK`]; one that works is not read again
+    /// before its interval; a key replaced by a reload (another clone of the secret) is tried
+    /// at once.
+    #[tokio::test(start_paused = true)]
+    async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        private(&file, "amk_old");
+        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+        let link = Link::new(dir.path().join("link.json"));
+        let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut keyed = Keyed {
+            secret: secret.clone(),
+            good: "amk_new".into(),
+            reads: reads.clone(),
+        };
+        let stop = CancellationToken::new();
+        let health = Health::new(&link, "the AMP broker", "coder".into(), "api_key_file")
+            .with_secret(secret.clone());
+        let count = || reads.lock().unwrap().len();
+        let start = tokio::time::Instant::now();
+        let watching = watch("coder", Events::new(false), health, &mut keyed, None, &stop);
+        let driving = async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(count(), 1, "refused once, then waiting");
+            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+            assert_eq!(state.mailbox, Reach::AuthFailed);
+            assert_eq!(state.credentials.unwrap().worked, Some(false));
+            private(&file, "amk_new\n");
+            tokio::time::sleep(CREDENTIALS_RECHECK * 2).await;
+            assert_eq!(count(), 2, "the new key tried at the next look at the file");
+            let at = reads.lock().unwrap()[1] - start;
+            assert!(
+                at <= Duration::from_secs(60) + CREDENTIALS_RECHECK,
+                "{at:?}"
+            );
+            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+            assert_eq!(state.mailbox, Reach::Connected);
+            assert_eq!(state.credentials.unwrap().worked, Some(true));
+            // Working: the file is not looked at, nor the server asked, before the interval.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(count(), 2);
+            // A reload with another key: tried at once.
+            private(&file, "amk_other");
+            let fresh =
+                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+            assert!(secret.replace(&fresh));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(count(), 3, "read at once with the reloaded key");
+            stop.cancel();
+        };
+        tokio::join!(watching, driving);
     }
 
     #[tokio::test]
