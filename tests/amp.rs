@@ -542,11 +542,22 @@ async fn replied_within(
     }
 }
 
+/// How a test tells the bridge a key was replaced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reload {
+    Sighup,
+    /// `aamp-bridge reload` (the control socket).
+    Command,
+    /// Nothing: the bridge finds the new file itself.
+    None,
+}
+
 /// Issue 37: a key revoked and replaced in the console, the new one written to
-/// `api_key_file`, with `reload` (SIGHUP) or without: the answer waiting in the outbox and the
-/// task waiting on the broker both go through within 5 s. On fb62012 the mailbox stayed
-/// `auth_failed` until a restart. Returns the seconds from the new key to each answer.
-async fn a_replaced_key_is_used(sighup: bool) -> (f64, f64) {
+/// `api_key_file`, with `reload` (SIGHUP or `aamp-bridge reload`) or without: the answer
+/// waiting in the outbox and the task waiting on the broker both go through within 5 s. On
+/// fb62012 the mailbox stayed `auth_failed` until a restart. Returns the seconds from the new
+/// key to each answer.
+async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
     let broker = Broker::start(&[]);
     let coder = broker.register("coder").await;
     let boss = broker.register("boss").await;
@@ -583,8 +594,17 @@ async fn a_replaced_key_is_used(sighup: bool) -> (f64, f64) {
     let (_, new_key) = console_key(&broker, "bridge, rotated").await;
     dir.replace_private("amp.key", &new_key);
     let replaced = std::time::Instant::now();
-    if sighup {
-        bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    match reload {
+        Reload::Sighup => bridge.signal(nix::sys::signal::Signal::SIGHUP),
+        Reload::Command => {
+            let said = dir.run(&["reload"]);
+            assert!(
+                said.contains("credentials reloaded for coder"),
+                "{said}\n{}",
+                bridge.log()
+            );
+        }
+        Reload::None => {}
     }
     let within = Duration::from_secs(5);
     let answered = replied_within(&broker, &waiting, &coder.1, replaced, within).await;
@@ -627,15 +647,21 @@ async fn a_replaced_key_is_used(sighup: bool) -> (f64, f64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_replaced_and_reloaded_is_used_within_seconds() {
-    let (waiting, next) = a_replaced_key_is_used(true).await;
+    let (waiting, next) = a_replaced_key_is_used(Reload::Sighup).await;
     eprintln!(
         "SIGHUP to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s"
     );
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_key_replaced_and_reloaded_by_the_reload_command_is_used_within_seconds() {
+    let (waiting, next) = a_replaced_key_is_used(Reload::Command).await;
+    eprintln!("`aamp-bridge reload` to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_key_replaced_on_disk_without_a_reload_is_used_at_the_next_retry() {
-    let (waiting, next) = a_replaced_key_is_used(false).await;
+    let (waiting, next) = a_replaced_key_is_used(Reload::None).await;
     eprintln!("new key file to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
 }
 

@@ -12,25 +12,53 @@ pub(super) fn control_socket(path: &std::path::Path) -> std::io::Result<tokio::n
     Ok(listener)
 }
 
-/// Answers each connection with one JSON line of live status, then closes it.
+/// A reload asked over the control socket, answered with what it did.
+pub(super) type ReloadRequest = tokio::sync::oneshot::Sender<serde_json::Value>;
+
+/// How long a connection has to say what it wants (`status` or `reload`, one line) before it
+/// is answered with the status, as clients that send nothing are.
+const REQUEST_WAIT: Duration = Duration::from_millis(200);
+/// How long a reload asked over the socket may take before the client is told it is still
+/// under way.
+const RELOAD_WAIT: Duration = Duration::from_secs(30);
+
+/// Answers each connection with one JSON line, then closes it: the live status, or, for a
+/// client that asked `reload`, what the reload did (the config, profiles and credentials read
+/// again, as SIGHUP does).
 pub(super) async fn serve_control(
     listener: tokio::net::UnixListener,
     live: impl Fn() -> serde_json::Value,
+    reloads: tokio::sync::mpsc::Sender<ReloadRequest>,
     stop: CancellationToken,
 ) {
-    use tokio::io::AsyncWriteExt as _;
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.cancelled() => break,
         };
         match accepted {
-            Ok((mut stream, _)) => {
-                let mut line = live().to_string();
+            Ok((stream, _)) => {
+                let (read, mut write) = stream.into_split();
+                let mut request = String::new();
+                let mut lines = tokio::io::BufReader::new(read.take(256));
+                let _ = tokio::time::timeout(REQUEST_WAIT, lines.read_line(&mut request)).await;
+                let answer = if request.trim() == "reload" {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let asked = reloads.try_send(tx).is_ok();
+                    match tokio::time::timeout(RELOAD_WAIT, rx).await {
+                        Ok(Ok(done)) if asked => done,
+                        _ if !asked => json!({"error": "a reload is already under way"}),
+                        _ => json!({"error": "the reload did not finish in time"}),
+                    }
+                } else {
+                    live()
+                };
+                let mut line = answer.to_string();
                 line.push('\n');
                 // A client that does not read is not waited for.
                 let _ =
-                    tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes()))
+                    tokio::time::timeout(Duration::from_secs(1), write.write_all(line.as_bytes()))
                         .await;
             }
             Err(e) => {
@@ -49,12 +77,27 @@ pub(super) async fn serve_control(
 /// Asks a running bridge for its live status over the control socket; `None` when none
 /// answers within a second.
 pub fn ask_control(state_dir: &std::path::Path) -> Option<serde_json::Value> {
-    use std::io::Read as _;
-    let stream = std::os::unix::net::UnixStream::connect(
+    ask(state_dir, "status", Duration::from_secs(1))
+}
+
+/// Asks a running bridge to reload (the config, profiles and credentials, as SIGHUP does)
+/// and waits for what it did: `{"agents": [...], "credentialsChanged": [...]}`, or
+/// `{"error": ...}`. `None` when no bridge answers on the control socket.
+pub fn reload_over_control(state_dir: &std::path::Path) -> Option<serde_json::Value> {
+    ask(state_dir, "reload", RELOAD_WAIT + Duration::from_secs(5))
+}
+
+fn ask(state_dir: &std::path::Path, request: &str, wait: Duration) -> Option<serde_json::Value> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::os::unix::net::UnixStream::connect(
         crate::paths::StateDir::new(state_dir).control_socket(),
     )
     .ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.set_read_timeout(Some(wait)).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(1)))
+        .ok()?;
+    stream.write_all(format!("{request}\n").as_bytes()).ok()?;
     let mut text = String::new();
     stream.take(1 << 20).read_to_string(&mut text).ok()?;
     serde_json::from_str(text.trim()).ok()
