@@ -65,6 +65,8 @@ pub struct Health<'a> {
     refused: bool,
     /// Which credentials the read under way uses ([`Secret::generation`]).
     tried: u64,
+    /// The credentials file could not be read again (said once, not every few seconds).
+    unreadable_reported: bool,
 }
 
 impl<'a> Health<'a> {
@@ -79,6 +81,7 @@ impl<'a> Health<'a> {
             secret: None,
             refused: false,
             tried: 0,
+            unreadable_reported: false,
         }
     }
 
@@ -122,9 +125,15 @@ impl<'a> Health<'a> {
             return false;
         };
         let changed = match secret.reread() {
-            Ok(changed) => changed,
+            Ok(changed) => {
+                self.unreadable_reported = false;
+                changed
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the credentials of {} again", self.account);
+                if !self.unreadable_reported {
+                    tracing::warn!(error = %e, "cannot read the credentials of {} again; the ones in use are kept", self.account);
+                    self.unreadable_reported = true;
+                }
                 false
             }
         };
