@@ -883,6 +883,19 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
     )
     .await;
     assert!(pushed.is_some(), "a task after the rotation is pushed");
+    // A reload with the same token leaves the mailbox alone: no second change, no new socket.
+    bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    bridge.wait_count("bridge.reloaded", if sighup { 2 } else { 1 });
+    let reloaded = bridge
+        .seen
+        .iter()
+        .rfind(|e| e["event"] == "bridge.reloaded")
+        .unwrap()
+        .clone();
+    assert_eq!(reloaded["credentialsChanged"], json!([]), "{reloaded}");
+    let log = bridge.log();
+    assert_eq!(log.matches("credentials reloaded for coder").count(), 1);
+    assert_eq!(log.matches("ASMTP push connected").count(), 2);
     for parent in [&waiting, &next, &third] {
         assert_eq!(operator.replies("@alice.boss", parent).await.len(), 1);
     }
