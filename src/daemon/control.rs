@@ -24,42 +24,49 @@ const RELOAD_WAIT: Duration = Duration::from_secs(30);
 
 /// Answers each connection with one JSON line, then closes it: the live status, or, for a
 /// client that asked `reload`, what the reload did (the config, profiles and credentials read
-/// again, as SIGHUP does).
+/// again, as SIGHUP does). A reload's answer waits for the reload while status is still
+/// answered; one reload at a time.
 pub(super) async fn serve_control(
     listener: tokio::net::UnixListener,
     live: impl Fn() -> serde_json::Value,
     reloads: tokio::sync::mpsc::Sender<ReloadRequest>,
     stop: CancellationToken,
 ) {
-    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+    // The answer to the reload under way, once it is done.
+    let mut reloading: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+        None;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
+            () = async { reloading.as_mut().expect("checked").await }, if reloading.is_some() => {
+                reloading = None;
+                continue;
+            }
             _ = stop.cancelled() => break,
         };
         match accepted {
             Ok((stream, _)) => {
-                let (read, mut write) = stream.into_split();
+                let (read, write) = stream.into_split();
                 let mut request = String::new();
                 let mut lines = tokio::io::BufReader::new(read.take(256));
                 let _ = tokio::time::timeout(REQUEST_WAIT, lines.read_line(&mut request)).await;
-                let answer = if request.trim() == "reload" {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let asked = reloads.try_send(tx).is_ok();
-                    match tokio::time::timeout(RELOAD_WAIT, rx).await {
-                        Ok(Ok(done)) if asked => done,
-                        _ if !asked => json!({"error": "a reload is already under way"}),
+                if request.trim() != "reload" {
+                    answer(write, live()).await;
+                    continue;
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                if reloading.is_some() || reloads.try_send(tx).is_err() {
+                    answer(write, json!({"error": "a reload is already under way"})).await;
+                    continue;
+                }
+                reloading = Some(Box::pin(async move {
+                    let done = match tokio::time::timeout(RELOAD_WAIT, rx).await {
+                        Ok(Ok(done)) => done,
                         _ => json!({"error": "the reload did not finish in time"}),
-                    }
-                } else {
-                    live()
-                };
-                let mut line = answer.to_string();
-                line.push('\n');
-                // A client that does not read is not waited for.
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(1), write.write_all(line.as_bytes()))
-                        .await;
+                    };
+                    answer(write, done).await;
+                }));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "control socket: accept failed");
@@ -72,6 +79,14 @@ pub(super) async fn serve_control(
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// Writes one JSON line; a client that does not read is not waited for.
+async fn answer(mut write: tokio::net::unix::OwnedWriteHalf, value: serde_json::Value) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut line = value.to_string();
+    line.push('\n');
+    let _ = tokio::time::timeout(Duration::from_secs(1), write.write_all(line.as_bytes())).await;
 }
 
 /// Asks a running bridge for its live status over the control socket; `None` when none
