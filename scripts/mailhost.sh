@@ -5,6 +5,7 @@
 #   scripts/mailhost.sh install             apt-get the packages (idempotent, needs root)
 #   scripts/mailhost.sh start [USER ...]    write config, start both daemons, create users
 #   scripts/mailhost.sh adduser USER [PASS] create a mailbox (USER is a local part or an address)
+#   scripts/mailhost.sh passwd USER PASS    change a mailbox's password (new logins need it)
 #   scripts/mailhost.sh check               exit 0 when JMAP and SMTP submission answer
 #   scripts/mailhost.sh env                 print the MAILHOST_* settings as shell exports
 #   scripts/mailhost.sh stop                stop both daemons, keep the mail
@@ -325,6 +326,14 @@ PY
   say "user $user ready"
 }
 
+cmd_passwd() {
+  local user=$1 pass=$2
+  [[ $user == *@* ]] || user="$user@$DOMAIN"
+  echo -n "$pass" | saslpasswd2 -p -f "$DIR/sasldb2" -u "${user#*@}" "${user%@*}"
+  chmod 644 "$DIR/sasldb2"
+  say "password of $user changed"
+}
+
 cmd_check() {
   local user=${1:-} pass=${2:-$PASSWORD}
   (exec 3<>"/dev/tcp/127.0.0.1/$JMAP_PORT") 2>/dev/null || die "JMAP port $JMAP_PORT is closed"
@@ -421,10 +430,15 @@ case "${1:-}" in
     running || die "the mail host is not running: start it with '$0 start'"
     exec 9>"$DIR.lock"; flock 9   # saslpasswd2 must not run twice at once on one sasldb
     cmd_adduser "$@" ;;
+  passwd)
+    shift; [ $# -eq 2 ] || die "usage: $0 passwd USER PASSWORD"
+    running || die "the mail host is not running: start it with '$0 start'"
+    exec 9>"$DIR.lock"; flock 9
+    cmd_passwd "$@" ;;
   check) shift; cmd_check "$@" ;;
   need-root) shift; cmd_need_root "$@" ;;
   env) cmd_env ;;
   stop) cmd_stop ;;
   clean) cmd_stop; rm -rf "$DIR" "$DIR.lock" ;;
-  *) echo "usage: $0 install | start [USER ...] | adduser USER [PASSWORD] | check [USER] | env | stop | clean | need-root SCRIPT" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start [USER ...] | adduser USER [PASSWORD] | passwd USER PASSWORD | check [USER] | env | stop | clean | need-root SCRIPT" >&2; exit 2 ;;
 esac

@@ -178,6 +178,20 @@ impl Service {
         }
     }
 
+    /// SIGHUP to the running service: the config, profiles and credentials are read again.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        match self.kind {
+            Kind::Systemd => manager(&["--user", "reload", "aamp-bridge.service"]),
+            Kind::Launchd => {
+                let uid = nix::unistd::getuid();
+                run(
+                    "launchctl",
+                    &["kill", "SIGHUP", &format!("gui/{uid}/{LABEL}")],
+                )
+            }
+        }
+    }
+
     fn launchctl(&self, verb: &str) -> anyhow::Result<()> {
         let uid = nix::unistd::getuid();
         let target = format!("gui/{uid}");

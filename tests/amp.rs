@@ -501,6 +501,170 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
     assert!(bridge.stop().success());
 }
 
+/// A key made in the console, as a person makes one: (its id, the raw key).
+async fn console_key(broker: &Broker, name: &str) -> (String, String) {
+    let key = broker
+        .as_person(
+            reqwest::Method::POST,
+            "/users/api-keys",
+            Some(json!({"name": name})),
+        )
+        .await;
+    (
+        key["id"].as_str().unwrap().to_string(),
+        key["raw_key"].as_str().unwrap().to_string(),
+    )
+}
+
+/// How long after `since` the thread of `sent` first held a reply from `from`; `None` when
+/// it held none within `within`.
+async fn replied_within(
+    broker: &Broker,
+    sent: &Value,
+    from: &str,
+    since: std::time::Instant,
+    within: Duration,
+) -> Option<Duration> {
+    let thread = sent["thread_id"].as_str().unwrap();
+    loop {
+        if broker
+            .thread(thread)
+            .await
+            .iter()
+            .any(|m| m["from_agent"] == from)
+        {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How a test tells the bridge a key was replaced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reload {
+    Sighup,
+    /// `aamp-bridge reload` (the control socket).
+    Command,
+    /// Nothing: the bridge finds the new file itself.
+    None,
+}
+
+/// Issue 37: a key revoked and replaced in the console, the new one written to
+/// `api_key_file`, with `reload` (SIGHUP or `aamp-bridge reload`) or without: the answer
+/// waiting in the outbox and the task waiting on the broker both go through within 5 s. On
+/// fb62012 the mailbox stayed `auth_failed` until a restart. Returns the seconds from the new
+/// key to each answer.
+async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let (old_id, old_key) = console_key(&broker, "bridge").await;
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    dir.write_private("amp.key", &old_key);
+    let gate = dir.use_gated_profile();
+    let mut bridge = Bridge::start(&dir, 1);
+    let waiting = send(&broker, &boss, &coder.1, "Before", "answered late").await;
+    bridge.wait_event("task.started", |_| true);
+    broker
+        .as_person(
+            reqwest::Method::POST,
+            &format!("/users/api-keys/{old_id}/deactivate"),
+            None,
+        )
+        .await;
+    // The answer is ready only now: its reply is refused and waits in the outbox.
+    std::fs::write(&gate, "").unwrap();
+    bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
+    support::wait_until("the refusal is logged", || {
+        bridge
+            .log()
+            .contains("the AMP broker refused the credentials")
+    });
+    let next = send(
+        &broker,
+        &boss,
+        &coder.1,
+        "After",
+        "answered with the new key",
+    )
+    .await;
+    let (_, new_key) = console_key(&broker, "bridge, rotated").await;
+    dir.replace_private("amp.key", &new_key);
+    let replaced = std::time::Instant::now();
+    match reload {
+        Reload::Sighup => bridge.signal(nix::sys::signal::Signal::SIGHUP),
+        Reload::Command => {
+            let said = dir.run(&["reload"]);
+            assert!(
+                said.contains("credentials reloaded for coder"),
+                "{said}\n{}",
+                bridge.log()
+            );
+        }
+        Reload::None => {}
+    }
+    let within = Duration::from_secs(5);
+    let answered = replied_within(&broker, &waiting, &coder.1, replaced, within).await;
+    let next_answered = replied_within(&broker, &next, &coder.1, replaced, within).await;
+    let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let log = bridge.log();
+    assert!(
+        answered.is_some() && next_answered.is_some(),
+        "the waiting answer ({answered:?}) and the next task ({next_answered:?}) within {within:?} of the new key\n{status}"
+    );
+    assert_eq!(
+        log.matches("credentials reloaded for coder").count(),
+        1,
+        "said once"
+    );
+    let credentials = &status["agents"][0]["link"]["credentials"];
+    assert_eq!(credentials["worked"], true, "{status}");
+    assert!(credentials["file"].as_str().unwrap().ends_with("amp.key"));
+    assert_eq!(
+        status["agents"][0]["link"]["mailbox"], "connected",
+        "{status}"
+    );
+    let text = dir.run(&["status"]);
+    assert!(text.contains("credentials work, read "), "{text}");
+    assert!(
+        !text.contains(&new_key) && !log.contains(&new_key),
+        "never shown"
+    );
+    // Each answered once.
+    for sent in [&waiting, &next] {
+        assert_eq!(broker.replies_to(sent, &coder.1).await.len(), 1);
+    }
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+    (
+        answered.unwrap().as_secs_f64(),
+        next_answered.unwrap().as_secs_f64(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_replaced_and_reloaded_is_used_within_seconds() {
+    let (waiting, next) = a_replaced_key_is_used(Reload::Sighup).await;
+    eprintln!(
+        "SIGHUP to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_replaced_and_reloaded_by_the_reload_command_is_used_within_seconds() {
+    let (waiting, next) = a_replaced_key_is_used(Reload::Command).await;
+    eprintln!("`aamp-bridge reload` to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_replaced_on_disk_without_a_reload_is_used_at_the_next_retry() {
+    let (waiting, next) = a_replaced_key_is_used(Reload::None).await;
+    eprintln!("new key file to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
+}
+
 /// Issue 21: a person who opened a task in the broker's console (which marks it read) before
 /// the bridge polled lost it: the bridge listed only unread messages. It follows the inbox by
 /// position now, so the task is answered, once.

@@ -763,6 +763,164 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
     assert!(bridge.stop().success());
 }
 
+/// How long after `since` `handle`'s mailbox first held a reply to `parent`; `None` when it
+/// held none within `within`.
+async fn replied_within(
+    operator: &Operator,
+    handle: &str,
+    parent: &str,
+    since: std::time::Instant,
+    within: Duration,
+) -> Option<Duration> {
+    loop {
+        let listed = operator
+            .call(
+                handle,
+                reqwest::Method::GET,
+                "/mailbox?direction=in&order=asc&limit=1000",
+                None,
+            )
+            .await;
+        if listed["envelope_headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["in_reply_to"] == parent)
+        {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 37: the agent's token rotated at the operator, the new one written to `token_file`,
+/// with `reload` (SIGHUP) or without: the reply waiting in the outbox and the task pushed
+/// while the token was refused both go through within 5 s (polling every 10 minutes, so
+/// nothing but the new token can bring them). On fb62012 the mailbox stayed `auth_failed`
+/// until a restart. Returns the seconds from the new token to each answer.
+async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
+    let operator = Operator::start(
+        &["@alice.coder", "@alice.boss"],
+        &["--admin-token", "admin-secret"],
+    );
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let gate = dir.use_gated_profile();
+    let mut bridge = Bridge::start(&dir, 1);
+    support::wait_until("push connected", || {
+        bridge.log().contains("ASMTP push connected")
+    });
+    let waiting = operator
+        .send("@alice.boss", "@alice.coder", "Before", "answered late")
+        .await;
+    bridge.wait_event("task.started", |_| true);
+    let rotated: Value = reqwest::Client::new()
+        .post(format!(
+            "{}/_admin/agents/@alice.coder/rotate-token",
+            operator.url()
+        ))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = rotated["token"].as_str().unwrap().to_string();
+    // The answer is ready only now: its reply is refused and waits in the outbox.
+    std::fs::write(&gate, "").unwrap();
+    bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
+    let next = operator
+        .send(
+            "@alice.boss",
+            "@alice.coder",
+            "After",
+            "answered with the new token",
+        )
+        .await;
+    support::wait_until("the refusal is logged", || {
+        bridge.log().contains("refused the credentials")
+    });
+    dir.replace_private("asmtp.token", &token);
+    let replaced = std::time::Instant::now();
+    if sighup {
+        bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+    let within = Duration::from_secs(5);
+    let answered = replied_within(&operator, "@alice.boss", &waiting, replaced, within).await;
+    let next_answered = replied_within(&operator, "@alice.boss", &next, replaced, within).await;
+    let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let log = bridge.log();
+    assert!(
+        answered.is_some() && next_answered.is_some(),
+        "the waiting answer ({answered:?}) and the next task ({next_answered:?}) within {within:?} of the new token\n{status}"
+    );
+    assert_eq!(
+        log.matches("credentials reloaded for coder").count(),
+        1,
+        "said once"
+    );
+    assert_eq!(
+        status["agents"][0]["link"]["credentials"]["worked"], true,
+        "{status}"
+    );
+    assert!(!log.contains(&token), "never logged");
+    support::wait_until("push connected again, with the new token", || {
+        bridge.log().matches("ASMTP push connected").count() == 2
+    });
+    // A third task comes by push over the socket opened with the new token.
+    let third = operator
+        .send("@alice.boss", "@alice.coder", "Third", "by push")
+        .await;
+    let pushed = replied_within(
+        &operator,
+        "@alice.boss",
+        &third,
+        std::time::Instant::now(),
+        within,
+    )
+    .await;
+    assert!(pushed.is_some(), "a task after the rotation is pushed");
+    // A reload with the same token leaves the mailbox alone: no second change, no new socket.
+    bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    bridge.wait_count("bridge.reloaded", if sighup { 2 } else { 1 });
+    let reloaded = bridge
+        .seen
+        .iter()
+        .rfind(|e| e["event"] == "bridge.reloaded")
+        .unwrap()
+        .clone();
+    assert_eq!(reloaded["credentialsChanged"], json!([]), "{reloaded}");
+    let log = bridge.log();
+    assert_eq!(log.matches("credentials reloaded for coder").count(), 1);
+    assert_eq!(log.matches("ASMTP push connected").count(), 2);
+    for parent in [&waiting, &next, &third] {
+        assert_eq!(operator.replies("@alice.boss", parent).await.len(), 1);
+    }
+    assert!(bridge.stop().success());
+    operator.no_invalid();
+    (
+        answered.unwrap().as_secs_f64(),
+        next_answered.unwrap().as_secs_f64(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_rotated_and_reloaded_is_used_within_seconds() {
+    let (waiting, next) = a_rotated_token_is_used(true).await;
+    eprintln!(
+        "SIGHUP to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_rotated_on_disk_without_a_reload_is_used_at_the_next_retry() {
+    let (waiting, next) = a_rotated_token_is_used(false).await;
+    eprintln!("new token file to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
+}
+
 /// Issue 21: the Session-Key came from `references[0]`, else `in_reply_to`; the reference CLI
 /// (`robotnet send --in-reply-to`) sends `in_reply_to` alone, naming the agent's own reply, so
 /// every turn was a new session. The conversation is now found from any envelope of it.

@@ -785,3 +785,90 @@ async fn sighup_reloads_the_sender_policy_without_a_restart() {
     assert!(matches!(&r.message.body, Body::Result(r) if r.status == Status::Completed));
     assert!(bridge.stop().success());
 }
+
+/// Issue 37 over the mail host: the agent's password changed on the server (new logins need
+/// the new one; the open SMTP connection is cut, as a server restart would), the new one
+/// written to `password_file`, with `reload` (SIGHUP) or without: the answer refused at
+/// login and waiting in the outbox, and the task that arrived while JMAP refused the old
+/// password, both go out within 5 s. On fb62012 both waited for a restart. Returns the
+/// seconds from the new password file to each answer.
+async fn a_changed_password_is_used(host: &MailHost, sighup: bool) -> (f64, f64) {
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, "");
+    let gate = Gate::new(host.smtp_port);
+    dir.write_config(&config(host, &agent, "echo", &boss.email, gate.port, ""));
+    let release = dir.use_gated_profile();
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let waiting = peer
+        .send(peer.dispatch_to(&agent.email, "Before", "answered late"))
+        .await;
+    peer.wait_for(waiting.task_id(), Intent::TaskAck).await;
+    bridge.wait_event("task.started", |_| true);
+    let password = format!("rotated-{}", uuid::Uuid::new_v4().simple());
+    host.set_password(&agent, &password);
+    gate.close();
+    gate.open();
+    // The answer is ready only now: its login is refused and it waits in the outbox.
+    std::fs::write(&release, "").unwrap();
+    bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
+    wait_until("the mail server refuses the old password", || {
+        bridge
+            .log()
+            .contains("the mail server refused the credentials")
+    });
+    let next = peer
+        .send(peer.dispatch_to(&agent.email, "After", "answered with the new password"))
+        .await;
+    dir.replace_private("password", &password);
+    let replaced = std::time::Instant::now();
+    if sighup {
+        bridge.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+    let within = std::time::Duration::from_secs(5);
+    peer.wait_for_within(waiting.task_id(), Intent::TaskResult, within)
+        .await;
+    let answered = replaced.elapsed();
+    peer.wait_for_within(next.task_id(), Intent::TaskResult, within)
+        .await;
+    let next_answered = replaced.elapsed();
+    let status: serde_json::Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    assert_eq!(
+        status["agents"][0]["link"]["credentials"]["worked"], true,
+        "{status}"
+    );
+    let log = bridge.log();
+    assert_eq!(
+        log.matches("credentials reloaded for agent").count(),
+        1,
+        "said once"
+    );
+    assert!(!log.contains(&password), "never logged");
+    assert!(bridge.stop().success());
+    // (The agent's account in this test still holds the old password.)
+    peer.settle(&host.user("marker")).await;
+    for task in [&waiting, &next] {
+        assert_eq!(
+            peer.intents_for(task.task_id()),
+            vec![Intent::TaskAck, Intent::TaskResult],
+            "one ack and one answer"
+        );
+    }
+    (answered.as_secs_f64(), next_answered.as_secs_f64())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_changed_and_reloaded_is_used_within_seconds() {
+    let Some(host) = mailhost() else { return };
+    let (waiting, next) = a_changed_password_is_used(host, true).await;
+    eprintln!(
+        "SIGHUP to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_changed_on_disk_without_a_reload_is_used_at_the_next_retry() {
+    let Some(host) = mailhost() else { return };
+    let (waiting, next) = a_changed_password_is_used(host, false).await;
+    eprintln!("new password file to the waiting answer: {waiting:.2} s; to the next task's answer: {next:.2} s");
+}

@@ -41,7 +41,7 @@ impl SdkDispatcher {
             .arg(repo().join("tests/agents/sdk_dispatcher.py"))
             .args([
                 &boss.email,
-                &boss.password,
+                &boss.password.value(),
                 host.jmap_url.trim_end_matches("/.well-known/jmap"),
                 task_id,
             ])

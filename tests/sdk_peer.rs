@@ -61,7 +61,7 @@ async fn a_dispatcher_on_the_python_sdk_dispatches_cancels_queries_and_pairs() {
         .arg(repo().join("tests/agents/sdk_peer.py"))
         .args([
             &boss.email,
-            &boss.password,
+            &boss.password.value(),
             // JMAP through the AAMP service, which serves the push path the SDK asks for.
             &aamp.url,
             &host.smtp_tls_port.to_string(),

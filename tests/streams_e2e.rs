@@ -361,7 +361,7 @@ async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_f
     let http = reqwest::Client::new();
     let sent: serde_json::Value = http
         .post(format!("{}/api/aamp?action=aamp.mailbox.send", aamp.url))
-        .basic_auth(&boss.email, Some(&boss.password))
+        .basic_auth(&boss.email, Some(boss.password.value()))
         .json(&serde_json::json!({
             "to": agent.email,
             "subject": "[AAMP Task] Sent over HTTP",
@@ -394,7 +394,7 @@ async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_f
             "{}/api/aamp?action=aamp.stream.get&taskId=http-task-1",
             aamp.url
         ))
-        .basic_auth(&boss.email, Some(&boss.password))
+        .basic_auth(&boss.email, Some(boss.password.value()))
         .send()
         .await
         .unwrap()
@@ -406,7 +406,7 @@ async fn a_dispatch_sent_through_the_service_is_answered_and_its_stream_can_be_f
     let events = |last: Option<String>| {
         let mut request = http
             .get(format!("{}/api/aamp/streams/{stream_id}/events", aamp.url))
-            .basic_auth(&boss.email, Some(&boss.password));
+            .basic_auth(&boss.email, Some(boss.password.value()));
         if let Some(id) = last {
             request = request.header("Last-Event-ID", id);
         }

@@ -422,7 +422,7 @@ fn import_carries_over_the_reference_bridges_files() {
     // Credentials are copied, private, and the mailbox uses them; TLS stays verified.
     let account = loaded.account("claude").unwrap();
     assert_eq!(account.email, "claude-bridge-x1@meshmail.example");
-    assert_eq!(account.password, "s3cret");
+    assert_eq!(account.password.value(), "s3cret");
     assert_eq!(account.smtp_host, "meshmail.example");
     assert!(!account.insecure_tls);
     assert_eq!(agent("custom").allow_from, vec!["ops@corp.example"]);

@@ -44,7 +44,7 @@ pub fn account(email: &str) -> Account {
         email: email.into(),
         jmap_url: url::Url::parse(JMAP).unwrap(),
         login: email.into(),
-        password: PASSWORD.into(),
+        password: aamp_bridge::config::Secret::fixed("bench", PASSWORD),
         smtp_host: "127.0.0.1".into(),
         smtp_port: SMTP_PORT,
         smtp_security: SmtpSecurity::Plain,

@@ -1,7 +1,9 @@
 """The AMP items of issue 21 against the real broker (study8677/agent-mailer 46ca115 under
 uvicorn) and a real aamp-bridge: answered once with `Re: <subject>`, a task opened in the
 console first, an arrival the inbox counts hide (archive + arrival + console read between two
-polls), a 1 MB task, 105 tasks waiting, nothing answered twice. Run by run.sh."""
+polls), a 1 MB task, 105 tasks waiting, nothing answered twice; issue 37: the bridge's key
+deleted in the console and a new one written to api_key_file, with SIGHUP and without, the
+task that waited answered within 5 s. Run by run.sh."""
 import atexit, json, socket, os, re, signal, subprocess, sys, time, urllib.request, tempfile, shutil
 
 children = []
@@ -134,6 +136,31 @@ while time.time() - t0 < 300:
         break
     time.sleep(0.5)
 results["105 waiting tasks answered once each"] = (sorted(answered) == sorted(wanted), time.time() - t0)
+stop()
+
+# Issue 37: the bridge on a key of its own (the script sends with the first one), deleted in
+# the console and replaced: with SIGHUP, then without.
+def replace_key(raw):
+    open(f"{cfg}/amp.key.new", "w").write(raw); os.chmod(f"{cfg}/amp.key.new", 0o600)
+    os.replace(f"{cfg}/amp.key.new", f"{cfg}/amp.key")
+def refusals():
+    return open(f"{cfg}/bridge.log").read().count("refused the credentials")
+_, own = call("POST", "/users/api-keys", {"name": "bridge, own"}, person)
+replace_key(own["raw_key"]); start()
+for label, sighup in (("with SIGHUP", True), ("without SIGHUP", False)):
+    before = refusals()
+    call("DELETE", f"/users/api-keys/{own['id']}", None, person)
+    pending = send(f"Rotated {label}", "sent while the key was refused")
+    end = time.time() + 60
+    while time.time() < end and refusals() == before:
+        time.sleep(0.3)
+    _, own = call("POST", "/users/api-keys", {"name": f"bridge, {label}"}, person)
+    replace_key(own["raw_key"]); t0 = time.time()
+    if sighup:
+        bridge.send_signal(signal.SIGHUP)
+    r = replies(pending, 5); results[f"key replaced {label}: the waiting task answered within 5 s"] = (len(r) == 1, time.time() - t0)
+st = subprocess.run([BIN, "--config", f"{cfg}/config.toml", "status"], capture_output=True, text=True).stdout
+results["status says the new key works"] = ("credentials work" in st, "")
 stop()
 # Nothing answered twice.
 _, inbox = call("GET", f"/messages/inbox/{boss['address']}?agent_id={boss['id']}&all=true", headers=api)

@@ -2,7 +2,8 @@
 Node 24) and a real aamp-bridge: the unread backlog at the first start, three turns sent as
 `robotnet send --in-reply-to` sends them, a 3 MB answer, 40 envelopes at once (created_at
 ties), an operator restart (1001), a reply refused with 404, a rotated token, nothing
-answered twice. Run by run.sh."""
+answered twice; issue 37: the rotated token written to token_file, with SIGHUP and without,
+the task that waited answered within 5 s. Run by run.sh."""
 import atexit, hashlib, json, socket, os, random, signal, subprocess, sys, time, urllib.request, tempfile, threading
 
 children = []
@@ -166,7 +167,7 @@ while time.time() < end and "UNDELIVERED" not in run("tasks", "--state", "undeli
 results["a reply refused with 404 shows as undelivered"] = ("UNDELIVERED" in run("tasks", "--state", "undelivered") and "could not be delivered" in run("status"), "")
 
 # Item 6: token rotation.
-call("POST", "/_admin/agents/@alice.coder/rotate-token", None, ADMIN)
+_, rotated = call("POST", "/_admin/agents/@alice.coder/rotate-token", None, ADMIN)
 call("DELETE", "/agents/me/blocks/@alice.coder", None, tokens["@alice.boss"], ok=False)
 send("after rotation")
 end = time.time() + 60
@@ -174,6 +175,24 @@ while time.time() < end and "auth_failed" not in run("status"):
     time.sleep(0.5)
 st = run("status")
 results["after a token rotation status says refused, not push"] = ("auth_failed" in st and "push over websocket" not in st, "")
+
+# Issue 37: the new token written to token_file, then SIGHUP; then rotated again, no SIGHUP.
+def replace_token(token):
+    open(f"{cfg}/asmtp.token.new", "w").write(token); os.chmod(f"{cfg}/asmtp.token.new", 0o600)
+    os.replace(f"{cfg}/asmtp.token.new", f"{cfg}/asmtp.token")
+pending = send("sent while the token was refused")
+replace_token(rotated["token"]); t0 = time.time(); bridge.send_signal(signal.SIGHUP)
+results["rotated token + SIGHUP: the waiting task answered within 5 s"] = (len(replies(pending, 5)) == 1, time.time() - t0)
+_, again = call("POST", "/_admin/agents/@alice.coder/rotate-token", None, ADMIN)
+refusals = open(f"{cfg}/bridge.log").read().count("refused the credentials")
+pending = send("sent while the second token was refused")
+end = time.time() + 60
+while time.time() < end and open(f"{cfg}/bridge.log").read().count("refused the credentials") == refusals:
+    time.sleep(0.3)
+replace_token(again["token"]); t0 = time.time()
+results["rotated token, no SIGHUP: the waiting task answered within 5 s"] = (len(replies(pending, 5)) == 1, time.time() - t0)
+st = run("status")
+results["status says the new token works"] = ("credentials work" in st, "")
 stop()
 # Nothing answered twice.
 _, l = call("GET", "/mailbox?direction=in&order=asc&limit=1000", None, tokens["@alice.boss"])

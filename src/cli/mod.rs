@@ -113,6 +113,13 @@ pub enum Command {
         json: bool,
     },
     /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
+    /// Make the running bridge read its config, profiles and credentials files again (as
+    /// SIGHUP does), and say what changed: a mailbox whose credentials changed is retried at
+    /// once.
+    Reload {
+        #[arg(long)]
+        json: bool,
+    },
     /// (read from the state directory; works whether the bridge runs or not).
     Status {
         #[arg(long)]
@@ -235,6 +242,8 @@ pub enum ServiceAction {
     Uninstall,
     Start,
     Stop,
+    /// Reads the config, profiles and credentials files again (SIGHUP), without a restart.
+    Reload,
     /// Whether the installed service runs this binary with this config, and the fix if not.
     Status {
         #[arg(long)]
@@ -362,6 +371,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect { file, json } => setup::inspect(&file, json),
         Command::Policy { action } => policy::policy(&LoadedConfig::load(&config_path)?, action),
         Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json).await,
+        Command::Reload { json } => status::reload(&LoadedConfig::load(&config_path)?, json),
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
         Command::Service { action } => service::service(&config_path, action),
         Command::Man => {

@@ -40,6 +40,7 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
         }
         ServiceAction::Start => svc.start()?,
         ServiceAction::Stop => svc.stop()?,
+        ServiceAction::Reload => svc.reload()?,
         ServiceAction::Status { json } => {
             let problems = svc.problems();
             if json {

@@ -122,6 +122,24 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
             println!("    last error: {error}");
         }
+        if let Some(c) = link.as_ref().and_then(|l| l.credentials.as_ref()) {
+            println!(
+                "    credentials {}, read {}{}",
+                match c.worked {
+                    Some(true) => "work",
+                    Some(false) => "refused",
+                    None => "not tried yet",
+                },
+                c.read_at,
+                match &c.file {
+                    Some(file) if c.since != c.read_at => {
+                        format!(" from {file} (these since {})", c.since)
+                    }
+                    Some(file) => format!(" from {file}"),
+                    None => " (in the config)".to_string(),
+                }
+            );
+        }
         println!(
             "    {} queued, {} running, {} answers waiting to be sent",
             a["queued"],
@@ -205,4 +223,52 @@ async fn replicas(
         _ => None,
     };
     Some((me, seen))
+}
+
+/// `aamp-bridge reload`: the running bridge reads its config, profiles and credentials again
+/// (asked over its control socket, which answers once the reload is done). Exit 1 when no
+/// bridge runs on this state directory or the reload failed.
+pub(super) fn reload(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
+    let Some(pid) = crate::fsio::StateLock::holder(&config.state_dir) else {
+        if json {
+            println!("{}", serde_json::json!({"running": false}));
+        } else {
+            println!(
+                "aamp-bridge is not running (state in {}); nothing to reload",
+                config.state_dir.display()
+            );
+        }
+        return Ok(1);
+    };
+    let Some(done) = daemon::reload_over_control(&config.state_dir) else {
+        anyhow::bail!("the bridge (pid {pid}) did not answer on its control socket; send it SIGHUP (kill -HUP {pid})");
+    };
+    if json {
+        println!("{done}");
+    } else {
+        if let Some(error) = done["error"].as_str() {
+            println!("the config was not reloaded: {error}");
+        }
+        let names = |key: &str| -> Vec<String> {
+            done[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        let (agents, changed) = (names("agents"), names("credentialsChanged"));
+        if !agents.is_empty() {
+            println!("reloaded agents: {}", agents.join(", "));
+        }
+        if changed.is_empty() {
+            println!("no credentials changed");
+        } else {
+            println!(
+                "credentials reloaded for {} (retried now; `aamp-bridge status` shows whether they work)",
+                changed.join(", ")
+            );
+        }
+    }
+    Ok(if done["error"].is_null() { 0 } else { 1 })
 }

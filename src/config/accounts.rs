@@ -11,7 +11,8 @@ pub struct Account {
     pub email: String,
     pub jmap_url: url::Url,
     pub login: String,
-    pub password: String,
+    /// The password, read again at a reload or when the server refused it.
+    pub password: Secret,
     pub smtp_host: String,
     pub smtp_port: u16,
     pub smtp_security: SmtpSecurity,
@@ -55,7 +56,8 @@ pub struct AmpAccount {
     pub url: url::Url,
     pub address: String,
     pub agent_id: String,
-    pub api_key: String,
+    /// The API key, read again at a reload or when the broker refused it.
+    pub api_key: Secret,
     pub poll_interval: std::time::Duration,
     /// How long one HTTP call may take.
     pub timeout: std::time::Duration,
@@ -81,7 +83,8 @@ pub struct AsmtpAccount {
     pub name: String,
     pub url: url::Url,
     pub handle: String,
-    pub token: String,
+    /// The bearer token, read again at a reload or when the operator refused it.
+    pub token: Secret,
     pub poll_interval: std::time::Duration,
     /// How long one HTTP call may take.
     pub timeout: std::time::Duration,
@@ -173,13 +176,15 @@ impl LoadedConfig {
         Ok(())
     }
 
-    /// A secret read from a 0600 file named by `key` (relative to the config's folder).
+    /// A secret read from a 0600 file named by `key` (relative to the config's folder), for
+    /// mailbox `mailbox`.
     fn secret_file(
         &self,
+        mailbox: &str,
         key: &str,
         file: Option<&PathBuf>,
         what: &str,
-    ) -> Result<String, ConfigError> {
+    ) -> Result<Secret, ConfigError> {
         let file = file.ok_or_else(|| {
             self.error(
                 key,
@@ -188,21 +193,18 @@ impl LoadedConfig {
             )
         })?;
         let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            self.error(
-                key,
-                format!("cannot read {}: {e}", file.display()),
-                format!("point it at a readable file that holds only {what}"),
-            )
-        })?;
-        if !is_private(&file) {
-            return Err(self.error(
+        Secret::from_file(mailbox, &file, SecretForm::Trimmed).map_err(|e| match e {
+            SecretError::NotPrivate(_) => self.error(
                 key,
                 format!("{} can be read by other users", file.display()),
                 format!("run `chmod 600 {}`", file.display()),
-            ));
-        }
-        Ok(text.trim().to_string())
+            ),
+            e => self.error(
+                key,
+                e.to_string(),
+                format!("point it at a readable file that holds only {what}"),
+            ),
+        })
     }
 
     /// A broker or operator URL: http(s), and plain http only to a loopback host (the
@@ -355,6 +357,7 @@ impl LoadedConfig {
             ));
         }
         let token = self.secret_file(
+            name,
             &format!("{key}.token_file"),
             m.token_file.as_ref(),
             "the agent's bearer token",
@@ -407,6 +410,7 @@ impl LoadedConfig {
             "set agent_id = \"<the id POST /agents/register gave>\"",
         )?;
         let api_key = self.secret_file(
+            name,
             &format!("{key}.api_key_file"),
             m.api_key_file.as_ref(),
             "the user's amk_ API key",
@@ -458,7 +462,15 @@ impl LoadedConfig {
                 let creds = read_credentials(&file).map_err(|(problem, fix)| {
                     self.error(format!("{key}.credentials_file"), problem, fix)
                 })?;
-                (creds.email, creds.smtp_password)
+                let password =
+                    Secret::from_file(name, &file, SecretForm::Credentials).map_err(|e| {
+                        self.error(
+                            format!("{key}.credentials_file"),
+                            e.to_string(),
+                            "it holds {\"email\", \"mailboxToken\", \"smtpPassword\"}",
+                        )
+                    })?;
+                (creds.email, password)
             }
             None => {
                 let email = m.email.clone().ok_or_else(|| {
@@ -483,24 +495,21 @@ impl LoadedConfig {
                             "set password_file = \"<file holding the password>\" (mode 0600)",
                         ))
                     }
-                    (Some(p), None) => p.clone(),
+                    (Some(p), None) => Secret::fixed(name, p.clone()),
                     (None, Some(file)) => {
                         let file = base.join(file);
-                        let text = std::fs::read_to_string(&file).map_err(|e| {
-                            self.error(
-                                format!("{key}.password_file"),
-                                format!("cannot read {}: {e}", file.display()),
-                                "point it at a readable file that holds only the password",
-                            )
-                        })?;
-                        if !is_private(&file) {
-                            return Err(self.error(
+                        Secret::from_file(name, &file, SecretForm::Line).map_err(|e| match e {
+                            SecretError::NotPrivate(_) => self.error(
                                 format!("{key}.password_file"),
                                 format!("{} can be read by other users", file.display()),
                                 format!("run `chmod 600 {}`", file.display()),
-                            ));
-                        }
-                        text.trim_end_matches(['\r', '\n']).to_string()
+                            ),
+                            e => self.error(
+                                format!("{key}.password_file"),
+                                e.to_string(),
+                                "point it at a readable file that holds only the password",
+                            ),
+                        })?
                     }
                 };
                 (email, password)
@@ -592,6 +601,17 @@ impl LoadedConfig {
             },
             reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
         })
+    }
+
+    /// The secret of mailbox `name`, whatever its kind, read from its file now.
+    pub fn mailbox_secret(&self, name: &str) -> Result<Secret, ConfigError> {
+        if self.is_asmtp(name) {
+            Ok(self.asmtp_account(name)?.token)
+        } else if self.is_amp(name) {
+            Ok(self.amp_account(name)?.api_key)
+        } else {
+            Ok(self.account(name)?.password)
+        }
     }
 
     /// The registration a mailbox still needs: it has a `credentials_file` that does not exist

@@ -13,8 +13,10 @@ pub use render::render;
 
 mod accounts;
 mod schema;
+mod secret;
 pub use accounts::*;
 pub use schema::*;
+pub use secret::*;
 
 pub mod policy;
 

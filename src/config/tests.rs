@@ -32,7 +32,7 @@ fn a_good_config_loads() {
     let path = write(dir.path(), "config.toml", GOOD, 0o644);
     let loaded = LoadedConfig::load(&path).unwrap();
     let account = loaded.account("coder").unwrap();
-    assert_eq!(account.password, "secret");
+    assert_eq!(account.password.value(), "secret");
     assert_eq!(account.login, "coder@example.test");
     assert_eq!(account.smtp_port, 15587);
     assert_eq!(loaded.agents(&[]).unwrap().len(), 1);

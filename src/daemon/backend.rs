@@ -23,11 +23,34 @@ pub enum Outlet {
 }
 
 impl Backend for Outlet {
+    /// Refused credentials are read again from their file: when it holds others (replaced
+    /// without a reload), the mail is sent again with them at once.
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::submit(s.as_ref(), mail).await,
-            Outlet::Amp(a) => Ok(a.submit(mail).await?),
-            Outlet::Asmtp(a) => Ok(a.submit(mail).await?),
+        use crate::error::{Classify as _, ErrorClass};
+        let secret = self.secret();
+        let tried = secret.generation();
+        match self.submit_once(mail).await {
+            Ok(()) => {
+                secret.worked(true);
+                Ok(())
+            }
+            Err(e) if e.class() == ErrorClass::Auth => {
+                if secret.generation() != tried {
+                    // Replaced while this attempt was under way (a reload): sent again with
+                    // the new one, not left for the 5-minute retry.
+                    return self.submit_once(mail).await;
+                }
+                secret.worked(false);
+                match secret.reread() {
+                    Ok(true) => self.submit_once(mail).await,
+                    Ok(false) => Err(e),
+                    Err(read) => {
+                        tracing::warn!(error = %read, "cannot read the credentials of {} again", secret.mailbox());
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -101,6 +124,23 @@ impl Backend for Outlet {
 }
 
 impl Outlet {
+    async fn submit_once(&self, mail: &RenderedMail) -> Result<(), BackendError> {
+        match self {
+            Outlet::Aamp(s) => Backend::submit(s.as_ref(), mail).await,
+            Outlet::Amp(a) => Ok(a.submit(mail).await?),
+            Outlet::Asmtp(a) => Ok(a.submit(mail).await?),
+        }
+    }
+
+    /// The mailbox's credentials, which its intake shares.
+    pub fn secret(&self) -> &crate::config::Secret {
+        match self {
+            Outlet::Aamp(s) => s.password(),
+            Outlet::Amp(a) => a.secret(),
+            Outlet::Asmtp(a) => a.secret(),
+        }
+    }
+
     fn sender(&self) -> Option<&Sender> {
         match self {
             Outlet::Aamp(s) => Some(s.as_ref()),

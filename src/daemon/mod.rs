@@ -9,8 +9,8 @@ mod signals;
 
 pub use backend::Outlet;
 use backend::*;
-pub use control::ask_control;
 use control::*;
+pub use control::{ask_control, reload_over_control};
 pub use signals::listen_for_signals;
 
 use std::sync::Arc;
@@ -122,6 +122,10 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 .send_outbox(outbox_stop.clone(), LAST_ROUND)
                 .instrument(span.clone()),
         );
+        services.spawn(
+            retry_on_new_credentials(dispatcher.clone(), outbox_stop.clone())
+                .instrument(span.clone()),
+        );
         let deliver = move |inbound| {
             dispatcher
                 .deliver(inbound)
@@ -169,6 +173,8 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         };
         names.push(agent.name);
     }
+    // Reloads asked over the control socket (`aamp-bridge reload`), one at a time.
+    let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel::<ReloadRequest>(1);
     // The control socket `aamp-bridge status` asks while the bridge runs.
     {
         let limits: Vec<(String, usize)> = config
@@ -200,7 +206,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         };
         match control_socket(&config.state().control_socket()) {
             Ok(listener) => {
-                services.spawn(serve_control(listener, live, stop.clone()));
+                services.spawn(serve_control(listener, live, reload_tx, stop.clone()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no control socket: `aamp-bridge status` reads the state files instead")
@@ -226,7 +232,12 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         services.spawn(async move {
             loop {
                 tokio::select! {
-                    _ = reload.notified() => reload_config(&path, &dispatchers, events).await,
+                    _ = reload.notified() => {
+                        reload_config(&path, &dispatchers, events).await;
+                    }
+                    Some(asked) = reload_rx.recv() => {
+                        let _ = asked.send(reload_config(&path, &dispatchers, events).await);
+                    }
                     _ = done.cancelled() => return,
                 }
             }
@@ -285,6 +296,24 @@ fn recover(
         );
     }
     Ok(())
+}
+
+/// Whenever the mailbox's credentials change (a reload, or a read after a refusal found
+/// others), what waits in the agent's outbox is sent at once. The intake hears the change
+/// itself.
+async fn retry_on_new_credentials(dispatcher: Dispatcher<Outlet>, stop: CancellationToken) {
+    let mut changes = dispatcher.outbox().secret().changes();
+    loop {
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                dispatcher.retry_outbox_now();
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
 }
 
 /// How often an idle bridge gives freed memory back.
@@ -380,20 +409,38 @@ pub fn agent_spec(
     Ok(spec)
 }
 
-/// Reads the config and profiles again and hands each running agent its new settings. A
-/// config that does not load changes nothing (and says why); agents added or removed wait
-/// for a restart.
-async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>], events: Events) {
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config and profiles");
+/// Reads the config, profiles and credentials again and hands each running agent its new
+/// settings; a mailbox whose credentials changed is retried at once. A config that does not
+/// load changes nothing but the credentials (and says why); agents added or removed wait for
+/// a restart. Returns what it did: `{"agents": [reloaded], "credentialsChanged": [mailboxes]}`
+/// (with `"error"` when the config did not load).
+async fn reload_config(
+    path: &std::path::Path,
+    dispatchers: &[Dispatcher<Outlet>],
+    events: Events,
+) -> serde_json::Value {
+    let mut changed = Vec::new();
+    tracing::info!(config = %path.display(), "SIGHUP: reloading the config, profiles and credentials");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,
         Err(e) => {
             tracing::error!("the config was not reloaded: {e}");
+            // The credentials files are still read again, as they were named.
+            for dispatcher in dispatchers {
+                let secret = dispatcher.outbox().secret();
+                match secret.reread() {
+                    Ok(true) => changed.push(secret.mailbox().to_string()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::error!(agent = %dispatcher.name(), "the credentials of {} were not reloaded: {e}", secret.mailbox())
+                    }
+                }
+            }
             events.emit(
                 crate::events::Event::BridgeReloadFailed,
                 json!({"error": e.to_string()}),
             );
-            return;
+            return json!({"agents": [], "credentialsChanged": changed, "error": e.to_string()});
         }
     };
     let mut reloaded = Vec::new();
@@ -403,6 +450,21 @@ async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>
             tracing::warn!(agent = %name, "the agent is no longer in the config; it stops at the next restart");
             continue;
         };
+        // Credentials first: the mailbox is retried at once when they changed, and left
+        // alone when not.
+        let secret = dispatcher.outbox().secret();
+        match config.mailbox_secret(secret.mailbox()) {
+            Ok(fresh) => {
+                if secret.replace(&fresh) {
+                    changed.push(secret.mailbox().to_string());
+                }
+            }
+            Err(e) => tracing::error!(
+                agent = %name,
+                "the credentials of {} were not reloaded: {e}",
+                secret.mailbox()
+            ),
+        }
         match agent_spec(&config, agent) {
             Ok(spec) => {
                 dispatcher.reload(spec);
@@ -424,10 +486,9 @@ async fn reload_config(path: &std::path::Path, dispatchers: &[Dispatcher<Outlet>
     if !added.is_empty() {
         tracing::warn!(?added, "new agents start at the next restart");
     }
-    events.emit(
-        crate::events::Event::BridgeReloaded,
-        json!({"agents": reloaded}),
-    );
+    let done = json!({"agents": reloaded, "credentialsChanged": changed});
+    events.emit(crate::events::Event::BridgeReloaded, done.clone());
+    done
 }
 
 /// How long the outbox may try to send at a stop before leaving the rest for the next start.

@@ -361,6 +361,20 @@ impl<O: Backend> Dispatcher<O> {
         self.spec().name.clone()
     }
 
+    /// The mailbox's credentials were replaced: what waits in the outbox for a later retry
+    /// is tried now.
+    pub fn retry_outbox_now(&self) {
+        match self.inner.journal.retry_now(&self.spec().name) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                mails = n,
+                "the credentials changed: sending what waited now"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not move the outbox's retries"),
+        }
+        self.inner.wake.notify_one();
+    }
+
     /// Takes a reloaded config for this agent: its sender policy, profile and queue bound
     /// apply to tasks admitted from now on; tasks under way keep what they started with.
     /// The agent's name, address and concurrency stay as they were (say so, and restart).

@@ -154,6 +154,11 @@ impl AmpClient {
         &self.account.address
     }
 
+    /// The API key every call sends.
+    pub fn secret(&self) -> &crate::config::Secret {
+        &self.account.api_key
+    }
+
     async fn call(
         &self,
         method: reqwest::Method,
@@ -180,7 +185,7 @@ impl AmpClient {
         let mut request = self
             .http
             .request(method, url.clone())
-            .header("X-API-Key", &self.account.api_key);
+            .header("X-API-Key", self.account.api_key.value());
         if let Some(body) = body {
             request = request.json(&body);
         }
@@ -491,7 +496,8 @@ pub async fn run_intake(
         "the AMP broker",
         client.address().to_string(),
         "api_key_file (and agent_id)",
-    );
+    )
+    .with_secret(client.account.api_key.clone());
     let mut watched = AmpWatched {
         client,
         position: &position,
@@ -734,6 +740,10 @@ pub struct AmpReplies {
 impl AmpReplies {
     pub fn new(client: AmpClient) -> AmpReplies {
         AmpReplies { client }
+    }
+
+    pub fn secret(&self) -> &crate::config::Secret {
+        self.client.secret()
     }
 
     /// Posts the answer in `mail` as a reply, unless the thread holds it already.

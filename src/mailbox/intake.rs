@@ -17,6 +17,7 @@ use super::link::{Link, Reach};
 use super::push::{self, PushTarget};
 use super::{Cursor, Mail, MailboxError, Position, Reader};
 use crate::backoff::Backoff;
+use crate::config::Secret;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
 
@@ -38,10 +39,17 @@ pub enum IntakeError {
     Deliver(DeliverError),
 }
 
+/// How often the credentials file is read again while the server refuses the credentials in
+/// use: a replaced key is tried at once, without a reload and without waiting for the
+/// 5-minute retry.
+pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(2);
+
 /// How one mailbox's reading is going, for every back-end alike: what its link shows
 /// (`status`, `doctor`), what the log says (a refused key once, not at every retry), and how
-/// long to wait before the next read: refused credentials every 5 minutes, a permanent error
-/// every minute, anything else with backoff.
+/// long to wait before the next read: refused credentials every 5 minutes (and at once when
+/// the credentials file holds others: it is read again at each refusal, every
+/// [`CREDENTIALS_RECHECK`] meanwhile, and at a reload), a permanent error every minute,
+/// anything else with backoff.
 pub struct Health<'a> {
     link: &'a Link,
     /// "the mail server", "the AMP broker", ...
@@ -51,6 +59,14 @@ pub struct Health<'a> {
     fix: &'static str,
     backoff: Backoff,
     auth_reported: bool,
+    /// The credentials the reads use, when they can be read again.
+    secret: Option<Secret>,
+    /// The last read was refused for its credentials.
+    refused: bool,
+    /// Which credentials the read under way uses ([`Secret::generation`]).
+    tried: u64,
+    /// The credentials file could not be read again (said once, not every few seconds).
+    unreadable_reported: bool,
 }
 
 impl<'a> Health<'a> {
@@ -62,7 +78,29 @@ impl<'a> Health<'a> {
             fix,
             backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(60)),
             auth_reported: false,
+            secret: None,
+            refused: false,
+            tried: 0,
+            unreadable_reported: false,
         }
+    }
+
+    /// The credentials the reads use: read again when they are refused, recorded in the
+    /// link (when read, and whether they worked).
+    pub fn with_secret(mut self, secret: Secret) -> Self {
+        self.link.credentials(&secret);
+        self.secret = Some(secret);
+        self
+    }
+
+    /// Hears the credentials change (a reload, or a read after a refusal found others).
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.secret.as_ref().map(Secret::changes)
+    }
+
+    /// A read begins, with the credentials in use now.
+    fn reading(&mut self) {
+        self.tried = self.secret.as_ref().map_or(0, Secret::generation);
     }
 
     /// A read went through.
@@ -72,12 +110,50 @@ impl<'a> Health<'a> {
         }
         self.backoff.reset();
         self.auth_reported = false;
+        self.refused = false;
+        if let Some(secret) = &self.secret {
+            secret.worked(true);
+            self.link.credentials(secret);
+        }
         self.link.mailbox(Reach::Connected, None);
+    }
+
+    /// Reads the credentials file again after a refusal; true when it holds others (they
+    /// are in use from now on).
+    pub fn reread(&mut self) -> bool {
+        let Some(secret) = &self.secret else {
+            return false;
+        };
+        let changed = match secret.reread() {
+            Ok(changed) => {
+                self.unreadable_reported = false;
+                changed
+            }
+            Err(e) => {
+                if !self.unreadable_reported {
+                    tracing::warn!(error = %e, "cannot read the credentials of {} again; the ones in use are kept", self.account);
+                    self.unreadable_reported = true;
+                }
+                false
+            }
+        };
+        self.link.credentials(secret);
+        changed
     }
 
     /// A read failed: recorded, and the wait before the next one returned.
     pub fn failed(&mut self, e: &(impl Classify + std::fmt::Display)) -> Duration {
         let auth = e.class() == ErrorClass::Auth;
+        self.refused = auth;
+        if auth {
+            if let Some(secret) = &self.secret {
+                if secret.generation() != self.tried {
+                    // Replaced while the read was under way: read again with the new ones.
+                    return Duration::ZERO;
+                }
+                secret.worked(false);
+            }
+        }
         self.link.mailbox(
             if auth {
                 Reach::AuthFailed
@@ -89,8 +165,12 @@ impl<'a> Health<'a> {
         match e.class() {
             ErrorClass::Auth => {
                 if !self.auth_reported {
-                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes", self.server, self.account, self.fix);
+                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes, and at once when the file holds others", self.server, self.account, self.fix);
                     self.auth_reported = true;
+                }
+                if self.reread() {
+                    // Replaced since they were read: tried now.
+                    return Duration::ZERO;
                 }
                 Duration::from_secs(300)
             }
@@ -141,7 +221,13 @@ pub async fn watch(
     stop: &CancellationToken,
 ) {
     let mut ready = false;
+    let mut changes = health.changes();
     loop {
+        // A change heard before this read is the one it uses.
+        if let Some(rx) = changes.as_mut() {
+            rx.borrow_and_update();
+        }
+        health.reading();
         let read = tokio::select! {
             r = watched.read() => r,
             _ = stop.cancelled() => return,
@@ -163,20 +249,39 @@ pub async fn watch(
                 health.failed(&e)
             }
         };
-        let woken = async {
-            match wake.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let woken = async {
+                match wake.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let replaced = async {
+                match changes.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                Some(()) = woken => {
+                    tracing::debug!("woken by push");
+                    // When the server said the mailbox changed: where a task's clock starts.
+                    events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
+                    break;
+                }
+                true = replaced => {
+                    tracing::debug!("the credentials changed; reading now");
+                    break;
+                }
+                _ = tokio::time::sleep(CREDENTIALS_RECHECK), if health.refused => {
+                    if health.reread() {
+                        break;
+                    }
+                }
+                _ = stop.cancelled() => return,
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            Some(()) = woken => {
-                tracing::debug!("woken by push");
-                // When the server said the mailbox changed: where a task's clock starts.
-                events.emit(crate::events::Event::MailboxChanged, json!({"agent": name}));
-            }
-            _ = stop.cancelled() => return,
         }
     }
 }
@@ -256,6 +361,8 @@ pub async fn run(
     let (target_tx, mut target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
     let push_up = AtomicBool::new(false);
     let use_push = mailbox.account.push;
+    // A replaced password is tried by push at once, not after its 5-minute wait.
+    let mut password_changes = mailbox.account.password.changes();
     let poll_secs = mailbox.account.poll_interval.as_secs();
 
     let polling = async {
@@ -264,7 +371,8 @@ pub async fn run(
             "the mail server",
             mailbox.email().to_string(),
             "the password (password_file)",
-        );
+        )
+        .with_secret(mailbox.account.password.clone());
         let mut watched = JmapWatched {
             name: &name,
             events,
@@ -374,6 +482,7 @@ pub async fn run(
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = target_rx.changed() => which = 0,
+                Ok(()) = password_changes.changed() => which = 0,
                 _ = stop.cancelled() => return,
             }
         }
@@ -595,6 +704,97 @@ mod tests {
             &mut deliver,
         )
         .await
+    }
+
+    /// A mailbox whose server takes only the key `good`; each read's time is kept.
+    struct Keyed {
+        secret: Secret,
+        good: String,
+        reads: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    }
+
+    impl Watched for Keyed {
+        async fn read(&mut self) -> Result<usize, IntakeError> {
+            self.reads.lock().unwrap().push(tokio::time::Instant::now());
+            if self.secret.value() == self.good {
+                Ok(0)
+            } else {
+                Err(IntakeError::Mailbox(MailboxError::Http {
+                    url: "http://broker.test/inbox".into(),
+                    status: 401,
+                    body: String::new(),
+                }))
+            }
+        }
+        fn next_read(&mut self, _taken: usize) -> Duration {
+            Duration::from_secs(600)
+        }
+        fn address(&self) -> String {
+            "coder@broker.test".into()
+        }
+    }
+
+    fn private(path: &std::path::Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let fresh = path.with_extension("new");
+        std::fs::write(&fresh, text).unwrap();
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::rename(fresh, path).unwrap();
+    }
+
+    /// Issue 37: refused credentials waited 5 minutes, read once at start. A key written to
+    /// the file is tried within [`CREDENTIALS_RECHECK`]; one that works is not read again
+    /// before its interval; a key replaced by a reload (another clone of the secret) is tried
+    /// at once.
+    #[tokio::test(start_paused = true)]
+    async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        private(&file, "amk_old");
+        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+        let link = Link::new(dir.path().join("link.json"));
+        let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut keyed = Keyed {
+            secret: secret.clone(),
+            good: "amk_new".into(),
+            reads: reads.clone(),
+        };
+        let stop = CancellationToken::new();
+        let health = Health::new(&link, "the AMP broker", "coder".into(), "api_key_file")
+            .with_secret(secret.clone());
+        let count = || reads.lock().unwrap().len();
+        let start = tokio::time::Instant::now();
+        let watching = watch("coder", Events::new(false), health, &mut keyed, None, &stop);
+        let driving = async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(count(), 1, "refused once, then waiting");
+            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+            assert_eq!(state.mailbox, Reach::AuthFailed);
+            assert_eq!(state.credentials.unwrap().worked, Some(false));
+            private(&file, "amk_new\n");
+            tokio::time::sleep(CREDENTIALS_RECHECK * 2).await;
+            assert_eq!(count(), 2, "the new key tried at the next look at the file");
+            let at = reads.lock().unwrap()[1] - start;
+            assert!(
+                at <= Duration::from_secs(60) + CREDENTIALS_RECHECK,
+                "{at:?}"
+            );
+            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+            assert_eq!(state.mailbox, Reach::Connected);
+            assert_eq!(state.credentials.unwrap().worked, Some(true));
+            // Working: the file is not looked at, nor the server asked, before the interval.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(count(), 2);
+            // A reload with another key: tried at once.
+            private(&file, "amk_other");
+            let fresh =
+                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+            assert!(secret.replace(&fresh));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(count(), 3, "read at once with the reloaded key");
+            stop.cancel();
+        };
+        tokio::join!(watching, driving);
     }
 
     #[tokio::test]

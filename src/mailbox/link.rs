@@ -27,6 +27,35 @@ pub struct LinkState {
     /// When `mailbox` last changed (RFC 3339).
     pub since: String,
     pub last_error: Option<String>,
+    /// The credentials in use: when they were last read and whether they worked.
+    #[serde(default)]
+    pub credentials: Option<Credentials>,
+}
+
+/// What `status` shows of a mailbox's credentials (never the secret itself).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Credentials {
+    /// The file they are read from, when they are.
+    pub file: Option<String>,
+    /// When the file was last read (at start, a reload, or a retry after a refusal).
+    pub read_at: String,
+    /// When the credentials in use were first read.
+    pub since: String,
+    /// Whether the server took them: `None` until they were tried.
+    pub worked: Option<bool>,
+}
+
+impl Credentials {
+    pub fn of(secret: &crate::config::Secret) -> Credentials {
+        let status = secret.status();
+        Credentials {
+            file: status.file.map(|f| f.display().to_string()),
+            read_at: crate::protocol::time::format_utc_ms(status.read_at),
+            since: crate::protocol::time::format_utc_ms(status.changed_at),
+            worked: status.worked,
+        }
+    }
 }
 
 impl LinkState {
@@ -68,6 +97,7 @@ impl Link {
                 push: "polling".into(),
                 since: crate::events::now_rfc3339(),
                 last_error: None,
+                credentials: None,
             }),
         };
         link.save(&link.state.lock().expect("link lock"));
@@ -95,6 +125,16 @@ impl Link {
         let mut state = self.state.lock().expect("link lock");
         if state.push != how {
             state.push = how.into();
+            self.save(&state);
+        }
+    }
+
+    /// Records the state of the mailbox's credentials.
+    pub fn credentials(&self, secret: &crate::config::Secret) {
+        let now = Some(Credentials::of(secret));
+        let mut state = self.state.lock().expect("link lock");
+        if state.credentials != now {
+            state.credentials = now;
             self.save(&state);
         }
     }

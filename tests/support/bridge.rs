@@ -73,6 +73,29 @@ impl ConfigDir {
         );
     }
 
+    /// Replaces a secret file as a careful person does (a new file renamed over the old), so
+    /// a reader never sees it half written.
+    pub fn replace_private(&self, name: &str, text: &str) {
+        let fresh = format!("{name}.new");
+        self.write_private(&fresh, text);
+        std::fs::rename(self.dir.path().join(fresh), self.dir.path().join(name)).unwrap();
+    }
+
+    /// Makes the config's agents run an agent that answers with its task's text once the
+    /// file it returns exists (so a test decides when an answer is ready).
+    pub fn use_gated_profile(&self) -> PathBuf {
+        let gate = self.dir.path().join("gate");
+        let script = "import os, sys, time\\nwhile not os.path.exists(sys.argv[1]):\\n    time.sleep(0.02)\\nprint(sys.stdin.read())";
+        self.use_profile(
+            "gated.toml",
+            &format!(
+                "command = \"python3\"\nargs = [\"-c\", \"{script}\", {:?}]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 120\n",
+                gate.display().to_string()
+            ),
+        );
+        gate
+    }
+
     /// `aamp-bridge --config CONFIG ARGS...`: what it printed on stdout, whatever its exit.
     pub fn run(&self, args: &[&str]) -> String {
         let out = Command::new(bin())

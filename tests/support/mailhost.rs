@@ -204,7 +204,7 @@ impl MailHost {
             email: email.clone(),
             jmap_url: url::Url::parse(&self.jmap_url).unwrap(),
             login: email,
-            password: self.password.clone(),
+            password: aamp_bridge::config::Secret::fixed(&name, self.password.clone()),
             smtp_host: "127.0.0.1".into(),
             smtp_port: self.smtp_port,
             smtp_security: SmtpSecurity::Plain,
@@ -219,6 +219,18 @@ impl MailHost {
             authserv_id: None,
             replica: None,
         }
+    }
+
+    /// Changes the password of `account` on the host: logins from now on need `password`
+    /// (a session already logged in, such as an open SMTP connection, keeps working).
+    pub fn set_password(&self, account: &Account, password: &str) {
+        let out = script_with(&self.env, &["passwd", &account.email, password]);
+        assert!(
+            out.status.success(),
+            "passwd {}: {}",
+            account.email,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// A `[mailboxes.<key>]` table for `account`, reading the password from `password_file`.

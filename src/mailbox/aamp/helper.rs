@@ -25,7 +25,7 @@ pub struct HelperApi {
     subscribe: Url,
     insecure_tls: bool,
     login: String,
-    password: String,
+    password: crate::config::Secret,
 }
 
 impl HelperApi {
@@ -49,7 +49,7 @@ impl HelperApi {
         let request = self
             .http
             .post(url.clone())
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .json(&body);
         super::fetch_json(request, url.as_str()).await
     }
@@ -78,7 +78,7 @@ impl HelperApi {
         let http = super::http_client(self.insecure_tls, None)?;
         let mut response = http
             .get(&url)
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .header("Accept", "text/event-stream")
             .send()
             .await
@@ -155,7 +155,7 @@ impl HelperApi {
         let response = self
             .http
             .get(url.clone())
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .send()
             .await
             .map_err(MailboxError::network(url.to_string()))?;

@@ -108,7 +108,7 @@ pub struct Changes {
 pub struct JmapClient {
     http: reqwest::Client,
     login: String,
-    password: String,
+    password: crate::config::Secret,
     session_url: Url,
     session: Option<Session>,
 }
@@ -135,7 +135,7 @@ impl JmapClient {
         let response = self
             .http
             .get(self.session_url.clone())
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .send()
             .await
             .map_err(MailboxError::network(url.clone()))?;
@@ -245,7 +245,7 @@ impl JmapClient {
         let request = self
             .http
             .post(session.api_url.clone())
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .json(&request);
         let mut body = super::fetch_json(request, &url).await?;
         let mut out = Vec::with_capacity(methods.len());
@@ -304,7 +304,7 @@ impl JmapClient {
         let request = self
             .http
             .post(&url)
-            .basic_auth(&self.login, Some(&self.password))
+            .basic_auth(&self.login, Some(self.password.value()))
             .header("Content-Type", content_type)
             .body(bytes);
         let body = super::fetch_json(request, &url).await?;
@@ -324,7 +324,7 @@ impl JmapClient {
             let response = self
                 .http
                 .get(url)
-                .basic_auth(&self.login, Some(&self.password))
+                .basic_auth(&self.login, Some(self.password.value()))
                 .send()
                 .await
                 .map_err(MailboxError::network(url.to_string()))?;

@@ -28,7 +28,7 @@ pub struct PushTarget {
     /// What the server offers, in the order to try them.
     pub transports: Vec<Transport>,
     pub login: String,
-    pub password: String,
+    pub password: crate::config::Secret,
     pub account_id: String,
     pub insecure_tls: bool,
 }
@@ -180,8 +180,11 @@ async fn run_websocket(
         )
     })?;
     use base64::Engine as _;
-    let token = base64::engine::general_purpose::STANDARD
-        .encode(format!("{}:{}", target.login, target.password));
+    let token = base64::engine::general_purpose::STANDARD.encode(format!(
+        "{}:{}",
+        target.login,
+        target.password.value()
+    ));
     let headers = request.headers_mut();
     headers.insert("Sec-WebSocket-Protocol", HeaderValue::from_static("jmap"));
     headers.insert(
@@ -267,7 +270,7 @@ async fn run_event_source(
     let http = super::http_client(target.insecure_tls, None)?;
     let request = http
         .get(url.clone())
-        .basic_auth(&target.login, Some(&target.password))
+        .basic_auth(&target.login, Some(target.password.value()))
         .header("Accept", "text/event-stream");
     let mut response = tokio::select! {
         r = request.send() => r.map_err(|e| push_error(format!("{url}: {e}"), ErrorClass::Transient))?,

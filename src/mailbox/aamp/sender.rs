@@ -136,6 +136,11 @@ impl Sender {
         Ok(cached.clone())
     }
 
+    /// The password SMTP, JMAP and the AAMP service are given.
+    pub fn password(&self) -> &crate::config::Secret {
+        &self.account.password
+    }
+
     /// See [`smtp::SmtpSender::check`].
     pub async fn check_smtp(&self) -> Result<(), MailboxError> {
         self.smtp.check().await

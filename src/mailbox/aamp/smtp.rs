@@ -28,7 +28,9 @@ pub struct SmtpSender {
     port: u16,
     security: SmtpSecurity,
     tls: Option<TlsParameters>,
-    credentials: Credentials,
+    login: String,
+    /// Read at each login, so a replaced password is used by the next connection.
+    password: crate::config::Secret,
     hello: ClientId,
     server: String,
     /// The open connection and when it was last used.
@@ -57,7 +59,8 @@ impl SmtpSender {
             port: account.smtp_port,
             security: account.smtp_security,
             tls,
-            credentials: Credentials::new(account.login.clone(), account.password.clone()),
+            login: account.login.clone(),
+            password: account.password.clone(),
             hello: ClientId::default(),
             server,
             open: tokio::sync::Mutex::new(None),
@@ -123,7 +126,10 @@ impl SmtpSender {
                 }
             };
             connection
-                .auth(&[Mechanism::Plain, Mechanism::Login], &self.credentials)
+                .auth(
+                    &[Mechanism::Plain, Mechanism::Login],
+                    &Credentials::new(self.login.clone(), self.password.value()),
+                )
                 .await
                 .map_err(|e| self.error(&e))?;
             Ok(connection)

@@ -229,6 +229,11 @@ impl AsmtpClient {
         &self.account.handle
     }
 
+    /// The bearer token every call (and the push socket) sends.
+    pub fn secret(&self) -> &crate::config::Secret {
+        &self.account.token
+    }
+
     /// An envelope as the intake hands it on: the answer to a question the agent asked (by
     /// the operator's own reply link, `in_reply_to`), or else a task, in the conversation its
     /// thread belongs to.
@@ -317,7 +322,7 @@ impl AsmtpClient {
         let mut request = self
             .http
             .request(method, url.clone())
-            .bearer_auth(&self.account.token);
+            .bearer_auth(self.account.token.value());
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -437,7 +442,7 @@ impl AsmtpClient {
         let request = self
             .http
             .post(url.clone())
-            .bearer_auth(&self.account.token)
+            .bearer_auth(self.account.token.value())
             .header(
                 reqwest::header::CONTENT_TYPE,
                 format!("multipart/form-data; boundary={boundary}"),
@@ -601,8 +606,11 @@ pub async fn run_intake(
     let push_up = std::sync::atomic::AtomicBool::new(false);
     let push = async {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        // A replaced token: the socket opened with the old one is closed and push connects
+        // again with the new one at once.
+        let mut replaced = client.account.token.changes();
         loop {
-            let result = run_push(&client, &wake_tx, &stop, || {
+            let result = run_push(&client, &wake_tx, &stop, &mut replaced, || {
                 push_up.store(true, std::sync::atomic::Ordering::SeqCst);
                 link.push("websocket");
                 // Connected: catch up on what came while the socket was down.
@@ -618,6 +626,12 @@ pub async fn run_intake(
             if stop.is_cancelled() {
                 return;
             }
+            if matches!(&result, Ok(Some(why)) if why == REPLACED) {
+                tracing::info!(
+                    "the token was replaced; ASMTP push connects again with the new one"
+                );
+                continue;
+            }
             let delay = backoff.next_delay();
             match result {
                 Ok(why) => tracing::info!(
@@ -631,6 +645,7 @@ pub async fn run_intake(
             }
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
+                Ok(()) = replaced.changed() => backoff.reset(),
                 _ = stop.cancelled() => return,
             }
         }
@@ -642,7 +657,8 @@ pub async fn run_intake(
             "the ASMTP operator",
             client.handle().to_string(),
             "token_file",
-        );
+        )
+        .with_secret(client.account.token.clone());
         let mut watched = AsmtpWatched {
             client: &client,
             watermark: &watermark,
@@ -812,6 +828,9 @@ async fn catch_up(
     }
 }
 
+/// Why [`run_push`] closed a socket itself: its token was replaced.
+const REPLACED: &str = "closed by the bridge: the token was replaced";
+
 /// One push connection: every `envelope.notify` frame wakes the catch-up; other frames
 /// (`monitor.fact`, for senders that asked) are let go. `Ok` when the operator closed it (with
 /// its close code and reason, as the reference sends `1001 operator shutting down` when it
@@ -820,6 +839,7 @@ async fn run_push(
     client: &AsmtpClient,
     wake: &mpsc::Sender<()>,
     stop: &CancellationToken,
+    replaced: &mut tokio::sync::watch::Receiver<u64>,
     connected: impl FnOnce(),
 ) -> Result<Option<String>, MailboxError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -827,6 +847,7 @@ async fn run_push(
     use tokio_tungstenite::tungstenite::Message;
     let push_error = |detail: String, class: ErrorClass| MailboxError::Push { detail, class };
     let url = client.connect_url();
+    replaced.borrow_and_update();
     let mut request = url.as_str().into_client_request().map_err(|e| {
         push_error(
             format!("bad WebSocket URL {url}: {e}"),
@@ -835,12 +856,14 @@ async fn run_push(
     })?;
     request.headers_mut().insert(
         "Authorization",
-        HeaderValue::from_str(&format!("Bearer {}", client.account.token)).map_err(|_| {
-            push_error(
-                "the token cannot go in a header".into(),
-                ErrorClass::Permanent,
-            )
-        })?,
+        HeaderValue::from_str(&format!("Bearer {}", client.account.token.value())).map_err(
+            |_| {
+                push_error(
+                    "the token cannot go in a header".into(),
+                    ErrorClass::Permanent,
+                )
+            },
+        )?,
     );
     let (mut socket, _) = tokio::select! {
         r = tokio_tungstenite::connect_async(request) => r.map_err(|e| push_error(e.to_string(), ErrorClass::Transient))?,
@@ -850,6 +873,10 @@ async fn run_push(
     loop {
         let frame = tokio::select! {
             f = socket.next() => f,
+            Ok(()) = replaced.changed() => {
+                let _ = socket.close(None).await;
+                return Ok(Some(REPLACED.into()));
+            }
             _ = stop.cancelled() => return Ok(None),
         };
         match frame {
@@ -911,6 +938,10 @@ pub struct AsmtpReplies {
 impl AsmtpReplies {
     pub fn new(client: AsmtpClient) -> AsmtpReplies {
         AsmtpReplies { client }
+    }
+
+    pub fn secret(&self) -> &crate::config::Secret {
+        self.client.secret()
     }
 
     /// The reply envelope for the answer in `mail`; `None` for what ASMTP has no place for.
