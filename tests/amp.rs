@@ -493,6 +493,14 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
     });
     let status = dir.run(&["status", "--json"]);
     assert!(status.contains("auth_failed"), "{status}");
+    // Issue 37: and the credentials in use are shown refused.
+    let json: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        json["agents"][0]["link"]["credentials"]["worked"], false,
+        "{json}"
+    );
+    let text = dir.run(&["status"]);
+    assert!(text.contains("credentials refused, read "), "{text}");
     assert_eq!(
         bridge.log().matches("refused the credentials").count(),
         1,

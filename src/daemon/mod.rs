@@ -420,7 +420,7 @@ async fn reload_config(
     events: Events,
 ) -> serde_json::Value {
     let mut changed = Vec::new();
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config, profiles and credentials");
+    tracing::info!(config = %path.display(), "reloading the config, profiles and credentials");
     let config = match LoadedConfig::load(path) {
         Ok(config) => config,
         Err(e) => {

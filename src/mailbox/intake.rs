@@ -152,6 +152,8 @@ impl<'a> Health<'a> {
                     return Duration::ZERO;
                 }
                 secret.worked(false);
+                // Recorded before the refusal is logged.
+                self.link.credentials(secret);
             }
         }
         self.link.mailbox(
