@@ -1078,3 +1078,71 @@ async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
     assert_eq!(from_coder.len(), 1, "answered once, before: {from_coder:?}");
     no_invalid_requests(&broker);
 }
+
+/// Issue 36, item 3: the AMP key was deactivated while the agent ran; its answer stayed in the
+/// outbox (right), but after the key was made active again it went out 280 s later (the
+/// refused credentials' 5-minute wait). The same key working again is noticed within seconds,
+/// and the waiting answer goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_refused_with_401_goes_within_seconds_once_the_key_works_again() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let key = broker
+        .as_person(
+            reqwest::Method::POST,
+            "/users/api-keys",
+            Some(json!({"name": "bridge"})),
+        )
+        .await;
+    let key_id = key["id"].as_str().unwrap().to_string();
+    let dir = config(&broker, &coder, &boss.1, "echo");
+    dir.write_private("amp.key", key["raw_key"].as_str().unwrap());
+    // The agent answers once the test lets it.
+    let go = dir.dir.path().join("go");
+    dir.use_profile(
+        "waiting.toml",
+        &format!(
+            "command = \"sh\"\nargs = [\"-c\", \"while [ ! -e {} ]; do sleep 0.1; done; echo answered\"]\n",
+            go.display()
+        ),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = send(&broker, &boss, &coder.1, "Hello", "answer later").await;
+    let task_id = format!(
+        "amp:{}:{}",
+        sent["thread_id"].as_str().unwrap(),
+        sent["id"].as_str().unwrap()
+    );
+    bridge.wait_event("task.started", |e| e["taskId"] == task_id.as_str());
+    broker
+        .as_person(
+            reqwest::Method::POST,
+            &format!("/users/api-keys/{key_id}/deactivate"),
+            None,
+        )
+        .await;
+    std::fs::write(&go, "").unwrap();
+    bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    support::wait_until("the answer is refused", || {
+        bridge.log().contains("refused the credentials")
+    });
+    let activated = std::time::Instant::now();
+    broker
+        .as_person(
+            reqwest::Method::POST,
+            &format!("/users/api-keys/{key_id}/activate"),
+            None,
+        )
+        .await;
+    let replies = broker.replies_to(&sent, &coder.1).await;
+    let took = activated.elapsed();
+    assert_eq!(replies.len(), 1);
+    assert!(replies[0]["body"].as_str().unwrap().contains("answered"));
+    println!("the waiting answer went {took:?} after the key worked again");
+    assert!(
+        took < Duration::from_secs(15),
+        "the waiting answer went {took:?} after the key worked again"
+    );
+    assert!(bridge.stop().success());
+}

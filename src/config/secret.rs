@@ -60,6 +60,9 @@ struct Shared {
     state: Mutex<State>,
     /// The number of the value in use, counted from 0 at start: one more at each change.
     changes: tokio::sync::watch::Sender<u64>,
+    /// One more each time the value in use works again after it was refused (a key made
+    /// active again on the server).
+    recoveries: tokio::sync::watch::Sender<u64>,
 }
 
 struct State {
@@ -120,6 +123,7 @@ impl Secret {
                     worked: None,
                 }),
                 changes: tokio::sync::watch::Sender::new(0),
+                recoveries: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -205,9 +209,24 @@ impl Secret {
         changed
     }
 
-    /// The server took (`true`) or refused (`false`) the value in use.
+    /// The server took (`true`) or refused (`false`) the value in use. Taken after it was
+    /// refused, every [`Secret::recoveries`] receiver hears it.
     pub fn worked(&self, worked: bool) {
-        self.state().worked = Some(worked);
+        let recovered = {
+            let mut state = self.state();
+            let recovered = worked && state.worked == Some(false);
+            state.worked = Some(worked);
+            recovered
+        };
+        if recovered {
+            tracing::info!("the credentials of {} work again", self.shared.mailbox);
+            self.shared.recoveries.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Hears the value in use working again after a refusal.
+    pub fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.recoveries.subscribe()
     }
 
     /// Which value is in use: one more at each change.

@@ -299,14 +299,22 @@ fn recover(
 }
 
 /// Whenever the mailbox's credentials change (a reload, or a read after a refusal found
-/// others), what waits in the agent's outbox is sent at once. The intake hears the change
+/// others), or work again after a refusal (a key made active again, seen by the intake's
+/// next read), what waits in the agent's outbox is sent at once. The intake hears a change
 /// itself.
 async fn retry_on_new_credentials(dispatcher: Dispatcher<Outlet>, stop: CancellationToken) {
-    let mut changes = dispatcher.outbox().secret().changes();
+    let secret = dispatcher.outbox().secret();
+    let (mut changes, mut recoveries) = (secret.changes(), secret.recoveries());
     loop {
         tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {
+                    return;
+                }
+                dispatcher.retry_outbox_now();
+            }
+            recovered = recoveries.changed() => {
+                if recovered.is_err() {
                     return;
                 }
                 dispatcher.retry_outbox_now();

@@ -497,7 +497,8 @@ pub async fn run_intake(
         client.address().to_string(),
         "api_key_file (and agent_id)",
     )
-    .with_secret(client.account.api_key.clone());
+    .with_secret(client.account.api_key.clone())
+    .retry_refused_every(intake::KEY_REFUSED_RETRY);
     let mut watched = AmpWatched {
         client,
         position: &position,

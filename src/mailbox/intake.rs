@@ -50,6 +50,13 @@ pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(2);
 /// the credentials file holds others: it is read again at each refusal, every
 /// [`CREDENTIALS_RECHECK`] meanwhile, and at a reload), a permanent error every minute,
 /// anything else with backoff.
+/// After refused credentials, how long before the same ones are tried again (password
+/// logins).
+const REFUSED_RETRY: Duration = Duration::from_secs(300);
+
+/// The same for bearer keys ([`Health::retry_refused_every`]).
+pub const KEY_REFUSED_RETRY: Duration = Duration::from_secs(5);
+
 pub struct Health<'a> {
     link: &'a Link,
     /// "the mail server", "the AMP broker", ...
@@ -67,6 +74,9 @@ pub struct Health<'a> {
     tried: u64,
     /// The credentials file could not be read again (said once, not every few seconds).
     unreadable_reported: bool,
+    /// How long to wait after refused credentials before asking the server again with the
+    /// same ones (a key made active again is noticed then).
+    refused_retry: Duration,
 }
 
 impl<'a> Health<'a> {
@@ -82,7 +92,18 @@ impl<'a> Health<'a> {
             refused: false,
             tried: 0,
             unreadable_reported: false,
+            refused_retry: REFUSED_RETRY,
         }
+    }
+
+    /// Asks the server again this often while it refuses unchanged credentials. A bearer
+    /// key (AMP, ASMTP) can be made active again on the server, and nothing locks an account
+    /// for retries with one: such back-ends ask every [`KEY_REFUSED_RETRY`], so an answer
+    /// waiting for the key goes within seconds of it working again. A password login keeps
+    /// the default five minutes (servers lock accounts out for repeated failed logins).
+    pub fn retry_refused_every(mut self, every: Duration) -> Self {
+        self.refused_retry = every;
+        self
     }
 
     /// The credentials the reads use: read again when they are refused, recorded in the
@@ -167,14 +188,14 @@ impl<'a> Health<'a> {
         match e.class() {
             ErrorClass::Auth => {
                 if !self.auth_reported {
-                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every 5 minutes, and at once when the file holds others", self.server, self.account, self.fix);
+                    tracing::error!(error = %e, "{} refused the credentials of {}; fix {} in the config; retrying every {}s, and at once when the file holds others", self.server, self.account, self.fix, self.refused_retry.as_secs());
                     self.auth_reported = true;
                 }
                 if self.reread() {
                     // Replaced since they were read: tried now.
                     return Duration::ZERO;
                 }
-                Duration::from_secs(300)
+                self.refused_retry
             }
             ErrorClass::Permanent => {
                 tracing::error!(error = %e, "{} cannot be read; retrying in 60s", self.server);

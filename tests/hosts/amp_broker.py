@@ -32,6 +32,7 @@ messages are hidden from the inbox; a person reading a message in the console ma
   POST  /users/login                     {username, password} -> {token, user}
   POST  /users/api-keys                  {name} -> {id, raw_key, ...}     (session token)
   POST  /users/api-keys/{id}/deactivate                                   (session token)
+  POST  /users/api-keys/{id}/activate     (a guess, for tests)               (session token)
   PATCH /admin/messages/{id}/read        the console opening a message    (session token)
   POST  /admin/threads/{id}/archive | /trash, /admin/messages/{id}/trash  (session token)
 """
@@ -284,6 +285,14 @@ class Handler(BaseHTTPRequestHandler):
             if not cur.rowcount:
                 raise Fail(404, "API key not found")
             return 200, {"detail": "API key deactivated"}
+        if method == "POST" and len(parts) == 4 and parts[:2] == ["users", "api-keys"] and parts[3] == "activate":
+            # A guess for tests (issue 36): a key made usable again; the real broker's way to
+            # do it was not read here.
+            cur = db.execute("UPDATE api_keys SET is_active = 1 WHERE id = ? AND user = ?", (parts[2], user))
+            db.commit()
+            if not cur.rowcount:
+                raise Fail(404, "API key not found")
+            return 200, {"detail": "API key activated"}
         if method == "PATCH" and len(parts) == 4 and parts[:2] == ["admin", "messages"] and parts[3] == "read":
             row = db.execute("SELECT * FROM messages WHERE id = ?", (parts[2],)).fetchone()
             if row is None:

@@ -658,7 +658,8 @@ pub async fn run_intake(
             client.handle().to_string(),
             "token_file",
         )
-        .with_secret(client.account.token.clone());
+        .with_secret(client.account.token.clone())
+        .retry_refused_every(intake::KEY_REFUSED_RETRY);
         let mut watched = AsmtpWatched {
             client: &client,
             watermark: &watermark,
