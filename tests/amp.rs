@@ -998,31 +998,31 @@ async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
     assert!(bridge.stop().success());
 }
 
-/// Issue 36, item 5, on AMP: the broker's messages carry no files the bridge can post, so the
-/// answer names the files the agent handed over instead of dropping them silently.
+/// Issue 36, item 5, on AMP: the agent's files were dropped. The broker takes images (PNG,
+/// JPEG, GIF, WebP up to 10 MB, as agent-mailer's `/files/upload`): those go as the reply's
+/// attachments; the rest are named in the answer instead of dropped silently.
 #[tokio::test(flavor = "multi_thread")]
-async fn files_an_agent_hands_over_are_named_in_the_amp_answer() {
+async fn files_an_agent_hands_over_go_as_the_brokers_attachments_or_are_named() {
     let broker = Broker::start(&[]);
     let coder = broker.register("coder").await;
     let boss = broker.register("boss").await;
     let dir = config(&broker, &coder, &boss.1, "echo");
     dir.use_profile(
-        "results.toml",
-        &format!(
-            "command = \"python3\"\nargs = [{:?}]\nstdin = \"{{{{prompt}}}}\"\n",
-            support::repo()
-                .join("tests/agents/result_agent.py")
-                .display()
-        ),
+        "files.toml",
+        "command = \"sh\"\nargs = [\"-c\", \"printf '\\\\211PNG\\\\r\\\\n\\\\032\\\\nchart' > chart.png; echo notes > notes.txt; echo 'Here they are.'; echo 'FILE: chart.png'; echo 'FILE: notes.txt'\"]\n",
     );
     let bridge = Bridge::start(&dir, 1);
-    let sent = send(&broker, &boss, &coder.1, "Report", "Write the report.").await;
+    let sent = send(&broker, &boss, &coder.1, "Files", "Make the files.").await;
     let replies = broker.replies_to(&sent, &coder.1).await;
     let body = replies[0]["body"].as_str().unwrap();
     assert!(
-        body.contains("not sent: an AMP message carries no files: report.md, data.csv"),
+        body.contains("not sent: the AMP broker takes only PNG, JPEG, GIF and WebP images of up to 10 MB: notes.txt"),
         "{body}"
     );
+    let attachments = replies[0]["attachments"].as_array().unwrap();
+    assert_eq!(attachments.len(), 1, "{replies:?}");
+    assert_eq!(attachments[0]["filename"], "chart.png");
+    assert_eq!(attachments[0]["mime_type"], "image/png");
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
 }
@@ -1131,7 +1131,7 @@ async fn an_answer_refused_with_401_goes_within_seconds_once_the_key_works_again
     broker
         .as_person(
             reqwest::Method::POST,
-            &format!("/users/api-keys/{key_id}/activate"),
+            &format!("/users/api-keys/{key_id}/reactivate"),
             None,
         )
         .await;

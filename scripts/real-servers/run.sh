@@ -43,7 +43,7 @@ cp -r "$asmtp_src" "$out/robonet"
 echo "real-servers: the bridge"
 (cd "$root" && cargo build --quiet)
 
-export AAMP_BRIDGE_BIN="$root/target/debug/aamp-bridge"
+export AAMP_BRIDGE_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/aamp-bridge"
 export AMP_UVICORN="$out/ampvenv/bin/uvicorn"
 export ASMTP_NODE="$node_bin"
 export ASMTP_OPERATOR="$out/robonet/bin/robotnet-operator.js"

@@ -292,12 +292,61 @@ impl AmpClient {
     }
 
     /// Replies to message `parent` (from `to`).
+    /// Uploads an image (`POST /files/upload`, multipart, one `file` field): the broker's
+    /// answer (`{id, filename, mime_type, size, url}`), which a message lists among its
+    /// `attachments`.
+    pub async fn upload(
+        &self,
+        filename: &str,
+        content_type: &str,
+        bytes: &[u8],
+    ) -> Result<Value, MailboxError> {
+        let boundary = format!("aamp-bridge-{}", uuid::Uuid::new_v4().simple());
+        let safe: String = filename
+            .chars()
+            .map(|c| if c == '"' || c.is_control() { '_' } else { c })
+            .collect();
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{safe}\"\r\nContent-Type: {content_type}\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let mut url = self.account.url.clone();
+        url.set_path(&format!(
+            "{}/files/upload",
+            url.path().trim_end_matches('/')
+        ));
+        let request = self
+            .http
+            .post(url.clone())
+            .header("X-API-Key", self.account.api_key.value())
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body);
+        super::fetch_json(request, url.as_str()).await
+    }
+
     pub async fn reply(
         &self,
         parent: &str,
         to: &str,
         subject: &str,
         body: &str,
+    ) -> Result<AmpMessage, MailboxError> {
+        self.reply_with(parent, to, subject, body, &[]).await
+    }
+
+    /// A reply listing `attachments` (what [`AmpClient::upload`] answered).
+    pub async fn reply_with(
+        &self,
+        parent: &str,
+        to: &str,
+        subject: &str,
+        body: &str,
+        attachments: &[Value],
     ) -> Result<AmpMessage, MailboxError> {
         let value = self
             .call(
@@ -311,7 +360,7 @@ impl AmpClient {
                     "action": "reply",
                     "subject": subject,
                     "body": body,
-                    "attachments": [],
+                    "attachments": attachments,
                     "parent_id": parent,
                 })),
             )
@@ -320,17 +369,42 @@ impl AmpClient {
     }
 }
 
-/// The names of the files attached to a rendered mail.
-fn attachment_names(bytes: &[u8]) -> Vec<String> {
+/// The files attached to a rendered mail: name, content type, bytes.
+fn attached_files(bytes: &[u8]) -> Vec<(String, String, Vec<u8>)> {
     use mail_parser::MimeHeaders;
     mail_parser::MessageParser::default()
         .parse(bytes)
         .map(|m| {
             m.attachments()
-                .map(|p| p.attachment_name().unwrap_or("file").to_string())
+                .map(|p| {
+                    let content_type = p
+                        .content_type()
+                        .map(|ct| match ct.subtype() {
+                            Some(sub) => format!("{}/{sub}", ct.ctype()),
+                            None => ct.ctype().to_string(),
+                        })
+                        .unwrap_or_default()
+                        .to_ascii_lowercase();
+                    (
+                        p.attachment_name().unwrap_or("file").to_string(),
+                        content_type,
+                        p.contents().to_vec(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// What the AMP broker takes as a file (agent-mailer's `/files/upload`): PNG, JPEG, GIF or
+/// WebP images of at most 10 MB, told by their first bytes.
+fn broker_takes(bytes: &[u8]) -> bool {
+    let image = bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+        || bytes.starts_with(b"\xff\xd8\xff")
+        || bytes.starts_with(b"GIF87a")
+        || bytes.starts_with(b"GIF89a")
+        || (bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WEBP"));
+    image && bytes.len() <= 10 * 1024 * 1024
 }
 
 /// The TaskId of an AMP message: its thread and its id.
@@ -774,15 +848,6 @@ impl AmpReplies {
                 if let Some(fields) = &r.structured_result {
                     text.push_str(&format!("\n\n```json\n{fields}\n```"));
                 }
-                // The broker's messages carry no files the bridge can post: say which were
-                // left out, never drop them silently.
-                let files = attachment_names(&mail.bytes);
-                if !files.is_empty() {
-                    text.push_str(&format!(
-                        "\n\n(Files the agent handed over, not sent: an AMP message carries no files: {})",
-                        files.join(", ")
-                    ));
-                }
                 text
             }
             Body::HelpNeeded(h) => {
@@ -822,14 +887,33 @@ impl AmpReplies {
                     .unwrap_or_default()
             }
         };
+        // Files the agent handed over: the images go as the broker's attachments (what it
+        // takes); the rest are named, never dropped silently.
+        let mut text = text;
+        let mut attachments = Vec::new();
+        let mut left = Vec::new();
+        for (name, content_type, bytes) in attached_files(&mail.bytes) {
+            if broker_takes(&bytes) {
+                attachments.push(self.client.upload(&name, &content_type, &bytes).await?);
+            } else {
+                left.push(name);
+            }
+        }
+        if !left.is_empty() {
+            text.push_str(&format!(
+                "\n\n(Files the agent handed over, not sent: the AMP broker takes only PNG, JPEG, GIF and WebP images of up to 10 MB: {})",
+                left.join(", ")
+            ));
+        }
         // A reply reads like one: `Re:` and the subject of the message it answers.
         let posted = self
             .client
-            .reply(
+            .reply_with(
                 parent,
                 &to,
                 &reply_subject(&subject),
                 &format!("{text}\n\n{marker}"),
+                &attachments,
             )
             .await?;
         if matches!(msg.body, Body::HelpNeeded(_)) {

@@ -32,13 +32,14 @@ messages are hidden from the inbox; a person reading a message in the console ma
   POST  /users/login                     {username, password} -> {token, user}
   POST  /users/api-keys                  {name} -> {id, raw_key, ...}     (session token)
   POST  /users/api-keys/{id}/deactivate                                   (session token)
-  POST  /users/api-keys/{id}/activate     (a guess, for tests)               (session token)
+  POST  /users/api-keys/{id}/reactivate                                   (session token)
   PATCH /admin/messages/{id}/read        the console opening a message    (session token)
   POST  /admin/threads/{id}/archive | /trash, /admin/messages/{id}/trash  (session token)
 """
 import argparse
 import datetime
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -186,6 +187,16 @@ def message(row):
     return out
 
 
+files = {}  # uploaded files: id -> (filename, mime_type, bytes)
+
+
+class Answered(Exception):
+    """A route that answered before the JSON routes (an upload)."""
+
+    def __init__(self, status, out):
+        self.status, self.out = status, out
+
+
 class Fail(Exception):
     def __init__(self, status, detail):
         self.status, self.detail = status, detail
@@ -205,6 +216,13 @@ class Handler(BaseHTTPRequestHandler):
         body = None
         entry = {"method": method, "path": url.path, "query": url.query, "ua": self.headers.get("User-Agent", "")}
         try:
+            if method == "POST" and url.path == "/files/upload":
+                user = key_user(self.headers.get("X-API-Key", ""))
+                if user is None:
+                    raise Fail(401, "Authentication required")
+                status, out = self.upload(raw, user)
+                entry["upload"] = {k: out.get(k) for k in ("filename", "mime_type", "size")} if status == 200 else out
+                raise Answered(status, out)
             if raw:
                 try:
                     body = json.loads(raw)
@@ -226,6 +244,8 @@ class Handler(BaseHTTPRequestHandler):
             status, out = 422, {"detail": str(e)}
         except Fail as e:
             status, out = e.status, {"detail": e.detail}
+        except Answered as e:
+            status, out = e.status, e.out
         entry["status"] = status
         if (
             opts.stall_first_reply
@@ -246,6 +266,37 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def upload(self, raw, user):
+        """`POST /files/upload` as agent-mailer's routes/files.py: one multipart `file` field;
+        only PNG, JPEG, GIF and WebP (told by their first bytes), at most 10 MB; else 400."""
+        ctype = self.headers.get("Content-Type", "")
+        if "boundary=" not in ctype:
+            raise Invalid("file: field required")
+        boundary = ctype.split("boundary=", 1)[1].strip('"').encode()
+        for part in raw.split(b"--" + boundary):
+            head, _, data = part.partition(b"\r\n\r\n")
+            if b'name="file"' not in head:
+                continue
+            data = data[:-2] if data.endswith(b"\r\n") else data
+            name = re.search(rb'filename="([^"]*)"', head)
+            filename = name.group(1).decode() if name else "untitled"
+            if len(data) > 10 * 1024 * 1024:
+                return 400, {"detail": "File too large: %d bytes. Maximum: 10485760 bytes (10MB)" % len(data)}
+            mime = None
+            for sig, kind in ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
+                              (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif")):
+                if data.startswith(sig):
+                    mime = kind
+            if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+                mime = "image/webp"
+            if mime is None:
+                return 400, {"detail": "Unsupported file type. Allowed: PNG, JPG, GIF, WebP"}
+            fid = str(uuid.uuid4())
+            files[fid] = (filename, mime, data)
+            return 200, {"id": fid, "filename": filename, "mime_type": mime, "size": len(data),
+                         "url": "http://127.0.0.1:%d/files/%s" % (opts.port, fid)}
+        raise Invalid("file: field required")
 
     def do_GET(self):
         self.handle_any("GET")
@@ -285,9 +336,8 @@ class Handler(BaseHTTPRequestHandler):
             if not cur.rowcount:
                 raise Fail(404, "API key not found")
             return 200, {"detail": "API key deactivated"}
-        if method == "POST" and len(parts) == 4 and parts[:2] == ["users", "api-keys"] and parts[3] == "activate":
-            # A guess for tests (issue 36): a key made usable again; the real broker's way to
-            # do it was not read here.
+        if method == "POST" and len(parts) == 4 and parts[:2] == ["users", "api-keys"] and parts[3] == "reactivate":
+            # As agent-mailer's routes/users.py: the recoverable counterpart of deactivate.
             cur = db.execute("UPDATE api_keys SET is_active = 1 WHERE id = ? AND user = ?", (parts[2], user))
             db.commit()
             if not cur.rowcount:
