@@ -3,7 +3,9 @@ uvicorn) and a real aamp-bridge: answered once with `Re: <subject>`, a task open
 console first, an arrival the inbox counts hide (archive + arrival + console read between two
 polls), a 1 MB task, 105 tasks waiting, nothing answered twice; issue 37: the bridge's key
 deleted in the console and a new one written to api_key_file, with SIGHUP and without, the
-task that waited answered within 5 s. Run by run.sh."""
+task that waited answered within 5 s; issue 36: the key deactivated and reactivated while a
+task waits, an image attached and another file named, a task opened in the console before the
+first start answered without answering the others again. Run by run.sh."""
 import atexit, json, socket, os, re, signal, subprocess, sys, time, urllib.request, tempfile, shutil
 
 children = []
@@ -161,6 +163,41 @@ for label, sighup in (("with SIGHUP", True), ("without SIGHUP", False)):
     r = replies(pending, 5); results[f"key replaced {label}: the waiting task answered within 5 s"] = (len(r) == 1, time.time() - t0)
 st = subprocess.run([BIN, "--config", f"{cfg}/config.toml", "status"], capture_output=True, text=True).stdout
 results["status says the new key works"] = ("credentials work" in st, "")
+
+# Issue 36, item 3: the key deactivated while a task waits, then made active again: the
+# waiting task is answered within seconds of the reactivation (not at the 5-minute retry).
+before = refusals()
+call("POST", f"/users/api-keys/{own['id']}/deactivate", None, person)
+pending = send("Deactivated", "sent while the key was inactive")
+end = time.time() + 60
+while time.time() < end and refusals() == before:
+    time.sleep(0.3)
+call("POST", f"/users/api-keys/{own['id']}/reactivate", None, person); t0 = time.time()
+r = replies(pending, 30); results["key reactivated: the waiting task answered within 15 s"] = (len(r) == 1 and time.time() - t0 < 15, time.time() - t0)
+
+# Issue 36, item 5: an image the agent hands over is the reply's attachment; another file is
+# named in it.
+stop()
+open(f"{cfg}/files.toml", "w").write('command = "sh"\nargs = ["-c", "printf \'\\\\211PNG\\\\r\\\\n\\\\032\\\\nchart\' > chart.png; echo notes > notes.txt; echo Here; echo FILE: chart.png; echo FILE: notes.txt"]\n')
+conf = open(f"{cfg}/config.toml").read()
+open(f"{cfg}/config.toml", "w").write(conf.replace('profile = "echo"', 'profile = "files.toml"'))
+start()
+filed = send("Files", "make the files")
+r = replies(filed)
+atts = r[0]["attachments"] if r else []
+results["an image goes as the reply's attachment, another file is named"] = (
+    len(atts) == 1 and atts[0].get("mime_type") == "image/png" and "notes.txt" in r[0]["body"], len(atts))
+stop()
+open(f"{cfg}/config.toml", "w").write(conf)
+
+# Issue 36, item 4: a task opened in the console before the bridge's first start (a fresh
+# state folder) is answered; the ones answered before are not answered again (below).
+opened_first = send("Opened before", "looked at before the first start")
+call("PATCH", f"/admin/messages/{opened_first['id']}/read", None, person)
+open(f"{cfg}/config.toml", "w").write(conf.replace('state_dir = "state"', 'state_dir = "state-fresh"'))
+t0 = time.time(); start()
+r = replies(opened_first); results["console-read task before the first start answered once"] = (len(r) == 1, time.time() - t0)
+time.sleep(5)  # what a wrong first start would answer again has time to show below
 stop()
 # Nothing answered twice.
 _, inbox = call("GET", f"/messages/inbox/{boss['address']}?agent_id={boss['id']}&all=true", headers=api)

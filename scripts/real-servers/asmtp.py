@@ -3,7 +3,8 @@ Node 24) and a real aamp-bridge: the unread backlog at the first start, three tu
 `robotnet send --in-reply-to` sends them, a 3 MB answer, 40 envelopes at once (created_at
 ties), an operator restart (1001), a reply refused with 404, a rotated token, nothing
 answered twice; issue 37: the rotated token written to token_file, with SIGHUP and without,
-the task that waited answered within 5 s. Run by run.sh."""
+the task that waited answered within 5 s; issue 36: files handed over go as file parts. Run
+by run.sh."""
 import atexit, hashlib, json, socket, os, random, signal, subprocess, sys, time, urllib.request, tempfile, threading
 
 children = []
@@ -193,6 +194,17 @@ replace_token(again["token"]); t0 = time.time()
 results["rotated token, no SIGHUP: the waiting task answered within 5 s"] = (len(replies(pending, 5)) == 1, time.time() - t0)
 st = run("status")
 results["status says the new token works"] = ("credentials work" in st, "")
+
+# Issue 36, item 5: files the agent hands over go as file parts of the reply.
+stop()
+open(f"{cfg}/files.toml", "w").write('command = "sh"\nargs = ["-c", "echo report > report.md; echo a,b > data.csv; echo Here; echo FILE: report.md; echo FILE: data.csv"]\n')
+conf = open(f"{cfg}/config.toml").read()
+open(f"{cfg}/config.toml", "w").write(conf.replace('profile = "session.toml"', 'profile = "files.toml"'))
+start()
+filed = send("make the files")
+r = replies(filed)
+names = [p.get("name") for p in r[0]["content_parts"] if p["type"] == "file"] if r else []
+results["files handed over go as file parts"] = (names == ["report.md", "data.csv"], names)
 stop()
 # Nothing answered twice.
 _, l = call("GET", "/mailbox?direction=in&order=asc&limit=1000", None, tokens["@alice.boss"])
