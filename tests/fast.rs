@@ -557,6 +557,38 @@ async fn answers_waiting_out_an_outage_all_leave_within_seconds_of_the_server_co
     }
 }
 
+/// The mailbox answering again (its link came up) sends what waits at once, without waiting
+/// for the outbox's next try of the server.
+#[tokio::test(start_paused = true)]
+async fn the_mailbox_coming_back_sends_waiting_answers_at_once() {
+    let outbox = FakeBackend::default();
+    outbox.fail.store(usize::MAX, Ordering::SeqCst);
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        outbox,
+    );
+    let task = rig.dispatch(BOSS, "Wait", "until the link is back");
+    rig.deliver(&task);
+    let journal = Journal::open(&rig.dir.path().join("state/journal.sqlite3")).unwrap();
+    while journal.unsent("agent").unwrap() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well into the outage: the next try of the server is seconds away.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    rig.outbox.fail.store(0, Ordering::SeqCst);
+    let back = tokio::time::Instant::now();
+    rig.dispatcher.server_back();
+    rig.outbox.until("both answers", |s| s.len() == 2).await;
+    assert!(
+        back.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        back.elapsed()
+    );
+    rig.shut().await;
+}
+
 /// Issue 31: with the server down, a task's result waited behind its unsent ack, and the
 /// outbox, taking the result's own time as due, read the journal every 10 ms for the whole
 /// outage (8-11 % of a core). It wakes on events now: a mail queued, the next due time, the
