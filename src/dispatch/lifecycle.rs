@@ -355,6 +355,7 @@ impl<O: Backend> Dispatcher<O> {
                         }
                         _ => format!("by replica {by}"),
                     };
+                    tracing::debug!(%detail, "claim won");
                     self.note(task.row, "claimed", Some(&detail));
                     let ack = self.compose(&task.env, &task.key, Body::Ack, 0);
                     if let Err(e) = self.enqueue(task, &ack) {
@@ -362,7 +363,10 @@ impl<O: Backend> Dispatcher<O> {
                     }
                     return Some(Ok(won));
                 }
-                Ok(lost) => return Some(Ok(lost)),
+                Ok(lost) => {
+                    tracing::debug!(outcome = ?lost, "claim lost");
+                    return Some(Ok(lost));
+                }
                 Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
                     return Some(Err(e.to_string()));
                 }
@@ -390,7 +394,7 @@ impl<O: Backend> Dispatcher<O> {
         loop {
             tokio::time::sleep(replica.lease / 3).await;
             match self.inner.outbox.renew_claim(&task.extras.email_id).await {
-                Ok(true) => {}
+                Ok(true) => tracing::debug!("claim renewed"),
                 Ok(false) => {
                     tracing::warn!("another bridge took the task over (this one did not renew its claim in time); stopping it here");
                     lost.store(true, std::sync::atomic::Ordering::SeqCst);
