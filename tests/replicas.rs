@@ -574,6 +574,12 @@ async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
         "{claims}"
     );
     assert!(bridge.stop().success());
+    // The next start tries the parked tasks' claims again (the table is still full here).
+    let mut bridge = Bridge::start(&dir, 1);
+    for sent in [&first, &second] {
+        bridge.wait_event("task.parked", |e| e["taskId"] == sent.task_id());
+    }
+    assert!(bridge.stop().success());
 }
 
 /// Issue 31: the replica that lost a claim forgot the task, so a second delivery of the
