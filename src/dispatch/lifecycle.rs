@@ -391,6 +391,9 @@ impl<O: Backend> Dispatcher<O> {
         cancel: &CancellationToken,
         lost: &std::sync::atomic::AtomicBool,
     ) {
+        // A renewal the server refuses for good is said once (the task runs on; its lease
+        // may end, and another replica then take it over), then tried again quietly.
+        let mut refused = false;
         loop {
             tokio::time::sleep(replica.lease / 3).await;
             match self.inner.outbox.renew_claim(&task.extras.email_id).await {
@@ -402,6 +405,13 @@ impl<O: Backend> Dispatcher<O> {
                     // The run ends on the cancel; this branch then loses the race or wins it
                     // with the same outcome.
                     std::future::pending::<()>().await;
+                }
+                Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
+                    if !refused {
+                        tracing::error!(error = %e, "the server refuses to renew the task's claim; the task runs on, and may be taken over once its lease ends");
+                        self.note(task.row, "claim renewal refused", Some(&e.to_string()));
+                    }
+                    refused = true;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not renew the task's claim; trying again")
