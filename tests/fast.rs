@@ -65,7 +65,7 @@ impl Rig {
         )
         .unwrap();
         // A back-end that claims serves one of several replicas.
-        let replica = if outbox.claims.is_some() {
+        let replica = if outbox.claims.is_some() || outbox.wins {
             "replica = \"r1\"\n"
         } else {
             ""
@@ -621,6 +621,53 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
     rig.outbox.fail.store(0, Ordering::SeqCst);
     rig.outbox.result(task.task_id()).await;
     rig.shut().await;
+}
+
+/// A replica's task interrupted by a restart is claimed again at the next start and
+/// acknowledged again: with the same Message-ID as the first ack, so it is the same mail (the
+/// journal keeps it once) and not a second ack. The recovered task's mails were derived from
+/// its Message-ID alone, not from its sender and Message-ID as at its arrival.
+#[tokio::test]
+async fn a_replica_restarted_mid_task_acknowledges_it_once() {
+    let hang = (
+        "hang.toml",
+        "command = \"sleep\"\nargs = [\"600\"]\ntimeout_secs = 3600\n",
+    );
+    let replica = || FakeBackend {
+        wins: true,
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"hang.toml\"",
+        &[hang],
+        replica(),
+    );
+    let task = rig.dispatch(BOSS, "Long", "interrupted by a restart");
+    rig.deliver(&task);
+    rig.outbox
+        .until("the ack", |s| {
+            s.iter().any(|m| m.intent() == Intent::TaskAck)
+        })
+        .await;
+    let (dir, first) = rig.shut().await;
+    let rig = Rig::in_dir(dir, "profile = \"echo\"", &[], replica());
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    let (_, second) = rig.shut().await;
+    let ids = |o: &FakeBackend| -> Vec<(Intent, String)> {
+        o.sent()
+            .iter()
+            .map(|m| (m.intent(), m.envelope.message_id.clone()))
+            .collect()
+    };
+    assert_eq!(
+        second.intents(task.task_id()),
+        vec![Intent::TaskResult],
+        "first life {:?}, second {:?}",
+        ids(&first),
+        ids(&second)
+    );
 }
 
 /// Issue 18: tasks of equal priority ran as 34, 32, 31, 33, 35: each took its place in the
