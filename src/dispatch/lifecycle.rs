@@ -125,6 +125,8 @@ impl<O: Backend> Dispatcher<O> {
         // The workspace and the mail's attachments are made ready before the task asks for a
         // slot: downloads never hold one.
         let workspace = self.workspace_of(&task);
+        // Its conversation's folder is not pruned while the task waits or runs in it.
+        let _in_use = inner.conversations.hold(&workspace);
         let prepared = tokio::select! {
             p = self.prepare(&workspace, &task.extras.attachments) => Some(p),
             _ = cancel.cancelled() => None,
@@ -423,7 +425,7 @@ impl<O: Backend> Dispatcher<O> {
     /// The task is no longer here: its own folder goes (a conversation's stays for its next
     /// turn), and a cancel no longer finds it running.
     fn leave(&self, task: &Task, workspace: &workspace::Workspace) {
-        workspace.finish();
+        workspace.finish(&self.inner.conversations);
         self.inner
             .running
             .lock()
@@ -751,7 +753,7 @@ impl<O: Backend> Dispatcher<O> {
         workspace.prepare()?;
         let saved = self.save_attachments(workspace, attachments).await;
         if saved.is_err() {
-            workspace.finish();
+            workspace.finish(&self.inner.conversations);
         }
         saved
     }

@@ -4,8 +4,9 @@
 //! to turn so that agents which key their sessions by folder (Claude Code) can continue them,
 //! and pruned by age and count. And safe names for the files a mail brings.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// A conversation's folder unused this long is removed.
@@ -58,8 +59,8 @@ impl Workspace {
     }
 
     /// After the run: a task's folder removed; a conversation's marked used, and the
-    /// agent's conversations pruned.
-    pub fn finish(&self) {
+    /// agent's conversations pruned, but for those `in_use`.
+    pub fn finish(&self, in_use: &InUse) {
         if !self.kept {
             if let Err(e) = std::fs::remove_dir_all(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -70,7 +71,61 @@ impl Workspace {
         }
         touch(&self.dir);
         if let Some(all) = self.dir.parent() {
-            prune(all, CONVERSATION_MAX_AGE, CONVERSATIONS_KEPT);
+            prune(all, CONVERSATION_MAX_AGE, CONVERSATIONS_KEPT, &in_use.now());
+        }
+    }
+}
+
+/// The conversation folders in use: a task of the conversation is queued or running there
+/// (its attachments already saved in it, maybe). A prune never removes one, however many
+/// other conversations (another sender's, say) were used since.
+#[derive(Clone, Debug, Default)]
+pub struct InUse(Arc<Mutex<HashMap<PathBuf, usize>>>);
+
+impl InUse {
+    /// Holds `workspace`'s folder while the returned guard lives (nothing for a task's own
+    /// folder, which no prune touches).
+    pub fn hold(&self, workspace: &Workspace) -> Option<Holding> {
+        if !workspace.kept {
+            return None;
+        }
+        *self
+            .0
+            .lock()
+            .expect("in-use lock")
+            .entry(workspace.dir.clone())
+            .or_default() += 1;
+        Some(Holding {
+            set: self.clone(),
+            dir: workspace.dir.clone(),
+        })
+    }
+
+    fn now(&self) -> HashSet<PathBuf> {
+        self.0
+            .lock()
+            .expect("in-use lock")
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+/// A conversation folder held in use (see [`InUse::hold`]).
+#[derive(Debug)]
+pub struct Holding {
+    set: InUse,
+    dir: PathBuf,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut held = self.set.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.dir) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.dir);
+            }
         }
     }
 }
@@ -81,8 +136,8 @@ fn touch(dir: &Path) {
 }
 
 /// Removes the folders in `dir` unused for longer than `max_age`, then the least recently
-/// used beyond `keep`.
-pub fn prune(dir: &Path, max_age: Duration, keep: usize) {
+/// used beyond `keep`; never one `in_use`.
+pub fn prune(dir: &Path, max_age: Duration, keep: usize, in_use: &HashSet<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -101,7 +156,7 @@ pub fn prune(dir: &Path, max_age: Duration, keep: usize) {
     folders.sort_by_key(|f| std::cmp::Reverse(f.0));
     for (n, (used, path)) in folders.iter().enumerate() {
         let old = now.duration_since(*used).unwrap_or_default() > max_age;
-        if old || n >= keep {
+        if (old || n >= keep) && !in_use.contains(path) {
             tracing::info!(workspace = %path.display(), "removing a conversation's workspace no longer used");
             let _ = std::fs::remove_dir_all(path);
         }
@@ -204,25 +259,64 @@ mod tests {
         assert_ne!(first.attachments, second.attachments);
         first.prepare().unwrap();
         std::fs::write(first.dir.join("notes.md"), "turn 1").unwrap();
-        first.finish();
+        let none = InUse::default();
+        first.finish(&none);
         second.prepare().unwrap();
         assert!(
             first.dir.join("notes.md").exists(),
             "kept for the next turn"
         );
-        second.finish();
+        second.finish(&none);
         // Pruned: the least recently used beyond the count, and the old.
         other.prepare().unwrap();
-        other.finish();
-        prune(&root.path().join("conversations"), CONVERSATION_MAX_AGE, 1);
+        other.finish(&none);
+        let all = root.path().join("conversations");
+        prune(&all, CONVERSATION_MAX_AGE, 1, &HashSet::new());
         assert!(other.dir.exists() && !first.dir.exists());
-        prune(&root.path().join("conversations"), Duration::ZERO, 10);
+        prune(&all, Duration::ZERO, 10, &HashSet::new());
         assert!(!other.dir.exists());
         // A task outside a conversation: its own folder, removed after.
         let lone = Workspace::of(root.path(), "t4", 4, None);
         lone.prepare().unwrap();
-        lone.finish();
+        lone.finish(&none);
         assert!(!lone.dir.exists());
+    }
+
+    /// Issue 31: another sender's many conversations made the prune remove the folder of a
+    /// conversation whose task was running in it.
+    #[test]
+    fn a_conversation_in_use_is_never_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        let in_use = InUse::default();
+        let running = Workspace::of(root.path(), "t1", 1, Some("boss\nbusy"));
+        running.prepare().unwrap();
+        let holding = in_use.hold(&running).expect("a conversation is held");
+        let twice = in_use.hold(&running);
+        for n in 0..CONVERSATIONS_KEPT + 5 {
+            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
+            other.prepare().unwrap();
+            other.finish(&in_use);
+        }
+        assert!(running.dir.exists(), "in use");
+        drop(holding);
+        prune(
+            &root.path().join("conversations"),
+            Duration::ZERO,
+            1,
+            &in_use.now(),
+        );
+        assert!(running.dir.exists(), "still held by its second task");
+        drop(twice);
+        prune(
+            &root.path().join("conversations"),
+            Duration::ZERO,
+            1,
+            &in_use.now(),
+        );
+        assert!(!running.dir.exists());
+        assert!(in_use
+            .hold(&Workspace::of(root.path(), "t9", 9, None))
+            .is_none());
     }
 
     #[test]
