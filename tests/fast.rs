@@ -617,7 +617,9 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
     let before = rig.dispatcher.outbox_rounds();
     tokio::time::sleep(Duration::from_secs(60)).await;
     let rounds = rig.dispatcher.outbox_rounds() - before;
-    assert!(rounds <= 15, "{rounds} rounds in a minute of outage");
+    // A try of the server every 5 s at most (sooner while its backoff is short), and a wake
+    // for each mail queued: a dozen or so; polling made 6,000.
+    assert!(rounds <= 30, "{rounds} rounds in a minute of outage");
     rig.outbox.fail.store(0, Ordering::SeqCst);
     rig.outbox.result(task.task_id()).await;
     rig.shut().await;
