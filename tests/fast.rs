@@ -672,6 +672,76 @@ async fn a_replica_restarted_mid_task_acknowledges_it_once() {
     );
 }
 
+/// Issue 31: a hundred other conversations finishing made the prune remove the folder of a
+/// conversation whose task was running in it. A folder in use is never pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_conversations_folder_outlives_a_hundred_other_conversations() {
+    let profile = "command = \"sh\"\nargs = [\"-c\", \"case \\\"$AAMP_SESSION_KEY\\\" in busy*) sleep 600;; esac; echo done\"]\n";
+    let rig = Rig::new(
+        "profile = \"conv.toml\"\nmax_concurrent_tasks = 4",
+        &[("conv.toml", profile)],
+    );
+    let conversation = |key: &str| {
+        let mut task = rig.dispatch(BOSS, "Turn", "a turn");
+        if let Body::Dispatch(d) = &mut task.body {
+            d.session_key = Some(key.to_string());
+        }
+        task
+    };
+    let folders = rig.dir.path().join("state");
+    let conversations = || -> Vec<std::path::PathBuf> {
+        walk(&folders)
+            .into_iter()
+            .filter(|p| p.parent().is_some_and(|d| d.ends_with("conversations")))
+            .collect()
+    };
+    let busy = conversation("busy");
+    rig.deliver(&busy);
+    rig.outbox
+        .until("the busy task's ack", |s| {
+            s.iter().any(|m| m.task_id() == busy.task_id())
+        })
+        .await;
+    let held = loop {
+        if let [one] = conversations().as_slice() {
+            break one.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let others: Vec<AampMessage> = (0..105)
+        .map(|n| conversation(&format!("other-{n}")))
+        .collect();
+    for task in &others {
+        rig.deliver(task);
+    }
+    rig.outbox
+        .until("the others' results", |s| {
+            s.iter()
+                .filter(|m| m.intent() == Intent::TaskResult)
+                .count()
+                == others.len()
+        })
+        .await;
+    assert!(
+        held.exists(),
+        "the running conversation's folder was pruned"
+    );
+    assert!(conversations().len() <= 101, "{}", conversations().len());
+    rig.shut().await;
+}
+
+/// Every folder below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.push(entry.path());
+            out.extend(walk(&entry.path()));
+        }
+    }
+    out
+}
+
 /// Issue 18: tasks of equal priority ran as 34, 32, 31, 33, 35: each took its place in the
 /// slot queue when the runtime first polled it. Now the place is taken at delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
