@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 /// A conversation's folder unused this long is removed.
 pub const CONVERSATION_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
-/// The most conversation folders an agent keeps; the least recently used go first.
+/// The most conversation folders an agent keeps per sender; the least recently used go first.
 pub const CONVERSATIONS_KEPT: usize = 100;
 
 /// Where a task runs.
@@ -22,6 +22,9 @@ pub struct Workspace {
     pub attachments: String,
     /// A conversation's folder: kept after the run.
     pub kept: bool,
+    /// Where builds before the per-sender count kept this conversation's folder (moved to
+    /// `dir` at its next turn, so the agent's files and sessions there carry over).
+    pub legacy: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -30,16 +33,26 @@ impl Workspace {
         match scope {
             Some(scope) => {
                 let name = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, scope.as_bytes());
+                // The sender's tag first, so the prune counts each sender's conversations.
+                let sender = scope.split('\n').next().unwrap_or_default();
+                let tag = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, sender.as_bytes());
+                let all = root.join("conversations");
                 Workspace {
-                    dir: root.join("conversations").join(name.simple().to_string()),
+                    dir: all.join(format!(
+                        "{}-{}",
+                        &tag.simple().to_string()[..8],
+                        name.simple()
+                    )),
                     attachments: format!("attachments/{row}"),
                     kept: true,
+                    legacy: Some(all.join(name.simple().to_string())),
                 }
             }
             None => Workspace {
                 dir: path(root, task_id, row),
                 attachments: "attachments".into(),
                 kept: false,
+                legacy: None,
             },
         }
     }
@@ -49,6 +62,11 @@ impl Workspace {
     pub fn prepare(&self) -> std::io::Result<()> {
         if !self.kept {
             return fresh(&self.dir);
+        }
+        if let Some(old) = self.legacy.as_ref().filter(|old| old.is_dir()) {
+            if !self.dir.exists() {
+                std::fs::rename(old, &self.dir)?;
+            }
         }
         make_private_dir(&self.dir)?;
         touch(&self.dir);
@@ -135,8 +153,10 @@ fn touch(dir: &Path) {
     let _ = std::fs::File::open(dir).and_then(|f| f.set_modified(SystemTime::now()));
 }
 
-/// Removes the folders in `dir` unused for longer than `max_age`, then the least recently
-/// used beyond `keep`; never one `in_use`.
+/// Removes the folders in `dir` unused for longer than `max_age`, then, per sender (the tag
+/// the folder's name starts with; folders of older builds count as one sender), the least
+/// recently used beyond `keep`; never one `in_use`. So no sender's conversations push out
+/// another's.
 pub fn prune(dir: &Path, max_age: Duration, keep: usize, in_use: &HashSet<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -154,9 +174,17 @@ pub fn prune(dir: &Path, max_age: Duration, keep: usize, in_use: &HashSet<PathBu
         })
         .collect();
     folders.sort_by_key(|f| std::cmp::Reverse(f.0));
-    for (n, (used, path)) in folders.iter().enumerate() {
-        let old = now.duration_since(*used).unwrap_or_default() > max_age;
-        if (old || n >= keep) && !in_use.contains(path) {
+    let mut per_sender: HashMap<String, usize> = HashMap::new();
+    for (used, path) in &folders {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let sender = match name.split_once('-') {
+            Some((tag, _)) if tag.len() == 8 => tag.to_string(),
+            _ => String::new(),
+        };
+        let n = per_sender.entry(sender).or_default();
+        let (rank, old) = (*n, now.duration_since(*used).unwrap_or_default() > max_age);
+        *n += 1;
+        if (old || rank >= keep) && !in_use.contains(path) {
             tracing::info!(workspace = %path.display(), "removing a conversation's workspace no longer used");
             let _ = std::fs::remove_dir_all(path);
         }
@@ -267,14 +295,17 @@ mod tests {
             "kept for the next turn"
         );
         second.finish(&none);
-        // Pruned: the least recently used beyond the count, and the old.
+        // Pruned: a sender's least recently used beyond the count, and the old.
         other.prepare().unwrap();
         other.finish(&none);
+        let newer = Workspace::of(root.path(), "t5", 5, Some("boss\nkey-2"));
+        newer.prepare().unwrap();
+        newer.finish(&none);
         let all = root.path().join("conversations");
         prune(&all, CONVERSATION_MAX_AGE, 1, &HashSet::new());
-        assert!(other.dir.exists() && !first.dir.exists());
+        assert!(newer.dir.exists() && other.dir.exists() && !first.dir.exists());
         prune(&all, Duration::ZERO, 10, &HashSet::new());
-        assert!(!other.dir.exists());
+        assert!(!other.dir.exists() && !newer.dir.exists());
         // A task outside a conversation: its own folder, removed after.
         let lone = Workspace::of(root.path(), "t4", 4, None);
         lone.prepare().unwrap();
@@ -317,6 +348,40 @@ mod tests {
         assert!(in_use
             .hold(&Workspace::of(root.path(), "t9", 9, None))
             .is_none());
+    }
+
+    /// Issue 31: the hundred conversations kept were counted per agent, so one sender's many
+    /// Session-Keys pushed out everyone else's. They are counted per sender, and a folder an
+    /// older build made (no sender tag) moves to its new name at the conversation's next turn.
+    #[test]
+    fn conversations_are_counted_per_sender_and_old_folders_carry_over() {
+        let root = tempfile::tempdir().unwrap();
+        let none = InUse::default();
+        let boss = Workspace::of(root.path(), "t1", 1, Some("boss\nmine"));
+        boss.prepare().unwrap();
+        std::fs::write(boss.dir.join("notes.md"), "mine").unwrap();
+        boss.finish(&none);
+        for n in 0..CONVERSATIONS_KEPT + 5 {
+            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
+            other.prepare().unwrap();
+            other.finish(&none);
+        }
+        assert!(
+            boss.dir.join("notes.md").exists(),
+            "another sender's do not count"
+        );
+        let eve = std::fs::read_dir(root.path().join("conversations"))
+            .unwrap()
+            .count()
+            - 1;
+        assert_eq!(eve, CONVERSATIONS_KEPT);
+        // A folder of an older build, named without the tag: its next turn finds it.
+        let later = Workspace::of(root.path(), "t3", 3, Some("carol\nold"));
+        let legacy = later.legacy.clone().unwrap();
+        make_private_dir(&legacy).unwrap();
+        std::fs::write(legacy.join("session.json"), "{}").unwrap();
+        later.prepare().unwrap();
+        assert!(later.dir.join("session.json").exists() && !legacy.exists());
     }
 
     #[test]
