@@ -574,6 +574,12 @@ async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
         "{claims}"
     );
     assert!(bridge.stop().success());
+    // The next start tries the parked tasks' claims again (the table is still full here).
+    let mut bridge = Bridge::start(&dir, 1);
+    for sent in [&first, &second] {
+        bridge.wait_event("task.parked", |e| e["taskId"] == sent.task_id());
+    }
+    assert!(bridge.stop().success());
 }
 
 /// Issue 31: the replica that lost a claim forgot the task, so a second delivery of the
@@ -702,4 +708,112 @@ async fn a_claim_on_one_copy_of_a_dispatch_holds_every_copy() {
             by: Some("r1".into())
         }
     );
+}
+
+/// Issue 31, at the size the issue asks: two replicas, 25 slots each, a 10 s lease renewed
+/// every 3.3 s and tasks of 15 s, answer 400 dispatches once each, which makes over 2,000
+/// claims and renewals on one mailbox of the test Cyrus (counted from the bridges' debug
+/// lines). Builds that wrote a keyword name per lease stopped after about a hundred.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_answer_400_dispatches_once_through_2000_claims_and_renewals() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
+    let dirs: Vec<ConfigDir> = ["r1", "r2"]
+        .iter()
+        .map(|name| {
+            let dir = ConfigDir::new(
+                host,
+                &support::Toml::new()
+                    .host_mailbox(
+                        host,
+                        "agent",
+                        &agent,
+                        &format!("replica = \"{name}\"\nlease_secs = 10\n"),
+                    )
+                    .agent(
+                        "agent",
+                        "sleeper.toml",
+                        &[&boss.email],
+                        "max_concurrent_tasks = 25",
+                    )
+                    .text(),
+            );
+            dir.write("sleeper.toml", &sleeper(15.0));
+            dir
+        })
+        .collect();
+    let env = [(
+        "AAMP_BRIDGE_LOG",
+        "info,aamp_bridge::dispatch::lifecycle=debug",
+    )];
+    let mut bridges: Vec<Bridge> = dirs
+        .iter()
+        .map(|d| Bridge::start_with_env(d, 1, &env))
+        .collect();
+    let started = std::time::Instant::now();
+    let mut peer = Peer::new(boss).await;
+    let mut tasks = Vec::new();
+    for n in 0..400 {
+        let sent = peer
+            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a while"))
+            .await;
+        tasks.push(sent.task_id().to_string());
+    }
+    for task in &tasks {
+        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(600))
+            .await;
+    }
+    let took = started.elapsed();
+    peer.settle(&via).await;
+    let takeovers: Vec<String> = bridges
+        .iter()
+        .flat_map(|b| {
+            b.log()
+                .lines()
+                .filter(|l| l.contains("taken over from") || l.contains("took the task over"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for task in &tasks {
+        let intents = peer.intents_for(task);
+        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
+        assert_eq!(
+            count(Intent::TaskAck),
+            1,
+            "{task}: {intents:?}; {takeovers:#?}"
+        );
+        assert_eq!(
+            count(Intent::TaskResult),
+            1,
+            "{task}: {intents:?}; {takeovers:#?}"
+        );
+    }
+    let ran = completed(&mut bridges);
+    assert_eq!(
+        ran.iter().map(HashSet::len).sum::<usize>(),
+        tasks.len(),
+        "{:?}",
+        ran.iter().map(HashSet::len).collect::<Vec<_>>()
+    );
+    let (mut claims, mut renewals) = (0, 0);
+    for b in &bridges {
+        let log = b.log();
+        claims += log
+            .lines()
+            .filter(|l| l.contains("claim won") || l.contains("claim lost"))
+            .count();
+        renewals += log.lines().filter(|l| l.contains("claim renewed")).count();
+    }
+    eprintln!(
+        "400 dispatches in {took:?}: {claims} claims and {renewals} renewals, {:?} run per replica",
+        ran.iter().map(HashSet::len).collect::<Vec<_>>()
+    );
+    assert!(
+        claims + renewals >= 2_000,
+        "{claims} claims and {renewals} renewals"
+    );
+    for b in bridges {
+        assert!(b.stop().success());
+    }
 }

@@ -76,23 +76,14 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
             }
         }
         for b in bounces {
-            // The server could not deliver the dispatch: no answer will come. Only a report
-            // of this dispatch, for the address it was sent to, that has not answered it.
+            // The server could not deliver the dispatch: no answer will come.
             let of_this = b
                 .notification
                 .message_id
                 .as_deref()
                 .map(crate::protocol::message::normalize_message_id)
                 == Some(crate::protocol::message::normalize_message_id(&message_id));
-            let unreached: Vec<&crate::protocol::dsn::Recipient> = b
-                .notification
-                .failed()
-                .filter(|r| {
-                    let address = crate::protocol::address(&r.address);
-                    address.eq_ignore_ascii_case(&crate::protocol::address(&args.to))
-                        && !answered.iter().any(|a| a.eq_ignore_ascii_case(&address))
-                })
-                .collect();
+            let unreached = unreached(&b.notification, &args.to, &answered);
             if !of_this || unreached.is_empty() {
                 if of_this {
                     eprintln!("ignored a delivery report naming no address that has not answered");
@@ -163,5 +154,54 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
             bail!("no result for task {task_id} within {}s (it may still come; the agent's mailbox is {})", args.timeout, args.to);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The recipients a delivery report of the dispatch says it never reached that count: the
+/// address it was sent to, only while that address has not answered (an ack or result from
+/// it shows the report is not true).
+fn unreached<'a>(
+    report: &'a crate::protocol::dsn::Notification,
+    to: &str,
+    answered: &[String],
+) -> Vec<&'a crate::protocol::dsn::Recipient> {
+    let to = crate::protocol::address(to);
+    report
+        .failed()
+        .filter(|r| {
+            let address = crate::protocol::address(&r.address);
+            address.eq_ignore_ascii_case(&to)
+                && !answered.iter().any(|a| a.eq_ignore_ascii_case(&address))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::protocol::dsn::{Notification, Recipient};
+
+    fn failed(address: &str) -> Recipient {
+        Recipient {
+            address: address.into(),
+            action: "failed".into(),
+            status: "5.1.1".into(),
+            diagnostic: None,
+        }
+    }
+
+    #[test]
+    fn a_report_counts_only_for_the_address_dispatched_to_while_it_has_not_answered() {
+        let report = Notification {
+            message_id: Some("<d@x.test>".into()),
+            task_id: None,
+            intent: None,
+            recipients: vec![failed("Agent@X.test"), failed("other@x.test")],
+        };
+        let to = "Helper <agent@x.test>";
+        let unreached = super::unreached(&report, to, &[]);
+        assert_eq!(unreached.len(), 1);
+        assert_eq!(unreached[0].address, "Agent@X.test");
+        assert!(super::unreached(&report, to, &["agent@x.test".into()]).is_empty());
+        assert!(super::unreached(&report, "third@x.test", &[]).is_empty());
     }
 }

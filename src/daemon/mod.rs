@@ -126,12 +126,15 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
             retry_on_new_credentials(dispatcher.clone(), outbox_stop.clone())
                 .instrument(span.clone()),
         );
+        let back = dispatcher.clone();
         let deliver = move |inbound| {
             dispatcher
                 .deliver(inbound)
                 .map_err(|e| Box::new(e) as intake::DeliverError)
         };
-        let link = crate::mailbox::link::Link::new(config.state().link(&agent.name));
+        // The mailbox answering again is the outbox's cue to try its server at once.
+        let link = crate::mailbox::link::Link::new(config.state().link(&agent.name))
+            .on_back(move || back.server_back());
         let name = agent.name.clone();
         match intake {
             Intake::Aamp(mailbox) => services.spawn(

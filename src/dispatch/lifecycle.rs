@@ -125,6 +125,8 @@ impl<O: Backend> Dispatcher<O> {
         // The workspace and the mail's attachments are made ready before the task asks for a
         // slot: downloads never hold one.
         let workspace = self.workspace_of(&task);
+        // Its conversation's folder is not pruned while the task waits or runs in it.
+        let _in_use = inner.conversations.hold(&workspace);
         let prepared = tokio::select! {
             p = self.prepare(&workspace, &task.extras.attachments) => Some(p),
             _ = cancel.cancelled() => None,
@@ -355,6 +357,7 @@ impl<O: Backend> Dispatcher<O> {
                         }
                         _ => format!("by replica {by}"),
                     };
+                    tracing::debug!(%detail, "claim won");
                     self.note(task.row, "claimed", Some(&detail));
                     let ack = self.compose(&task.env, &task.key, Body::Ack, 0);
                     if let Err(e) = self.enqueue(task, &ack) {
@@ -362,7 +365,10 @@ impl<O: Backend> Dispatcher<O> {
                     }
                     return Some(Ok(won));
                 }
-                Ok(lost) => return Some(Ok(lost)),
+                Ok(lost) => {
+                    tracing::debug!(outcome = ?lost, "claim lost");
+                    return Some(Ok(lost));
+                }
                 Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
                     return Some(Err(e.to_string()));
                 }
@@ -387,10 +393,13 @@ impl<O: Backend> Dispatcher<O> {
         cancel: &CancellationToken,
         lost: &std::sync::atomic::AtomicBool,
     ) {
+        // A renewal the server refuses for good is said once (the task runs on; its lease
+        // may end, and another replica then take it over), then tried again quietly.
+        let mut refused = false;
         loop {
             tokio::time::sleep(replica.lease / 3).await;
             match self.inner.outbox.renew_claim(&task.extras.email_id).await {
-                Ok(true) => {}
+                Ok(true) => tracing::debug!("claim renewed"),
                 Ok(false) => {
                     tracing::warn!("another bridge took the task over (this one did not renew its claim in time); stopping it here");
                     lost.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -398,6 +407,13 @@ impl<O: Backend> Dispatcher<O> {
                     // The run ends on the cancel; this branch then loses the race or wins it
                     // with the same outcome.
                     std::future::pending::<()>().await;
+                }
+                Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
+                    if !refused {
+                        tracing::error!(error = %e, "the server refuses to renew the task's claim; the task runs on, and may be taken over once its lease ends");
+                        self.note(task.row, "claim renewal refused", Some(&e.to_string()));
+                    }
+                    refused = true;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not renew the task's claim; trying again")
@@ -409,7 +425,7 @@ impl<O: Backend> Dispatcher<O> {
     /// The task is no longer here: its own folder goes (a conversation's stays for its next
     /// turn), and a cancel no longer finds it running.
     fn leave(&self, task: &Task, workspace: &workspace::Workspace) {
-        workspace.finish();
+        workspace.finish(&self.inner.conversations);
         self.inner
             .running
             .lock()
@@ -737,7 +753,7 @@ impl<O: Backend> Dispatcher<O> {
         workspace.prepare()?;
         let saved = self.save_attachments(workspace, attachments).await;
         if saved.is_err() {
-            workspace.finish();
+            workspace.finish(&self.inner.conversations);
         }
         saved
     }

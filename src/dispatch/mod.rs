@@ -294,6 +294,10 @@ struct Inner<O> {
     wake: Notify,
     /// Rounds the outbox worker made (see [`Dispatcher::outbox_rounds`]).
     outbox_rounds: std::sync::atomic::AtomicU64,
+    /// The mailbox answers again ([`Dispatcher::server_back`]): the outbox tries at once.
+    server_back: std::sync::atomic::AtomicBool,
+    /// Conversation folders a queued or running task uses: never pruned.
+    conversations: workspace::InUse,
 }
 
 /// One agent's task lifecycle. Cheap to clone.
@@ -339,6 +343,8 @@ impl<O: Backend> Dispatcher<O> {
                 abort,
                 wake: Notify::new(),
                 outbox_rounds: std::sync::atomic::AtomicU64::new(0),
+                server_back: std::sync::atomic::AtomicBool::new(false),
+                conversations: workspace::InUse::default(),
             }),
         }
     }

@@ -86,6 +86,13 @@ impl<O: Backend> Dispatcher<O> {
         }
     }
 
+    /// The agent's mailbox answers again after an outage (its link came up): mail waiting
+    /// for the server is tried now, not at the next probe.
+    pub fn server_back(&self) {
+        self.inner.server_back.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_one();
+    }
+
     /// How many rounds the outbox worker has made (each reads the journal once or more):
     /// for tests and figures, as an idle worker must make none.
     pub fn outbox_rounds(&self) -> u64 {
@@ -115,6 +122,11 @@ impl<O: Backend> Dispatcher<O> {
         let journal = &self.inner.journal;
         let agent = self.spec().name.clone();
         self.inner.outbox_rounds.fetch_add(1, Ordering::Relaxed);
+        if self.inner.server_back.swap(false, Ordering::SeqCst) {
+            if let Some(at) = probe.as_mut() {
+                *at = Instant::now();
+            }
+        }
         loop {
             let due = match *probe {
                 // The probe: a due mail if there is one (a mail that fails on its own account

@@ -27,7 +27,9 @@ impl<O: Backend> Dispatcher<O> {
                     continue;
                 }
             };
-            let key = inbound.message_key();
+            // The key it was recorded under: its answers' Message-IDs are derived from it, so
+            // an ack made again (a replica's claim won again) is the same mail as before.
+            let key = left.message_key.clone();
             let Body::Dispatch(dispatch) = inbound.message.body else {
                 continue;
             };

@@ -4,13 +4,14 @@
 //! to turn so that agents which key their sessions by folder (Claude Code) can continue them,
 //! and pruned by age and count. And safe names for the files a mail brings.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// A conversation's folder unused this long is removed.
 pub const CONVERSATION_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
-/// The most conversation folders an agent keeps; the least recently used go first.
+/// The most conversation folders an agent keeps per sender; the least recently used go first.
 pub const CONVERSATIONS_KEPT: usize = 100;
 
 /// Where a task runs.
@@ -21,6 +22,9 @@ pub struct Workspace {
     pub attachments: String,
     /// A conversation's folder: kept after the run.
     pub kept: bool,
+    /// Where builds before the per-sender count kept this conversation's folder (moved to
+    /// `dir` at its next turn, so the agent's files and sessions there carry over).
+    pub legacy: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -29,16 +33,26 @@ impl Workspace {
         match scope {
             Some(scope) => {
                 let name = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, scope.as_bytes());
+                // The sender's tag first, so the prune counts each sender's conversations.
+                let sender = scope.split('\n').next().unwrap_or_default();
+                let tag = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, sender.as_bytes());
+                let all = root.join("conversations");
                 Workspace {
-                    dir: root.join("conversations").join(name.simple().to_string()),
+                    dir: all.join(format!(
+                        "{}-{}",
+                        &tag.simple().to_string()[..8],
+                        name.simple()
+                    )),
                     attachments: format!("attachments/{row}"),
                     kept: true,
+                    legacy: Some(all.join(name.simple().to_string())),
                 }
             }
             None => Workspace {
                 dir: path(root, task_id, row),
                 attachments: "attachments".into(),
                 kept: false,
+                legacy: None,
             },
         }
     }
@@ -49,6 +63,11 @@ impl Workspace {
         if !self.kept {
             return fresh(&self.dir);
         }
+        if let Some(old) = self.legacy.as_ref().filter(|old| old.is_dir()) {
+            if !self.dir.exists() {
+                std::fs::rename(old, &self.dir)?;
+            }
+        }
         make_private_dir(&self.dir)?;
         touch(&self.dir);
         match std::fs::remove_dir_all(self.dir.join(&self.attachments)) {
@@ -58,8 +77,8 @@ impl Workspace {
     }
 
     /// After the run: a task's folder removed; a conversation's marked used, and the
-    /// agent's conversations pruned.
-    pub fn finish(&self) {
+    /// agent's conversations pruned, but for those `in_use`.
+    pub fn finish(&self, in_use: &InUse) {
         if !self.kept {
             if let Err(e) = std::fs::remove_dir_all(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -70,7 +89,61 @@ impl Workspace {
         }
         touch(&self.dir);
         if let Some(all) = self.dir.parent() {
-            prune(all, CONVERSATION_MAX_AGE, CONVERSATIONS_KEPT);
+            prune(all, CONVERSATION_MAX_AGE, CONVERSATIONS_KEPT, &in_use.now());
+        }
+    }
+}
+
+/// The conversation folders in use: a task of the conversation is queued or running there
+/// (its attachments already saved in it, maybe). A prune never removes one, however many
+/// other conversations (another sender's, say) were used since.
+#[derive(Clone, Debug, Default)]
+pub struct InUse(Arc<Mutex<HashMap<PathBuf, usize>>>);
+
+impl InUse {
+    /// Holds `workspace`'s folder while the returned guard lives (nothing for a task's own
+    /// folder, which no prune touches).
+    pub fn hold(&self, workspace: &Workspace) -> Option<Holding> {
+        if !workspace.kept {
+            return None;
+        }
+        *self
+            .0
+            .lock()
+            .expect("in-use lock")
+            .entry(workspace.dir.clone())
+            .or_default() += 1;
+        Some(Holding {
+            set: self.clone(),
+            dir: workspace.dir.clone(),
+        })
+    }
+
+    fn now(&self) -> HashSet<PathBuf> {
+        self.0
+            .lock()
+            .expect("in-use lock")
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+/// A conversation folder held in use (see [`InUse::hold`]).
+#[derive(Debug)]
+pub struct Holding {
+    set: InUse,
+    dir: PathBuf,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut held = self.set.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.dir) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.dir);
+            }
         }
     }
 }
@@ -80,9 +153,11 @@ fn touch(dir: &Path) {
     let _ = std::fs::File::open(dir).and_then(|f| f.set_modified(SystemTime::now()));
 }
 
-/// Removes the folders in `dir` unused for longer than `max_age`, then the least recently
-/// used beyond `keep`.
-pub fn prune(dir: &Path, max_age: Duration, keep: usize) {
+/// Removes the folders in `dir` unused for longer than `max_age`, then, per sender (the tag
+/// the folder's name starts with; folders of older builds count as one sender), the least
+/// recently used beyond `keep`; never one `in_use`. So no sender's conversations push out
+/// another's.
+pub fn prune(dir: &Path, max_age: Duration, keep: usize, in_use: &HashSet<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -99,9 +174,17 @@ pub fn prune(dir: &Path, max_age: Duration, keep: usize) {
         })
         .collect();
     folders.sort_by_key(|f| std::cmp::Reverse(f.0));
-    for (n, (used, path)) in folders.iter().enumerate() {
-        let old = now.duration_since(*used).unwrap_or_default() > max_age;
-        if old || n >= keep {
+    let mut per_sender: HashMap<String, usize> = HashMap::new();
+    for (used, path) in &folders {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let sender = match name.split_once('-') {
+            Some((tag, _)) if tag.len() == 8 => tag.to_string(),
+            _ => String::new(),
+        };
+        let n = per_sender.entry(sender).or_default();
+        let (rank, old) = (*n, now.duration_since(*used).unwrap_or_default() > max_age);
+        *n += 1;
+        if (old || rank >= keep) && !in_use.contains(path) {
             tracing::info!(workspace = %path.display(), "removing a conversation's workspace no longer used");
             let _ = std::fs::remove_dir_all(path);
         }
@@ -204,25 +287,101 @@ mod tests {
         assert_ne!(first.attachments, second.attachments);
         first.prepare().unwrap();
         std::fs::write(first.dir.join("notes.md"), "turn 1").unwrap();
-        first.finish();
+        let none = InUse::default();
+        first.finish(&none);
         second.prepare().unwrap();
         assert!(
             first.dir.join("notes.md").exists(),
             "kept for the next turn"
         );
-        second.finish();
-        // Pruned: the least recently used beyond the count, and the old.
+        second.finish(&none);
+        // Pruned: a sender's least recently used beyond the count, and the old.
         other.prepare().unwrap();
-        other.finish();
-        prune(&root.path().join("conversations"), CONVERSATION_MAX_AGE, 1);
-        assert!(other.dir.exists() && !first.dir.exists());
-        prune(&root.path().join("conversations"), Duration::ZERO, 10);
-        assert!(!other.dir.exists());
+        other.finish(&none);
+        let newer = Workspace::of(root.path(), "t5", 5, Some("boss\nkey-2"));
+        newer.prepare().unwrap();
+        newer.finish(&none);
+        let all = root.path().join("conversations");
+        prune(&all, CONVERSATION_MAX_AGE, 1, &HashSet::new());
+        assert!(newer.dir.exists() && other.dir.exists() && !first.dir.exists());
+        prune(&all, Duration::ZERO, 10, &HashSet::new());
+        assert!(!other.dir.exists() && !newer.dir.exists());
         // A task outside a conversation: its own folder, removed after.
         let lone = Workspace::of(root.path(), "t4", 4, None);
         lone.prepare().unwrap();
-        lone.finish();
+        lone.finish(&none);
         assert!(!lone.dir.exists());
+    }
+
+    /// Issue 31: another sender's many conversations made the prune remove the folder of a
+    /// conversation whose task was running in it.
+    #[test]
+    fn a_conversation_in_use_is_never_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        let in_use = InUse::default();
+        let running = Workspace::of(root.path(), "t1", 1, Some("boss\nbusy"));
+        running.prepare().unwrap();
+        let holding = in_use.hold(&running).expect("a conversation is held");
+        let twice = in_use.hold(&running);
+        for n in 0..CONVERSATIONS_KEPT + 5 {
+            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
+            other.prepare().unwrap();
+            other.finish(&in_use);
+        }
+        assert!(running.dir.exists(), "in use");
+        drop(holding);
+        prune(
+            &root.path().join("conversations"),
+            Duration::ZERO,
+            1,
+            &in_use.now(),
+        );
+        assert!(running.dir.exists(), "still held by its second task");
+        drop(twice);
+        prune(
+            &root.path().join("conversations"),
+            Duration::ZERO,
+            1,
+            &in_use.now(),
+        );
+        assert!(!running.dir.exists());
+        assert!(in_use
+            .hold(&Workspace::of(root.path(), "t9", 9, None))
+            .is_none());
+    }
+
+    /// Issue 31: the hundred conversations kept were counted per agent, so one sender's many
+    /// Session-Keys pushed out everyone else's. They are counted per sender, and a folder an
+    /// older build made (no sender tag) moves to its new name at the conversation's next turn.
+    #[test]
+    fn conversations_are_counted_per_sender_and_old_folders_carry_over() {
+        let root = tempfile::tempdir().unwrap();
+        let none = InUse::default();
+        let boss = Workspace::of(root.path(), "t1", 1, Some("boss\nmine"));
+        boss.prepare().unwrap();
+        std::fs::write(boss.dir.join("notes.md"), "mine").unwrap();
+        boss.finish(&none);
+        for n in 0..CONVERSATIONS_KEPT + 5 {
+            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
+            other.prepare().unwrap();
+            other.finish(&none);
+        }
+        assert!(
+            boss.dir.join("notes.md").exists(),
+            "another sender's do not count"
+        );
+        let eve = std::fs::read_dir(root.path().join("conversations"))
+            .unwrap()
+            .count()
+            - 1;
+        assert_eq!(eve, CONVERSATIONS_KEPT);
+        // A folder of an older build, named without the tag: its next turn finds it.
+        let later = Workspace::of(root.path(), "t3", 3, Some("carol\nold"));
+        let legacy = later.legacy.clone().unwrap();
+        make_private_dir(&legacy).unwrap();
+        std::fs::write(legacy.join("session.json"), "{}").unwrap();
+        later.prepare().unwrap();
+        assert!(later.dir.join("session.json").exists() && !legacy.exists());
     }
 
     #[test]

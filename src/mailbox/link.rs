@@ -86,6 +86,9 @@ pub fn read(path: &std::path::Path) -> Option<LinkState> {
 pub struct Link {
     path: PathBuf,
     state: Mutex<LinkState>,
+    /// Called when the mailbox answers again after it could not be reached (the daemon
+    /// tells the agent's outbox, whose mail goes to the same server).
+    on_back: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Link {
@@ -99,14 +102,22 @@ impl Link {
                 last_error: None,
                 credentials: None,
             }),
+            on_back: None,
         };
         link.save(&link.state.lock().expect("link lock"));
         link
     }
 
+    /// `back` is called each time the mailbox answers again after it was unreachable.
+    pub fn on_back(mut self, back: impl Fn() + Send + Sync + 'static) -> Link {
+        self.on_back = Some(Box::new(back));
+        self
+    }
+
     /// Records the mailbox's reachability (and the error, if any).
     pub fn mailbox(&self, reach: Reach, error: Option<String>) {
         let mut state = self.state.lock().expect("link lock");
+        let back = state.mailbox == Reach::Unreachable && reach == Reach::Connected;
         if state.mailbox != reach {
             state.since = crate::events::now_rfc3339();
         }
@@ -117,6 +128,10 @@ impl Link {
         }
         if changed {
             self.save(&state);
+        }
+        drop(state);
+        if let (true, Some(on_back)) = (back, &self.on_back) {
+            on_back();
         }
     }
 

@@ -23,6 +23,8 @@ pub struct FakeBackend {
     /// This bridge is one of several replicas (`replica` in its mailbox), and every claim it
     /// makes is lost to replica r9 once the gate is open.
     pub claims: Option<Claims>,
+    /// This bridge is one of several replicas, and wins every claim it makes.
+    pub wins: bool,
 }
 
 /// Claims held at a gate, counted: made, dropped before the gate opened (the caller gave up
@@ -126,6 +128,9 @@ impl Backend for FakeBackend {
     async fn close_stream(&self, _: &str, _: serde_json::Value) {}
 
     async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
+        if self.wins {
+            return Ok(ClaimOutcome::Won);
+        }
         let Some(claims) = &self.claims else {
             return Ok(ClaimOutcome::Won);
         };

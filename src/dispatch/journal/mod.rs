@@ -168,6 +168,9 @@ pub struct Pending {
 #[derive(Clone, Debug)]
 pub struct Unfinished {
     pub id: i64,
+    /// The key it was recorded under (sender and Message-ID), from which its answers'
+    /// Message-IDs are derived.
+    pub message_key: String,
     pub state: TaskState,
     pub mail: String,
     pub runs: u32,

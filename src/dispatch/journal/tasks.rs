@@ -169,7 +169,7 @@ impl Journal {
     pub fn unfinished(&self, agent: &str) -> Result<Vec<Unfinished>, JournalError> {
         self.with(|c| {
             let mut stmt = c.prepare(
-                "SELECT id, state, mail, runs, pgid FROM tasks
+                "SELECT id, state, mail, runs, pgid, message_key FROM tasks
                  WHERE agent = ?1 AND admitted = 1 AND state IN ('received', 'acked', 'running', 'help_needed', 'parked')
                  ORDER BY id",
             )?;
@@ -181,6 +181,7 @@ impl Journal {
                     mail: r.get(2)?,
                     runs: r.get(3)?,
                     pgid: r.get(4)?,
+                    message_key: r.get(5)?,
                 })
             })?;
             rows.collect()

@@ -8,6 +8,10 @@ pub struct Sender {
     smtp: SmtpSender,
     /// A JMAP connection of its own, for downloads and Sent copies (the intake owns the other).
     jmap: tokio::sync::Mutex<JmapClient>,
+    /// With `replica`: a JMAP connection for renewing and finishing claims only, so a renewal
+    /// never waits behind claims (which hold their connection through their retries) and a
+    /// lease does not run out while its task runs because other tasks were being claimed.
+    leases: tokio::sync::Mutex<JmapClient>,
     save_sent: bool,
     sent_mailbox: tokio::sync::Mutex<Option<String>>,
     account: Account,
@@ -15,6 +19,17 @@ pub struct Sender {
     /// Sent copies handed to a [`SentCopies`] worker, off the reply's path; `None` until one
     /// is made (then copies are kept inline).
     copies: Option<tokio::sync::mpsc::Sender<protocol::RenderedMail>>,
+}
+
+/// `jmap` locked, connected.
+async fn connect(
+    jmap: &tokio::sync::Mutex<JmapClient>,
+) -> Result<tokio::sync::MutexGuard<'_, JmapClient>, MailboxError> {
+    let mut jmap = jmap.lock().await;
+    if jmap.session().is_none() {
+        jmap.connect().await?;
+    }
+    Ok(jmap)
 }
 
 /// Sent copies waiting to be kept, at most this many; past it a copy is kept inline.
@@ -99,6 +114,7 @@ impl Sender {
         Ok(Sender {
             smtp: SmtpSender::new(account)?,
             jmap: tokio::sync::Mutex::new(JmapClient::new(account)?),
+            leases: tokio::sync::Mutex::new(JmapClient::new(account)?),
             save_sent: account.save_sent,
             sent_mailbox: tokio::sync::Mutex::new(None),
             account: account.clone(),
@@ -148,11 +164,7 @@ impl Sender {
 
     /// This sender's JMAP connection, connected.
     async fn connected(&self) -> Result<tokio::sync::MutexGuard<'_, JmapClient>, MailboxError> {
-        let mut jmap = self.jmap.lock().await;
-        if jmap.session().is_none() {
-            jmap.connect().await?;
-        }
-        Ok(jmap)
+        connect(&self.jmap).await
     }
 
     /// Claims a dispatch's mail for this replica (see [`super::claims`]); won at once when
@@ -170,7 +182,7 @@ impl Sender {
         let Some(replica) = &self.account.replica else {
             return Ok(true);
         };
-        let jmap = self.connected().await?;
+        let jmap = connect(&self.leases).await?;
         super::claims::renew(&jmap, email_id, &replica.name, replica.lease).await
     }
 
@@ -179,7 +191,7 @@ impl Sender {
         if self.account.replica.is_none() {
             return Ok(());
         }
-        let jmap = self.connected().await?;
+        let jmap = connect(&self.leases).await?;
         super::claims::finish(&jmap, email_id).await
     }
 
