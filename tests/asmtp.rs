@@ -1401,3 +1401,60 @@ async fn an_envelope_over_the_size_limit_is_answered_rejected_unread() {
     assert!(!fetched_big, "the large envelope was fetched");
     operator.no_invalid();
 }
+
+/// Issue 36, item 4, on ASMTP: an envelope already read before the bridge's first start (a
+/// person fetched it) was never answered while the unread ones were. With `skip_backlog`
+/// unset, a first start now also answers the newest read envelopes that no envelope the agent
+/// sent answers (its outbound feed, `direction=out`, names what each of its envelopes
+/// answers); one the agent answered before is left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_envelope_read_before_the_first_start_is_answered_unless_answered_before() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let looked = operator
+        .send(
+            "@alice.boss",
+            "@alice.coder",
+            "Looked",
+            "looked at, not answered",
+        )
+        .await;
+    let done = operator
+        .send("@alice.boss", "@alice.coder", "Done", "answered before")
+        .await;
+    // A person reads both as the agent; the agent answered one of them before.
+    operator
+        .call(
+            "@alice.coder",
+            reqwest::Method::GET,
+            &format!("/messages?ids={looked},{done}"),
+            None,
+        )
+        .await;
+    operator
+        .post(
+            "@alice.coder",
+            json!({"id": ulid(), "to": ["@alice.boss"], "in_reply_to": done, "references": [done],
+                   "date_ms": 1_764_000_000_000u64,
+                   "content_parts": [{"type": "text", "text": "done earlier"}]}),
+        )
+        .await;
+    let unread = operator
+        .send("@alice.boss", "@alice.coder", "Unread", "never opened")
+        .await;
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let bridge = Bridge::start(&dir, 1);
+    let reply = operator.replies("@alice.boss", &looked).await;
+    assert!(text_of(&reply[0]).contains("looked at"), "{reply:?}");
+    operator.replies("@alice.boss", &unread).await;
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "after")
+        .await;
+    operator.replies("@alice.boss", &later).await;
+    assert!(bridge.stop().success());
+    assert_eq!(
+        operator.replies("@alice.boss", &done).await.len(),
+        1,
+        "answered once, before the bridge"
+    );
+    operator.no_invalid();
+}

@@ -3,7 +3,8 @@ Node 24) and a real aamp-bridge: the unread backlog at the first start, three tu
 `robotnet send --in-reply-to` sends them, a 3 MB answer, 40 envelopes at once (created_at
 ties), an operator restart (1001), a reply refused with 404, a rotated token, nothing
 answered twice; issue 37: the rotated token written to token_file, with SIGHUP and without,
-the task that waited answered within 5 s; issue 36: files handed over go as file parts. Run
+the task that waited answered within 5 s; issue 36: files handed over go as file parts, an envelope read before a first start answered
+without answering the others again. Run
 by run.sh."""
 import atexit, hashlib, json, socket, os, random, signal, subprocess, sys, time, urllib.request, tempfile, threading
 
@@ -205,6 +206,16 @@ filed = send("make the files")
 r = replies(filed)
 names = [p.get("name") for p in r[0]["content_parts"] if p["type"] == "file"] if r else []
 results["files handed over go as file parts"] = (names == ["report.md", "data.csv"], names)
+stop()
+
+# Issue 36, item 4: an envelope a person read (as the agent) before the first start (a fresh
+# state folder) is answered; the ones answered before are not answered again (below).
+open(f"{cfg}/config.toml", "w").write(conf.replace('state_dir = "state"', 'state_dir = "state-fresh"'))
+looked = send("looked at before the first start")
+call("GET", f"/messages?ids={looked}", None, open(f"{cfg}/asmtp.token").read().strip())
+t0 = time.time(); start()
+r = replies(looked); results["read before the first start answered once"] = (len(r) == 1, time.time() - t0)
+time.sleep(5)  # what a wrong first start would answer again has time to show below
 stop()
 # Nothing answered twice.
 _, l = call("GET", "/mailbox?direction=in&order=asc&limit=1000", None, tokens["@alice.boss"])

@@ -30,7 +30,7 @@ row with no `created_at`.
   POST /messages                       envelope (client id, no from) -> 202
   GET  /messages?ids=a,b               {envelopes: [...]}, marks read
   GET  /messages/{id}                  the envelope, marks read
-  GET  /mailbox?direction=in&order=asc|desc&limit=&unread=&after_created_at=&after_envelope_id=
+  GET  /mailbox?direction=in|out&order=asc|desc&limit=&unread=true|false&after_created_at=&after_envelope_id=
   POST /mailbox/read                   {ids: [...]}
   POST /files                          multipart/form-data, one `file` field -> 201 {id, ...}
   GET  /files/{id}                     the bytes (uploader, or a party to its envelope)
@@ -228,6 +228,10 @@ def header_of(row):
         "created_at": row["created_at"],
         "date_ms": row["date_ms"],
     }
+    if row["subject"] is not None:
+        frame["subject"] = row["subject"]
+    if row["in_reply_to"] is not None:
+        frame["in_reply_to"] = row["in_reply_to"]
     if row["size_hint"] is not None:
         frame["size_hint"] = row["size_hint"]
     if "cc" in body:
@@ -550,8 +554,11 @@ class Handler(BaseHTTPRequestHandler):
                 db.commit()
                 return 200, malformed(json.loads(db.execute("SELECT body_json FROM envelopes WHERE id = ?", (eid,)).fetchone()["body_json"]))
         if method == "GET" and path == "/mailbox":
-            if query.get("direction", "in") != "in":
-                raise bad("INVALID_QUERY", "this test operator serves direction=in")
+            direction = query.get("direction", "in")
+            if direction not in ("in", "out"):
+                raise bad("INVALID_QUERY", "this test operator serves direction=in and out")
+            if query.get("unread") == "true" and direction != "in":
+                raise bad("INVALID_QUERY", "unread=true is only meaningful with direction=in (recipient feed)")
             order = query.get("order", "asc")
             if order not in ("asc", "desc"):
                 raise bad("INVALID_QUERY", "order must be 'asc' or 'desc'")
@@ -561,19 +568,27 @@ class Handler(BaseHTTPRequestHandler):
             after_at, after_id = query.get("after_created_at"), query.get("after_envelope_id")
             if (after_at is None) != (after_id is None):
                 raise bad("INVALID_QUERY", "after_created_at and after_envelope_id must be supplied together")
-            sql = "SELECT e.*, m.created_at AS listed FROM mailbox m JOIN envelopes e ON e.id = m.envelope_id WHERE m.handle = ?"
+            if direction == "in":
+                sql = "SELECT e.*, m.created_at AS listed FROM mailbox m JOIN envelopes e ON e.id = m.envelope_id WHERE m.handle = ?"
+            else:
+                # As the reference: the caller's own envelopes, anchored on their created_at.
+                sql = "SELECT e.*, e.created_at AS listed FROM envelopes e WHERE e.sender = ?"
             params = [caller]
             if query.get("unread") == "true":
                 sql += " AND m.unread = 1"
+            elif query.get("unread") == "false" and direction == "in":
+                sql += " AND m.unread = 0"
             if after_at is not None:
                 if not after_at.isdigit():
                     raise bad("INVALID_QUERY", "after_created_at must be a non-negative integer")
                 envelope_id(after_id, "after_envelope_id")
                 cmp = ">" if order == "asc" else "<"
-                sql += f" AND (m.created_at {cmp} ? OR (m.created_at = ? AND m.envelope_id {cmp} ?))"
+                col, idcol = ("m.created_at", "m.envelope_id") if direction == "in" else ("e.created_at", "e.id")
+                sql += f" AND ({col} {cmp} ? OR ({col} = ? AND {idcol} {cmp} ?))"
                 params += [int(after_at), int(after_at), after_id]
-            direction = "ASC" if order == "asc" else "DESC"
-            sql += f" ORDER BY m.created_at {direction}, m.envelope_id {direction} LIMIT ?"
+            sort = "ASC" if order == "asc" else "DESC"
+            col, idcol = ("m.created_at", "m.envelope_id") if direction == "in" else ("e.created_at", "e.id")
+            sql += f" ORDER BY {col} {sort}, {idcol} {sort} LIMIT ?"
             params.append(int(limit))
             with lock:
                 rows = db.execute(sql, params).fetchall()

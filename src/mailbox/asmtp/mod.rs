@@ -49,6 +49,9 @@ pub struct Header {
     pub created_at: i64,
     #[serde(default)]
     pub from: Option<String>,
+    /// The envelope it answers (rows of the agent's own envelopes name it).
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
     /// The envelope's size as the operator estimates it: its content parts' JSON length
     /// over four, rounded up, as the reference operator counts it (a token estimate, not
     /// bytes; older operators leave it out).
@@ -205,6 +208,10 @@ pub struct AsmtpClient {
     unreadable: std::sync::Arc<super::UnreadableLog>,
 }
 
+/// How many of the newest inbound envelopes a first start looks at for read ones the agent
+/// never answered.
+const FIRST_START_READ: usize = 100;
+
 /// How many questions [`AsmtpClient`] remembers.
 const QUESTIONS_KEPT: usize = 4096;
 
@@ -339,16 +346,30 @@ impl AsmtpClient {
         after: Option<(i64, &str)>,
         limit: usize,
     ) -> Result<(Vec<Header>, bool), MailboxError> {
+        self.rows("in", newest_first, unread.then_some(true), after, limit)
+            .await
+    }
+
+    /// One page of rows of the mailbox's `direction` (`in`: the agent's inbound feed;
+    /// `out`: what the agent sent), read (`Some(false)`) or unread (`Some(true)`) ones only.
+    async fn rows(
+        &self,
+        direction: &str,
+        newest_first: bool,
+        unread: Option<bool>,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> Result<(Vec<Header>, bool), MailboxError> {
         let mut query = vec![
-            ("direction", "in".to_string()),
+            ("direction", direction.to_string()),
             (
                 "order",
                 if newest_first { "desc" } else { "asc" }.to_string(),
             ),
             ("limit", limit.to_string()),
         ];
-        if unread {
-            query.push(("unread", "true".to_string()));
+        if let Some(unread) = unread {
+            query.push(("unread", unread.to_string()));
         }
         if let Some((created_at, id)) = after {
             query.push(("after_created_at", created_at.to_string()));
@@ -389,6 +410,28 @@ impl AsmtpClient {
                 return Ok(ids);
             }
         }
+    }
+
+    /// Read envelopes among the newest `limit` of the agent's inbound feed that no envelope
+    /// the agent sent (among its newest 1000) answers, oldest first: at a first start, the
+    /// tasks a person only looked at (fetching one marks it read).
+    pub async fn read_unanswered(&self, limit: usize) -> Result<Vec<Header>, MailboxError> {
+        let (read, _) = self.rows("in", true, Some(false), None, limit).await?;
+        if read.is_empty() {
+            return Ok(read);
+        }
+        let (sent, _) = self.rows("out", true, None, None, 1000).await?;
+        let answered: std::collections::HashSet<&str> = sent
+            .iter()
+            .filter_map(|h| h.in_reply_to.as_deref())
+            .collect();
+        let mut waiting: Vec<Header> = read
+            .iter()
+            .filter(|h| !answered.contains(h.id.as_str()))
+            .cloned()
+            .collect();
+        waiting.reverse();
+        Ok(waiting)
     }
 
     /// The newest envelope header, where a first start begins.
@@ -710,7 +753,15 @@ async fn catch_up(
             if !client.account.skip_backlog {
                 // Those over the size limit are answered now, never fetched.
                 let limit = client.account.max_message_bytes;
-                for header in client.unread_headers().await? {
+                // The unread, then those read before the first start (a person looked at
+                // them) that the agent never answered.
+                let mut waiting = client.unread_headers().await?;
+                for header in client.read_unanswered(FIRST_START_READ).await? {
+                    if !waiting.iter().any(|h| h.id == header.id) {
+                        waiting.push(header);
+                    }
+                }
+                for header in waiting {
                     match header.bytes().filter(|size| *size > limit) {
                         Some(size) => {
                             if let Some(mail) = client.refused(&header, size) {
