@@ -369,33 +369,6 @@ impl AmpClient {
     }
 }
 
-/// The files attached to a rendered mail: name, content type, bytes.
-fn attached_files(bytes: &[u8]) -> Vec<(String, String, Vec<u8>)> {
-    use mail_parser::MimeHeaders;
-    mail_parser::MessageParser::default()
-        .parse(bytes)
-        .map(|m| {
-            m.attachments()
-                .map(|p| {
-                    let content_type = p
-                        .content_type()
-                        .map(|ct| match ct.subtype() {
-                            Some(sub) => format!("{}/{sub}", ct.ctype()),
-                            None => ct.ctype().to_string(),
-                        })
-                        .unwrap_or_default()
-                        .to_ascii_lowercase();
-                    (
-                        p.attachment_name().unwrap_or("file").to_string(),
-                        content_type,
-                        p.contents().to_vec(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// What the AMP broker takes as a file (agent-mailer's `/files/upload`): PNG, JPEG, GIF or
 /// WebP images of at most 10 MB, told by their first bytes.
 fn broker_takes(bytes: &[u8]) -> bool {
@@ -892,7 +865,7 @@ impl AmpReplies {
         let mut text = text;
         let mut attachments = Vec::new();
         let mut left = Vec::new();
-        for (name, content_type, bytes) in attached_files(&mail.bytes) {
+        for (name, content_type, bytes) in super::attached_files(&mail.bytes) {
             if broker_takes(&bytes) {
                 attachments.push(self.client.upload(&name, &content_type, &bytes).await?);
             } else {

@@ -256,6 +256,34 @@ pub async fn read_json(
     })
 }
 
+/// The files attached to a rendered mail (an answer's `FILE:` files), as the systems without
+/// MIME mail send them: name, content type (lower case; `application/octet-stream` when the
+/// part names none), bytes.
+pub(crate) fn attached_files(bytes: &[u8]) -> Vec<(String, String, Vec<u8>)> {
+    use mail_parser::MimeHeaders;
+    let Some(message) = mail_parser::MessageParser::default().parse(bytes) else {
+        return Vec::new();
+    };
+    message
+        .attachments()
+        .map(|part| {
+            let content_type = part
+                .content_type()
+                .map(|ct| match ct.subtype() {
+                    Some(sub) => format!("{}/{sub}", ct.ctype()),
+                    None => ct.ctype().to_string(),
+                })
+                .unwrap_or_else(|| "application/octet-stream".into())
+                .to_ascii_lowercase();
+            (
+                part.attachment_name().unwrap_or("file").to_string(),
+                content_type,
+                part.contents().to_vec(),
+            )
+        })
+        .collect()
+}
+
 /// One item of a server's list answer that the bridge could not read: what it knows of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unreadable {

@@ -952,28 +952,6 @@ async fn run_push(
     }
 }
 
-/// The files attached to `mail`: name, content type, bytes.
-fn attached_files(mail: &RenderedMail) -> Vec<(String, String, Vec<u8>)> {
-    use mail_parser::MimeHeaders;
-    let Some(message) = mail_parser::MessageParser::default().parse(&mail.bytes) else {
-        return Vec::new();
-    };
-    message
-        .attachments()
-        .map(|part| {
-            let name = part.attachment_name().unwrap_or("file").to_string();
-            let content_type = part
-                .content_type()
-                .map(|ct| match ct.subtype() {
-                    Some(sub) => format!("{}/{sub}", ct.ctype()),
-                    None => ct.ctype().to_string(),
-                })
-                .unwrap_or_else(|| "application/octet-stream".into());
-            (name, content_type, part.contents().to_vec())
-        })
-        .collect()
-}
-
 /// Whether `mail` is a question to the dispatcher (`task.help_needed`).
 fn mail_is_question(mail: &RenderedMail) -> bool {
     protocol::rfc5322::parse_raw(&mail.bytes)
@@ -1077,7 +1055,7 @@ impl AsmtpReplies {
         }
         // Files the answer hands over (the agent's `FILE:` lines, files it wrote) go as file
         // parts, uploaded first; an envelope takes no inline bytes.
-        for (name, content_type, bytes) in attached_files(mail) {
+        for (name, content_type, bytes) in super::attached_files(&mail.bytes) {
             let file_id = self.client.upload(&name, &content_type, &bytes).await?;
             if let Some(parts) = envelope["content_parts"].as_array_mut() {
                 let at = parts.len().saturating_sub(1);
