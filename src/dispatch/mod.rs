@@ -378,7 +378,8 @@ impl<O: Backend> Dispatcher<O> {
             ),
             Err(e) => tracing::warn!(error = %e, "could not move the outbox's retries"),
         }
-        self.inner.wake.notify_one();
+        // Tried now, not at the next try of a server that refused the old ones.
+        self.server_back();
     }
 
     /// Takes a reloaded config for this agent: its sender policy, profile and queue bound

@@ -32,6 +32,10 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// seconds of the server's return, not at each one's next backoff (up to 5 minutes).
 const PROBE_MAX: Duration = Duration::from_secs(5);
 
+/// How long a mail the server refused to take under these credentials waits before it is
+/// tried again (unless the credentials change first).
+const REFUSED_RETRY: Duration = Duration::from_secs(300);
+
 /// What became of one attempt.
 enum Sent {
     Yes,
@@ -39,7 +43,8 @@ enum Sent {
     Elsewhere(String),
     /// Not now; the round stops (the server is likely down for every mail). `Some(delay)`
     /// when the server could not be reached (the oldest mail is tried again after at most
-    /// `delay`, capped at [`PROBE_MAX`]); `None` when it refused the login.
+    /// `delay`, capped at [`PROBE_MAX`]); `None` when it refused the login (tried again
+    /// after [`REFUSED_RETRY`], or when the credentials change).
     Later(Option<Duration>),
 }
 
@@ -54,17 +59,16 @@ impl<O: Backend> Dispatcher<O> {
         // While the server is unreachable: when the oldest waiting mail is tried again.
         let mut probe: Option<Instant> = None;
         loop {
-            let wait = match self.round(&mut backoff, &mut probe).await {
-                Ok(()) => self.until_next_due(),
+            let wake = match self.round(&mut backoff, &mut probe).await {
+                // While the server is down nothing is sent before its next try, whatever is
+                // due meanwhile (a mail queued now is due now): waiting for the next due
+                // time then would look at the journal every few milliseconds until the try.
+                Ok(()) => probe.unwrap_or_else(|| Instant::now() + self.until_next_due()),
                 Err(e) => {
                     tracing::error!(error = %e, "the outbox cannot read the journal; retrying");
-                    backoff.next_delay()
+                    Instant::now() + backoff.next_delay()
                 }
             };
-            let mut wake = Instant::now() + wait;
-            if let Some(at) = probe {
-                wake = wake.min(at);
-            }
             tokio::select! {
                 _ = inner.wake.notified() => {}
                 _ = tokio::time::sleep_until(wake) => {}
@@ -155,7 +159,11 @@ impl<O: Backend> Dispatcher<O> {
                         }
                     }
                     Sent::Later(reachable) => {
-                        *probe = reachable.map(|d| Instant::now() + d.min(PROBE_MAX));
+                        // Refused credentials hold up every mail alike: the next try is
+                        // at the refused mail's own retry, or at once when the credentials
+                        // change ([`Dispatcher::retry_outbox_now`]), not one login a mail.
+                        let wait = reachable.map_or(REFUSED_RETRY, |d| d.min(PROBE_MAX));
+                        *probe = Some(Instant::now() + wait);
                         return Ok(());
                     }
                 }
@@ -222,7 +230,7 @@ impl<O: Backend> Dispatcher<O> {
                     Ok(Sent::Yes)
                 } else {
                     let delay = if e.class() == ErrorClass::Auth {
-                        Duration::from_secs(300)
+                        REFUSED_RETRY
                     } else {
                         backoff.next_delay()
                     };
