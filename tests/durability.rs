@@ -812,14 +812,16 @@ async fn a_changed_password_is_used(host: &MailHost, sighup: bool) -> (f64, f64)
     // The answer is ready only now: its login is refused and it waits in the outbox.
     std::fs::write(&release, "").unwrap();
     bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
+    // The next task's arrival wakes the intake (push), whose read is then refused: nothing
+    // else makes it read JMAP before its reconcile interval, so the task is sent first.
+    let next = peer
+        .send(peer.dispatch_to(&agent.email, "After", "answered with the new password"))
+        .await;
     wait_until("the mail server refuses the old password", || {
         bridge
             .log()
             .contains("the mail server refused the credentials")
     });
-    let next = peer
-        .send(peer.dispatch_to(&agent.email, "After", "answered with the new password"))
-        .await;
     dir.replace_private("password", &password);
     let replaced = std::time::Instant::now();
     if sighup {
