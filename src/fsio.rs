@@ -204,3 +204,59 @@ mod tests {
         StateLock::acquire(dir.path()).expect("free again once the holder is gone");
     }
 }
+
+/// Why [`open_inside`] did not open a file.
+#[derive(Debug)]
+pub enum Unsafe {
+    /// The last step of the path is a symbolic link.
+    Link,
+    /// A folder, FIFO, socket or device.
+    NotRegular,
+    /// The file has this many names: another may be outside the folder it was asked in.
+    HardLinked(u64),
+    /// What was opened is outside the folder.
+    Outside,
+    Io(io::Error),
+}
+
+/// Opens `path` (already resolved to a place inside `root`) for reading in a way a file's
+/// maker cannot turn against the reader: without following a link at its last step and
+/// without blocking (a FIFO or a device never stalls the thread in `open`), then checks what
+/// was opened: a regular file, with one name only (a hard link made inside `root` to a file
+/// outside it, the bridge's password for one, has two), and still inside `root` as the kernel
+/// has it (what `/proc/self/fd` says, so a folder swapped for a link meanwhile is caught).
+pub fn open_inside(root: &Path, path: &Path, options: &mut OpenOptions) -> Result<File, Unsafe> {
+    use std::os::unix::fs::MetadataExt;
+    let file = options
+        .custom_flags(
+            nix::libc::O_NOFOLLOW
+                | nix::libc::O_NONBLOCK
+                | nix::libc::O_CLOEXEC
+                | nix::libc::O_NOCTTY,
+        )
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => Unsafe::Link,
+            Some(nix::libc::ENXIO) => Unsafe::NotRegular,
+            _ => Unsafe::Io(e),
+        })?;
+    let meta = file.metadata().map_err(Unsafe::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(Unsafe::NotRegular);
+    }
+    if meta.nlink() > 1 {
+        return Err(Unsafe::HardLinked(meta.nlink()));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .map_err(Unsafe::Io)?;
+        if !real.starts_with(root) {
+            return Err(Unsafe::Outside);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = root;
+    Ok(file)
+}

@@ -36,8 +36,9 @@
 //!   `Mail`, `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the
 //!   back-end found about the sender). Below both `mailbox` and `dispatch`.
 //! - [`error`], [`events`], [`paths`], [`fsio`], [`backoff`]: error classes, the closed set
-//!   of events and their JSON lines, the state directory's layout, atomic files and the state
-//!   lock, the one retry schedule.
+//!   of events and their JSON lines, the state directory's layout, atomic files, the state
+//!   lock and the one way to open a file an agent made (`fsio::open_inside`), the one retry
+//!   schedule.
 //! - [`mailbox`]: the only code that knows mail and the mailbox systems. One folder or file
 //!   per back-end, each turning its messages into the inbound model: `mailbox::aamp` (AAMP
 //!   mail: JMAP reading from a persisted cursor with push over WebSocket or EventSource, Inbox

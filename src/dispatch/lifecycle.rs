@@ -676,7 +676,19 @@ impl<O: Backend> Dispatcher<O> {
             drop(input);
             // Fields and files from the final answer; files only from the workspace, each
             // announced on the stream before the result.
-            let outcome = outcome.map(|out| hand_back(out, &workspace_now, retold));
+            // Reading up to 20 MiB of files is blocking work: off the runtime.
+            let outcome = match outcome {
+                Ok(out) => {
+                    tokio::task::spawn_blocking(move || hand_back(out, &workspace_now, retold))
+                        .await
+                        .map_err(|e| {
+                            runner::RunError::Prepare(format!(
+                                "the answer's files could not be read: {e}"
+                            ))
+                        })
+                }
+                Err(e) => Err(e),
+            };
             if let Ok(answer) = &outcome {
                 for file in &answer.files {
                     let _ = tx

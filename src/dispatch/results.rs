@@ -13,6 +13,8 @@
 //! What remains (or the object's `output`) is the output text.
 
 use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -192,6 +194,22 @@ impl Default for Caps {
     }
 }
 
+/// Why a file was not opened, in the words of the result's "Files not attached" list.
+fn unsafe_why(e: crate::fsio::Unsafe) -> String {
+    use crate::fsio::Unsafe;
+    match e {
+        Unsafe::Link => "a symbolic link".into(),
+        Unsafe::NotRegular => "not a regular file (a folder, FIFO, socket or device)".into(),
+        Unsafe::HardLinked(n) => {
+            format!("has {n} names (hard links), and another may be outside the task's workspace")
+        }
+        Unsafe::Outside => {
+            "outside the task's workspace (only files the agent made there are sent)".into()
+        }
+        Unsafe::Io(e) => e.to_string(),
+    }
+}
+
 /// Reads the named files from `workspace` (relative paths are taken from it; a path that
 /// resolves, symbolic links followed, outside it is refused). Returns the files and, for
 /// each one not attached, `path: why`.
@@ -245,40 +263,46 @@ pub fn gather(workspace: &Path, refs: &[FileRef], caps: Caps) -> (Vec<Attached>,
         if !seen.insert(resolved.clone()) {
             continue;
         }
-        let meta = match std::fs::metadata(&resolved) {
-            Ok(m) if m.is_file() => m,
-            Ok(_) => {
-                refused.push(format!("{}: not a file", r.path));
+        // Opened as the agent's own file reads are: no link followed, no blocking on a FIFO
+        // or a device, one name only (a hard link the agent made in its workspace to the
+        // bridge's password would be mailed to the sender), and checked as opened.
+        let file = match crate::fsio::open_inside(&root, &resolved, OpenOptions::new().read(true)) {
+            Ok(f) => f,
+            Err(e) => {
+                refused.push(format!("{}: {}", r.path, unsafe_why(e)));
                 continue;
             }
+        };
+        let len = match file.metadata() {
+            Ok(m) => m.len(),
             Err(e) => {
                 refused.push(format!("{}: {e}", r.path));
                 continue;
             }
         };
-        if meta.len() > caps.per_file {
+        if len > caps.per_file {
             refused.push(format!(
                 "{}: {} bytes, more than the {} a file may have",
-                r.path,
-                meta.len(),
-                caps.per_file
+                r.path, len, caps.per_file
             ));
             continue;
         }
-        if total + meta.len() > caps.total {
+        if total + len > caps.total {
             refused.push(format!(
                 "{}: the result's files would pass {} bytes in all",
                 r.path, caps.total
             ));
             continue;
         }
-        let bytes = match std::fs::read(&resolved) {
-            Ok(b) => b,
-            Err(e) => {
-                refused.push(format!("{}: {e}", r.path));
-                continue;
-            }
-        };
+        let mut bytes = Vec::with_capacity(len as usize);
+        // No more than was checked, should the file grow meanwhile.
+        if let Err(e) = file
+            .take(caps.per_file.min(caps.total - total))
+            .read_to_end(&mut bytes)
+        {
+            refused.push(format!("{}: {e}", r.path));
+            continue;
+        }
         total += bytes.len() as u64;
         let base = r.filename.clone().unwrap_or_else(|| {
             resolved
@@ -460,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn files_come_only_from_the_workspace() {
+    fn files_come_only_from_the_workspace_and_never_through_a_hard_link_or_a_fifo() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(ws.join("out")).unwrap();
@@ -468,7 +492,17 @@ mod tests {
         std::fs::write(ws.join("big.bin"), vec![0u8; 2000]).unwrap();
         std::fs::write(dir.path().join("secret"), "s").unwrap();
         std::os::unix::fs::symlink(dir.path().join("secret"), ws.join("link")).unwrap();
+        // What an agent with a shell of its own can make: a second name inside the workspace
+        // for a file outside it (the bridge's password), and a FIFO that would block a read.
+        std::fs::hard_link(dir.path().join("secret"), ws.join("hard")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(ws.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
         let refs: Vec<FileRef> = [
+            "hard",
+            "fifo",
             "out/report.md",
             "../secret",
             "/etc/passwd",
@@ -502,7 +536,9 @@ mod tests {
             "/etc/passwd: outside",
             "link: outside",
             "missing: not found",
-            "out: not a file",
+            "out: not a regular file",
+            "fifo: not a regular file",
+            "hard: has 2 names",
             "big.bin: 2000 bytes",
         ] {
             assert!(said.contains(needle), "{needle}: {said}");

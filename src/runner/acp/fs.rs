@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 
 use super::*;
 
@@ -80,43 +80,20 @@ fn open_checked(
     resolved: &Path,
     options: &mut OpenOptions,
 ) -> Result<File, String> {
-    let file = options
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
-        .open(resolved)
-        .map_err(|e| match e.raw_os_error() {
-            Some(nix::libc::ELOOP) => format!("{} is a symbolic link", asked.display()),
-            Some(nix::libc::ENXIO) => format!("{} is not a regular file", asked.display()),
-            _ => format!("{}: {e}", asked.display()),
-        })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", asked.display()))?;
-    if !meta.file_type().is_file() {
-        return Err(format!(
+    use crate::fsio::Unsafe;
+    crate::fsio::open_inside(root, resolved, options).map_err(|e| match e {
+        Unsafe::Link => format!("{} is a symbolic link", asked.display()),
+        Unsafe::NotRegular => format!(
             "{} is not a regular file (a folder, FIFO, socket or device)",
             asked.display()
-        ));
-    }
-    if meta.nlink() > 1 {
-        return Err(format!(
-            "{} has {} names (hard links), and another may be outside the task's workspace",
-            asked.display(),
-            meta.nlink()
-        ));
-    }
-    // Where the file really is, as the kernel has it now.
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .map_err(|e| format!("{}: {e}", asked.display()))?;
-        if !real.starts_with(root) {
-            return Err(outside(asked));
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = root;
-    Ok(file)
+        ),
+        Unsafe::HardLinked(n) => format!(
+            "{} has {n} names (hard links), and another may be outside the task's workspace",
+            asked.display()
+        ),
+        Unsafe::Outside => outside(asked),
+        Unsafe::Io(e) => format!("{}: {e}", asked.display()),
+    })
 }
 
 /// `fs/read_text_file`: at most [`MAX_READ`] bytes of a regular file inside `root`.
