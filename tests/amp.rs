@@ -965,6 +965,106 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
     no_invalid_requests(&broker);
 }
 
+/// Issue 30, item 5, after a restart: the questions the agent posted were known only to the
+/// process that posted them, so a reply to one that came after a restart was taken as a new
+/// task again ("Allow" run on the agent). They are kept beside the mailbox's position now:
+/// the reply is an answer (to a question no task waits on any more), never a task.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config(&broker, &coder, &boss.1, "asking.toml");
+    dir.write_asking_agent(120);
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = send(
+        &broker,
+        &boss,
+        &coder.1,
+        "Fix the README",
+        "Please fix the typo.",
+    )
+    .await;
+    let thread = sent["thread_id"].as_str().unwrap();
+    let question = broker.replies(thread, &coder.1).await;
+    bridge.kill();
+    let mut bridge = Bridge::start(&dir, 1);
+    let reply = broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
+                        "action": "reply", "subject": "Re: Fix the README",
+                        "body": "Allow", "parent_id": question[0]["id"]}),
+            ),
+        )
+        .await;
+    // A task sent after the reply is read after it: once it is answered, the reply was read.
+    let later = send(&broker, &boss, &coder.1, "Later", "Another task.").await;
+    let later_id = format!(
+        "amp:{}:{}",
+        later["thread_id"].as_str().unwrap(),
+        later["id"].as_str().unwrap()
+    );
+    bridge.wait_event("task.received", |e| e["taskId"] == later_id.as_str());
+    let answer_task = format!("amp:{thread}:{}", reply["id"].as_str().unwrap());
+    bridge.take_events();
+    assert!(
+        !bridge
+            .seen
+            .iter()
+            .any(|e| e["taskId"] == answer_task.as_str()),
+        "the answer was taken as a task: {:?}",
+        bridge.seen
+    );
+    // The task itself ran again after the restart and asked again: that question is answered
+    // as usual.
+    let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
+    let asked_again = loop {
+        let from_coder: Vec<Value> = broker
+            .thread(thread)
+            .await
+            .into_iter()
+            .filter(|m| m["from_agent"] == coder.1.as_str() && m["id"] != question[0]["id"])
+            .collect();
+        if let Some(q) = from_coder.into_iter().next() {
+            break q;
+        }
+        bridge.wait_event("mail.sent", |e| e["taskId"] == task_id.as_str());
+    };
+    broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
+                        "action": "reply", "subject": "Re: Fix the README",
+                        "body": "Allow", "parent_id": asked_again["id"]}),
+            ),
+        )
+        .await;
+    let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    assert_eq!(done["status"], "completed", "{done}");
+    // The later task asks too; a reply to it lets the bridge stop with nothing running.
+    let later_thread = later["thread_id"].as_str().unwrap();
+    let later_question = broker.replies(later_thread, &coder.1).await;
+    broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
+                        "action": "reply", "subject": "Re: Later",
+                        "body": "Reject", "parent_id": later_question[0]["id"]}),
+            ),
+        )
+        .await;
+    bridge.wait_event("task.completed", |e| e["taskId"] == later_id.as_str());
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+}
+
 /// Issue 36, item 1, on AMP: a message the bridge could not decode (no `from_agent`) failed the
 /// whole inbox page, so nothing after it was answered. Now it costs itself only: reported once,
 /// marked read, and the messages after it answered.

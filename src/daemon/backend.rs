@@ -236,7 +236,8 @@ pub(super) async fn open_backend(
     if config.is_asmtp(&mailbox_name) {
         let client = crate::mailbox::asmtp::AsmtpClient::new(config.asmtp_account(&mailbox_name)?)
             .with_context(|| format!("agent {:?}: ASMTP setup", agent.name))?
-            .with_threads(agent_dir.join("asmtp-threads"));
+            .with_threads(agent_dir.join("asmtp-threads"))
+            .with_questions(agent_dir.join("asmtp-questions"));
         let outlet = Outlet::Asmtp(Box::new(crate::mailbox::asmtp::AsmtpReplies::new(
             client.clone(),
         )));
@@ -245,7 +246,8 @@ pub(super) async fn open_backend(
     if config.is_amp(&mailbox_name) {
         let account = config.amp_account(&mailbox_name)?;
         let client = crate::mailbox::amp::AmpClient::new(account)
-            .with_context(|| format!("agent {:?}: AMP setup", agent.name))?;
+            .with_context(|| format!("agent {:?}: AMP setup", agent.name))?
+            .with_questions(agent_dir.join("amp-questions"));
         let outlet = Outlet::Amp(Box::new(crate::mailbox::amp::AmpReplies::new(
             client.clone(),
         )));

@@ -71,10 +71,9 @@ struct Recent {
     subjects: VecDeque<(String, String)>,
     attempted: HashSet<String>,
     attempted_order: VecDeque<String>,
-    /// Questions this process posted (`task.help_needed`): their broker id and the
-    /// Message-ID the bridge gave them, so that a reply to one (its `parent_id`) is taken as
-    /// the answer, never as a task. A question waits only in the process that asked it.
-    questions: VecDeque<(String, String)>,
+    /// Questions the agent posted (`task.help_needed`), by their broker id, so that a reply
+    /// to one (its `parent_id`) is taken as the answer, never as a task.
+    questions: super::Questions,
 }
 
 /// How many of each [`Recent`] keeps.
@@ -95,23 +94,6 @@ impl Recent {
             .rev()
             .find(|(i, _)| i == id)
             .map(|(_, s)| s.as_str())
-    }
-
-    fn asked(&mut self, posted_id: &str, message_id: &str) {
-        if self.questions.len() >= RECENT {
-            self.questions.pop_front();
-        }
-        self.questions
-            .push_back((posted_id.to_string(), message_id.to_string()));
-    }
-
-    /// The Message-ID of the question posted as `posted_id`.
-    fn question(&self, posted_id: &str) -> Option<&str> {
-        self.questions
-            .iter()
-            .rev()
-            .find(|(i, _)| i == posted_id)
-            .map(|(_, m)| m.as_str())
     }
 
     /// Notes an attempt to post `message_id`; false when it was tried before.
@@ -148,6 +130,12 @@ impl AmpClient {
             recent: Arc::default(),
             unreadable: Arc::default(),
         })
+    }
+
+    /// Keeps the agent's questions in `path`, so replies to them are known after a restart.
+    pub fn with_questions(self, path: std::path::PathBuf) -> AmpClient {
+        self.recent.lock().expect("recent lock").questions = super::Questions::open(path);
+        self
     }
 
     pub fn address(&self) -> &str {
@@ -734,7 +722,7 @@ async fn hand_on(
         }
         let question = m.parent_id.as_deref().and_then(|parent| {
             let recent = client.recent.lock().expect("recent lock");
-            recent.question(parent).map(str::to_string)
+            recent.questions.question(parent)
         });
         if let Some(question) = question {
             // An answer to a question the agent asked: matched by the broker's own link.
@@ -894,6 +882,7 @@ impl AmpReplies {
                 .recent
                 .lock()
                 .expect("recent lock")
+                .questions
                 .asked(&posted.id, &mail.message_id);
         }
         Ok(())

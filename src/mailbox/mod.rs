@@ -403,6 +403,95 @@ pub fn report_unreadable(
     }
 }
 
+/// Questions an agent posted (`task.help_needed`) on a back-end whose replies name what they
+/// answer by the back-end's own id (AMP `parent_id`, ASMTP `in_reply_to`), not by mail
+/// headers: the posted id and the Message-ID the bridge gave the question, so that a reply to
+/// one is taken as its answer, never as a task. Kept in a file beside the mailbox's position
+/// when one is given, so a reply that comes after a restart is still known for what it is (an
+/// answer, to a question no task waits on any more), not run as a new task.
+pub struct Questions {
+    kept: std::collections::VecDeque<(String, String)>,
+    file: Option<crate::fsio::JsonFile<Vec<(String, String)>>>,
+}
+
+/// How many questions [`Questions`] remembers: a question is answered within its task's
+/// `ask_timeout_secs`, so the newest thousand are more than any mailbox has open.
+const QUESTIONS_KEPT: usize = 1024;
+
+impl Default for Questions {
+    fn default() -> Questions {
+        Questions {
+            kept: std::collections::VecDeque::new(),
+            file: None,
+        }
+    }
+}
+
+impl Questions {
+    /// The questions kept in `path` (none when it is missing or unreadable), kept there from
+    /// now on.
+    pub fn open(path: PathBuf) -> Questions {
+        let file: crate::fsio::JsonFile<Vec<(String, String)>> = crate::fsio::JsonFile::new(path);
+        let kept = match file.load() {
+            Ok(found) => found.unwrap_or_default().into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the agent's earlier questions cannot be read; replies to them may be taken as tasks");
+                std::collections::VecDeque::new()
+            }
+        };
+        Questions {
+            kept,
+            file: Some(file),
+        }
+    }
+
+    /// Notes that `posted_id` asks the question `message_id`.
+    pub fn asked(&mut self, posted_id: &str, message_id: &str) {
+        while self.kept.len() >= QUESTIONS_KEPT {
+            self.kept.pop_front();
+        }
+        self.kept
+            .push_back((posted_id.to_string(), message_id.to_string()));
+        if let Some(file) = &self.file {
+            let all: Vec<(String, String)> = self.kept.iter().cloned().collect();
+            if let Err(e) = file.save(&all) {
+                tracing::warn!(error = %e, "could not keep the agent's question on disk; a reply after a restart may be taken as a task");
+            }
+        }
+    }
+
+    /// The Message-ID of the question posted as `posted_id`.
+    pub fn question(&self, posted_id: &str) -> Option<String> {
+        self.kept
+            .iter()
+            .rev()
+            .find(|(id, _)| id == posted_id)
+            .map(|(_, m)| m.clone())
+    }
+}
+
+#[cfg(test)]
+mod questions_tests {
+    use super::Questions;
+
+    #[test]
+    fn questions_outlive_a_restart_and_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("questions");
+        let mut q = Questions::open(path.clone());
+        for i in 0..1100 {
+            q.asked(&format!("posted-{i}"), &format!("<q{i}@x>"));
+        }
+        let again = Questions::open(path.clone());
+        assert_eq!(again.question("posted-1099").as_deref(), Some("<q1099@x>"));
+        assert_eq!(again.question("posted-0"), None, "the oldest are let go");
+        assert_eq!(again.kept.len(), super::QUESTIONS_KEPT);
+        assert!(std::fs::metadata(&path).unwrap().len() < 64 * 1024);
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(Questions::open(path).question("posted-1"), None);
+    }
+}
+
 #[cfg(test)]
 mod decode_tests {
     use super::*;

@@ -198,11 +198,9 @@ pub struct AsmtpClient {
     http: reqwest::Client,
     account: AsmtpAccount,
     threads: std::sync::Arc<std::sync::Mutex<Threads>>,
-    /// Questions this process sent (`task.help_needed`): the reply envelope's id and the
-    /// Message-ID the bridge gave the question, so that an envelope answering one (its
-    /// `in_reply_to`) is taken as the answer, never as a task. A question waits only in the
-    /// process that asked it.
-    questions: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(String, String)>>>,
+    /// Questions the agent sent (`task.help_needed`), by their reply envelope's id, so that
+    /// an envelope answering one (its `in_reply_to`) is taken as the answer, never as a task.
+    questions: std::sync::Arc<std::sync::Mutex<super::Questions>>,
     /// Rows and envelopes the operator returned that could not be read, for the intake to
     /// report once each.
     unreadable: std::sync::Arc<super::UnreadableLog>,
@@ -211,9 +209,6 @@ pub struct AsmtpClient {
 /// How many of the newest inbound envelopes a first start looks at for read ones the agent
 /// never answered.
 const FIRST_START_READ: usize = 100;
-
-/// How many questions [`AsmtpClient`] remembers.
-const QUESTIONS_KEPT: usize = 4096;
 
 impl AsmtpClient {
     pub fn new(account: AsmtpAccount) -> Result<AsmtpClient, MailboxError> {
@@ -224,6 +219,12 @@ impl AsmtpClient {
             questions: std::sync::Arc::default(),
             unreadable: std::sync::Arc::default(),
         })
+    }
+
+    /// Keeps the agent's questions in `path`, so replies to them are known after a restart.
+    pub fn with_questions(mut self, path: PathBuf) -> AsmtpClient {
+        self.questions = std::sync::Arc::new(std::sync::Mutex::new(super::Questions::open(path)));
+        self
     }
 
     /// Keeps the thread map (which conversation each envelope belongs to) in `path`.
@@ -246,12 +247,10 @@ impl AsmtpClient {
     /// thread belongs to.
     fn inbound(&self, e: &AsmtpEnvelope) -> Option<Mail> {
         let question = e.in_reply_to.as_deref().and_then(|parent| {
-            let questions = self.questions.lock().expect("questions lock");
-            questions
-                .iter()
-                .rev()
-                .find(|(id, _)| id == parent)
-                .map(|(_, message_id)| message_id.clone())
+            self.questions
+                .lock()
+                .expect("questions lock")
+                .question(parent)
         });
         let root = self
             .threads
@@ -302,11 +301,10 @@ impl AsmtpClient {
 
     /// Notes that the envelope `envelope_id` asks the question `message_id`.
     fn asked(&self, envelope_id: &str, message_id: &str) {
-        let mut questions = self.questions.lock().expect("questions lock");
-        if questions.len() >= QUESTIONS_KEPT {
-            questions.pop_front();
-        }
-        questions.push_back((envelope_id.to_string(), message_id.to_string()));
+        self.questions
+            .lock()
+            .expect("questions lock")
+            .asked(envelope_id, message_id);
     }
 
     async fn call(
