@@ -561,16 +561,36 @@ fn options(args: &[String]) -> Vec<(String, std::ops::Range<usize>)> {
         let identity = match (flag, &value) {
             ("-c" | "--config", Some(v)) => {
                 format!(
-                    "{flag} {}",
-                    v.split_once('=').map_or(v.as_str(), |(k, _)| k)
+                    "-c {}",
+                    v.split_once('=').map_or(v.as_str(), |(k, _)| k.trim())
                 )
             }
             _ => flag.to_string(),
         };
-        out.push((identity, i..end));
+        out.push((setting(identity), i..end));
         i = end;
     }
     out
+}
+
+/// What an option sets, so that the agents' other spellings of one setting count as the
+/// same option: Gemini's `--yolo`/`-y` are its approval mode, Codex's `-s`/`--sandbox`,
+/// `--full-auto` and its bypass flag its sandbox (as `-c sandbox_mode=...` is), Claude's
+/// skip-permissions flag its permission mode. Passed beside the policy's spelling, each was
+/// either refused by the agent or quietly won over the policy with no warning.
+fn setting(identity: String) -> String {
+    let same = match identity.as_str() {
+        "--approval-mode" | "--yolo" | "-y" => "--approval-mode",
+        "-c sandbox_mode"
+        | "-s"
+        | "--sandbox"
+        | "--full-auto"
+        | "--dangerously-bypass-approvals-and-sandbox" => "-c sandbox_mode",
+        "-c approval_policy" | "-a" | "--ask-for-approval" => "-c approval_policy",
+        "--permission-mode" | "--dangerously-skip-permissions" => "--permission-mode",
+        _ => return identity,
+    };
+    same.to_string()
 }
 
 /// The policy's arguments less the options `own` already passes, and, for each of those,
@@ -684,6 +704,48 @@ mod tests {
             ["-c", "sandbox_mode=danger-full-access", "exec"]
         );
         assert_eq!(own_sandbox.warnings().len(), 1);
+        // Another spelling of the same setting is the same option: gemini refuses
+        // `--yolo` beside `--approval-mode`, and Codex's `--full-auto` or `-s` beside the
+        // policy's `-c sandbox_mode` won over it without a word.
+        for (command, own, policy) in [
+            ("gemini", "\"--yolo\"", "\"--approval-mode\", \"default\""),
+            ("gemini", "\"-y\"", "\"--approval-mode\", \"default\""),
+            (
+                "codex",
+                "\"--full-auto\"",
+                "\"-c\", \"sandbox_mode=\\\"read-only\\\"\"",
+            ),
+            (
+                "codex",
+                "\"-s\", \"danger-full-access\"",
+                "\"-c\", \"sandbox_mode=\\\"read-only\\\"\"",
+            ),
+            (
+                "codex",
+                "\"--config\", \"sandbox_mode=x\"",
+                "\"-c\", \"sandbox_mode=\\\"read-only\\\"\"",
+            ),
+            (
+                "claude",
+                "\"--dangerously-skip-permissions\"",
+                "\"--permission-mode\", \"default\"",
+            ),
+        ] {
+            let p = Profile::parse(
+                &format!("command = \"{command}\"\nargs = [{own}, \"-\"]\n[permission_args]\nread_only = [{policy}]\n"),
+                "mine",
+                "test",
+            )
+            .unwrap();
+            let args = words(&p, false);
+            assert_eq!(args.last().map(String::as_str), Some("-"), "{args:?}");
+            assert_eq!(
+                args.len(),
+                own.split(", ").count() + 1,
+                "{command} {own}: {args:?}"
+            );
+            assert_eq!(p.warnings().len(), 1, "{command} {own}: {:?}", p.warnings());
+        }
         // The shipped profiles pass none of their policy's options themselves.
         for name in ["claude", "codex", "gemini"] {
             let p = Profile::find(name, &[]).unwrap();
