@@ -409,6 +409,7 @@ pub fn report_unreadable(
 /// one is taken as its answer, never as a task. Kept in a file beside the mailbox's position
 /// when one is given, so a reply that comes after a restart is still known for what it is (an
 /// answer, to a question no task waits on any more), not run as a new task.
+#[derive(Default)]
 pub struct Questions {
     kept: std::collections::VecDeque<(String, String)>,
     file: Option<crate::fsio::JsonFile<Vec<(String, String)>>>,
@@ -417,15 +418,6 @@ pub struct Questions {
 /// How many questions [`Questions`] remembers: a question is answered within its task's
 /// `ask_timeout_secs`, so the newest thousand are more than any mailbox has open.
 const QUESTIONS_KEPT: usize = 1024;
-
-impl Default for Questions {
-    fn default() -> Questions {
-        Questions {
-            kept: std::collections::VecDeque::new(),
-            file: None,
-        }
-    }
-}
 
 impl Questions {
     /// The questions kept in `path` (none when it is missing or unreadable), kept there from
