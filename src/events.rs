@@ -163,7 +163,16 @@ impl Events {
 /// for line ends, so a sender's subject could split an event in two. They occur only inside
 /// strings, so replacing them keeps the JSON the same value.
 fn json_line(value: &Value) -> String {
-    let text = value.to_string();
+    escape_separators(value.to_string())
+}
+
+/// `value` as one line of JSON for a command's `--json` output, U+2028 and U+2029 escaped as
+/// in the event lines.
+pub fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
+    serde_json::to_string(value).map(escape_separators)
+}
+
+fn escape_separators(text: String) -> String {
     if text.contains(['\u{2028}', '\u{2029}']) {
         text.replace('\u{2028}', "\\u2028")
             .replace('\u{2029}', "\\u2029")
@@ -252,6 +261,9 @@ mod tests {
         assert_eq!(line, r#"{"title":"one\u2028two\u2029three\nfour"}"#);
         assert!(!line.contains(['\u{2028}', '\u{2029}', '\n']));
         assert_eq!(serde_json::from_str::<Value>(&line).unwrap(), value);
+        // The commands' --json lines (dispatch, tasks, doctor, policy) the same way.
+        let text = json_text(&value).unwrap();
+        assert_eq!(text, line);
     }
 
     #[test]

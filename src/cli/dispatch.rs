@@ -134,7 +134,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
                         following.abort_all();
                     }
                     if args.json && args.follow {
-                        println!("{}", serde_json::to_string(&m.to_json())?);
+                        println!("{}", crate::events::json_text(&m.to_json())?);
                     } else if args.json {
                         println!("{}", serde_json::to_string_pretty(&m.to_json())?);
                     } else if r.status == Status::Completed {

@@ -335,7 +335,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
     let failed = checks.iter().any(|c| c.status == Verdict::Fail);
     spinner.clear();
     if json {
-        println!("{}", serde_json::to_string(&checks)?);
+        println!("{}", crate::events::json_text(&checks)?);
     } else {
         for c in &checks {
             let word = match c.status {

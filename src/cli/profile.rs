@@ -160,7 +160,7 @@ pub(super) fn print_report(
     json: bool,
 ) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(report)?);
+        println!("{}", crate::events::json_text(report)?);
         return Ok(());
     }
     if report.ok {

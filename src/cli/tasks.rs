@@ -26,7 +26,7 @@ pub(super) fn tasks(
         None => journal.tasks(agent.as_deref(), None, limit)?,
     };
     if json {
-        println!("{}", serde_json::to_string(&rows)?);
+        println!("{}", crate::events::json_text(&rows)?);
         return Ok(0);
     }
     if rows.is_empty() {
@@ -68,7 +68,7 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         shown.push(serde_json::json!({"task": task, "timeline": steps}));
     }
     if json {
-        println!("{}", serde_json::Value::Array(shown));
+        println!("{}", crate::events::json_text(&serde_json::Value::Array(shown))?);
         return Ok(0);
     }
     for item in shown {

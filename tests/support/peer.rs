@@ -188,3 +188,42 @@ impl Peer {
             .collect()
     }
 }
+
+/// For long runs with outages (tests/soak.rs): a send and a poll that report a failure
+/// instead of failing the test.
+impl Peer {
+    /// Sends `msg` once; the error when the host refused it (down, restarting).
+    pub async fn try_send(&self, mut msg: AampMessage) -> Result<AampMessage, String> {
+        msg.envelope.message_id = self.sender.send(&msg).await.map_err(|e| e.to_string())?;
+        Ok(msg)
+    }
+
+    /// Fetches what has arrived since the last look, adds it to `inbox` and says how many
+    /// came; an error (the host down) leaves the position where it was, to be asked again.
+    pub async fn poll(&mut self) -> Result<usize, String> {
+        if !self.mailbox.is_connected() {
+            // Without its session the reader would take every mail for one outside the Inbox.
+            self.mailbox.connect().await.map_err(|e| e.to_string())?;
+        }
+        let mut added = 0;
+        // A few pages at most per call, so a caller that also does other things is not held.
+        for _ in 0..20 {
+            match self.mailbox.fetch_since(&self.state, 50).await {
+                Ok((new, state)) => {
+                    self.state = state;
+                    if new.is_empty() {
+                        break;
+                    }
+                    added += new.len();
+                    self.inbox.extend(new);
+                }
+                Err(e) => {
+                    // A new session at the next call (the host may have restarted).
+                    self.mailbox.disconnect();
+                    return Err(e.to_string());
+                }
+            }
+        }
+        Ok(added)
+    }
+}
