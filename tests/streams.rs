@@ -360,6 +360,30 @@ async fn a_run_with_no_json_reports_stderr_and_the_exit_code() {
     );
 }
 
+/// Issue 30, item 6: Codex's sandbox refusals left no trace but the model's own words. A
+/// command its read-only sandbox stopped, or one it declined, is a failed tool call and is
+/// named in the answer's note; a command that failed for its own reasons is not.
+#[tokio::test]
+async fn codexs_sandbox_refusals_are_failed_tools_and_named_in_the_answer() {
+    let (events, parser) = parse(StreamFormat::Codex, "codex-sandboxed.jsonl");
+    let finished: Vec<_> = tools(&events)
+        .into_iter()
+        .filter(|(_, _, status)| *status != ToolStatus::Running)
+        .collect();
+    assert!(
+        finished.iter().all(|(_, _, s)| *s == ToolStatus::Failed),
+        "{finished:?}"
+    );
+    assert_eq!(parser.end.refused.len(), 2, "{:?}", parser.end.refused);
+    let fx = fixture("codex-sandboxed.jsonl");
+    let profile = scripted("codex", &[fx.to_str().unwrap()], "");
+    let out = run(&profile, None).await.0.unwrap();
+    assert_eq!(
+        out.output,
+        "I could not make the file.\n\n(aamp-bridge: refused during this task: \"bash -lc 'touch made-by-agent'\" (stopped by Codex's read-only sandbox); \"bash -lc 'rm -rf build'\" (declined by Codex's approval policy))"
+    );
+}
+
 #[tokio::test]
 async fn a_cli_lingering_after_its_result_is_stopped_and_its_answer_kept() {
     let fx = fixture("codex.jsonl");

@@ -215,11 +215,18 @@ pub async fn run_cli(
                     stderr: stderr_text,
                 });
             }
-            let text = clean(
+            let mut text = clean(
                 parser.end.final_text.as_deref().unwrap_or_default(),
                 opts.strip_ansi,
                 opts.trim,
             );
+            if !parser.end.refused.is_empty() {
+                text = format!(
+                    "{}\n\n(aamp-bridge: refused during this task: {})",
+                    text.trim_end(),
+                    parser.end.refused.join("; ")
+                );
+            }
             let (text, truncated) = cap(text, opts.max_bytes);
             (text, truncated || parser.text_cut, parser.session_id)
         }

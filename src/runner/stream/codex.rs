@@ -36,6 +36,9 @@ impl StreamParser {
                         self.delta(&format!("{sep}{text}"))
                     }
                     "command_execution" => {
+                        if done {
+                            self.note_sandbox_refusal(item);
+                        }
                         let status = match str_of(item, &["status"]) {
                             Some("completed") if item["exit_code"].as_i64().unwrap_or(0) == 0 => {
                                 ToolStatus::Completed
@@ -127,6 +130,29 @@ impl StreamParser {
             }
             // `error` events are retries and warnings: the run goes on.
             _ => Vec::new(),
+        }
+    }
+
+    /// A command Codex declined (its approval policy), or one its sandbox stopped (a write
+    /// under `read-only` fails with the kernel's "Read-only file system"), noted for the
+    /// answer: the sender learns what did not happen, not only what the model said after.
+    fn note_sandbox_refusal(&mut self, item: &Value) {
+        let command = str_of(item, &["command"]).unwrap_or_default();
+        let output = str_of(item, &["aggregated_output"]).unwrap_or_default();
+        let why = match str_of(item, &["status"]) {
+            Some("declined") => "declined by Codex's approval policy",
+            Some("completed" | "failed")
+                if item["exit_code"].as_i64().unwrap_or(0) != 0
+                    && output.contains("Read-only file system") =>
+            {
+                "stopped by Codex's read-only sandbox"
+            }
+            _ => return,
+        };
+        let short: String = command.chars().take(200).collect();
+        let note = format!("\"{short}\" ({why})");
+        if !self.end.refused.contains(&note) && self.end.refused.len() < 20 {
+            self.end.refused.push(note);
         }
     }
 }

@@ -120,6 +120,10 @@ pub struct StreamEnd {
     pub final_text: Option<String>,
     /// The run failed, in the agent's words.
     pub error: Option<String>,
+    /// What the agent's own sandbox or approval policy refused during the run (Codex: a
+    /// command it declined, or one its read-only sandbox stopped), each once, named for the
+    /// answer's note.
+    pub refused: Vec<String>,
 }
 
 /// Reads one stream, line by line.
