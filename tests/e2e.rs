@@ -755,6 +755,17 @@ async fn an_answer_that_bounces_is_shown_as_undelivered() {
 /// the bridge within its grace period while the agent runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
+    hostile_agent_under("read_only").await;
+}
+
+/// The same agent under `deny`: every act refused (reads too), nothing leaked, and SIGTERM
+/// still stops the bridge within its grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_acp_agent_under_deny_gets_nothing_and_the_bridge_still_stops() {
+    hostile_agent_under("deny").await;
+}
+
+async fn hostile_agent_under(permissions: &str) {
     let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let dir = ConfigDir::new(
@@ -799,7 +810,7 @@ async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
     dir.write(
         "hostile.toml",
         &format!(
-            "kind = \"acp\"\ncommand = {:?}\n",
+            "kind = \"acp\"\ncommand = {:?}\npermissions = \"{permissions}\"\n",
             wrapper.display().to_string()
         ),
     );
@@ -824,8 +835,13 @@ async fn a_hostile_acp_agent_gets_nothing_and_the_bridge_still_stops() {
         .filter(|e| e["taskId"] == task_id.as_str() && e["type"] == "text.delta")
         .filter_map(|e| e["payload"]["text"].as_str())
         .collect();
-    assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
-    assert!(said.contains("hard links"), "{said}");
+    if permissions == "deny" {
+        // Not even a read: three FIFO reads, the hard link, the terminal and the write.
+        assert!(said.matches("refused").count() >= 6, "{said}");
+    } else {
+        assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
+        assert!(said.contains("hard links"), "{said}");
+    }
     assert!(
         said.contains("terminal refused: refused: running `cat"),
         "{said}"

@@ -345,7 +345,7 @@ async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() 
     assert!(
         answers[0].contains("(aamp-bridge: refused during this task: \"")
             && answers[0].contains("touch made-by-agent")
-            && answers[0].contains("stopped by Codex's read-only sandbox"),
+            && answers[0].contains("stopped by the agent's read-only sandbox"),
         "{}",
         answers[0]
     );

@@ -233,21 +233,37 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             if let Some(title) = &update.fields.title {
                 titles.insert(id.clone(), title.clone());
             }
-            vec![StreamEvent::ToolCall {
-                label: titles.get(&id).cloned().unwrap_or_else(|| "tool".into()),
-                id,
-                status: update
-                    .fields
-                    .status
-                    .map_or(ToolStatus::Running, tool_status),
-                input: json_text(&update.fields.raw_input),
-                output: update
-                    .fields
-                    .content
+            let label = titles.get(&id).cloned().unwrap_or_else(|| "tool".into());
+            drop(titles);
+            let status = update
+                .fields
+                .status
+                .map_or(ToolStatus::Running, tool_status);
+            let output = update
+                .fields
+                .content
+                .as_deref()
+                .and_then(|c| content_text(c, shared))
+                .or(printed)
+                .or_else(|| json_text(&update.fields.raw_output));
+            // An adapter that runs commands in its own sandbox (codex-acp) says nothing of a
+            // refusal but what the command printed: a write stopped by a read-only sandbox
+            // is named in the answer's note, as the bridge's own refusals are.
+            if status == ToolStatus::Failed
+                && output
                     .as_deref()
-                    .and_then(|c| content_text(c, shared))
-                    .or(printed)
-                    .or_else(|| json_text(&update.fields.raw_output)),
+                    .is_some_and(|o| o.contains("Read-only file system"))
+            {
+                shared.refusals.add(format!(
+                    "\"{label}\" (stopped by the agent's read-only sandbox)"
+                ));
+            }
+            vec![StreamEvent::ToolCall {
+                label,
+                id,
+                status,
+                input: json_text(&update.fields.raw_input),
+                output,
             }]
         }
         SessionUpdate::SessionInfoUpdate(info) => {
