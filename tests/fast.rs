@@ -635,6 +635,30 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
     rig.shut().await;
 }
 
+/// A replica's claim refused for its credentials (a password being rotated: the intake is
+/// refused too) was parked until the next start. It is tried again, and the task runs and is
+/// answered once the credentials work.
+#[tokio::test]
+async fn a_claim_refused_for_the_credentials_is_tried_again_not_parked() {
+    let replica = FakeBackend {
+        wins: true,
+        refuse_claims: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(2)),
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        replica,
+    );
+    let task = rig.dispatch(BOSS, "Rotated", "answered once the password works");
+    rig.deliver(&task);
+    let result = rig.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    assert_eq!(rig.outbox.refuse_claims.load(Ordering::SeqCst), 0);
+    rig.shut().await;
+}
+
 /// A replica's task interrupted by a restart is claimed again at the next start and
 /// acknowledged again: with the same Message-ID as the first ack, so it is the same mail (the
 /// journal keeps it once) and not a second ack. The recovered task's mails were derived from

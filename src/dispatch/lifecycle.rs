@@ -369,7 +369,11 @@ impl<O: Backend> Dispatcher<O> {
                     tracing::debug!(outcome = ?lost, "claim lost");
                     return Some(Ok(lost));
                 }
-                Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
+                // Refused credentials are not the claim's fault: a password being rotated
+                // works again within seconds of the reload, so the claim is tried again
+                // (the intake is refused too, so nothing new waits behind it), not parked
+                // until the next start.
+                Err(e) if e.class() == ErrorClass::Permanent => {
                     return Some(Err(e.to_string()));
                 }
                 Err(e) => {

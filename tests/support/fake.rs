@@ -25,6 +25,9 @@ pub struct FakeBackend {
     pub claims: Option<Claims>,
     /// This bridge is one of several replicas, and wins every claim it makes.
     pub wins: bool,
+    /// With `wins`: this many claims are refused first for the credentials (a password
+    /// being rotated).
+    pub refuse_claims: Arc<AtomicUsize>,
 }
 
 /// Claims held at a gate, counted: made, dropped before the gate opened (the caller gave up
@@ -129,6 +132,16 @@ impl Backend for FakeBackend {
 
     async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
         if self.wins {
+            let refused = self
+                .refuse_claims
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if refused {
+                return Err(BackendError::new(
+                    aamp_bridge::error::ErrorClass::Auth,
+                    "the mail server refused the credentials",
+                ));
+            }
             return Ok(ClaimOutcome::Won);
         }
         let Some(claims) = &self.claims else {
