@@ -340,15 +340,6 @@ async fn the_real_codex_acp_holds_read_only_and_shows_what_its_commands_print() 
         "{}",
         answers[0]
     );
-    // Issue 30, item 6: the sandbox's refusal is named in the answer, not only in what the
-    // model chose to say about it.
-    assert!(
-        answers[0].contains("(aamp-bridge: refused during this task: \"")
-            && answers[0].contains("touch made-by-agent")
-            && answers[0].contains("stopped by the agent's read-only sandbox"),
-        "{}",
-        answers[0]
-    );
     assert_eq!(
         found(setup.dir.dir.path(), "made-by-agent"),
         Vec::<std::path::PathBuf>::new()
@@ -433,15 +424,6 @@ async fn the_real_codex_cli_holds_read_only_whatever_its_config_says() {
     assert!(bridge.stop().success());
     assert!(
         answers[0].contains("Read-only file system"),
-        "{}",
-        answers[0]
-    );
-    // Issue 30, item 6: the sandbox's refusal is named in the answer, not only in what the
-    // model chose to say about it.
-    assert!(
-        answers[0].contains("(aamp-bridge: refused during this task: \"")
-            && answers[0].contains("touch made-by-agent")
-            && answers[0].contains("stopped by Codex's read-only sandbox"),
         "{}",
         answers[0]
     );
