@@ -765,6 +765,14 @@ async fn a_hostile_acp_agent_under_deny_gets_nothing_and_the_bridge_still_stops(
     hostile_agent_under("deny").await;
 }
 
+/// The same agent under `ask`, with a sender who never answers: the file reads refused as
+/// under `read_only`, the terminal asked about by mail, and SIGTERM stops the bridge within
+/// its grace period while the agent waits for that answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_acp_agent_under_ask_unanswered_and_the_bridge_still_stops() {
+    hostile_agent_under("ask").await;
+}
+
 async fn hostile_agent_under(permissions: &str) {
     let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
@@ -820,15 +828,27 @@ async fn hostile_agent_under(permissions: &str) {
         .send(peer.dispatch_to(&agent.email, "Look around", "Please look around."))
         .await;
     let task_id = dispatch.task_id().to_string();
-    // Every refusal reached the stream (as failed tool calls and in the agent's words)...
-    let waiting = bridge.wait_event("task.stream", |e| {
-        e["taskId"] == task_id.as_str()
-            && e["type"] == "text.delta"
-            && e["payload"]["text"]
-                .as_str()
-                .is_some_and(|t| t.contains("Waiting."))
-    });
-    assert_eq!(waiting["taskId"], task_id.as_str());
+    if permissions == "ask" {
+        // The terminal is a question to the sender, who does not answer: the agent waits
+        // in `terminal/create`, and the bridge must still stop while it does.
+        let help = peer.wait_for(&task_id, Intent::TaskHelpNeeded).await;
+        let Body::HelpNeeded(h) = &help.message.body else {
+            panic!("not help_needed")
+        };
+        assert!(h.question.contains("cat"), "{}", h.question);
+        bridge.take_events();
+    } else {
+        // Every refusal reached the stream (as failed tool calls and in the agent's
+        // words)...
+        let waiting = bridge.wait_event("task.stream", |e| {
+            e["taskId"] == task_id.as_str()
+                && e["type"] == "text.delta"
+                && e["payload"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("Waiting."))
+        });
+        assert_eq!(waiting["taskId"], task_id.as_str());
+    }
     let said: String = bridge
         .seen
         .iter()
@@ -842,14 +862,16 @@ async fn hostile_agent_under(permissions: &str) {
         assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
         assert!(said.contains("hard links"), "{said}");
     }
-    assert!(
-        said.contains("terminal refused: refused: running `cat"),
-        "{said}"
-    );
-    assert!(
-        said.contains("write: refused: refused: writing x.txt"),
-        "{said}"
-    );
+    if permissions != "ask" {
+        assert!(
+            said.contains("terminal refused: refused: running `cat"),
+            "{said}"
+        );
+        assert!(
+            said.contains("write: refused: refused: writing x.txt"),
+            "{said}"
+        );
+    }
     let secret = std::fs::read_to_string(&password).unwrap();
     assert!(
         !said.contains(secret.trim()),
