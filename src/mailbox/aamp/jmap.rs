@@ -419,10 +419,7 @@ impl JmapClient {
                     .collect()
             })
             .unwrap_or_default();
-        let mut emails = Vec::with_capacity(created.len());
-        for email in got["list"].as_array().into_iter().flatten() {
-            emails.push(email_from_json(email)?);
-        }
+        let emails = emails_of(&got["list"]);
         Ok((
             Changes {
                 created,
@@ -517,9 +514,7 @@ impl JmapClient {
                     }),
                 )
                 .await?;
-            for email in reply["list"].as_array().into_iter().flatten() {
-                out.push(email_from_json(email)?);
-            }
+            out.extend(emails_of(&reply["list"]));
         }
         Ok(out)
     }
@@ -541,6 +536,23 @@ fn addresses(value: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The mails of an `Email/get` list, each read on its own: one the bridge cannot read (a
+/// server's entry without an id) costs that entry only, never the whole read (issue 36 item
+/// 1, as for AMP messages and ASMTP envelopes).
+fn emails_of(list: &Value) -> Vec<Email> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|email| match email_from_json(email) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "the mail server returned a mail the bridge cannot read; skipped, the rest read as usual");
+                None
+            }
+        })
+        .collect()
 }
 
 /// Turns an `Email/get` entry into what the AAMP parser reads.
@@ -616,6 +628,18 @@ pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mail_without_an_id_costs_that_mail_only() {
+        let list = json!([
+            {"subject": "no id", "messageId": ["<a@x>"]},
+            {"id": "M1", "subject": "fine", "messageId": ["<b@x>"], "from": [{"email": "b@x"}]}
+        ]);
+        let emails = emails_of(&list);
+        assert_eq!(emails.len(), 1);
+        assert_eq!(emails[0].view.subject, "fine");
+        assert!(emails_of(&json!("not a list")).is_empty());
+    }
 
     #[test]
     fn download_urls_fill_the_template_with_safe_values() {
