@@ -1065,6 +1065,52 @@ async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
     no_invalid_requests(&broker);
 }
 
+/// Issue 36, item 2, on AMP: a message of any size was taken whole (into the journal, the
+/// prompt and the agent). One over `max_message_bytes` is answered rejected, saying why and
+/// what to do, and never reaches the agent; a message under it is answered as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_over_the_size_limit_is_answered_rejected_and_never_run() {
+    let broker = Broker::start(&[]);
+    let coder = broker.register("coder").await;
+    let boss = broker.register("boss").await;
+    let dir = config_with(
+        &broker,
+        &coder,
+        &boss.1,
+        "echo",
+        "max_message_bytes = 2000\n",
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let big = send(&broker, &boss, &coder.1, "Big", &"x".repeat(5000)).await;
+    let small = send(&broker, &boss, &coder.1, "Small", "say hello").await;
+    let refused = broker.replies_to(&big, &coder.1).await;
+    let text = refused[0]["body"].as_str().unwrap();
+    assert!(
+        text.contains("rejected")
+            && text.contains("5000 bytes")
+            && text.contains("max_message_bytes"),
+        "{text}"
+    );
+    assert!(!text.contains("xxxx"), "{text}");
+    let answered = broker.replies_to(&small, &coder.1).await;
+    assert!(answered[0]["body"].as_str().unwrap().contains("say hello"));
+    let big_id = format!(
+        "amp:{}:{}",
+        big["thread_id"].as_str().unwrap(),
+        big["id"].as_str().unwrap()
+    );
+    bridge.take_events();
+    assert!(
+        !bridge
+            .seen
+            .iter()
+            .any(|e| e["event"] == "task.started" && e["taskId"] == big_id.as_str()),
+        "the large task ran"
+    );
+    assert!(bridge.stop().success());
+    no_invalid_requests(&broker);
+}
+
 /// Issue 36, item 1, on AMP: a message the bridge could not decode (no `from_agent`) failed the
 /// whole inbox page, so nothing after it was answered. Now it costs itself only: reported once,
 /// marked read, and the messages after it answered.

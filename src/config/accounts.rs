@@ -65,6 +65,8 @@ pub struct AmpAccount {
     /// only at each start).
     pub recheck: Option<std::time::Duration>,
     pub insecure_tls: bool,
+    /// The largest message body taken as a task; a larger one is answered rejected.
+    pub max_message_bytes: u64,
 }
 
 impl fmt::Debug for AmpAccount {
@@ -128,13 +130,17 @@ impl LoadedConfig {
                 "timeout_secs",
                 m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp,
             ),
+            // AMP and ASMTP both: said with the AMP keys when an AAMP mailbox sets it.
+            (
+                "max_message_bytes",
+                m.max_message_bytes.is_some() && m.kind == MailboxKind::Aamp,
+            ),
         ];
         let asmtp = [
             ("asmtp_url", m.asmtp_url.is_some()),
             ("handle", m.handle.is_some()),
             ("token_file", m.token_file.is_some()),
             ("skip_backlog", m.skip_backlog),
-            ("max_message_bytes", m.max_message_bytes.is_some()),
             // (Shown once, with the AMP keys, when another kind sets it.)
             (
                 "timeout_secs",
@@ -431,6 +437,7 @@ impl LoadedConfig {
             timeout,
             recheck,
             insecure_tls: m.insecure_tls,
+            max_message_bytes: m.max_message_bytes.unwrap_or(16 << 20),
         })
     }
 

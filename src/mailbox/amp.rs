@@ -400,6 +400,25 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
     .into_inbound()
 }
 
+/// [`to_inbound`], for a message whose body is over `limit` bytes without its body: it is
+/// answered rejected, saying why, and its text is neither kept in the journal nor given to an
+/// agent (issue 36 item 2: one message's cost is bounded past its read).
+fn to_inbound_within(m: &AmpMessage, limit: u64) -> Option<Inbound> {
+    let size = m.body.len() as u64;
+    if size <= limit {
+        return to_inbound(m);
+    }
+    tracing::warn!(id = %m.id, size, limit, "an AMP message over max_message_bytes; answered rejected");
+    let mut inbound = to_inbound(&AmpMessage {
+        body: String::new(),
+        ..m.clone()
+    })?;
+    inbound.refused = Some(format!(
+        "the task is {size} bytes, more than this agent reads from one AMP message ({limit} bytes, max_message_bytes): send a shorter task, or put the large content where the agent can fetch it and name it"
+    ));
+    Some(inbound)
+}
+
 /// `Re: <subject>` (one `Re:`, however many the subject had); `Re: (no subject)` for none.
 fn reply_subject(subject: &str) -> String {
     let mut rest = subject.trim();
@@ -728,7 +747,7 @@ async fn hand_on(
             // An answer to a question the agent asked: matched by the broker's own link.
             deliver(Mail::Reply(answer_to(m, question))).map_err(IntakeError::Deliver)?
         } else {
-            match to_inbound(m) {
+            match to_inbound_within(m, client.account.max_message_bytes) {
                 Some(inbound) => {
                     deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver)?
                 }
