@@ -659,6 +659,70 @@ async fn a_claim_refused_for_the_credentials_is_tried_again_not_parked() {
     rig.shut().await;
 }
 
+/// The soak's find: a replica answered a task while the mail server restarted, its one try
+/// at marking the claim done failed, the lease ran out, and the other replica ran the answered
+/// task again. The mark is now tried until it goes through.
+#[tokio::test]
+async fn a_done_mark_the_server_could_not_take_is_tried_until_it_goes_through() {
+    let replica = FakeBackend {
+        wins: true,
+        fail_done: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(3)),
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        replica,
+    );
+    let task = rig.dispatch(BOSS, "Outage", "answered while the server restarts");
+    rig.deliver(&task);
+    rig.outbox.result(task.task_id()).await;
+    let marks = rig.outbox.done_marks.clone();
+    rig.outbox
+        .until("the fourth done mark", |_| {
+            marks.load(Ordering::SeqCst) >= 4
+        })
+        .await;
+    assert_eq!(rig.outbox.fail_done.load(Ordering::SeqCst), 0);
+    rig.shut().await;
+}
+
+/// The soak's other find: a task answered here whose done mark never reached the server came
+/// back from every takeover scan (every half lease) and was ignored as a second delivery, for
+/// good. Delivered again, an answered task is marked done on the server, and not run again.
+#[tokio::test]
+async fn an_answered_task_that_comes_back_unclaimed_is_marked_done_not_run() {
+    let replica = FakeBackend {
+        wins: true,
+        ..FakeBackend::default()
+    };
+    let rig = Rig::in_dir(
+        tempfile::tempdir().unwrap(),
+        "profile = \"echo\"",
+        &[],
+        replica,
+    );
+    let task = rig.dispatch(BOSS, "Once", "answered once");
+    rig.deliver(&task);
+    rig.outbox.result(task.task_id()).await;
+    let marks = rig.outbox.done_marks.clone();
+    rig.outbox
+        .until("the done mark", |_| marks.load(Ordering::SeqCst) >= 1)
+        .await;
+    // The takeover scan hands the same mail on again.
+    rig.deliver(&task);
+    rig.outbox
+        .until("a second done mark", |_| marks.load(Ordering::SeqCst) >= 2)
+        .await;
+    let (_, outbox) = rig.shut().await;
+    assert_eq!(
+        outbox.intents(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult],
+        "run and answered once"
+    );
+}
+
 /// A replica's task interrupted by a restart is claimed again at the next start and
 /// acknowledged again: with the same Message-ID as the first ack, so it is the same mail (the
 /// journal keeps it once) and not a second ack. The recovered task's mails were derived from

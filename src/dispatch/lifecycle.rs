@@ -313,10 +313,8 @@ impl<O: Backend> Dispatcher<O> {
             None => tracing::info!("cancelled; not answered (cancel_reply = \"silent\")"),
         }
         self.finish(&task, state, error.as_deref(), reply);
-        if replica.is_some() {
-            if let Err(e) = inner.outbox.claim_done(&task.extras.email_id).await {
-                tracing::warn!(error = %e, "could not mark the task answered on the server; another bridge may take it over after the lease (its answer has the same Message-ID)");
-            }
+        if let Some(replica) = &replica {
+            self.mark_done(&task, replica).await;
         }
         inner.events.emit(
             crate::events::Event::TaskCompleted,
@@ -384,6 +382,51 @@ impl<O: Backend> Dispatcher<O> {
                         _ = cancel.cancelled() => return None,
                     }
                 }
+            }
+        }
+    }
+
+    /// Marks the answered task done on the server, so no other replica takes it over once
+    /// its lease ends. A server that cannot be reached now (an outage, a restart) is asked
+    /// again with backoff, and the lease renewed meanwhile, for as long as the bridge runs:
+    /// given up after one try, the mark was lost, the lease ran out, and another replica ran
+    /// the answered task again (the soak saw it after a mail-host restart).
+    async fn mark_done(&self, task: &Task, replica: &super::ReplicaSpec) {
+        let inner = &self.inner;
+        let email_id = &task.extras.email_id;
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+        let mut said = false;
+        let mut renewed = tokio::time::Instant::now();
+        loop {
+            let e = match inner.outbox.claim_done(email_id).await {
+                Ok(()) => {
+                    if said {
+                        tracing::info!("the task is marked answered on the server");
+                    }
+                    return;
+                }
+                Err(e) => e,
+            };
+            if e.class() == ErrorClass::Permanent {
+                tracing::warn!(error = %e, "the server refuses to mark the task answered; another bridge may take it over after the lease (its answer has the same Message-ID)");
+                self.note(task.row, "done mark refused", Some(&e.to_string()));
+                return;
+            }
+            if !said {
+                tracing::warn!(error = %e, "could not mark the task answered on the server; trying again until it can");
+                said = true;
+            }
+            if renewed.elapsed() >= replica.lease / 3 {
+                // Keeps the claim this replica's while the mark waits (a server back after
+                // most of the lease is asked to renew it before the mark goes through).
+                if let Ok(true) = inner.outbox.renew_claim(email_id).await {
+                    renewed = tokio::time::Instant::now();
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = inner.abort.cancelled() => return,
             }
         }
     }

@@ -193,6 +193,35 @@ impl<O: Backend> Dispatcher<O> {
                 // claim run out, takes it over).
                 return self.reclaim(row, span.clone());
             }
+            if self.spec().replica.is_some()
+                && !inbound.email_id.is_empty()
+                && matches!(
+                    state,
+                    TaskState::Answered
+                        | TaskState::Rejected
+                        | TaskState::Cancelled
+                        | TaskState::Expired
+                )
+            {
+                // Answered here, but its claim is not marked done on the server (the mark was
+                // lost, or a claim ran out as it was made): a takeover scan would bring it
+                // back every half lease for good. It is marked done now, once per delivery.
+                tracing::info!(
+                    state = state.as_str(),
+                    "a task answered here came back as unclaimed; marking it answered on the server"
+                );
+                let this = self.clone();
+                let email_id = inbound.email_id.clone();
+                self.inner.tracker.spawn(
+                    async move {
+                        if let Err(e) = this.inner.outbox.claim_done(&email_id).await {
+                            tracing::warn!(error = %e, "could not mark the task answered on the server; the next scan tries again");
+                        }
+                    }
+                    .instrument(span.clone()),
+                );
+                return Ok(());
+            }
             tracing::debug!("this mail is in the journal already; a second delivery is ignored");
             return Ok(());
         }

@@ -28,6 +28,10 @@ pub struct FakeBackend {
     /// With `wins`: this many claims are refused first for the credentials (a password
     /// being rotated).
     pub refuse_claims: Arc<AtomicUsize>,
+    /// With `wins`: this many done marks fail first as if the server were down; every mark
+    /// asked for is counted in `done_marks`.
+    pub fail_done: Arc<AtomicUsize>,
+    pub done_marks: Arc<AtomicUsize>,
 }
 
 /// Claims held at a gate, counted: made, dropped before the gate opened (the caller gave up
@@ -129,6 +133,22 @@ impl Backend for FakeBackend {
     }
 
     async fn close_stream(&self, _: &str, _: serde_json::Value) {}
+
+    async fn claim_done(&self, _: &str) -> Result<(), BackendError> {
+        self.done_marks.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        let failed = self
+            .fail_done
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(BackendError::new(
+                aamp_bridge::error::ErrorClass::Transient,
+                "the mail server cannot be reached",
+            ));
+        }
+        Ok(())
+    }
 
     async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
         if self.wins {
