@@ -976,7 +976,7 @@ async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
     let boss = broker.register("boss").await;
     let dir = config(&broker, &coder, &boss.1, "asking.toml");
     dir.write_asking_agent(120);
-    let mut bridge = Bridge::start(&dir, 1);
+    let bridge = Bridge::start(&dir, 1);
     let sent = send(
         &broker,
         &boss,

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aamp_bridge::protocol::Intent;
-use support::{mailhost, Bridge, ConfigDir, Peer, PrivateHost};
+use support::{cpu_ticks, mailhost, rss_kib, Bridge, ConfigDir, Peer, PrivateHost};
 
 fn scale() -> usize {
     std::env::var("AAMP_FAULTS_SCALE")
@@ -48,32 +48,6 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0 % n.max(1)
     }
-}
-
-/// CPU time (user + system) of a process so far, in clock ticks (1/100 s).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // After the command name in parentheses: state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(14) + field(15)
-}
-
-/// The process's private (anonymous) resident memory: its heap and stacks. The binary's own
-/// pages, shared with the page cache and dropped under pressure, are not counted.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Results and acks per TaskId in a peer's inbox, counted as distinct messages (by

@@ -7,6 +7,7 @@ mod config;
 mod fake;
 mod mailhost;
 mod peer;
+mod procfs;
 mod servers;
 
 pub use bridge::*;
@@ -14,6 +15,7 @@ pub use config::*;
 pub use fake::*;
 pub use mailhost::*;
 pub use peer::*;
+pub use procfs::*;
 pub use servers::*;
 
 use std::io::{BufRead, BufReader};
