@@ -54,7 +54,10 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
                 rows.push(serde_json::json!({"kind": "deny", "sender": pattern, "source": source}));
             }
             if json {
-                println!("{}", crate::events::json_text(&serde_json::Value::Array(rows))?);
+                println!(
+                    "{}",
+                    crate::events::json_text(&serde_json::Value::Array(rows))?
+                );
             } else if rows.is_empty() {
                 println!("agent {}: nobody may send tasks yet (aamp-bridge policy allow --agent {} ADDRESS)", agent.name, agent.name);
             } else {

@@ -68,7 +68,10 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         shown.push(serde_json::json!({"task": task, "timeline": steps}));
     }
     if json {
-        println!("{}", crate::events::json_text(&serde_json::Value::Array(shown))?);
+        println!(
+            "{}",
+            crate::events::json_text(&serde_json::Value::Array(shown))?
+        );
         return Ok(0);
     }
     for item in shown {
