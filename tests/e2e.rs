@@ -773,6 +773,13 @@ async fn a_hostile_acp_agent_under_ask_unanswered_and_the_bridge_still_stops() {
     hostile_agent_under("ask").await;
 }
 
+/// The same agent under `allow`: its terminal and write run, the file reads the bridge serves
+/// are still confined (no FIFO, no hard link), and SIGTERM stops the bridge within its grace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_acp_agent_under_allow_is_confined_in_its_reads_and_the_bridge_still_stops() {
+    hostile_agent_under("allow").await;
+}
+
 async fn hostile_agent_under(permissions: &str) {
     let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
@@ -862,21 +869,28 @@ async fn hostile_agent_under(permissions: &str) {
         assert_eq!(said.matches("is not a regular file").count(), 3, "{said}");
         assert!(said.contains("hard links"), "{said}");
     }
-    if permissions != "ask" {
+    if permissions == "allow" {
+        // The agent may run and write what it likes (it has the user's rights, as with its
+        // own shell); what the bridge serves as files is confined all the same.
+        assert!(!said.contains("terminal refused"), "{said}");
+        assert!(!said.contains("write: refused"), "{said}");
+    } else {
+        if permissions != "ask" {
+            assert!(
+                said.contains("terminal refused: refused: running `cat"),
+                "{said}"
+            );
+            assert!(
+                said.contains("write: refused: refused: writing x.txt"),
+                "{said}"
+            );
+        }
+        let secret = std::fs::read_to_string(&password).unwrap();
         assert!(
-            said.contains("terminal refused: refused: running `cat"),
-            "{said}"
-        );
-        assert!(
-            said.contains("write: refused: refused: writing x.txt"),
-            "{said}"
+            !said.contains(secret.trim()),
+            "the password reached the agent: {said}"
         );
     }
-    let secret = std::fs::read_to_string(&password).unwrap();
-    assert!(
-        !said.contains(secret.trim()),
-        "the password reached the agent: {said}"
-    );
     // ...and the bridge still reads mail while the agent runs: a second task is acked.
     let second = peer
         .send(peer.dispatch_to(&agent.email, "Another", "Are you there?"))
