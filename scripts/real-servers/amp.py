@@ -5,7 +5,8 @@ polls), a 1 MB task, 105 tasks waiting, nothing answered twice; issue 37: the br
 deleted in the console and a new one written to api_key_file, with SIGHUP and without, the
 task that waited answered within 5 s; issue 36: the key deactivated and reactivated while a
 task waits, an image attached and another file named, a task opened in the console before the
-first start answered without answering the others again. Run by run.sh."""
+first start answered without answering the others again, a message over max_message_bytes
+answered rejected. Run by run.sh."""
 import atexit, json, socket, os, re, signal, subprocess, sys, time, urllib.request, tempfile, shutil
 
 children = []
@@ -198,6 +199,17 @@ open(f"{cfg}/config.toml", "w").write(conf.replace('state_dir = "state"', 'state
 t0 = time.time(); start()
 r = replies(opened_first); results["console-read task before the first start answered once"] = (len(r) == 1, time.time() - t0)
 time.sleep(5)  # what a wrong first start would answer again has time to show below
+stop()
+
+# Issue 36, item 2, on AMP: a message over max_message_bytes is answered rejected, never run.
+fresh = open(f"{cfg}/config.toml").read()
+open(f"{cfg}/config.toml", "w").write(fresh.replace("poll_interval_secs", "max_message_bytes = 2000\npoll_interval_secs", 1))
+start()
+big = send("Too big", "x" * 5000)
+r = replies(big)
+body = r[0]["body"] if r else ""
+results["a message over max_message_bytes answered rejected, its text not echoed"] = (
+    len(r) == 1 and "rejected" in body and "max_message_bytes" in body and "xxxxx" not in body, len(body))
 stop()
 # Nothing answered twice.
 _, inbox = call("GET", f"/messages/inbox/{boss['address']}?agent_id={boss['id']}&all=true", headers=api)
