@@ -582,6 +582,42 @@ async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
     assert!(bridge.stop().success());
 }
 
+/// `doctor`'s claims check on a replica's mailbox: on a fresh mailbox there is no answered
+/// task to try the keywords on (a warning that says when to run it again); once one is
+/// answered, every keyword this replica's claims write is set and removed on its mail, and
+/// the check passes, leaving the mail as it was (still done, nobody takes it over).
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_tries_the_claims_keywords_once_a_task_is_answered() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = replica(host, &agent, &boss.email, "r1", 0.1);
+    let claims_check = |dir: &ConfigDir| -> serde_json::Value {
+        let doctor: serde_json::Value =
+            serde_json::from_str(&dir.run(&["doctor", "--json"])).unwrap();
+        doctor
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["check"].as_str().is_some_and(|c| c.ends_with("claims")))
+            .cloned()
+            .unwrap_or_else(|| panic!("{doctor}"))
+    };
+    let fresh = claims_check(&dir);
+    assert_eq!(fresh["status"], "warn", "{fresh}");
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+    let sent = peer
+        .send(peer.dispatch_to(&agent.email, "First", "one"))
+        .await;
+    peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+    bridge.wait_event("task.completed", |e| e["taskId"] == sent.task_id());
+    assert!(bridge.stop().success());
+    let answered = claims_check(&dir);
+    assert_eq!(answered["status"], "ok", "{answered}");
+    // Tried on the answered task's mail and put back: a second look passes the same way.
+    assert_eq!(claims_check(&dir)["status"], "ok");
+}
+
 /// Issue 31: the replica that lost a claim forgot the task, so a second delivery of the
 /// dispatch (the same Message-ID again, or the same sender and TaskId under a new one) was
 /// new to it, carried no claim, and ran again: two results. A lost claim is kept as a record
