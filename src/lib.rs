@@ -52,7 +52,8 @@
 //!   bridge's answers in their own metadata so an answer never starts a task. Shared by all:
 //!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
 //!   mailbox's link state, refused keys and retries), HTTP clients, errors, the link state a
-//!   status command reads. It never names `dispatch` or `runner`.
+//!   status command reads, and the questions an agent posted where replies link by the
+//!   back-end's own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
 //!   permission requests, terminals, file writes and reads), CLI profiles
