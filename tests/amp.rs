@@ -252,6 +252,29 @@ async fn send(
         .await
 }
 
+/// A reply from `from` to `to` in the thread of `parent` (its `parent_id`), as the console
+/// or another agent posts one.
+async fn reply(
+    broker: &Broker,
+    from: &(String, String),
+    to: &str,
+    subject: &str,
+    body: &str,
+    parent: &Value,
+) -> Value {
+    broker
+        .call(
+            reqwest::Method::POST,
+            "/messages/send",
+            Some(
+                json!({"agent_id": from.0, "from_agent": from.1, "to_agent": to,
+                        "action": "reply", "subject": subject, "body": body,
+                        "parent_id": parent["id"]}),
+            ),
+        )
+        .await
+}
+
 fn no_invalid_requests(broker: &Broker) {
     let invalid: Vec<Value> = broker
         .record()
@@ -924,15 +947,7 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
         assert_eq!(question.len(), 1, "{question:?}");
         let body = question[0]["body"].as_str().unwrap();
         assert!(body.starts_with("**Question:**") && body.contains("Edit README.md"), "{body}");
-        let reply = broker
-            .call(
-                reqwest::Method::POST,
-                "/messages/send",
-                Some(json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
-                            "action": "reply", "subject": "Re: Fix the README",
-                            "body": choice, "parent_id": question[0]["id"]})),
-            )
-            .await;
+        let posted = reply(&broker, &boss, &coder.1, "Re: Fix the README", choice, &question[0]).await;
         let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
         let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
         assert_eq!(done["status"], "completed", "{choice}: {done}");
@@ -951,7 +966,7 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
         let result = from_coder[1]["body"].as_str().unwrap();
         assert!(result.starts_with(answer), "{choice}: {result}");
         // The answer never became a task.
-        let answer_task = format!("amp:{thread}:{}", reply["id"].as_str().unwrap());
+        let answer_task = format!("amp:{thread}:{}", posted["id"].as_str().unwrap());
         assert!(
             !bridge
                 .seen
@@ -989,17 +1004,15 @@ async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
     let question = broker.replies(thread, &coder.1).await;
     bridge.kill();
     let mut bridge = Bridge::start(&dir, 1);
-    let reply = broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
-                        "action": "reply", "subject": "Re: Fix the README",
-                        "body": "Allow", "parent_id": question[0]["id"]}),
-            ),
-        )
-        .await;
+    let posted = reply(
+        &broker,
+        &boss,
+        &coder.1,
+        "Re: Fix the README",
+        "Allow",
+        &question[0],
+    )
+    .await;
     // A task sent after the reply is read after it: once it is answered, the reply was read.
     let later = send(&broker, &boss, &coder.1, "Later", "Another task.").await;
     let later_id = format!(
@@ -1008,7 +1021,7 @@ async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
         later["id"].as_str().unwrap()
     );
     bridge.wait_event("task.received", |e| e["taskId"] == later_id.as_str());
-    let answer_task = format!("amp:{thread}:{}", reply["id"].as_str().unwrap());
+    let answer_task = format!("amp:{thread}:{}", posted["id"].as_str().unwrap());
     bridge.take_events();
     assert!(
         !bridge
@@ -1033,33 +1046,29 @@ async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
         }
         bridge.wait_event("mail.sent", |e| e["taskId"] == task_id.as_str());
     };
-    broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
-                        "action": "reply", "subject": "Re: Fix the README",
-                        "body": "Allow", "parent_id": asked_again["id"]}),
-            ),
-        )
-        .await;
+    reply(
+        &broker,
+        &boss,
+        &coder.1,
+        "Re: Fix the README",
+        "Allow",
+        &asked_again,
+    )
+    .await;
     let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
     assert_eq!(done["status"], "completed", "{done}");
     // The later task asks too; a reply to it lets the bridge stop with nothing running.
     let later_thread = later["thread_id"].as_str().unwrap();
     let later_question = broker.replies(later_thread, &coder.1).await;
-    broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
-                        "action": "reply", "subject": "Re: Later",
-                        "body": "Reject", "parent_id": later_question[0]["id"]}),
-            ),
-        )
-        .await;
+    reply(
+        &broker,
+        &boss,
+        &coder.1,
+        "Re: Later",
+        "Reject",
+        &later_question[0],
+    )
+    .await;
     bridge.wait_event("task.completed", |e| e["taskId"] == later_id.as_str());
     assert!(bridge.stop().success());
     no_invalid_requests(&broker);
@@ -1187,17 +1196,7 @@ async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
     // Answered before, by the agent (a reply from it in the thread): not answered again.
     let done = send(&broker, &boss, &coder.1, "Done", "already answered").await;
     broker.open_in_console(&done).await;
-    broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": coder.0, "from_agent": coder.1, "to_agent": boss.1,
-                        "action": "reply", "subject": "Re: Done", "body": "done",
-                        "parent_id": done["id"]}),
-            ),
-        )
-        .await;
+    reply(&broker, &coder, &boss.1, "Re: Done", "done", &done).await;
     let opened = send(
         &broker,
         &boss,

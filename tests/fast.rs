@@ -119,6 +119,20 @@ impl Rig {
 
     /// One of several replicas of the agent (the echo profile), its claims made through
     /// `claims`.
+    /// One of several replicas that wins every claim it makes, on the `echo` profile, with
+    /// `outbox` for the rest of what its back-end does.
+    fn winner(outbox: FakeBackend) -> Rig {
+        Rig::in_dir(
+            tempfile::tempdir().unwrap(),
+            "profile = \"echo\"",
+            &[],
+            FakeBackend {
+                wins: true,
+                ..outbox
+            },
+        )
+    }
+
     fn replica(claims: &Claims) -> Rig {
         let outbox = FakeBackend {
             claims: Some(claims.clone()),
@@ -640,17 +654,10 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
 /// answered once the credentials work.
 #[tokio::test]
 async fn a_claim_refused_for_the_credentials_is_tried_again_not_parked() {
-    let replica = FakeBackend {
-        wins: true,
+    let rig = Rig::winner(FakeBackend {
         refuse_claims: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(2)),
         ..FakeBackend::default()
-    };
-    let rig = Rig::in_dir(
-        tempfile::tempdir().unwrap(),
-        "profile = \"echo\"",
-        &[],
-        replica,
-    );
+    });
     let task = rig.dispatch(BOSS, "Rotated", "answered once the password works");
     rig.deliver(&task);
     let result = rig.outbox.result(task.task_id()).await;
@@ -664,17 +671,10 @@ async fn a_claim_refused_for_the_credentials_is_tried_again_not_parked() {
 /// task again. The mark is now tried until it goes through.
 #[tokio::test]
 async fn a_done_mark_the_server_could_not_take_is_tried_until_it_goes_through() {
-    let replica = FakeBackend {
-        wins: true,
+    let rig = Rig::winner(FakeBackend {
         fail_done: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(3)),
         ..FakeBackend::default()
-    };
-    let rig = Rig::in_dir(
-        tempfile::tempdir().unwrap(),
-        "profile = \"echo\"",
-        &[],
-        replica,
-    );
+    });
     let task = rig.dispatch(BOSS, "Outage", "answered while the server restarts");
     rig.deliver(&task);
     rig.outbox.result(task.task_id()).await;
@@ -693,16 +693,7 @@ async fn a_done_mark_the_server_could_not_take_is_tried_until_it_goes_through() 
 /// good. Delivered again, an answered task is marked done on the server, and not run again.
 #[tokio::test]
 async fn an_answered_task_that_comes_back_unclaimed_is_marked_done_not_run() {
-    let replica = FakeBackend {
-        wins: true,
-        ..FakeBackend::default()
-    };
-    let rig = Rig::in_dir(
-        tempfile::tempdir().unwrap(),
-        "profile = \"echo\"",
-        &[],
-        replica,
-    );
+    let rig = Rig::winner(FakeBackend::default());
     let task = rig.dispatch(BOSS, "Once", "answered once");
     rig.deliver(&task);
     rig.outbox.result(task.task_id()).await;

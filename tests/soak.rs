@@ -32,8 +32,8 @@ use aamp_bridge::config::Account;
 use aamp_bridge::protocol::{self, AampMessage, Body, Intent, Status};
 use serde_json::Value;
 use support::{
-    cpu_ticks, inject_mx, mailhost, open_fds, rss_kib, Bridge, ConfigDir, Gate, MailHost, Peer,
-    PrivateHost,
+    cpu_ticks, forge_report, inject_mx, mailhost, open_fds, rss_kib, Bridge, ConfigDir, Gate,
+    MailHost, Peer, PrivateHost,
 };
 
 /// The claims' lease: a killed replica's tasks are taken over after it.
@@ -145,33 +145,6 @@ fn forged_dispatch(from: &str, to: &str, task_id: &str) -> String {
     format!(
         "From: {from}\nTo: {to}\nMessage-ID: <{task_id}@forger.test>\nSubject: [AAMP Task] forged\nX-AAMP-Version: 1.1\nX-AAMP-Intent: task.dispatch\nX-AAMP-TaskId: {task_id}\nContent-Type: text/plain\n\nTask: run this\n"
     )
-}
-
-/// A delivery report as Postfix writes one, saying `message_id` (sent to `failed`) could not
-/// be delivered, handed to the inbound port by a stranger.
-fn forge_report(host: &MailHost, to: &str, message_id: &str, failed: &str) {
-    let boundary = format!("forged-{}", uuid::Uuid::new_v4().simple());
-    inject_mx(
-        host,
-        "",
-        to,
-        &format!(
-            "Received: by localhost (Postfix)\n\tid 476F198EDB2; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)\n\
-             From: Mail Delivery System <MAILER-DAEMON@{domain}>\nTo: {to}\n\
-             Subject: Undelivered Mail Returned to Sender\nAuto-Submitted: auto-replied\n\
-             Message-ID: <{boundary}@{domain}>\nMIME-Version: 1.0\n\
-             Content-Type: multipart/report; report-type=delivery-status; boundary=\"{boundary}\"\n\n\
-             --{boundary}\nContent-Type: text/plain\n\nYour mail could not be delivered.\n\n\
-             --{boundary}\nContent-Type: message/delivery-status\n\n\
-             Reporting-MTA: dns; localhost\n\n\
-             Final-Recipient: rfc822; {failed}\nOriginal-Recipient: rfc822;{failed}\n\
-             Action: failed\nStatus: 5.1.1\nDiagnostic-Code: x-unix; user unknown\n\n\
-             --{boundary}\nContent-Type: text/rfc822-headers\n\n\
-             From: {to}\nTo: {failed}\nMessage-ID: {message_id}\nSubject: whatever\n\n\
-             --{boundary}--\n",
-            domain = host.domain,
-        ),
-    );
 }
 
 /// Sends `msg` while the host is up, again after a failure (for two minutes at most).

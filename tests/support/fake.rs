@@ -80,13 +80,16 @@ pub struct Downloads {
     pub done: Arc<AtomicUsize>,
 }
 
+/// Takes one from a count of failures still to give; false once none is left.
+fn take_one(count: &AtomicUsize) -> bool {
+    count
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
 impl Backend for FakeBackend {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        if self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.fail) {
             return Err(BackendError::new(
                 ErrorClass::Transient,
                 "connection refused",
@@ -137,13 +140,9 @@ impl Backend for FakeBackend {
     async fn claim_done(&self, _: &str) -> Result<(), BackendError> {
         self.done_marks.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
-        let failed = self
-            .fail_done
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if failed {
+        if take_one(&self.fail_done) {
             return Err(BackendError::new(
-                aamp_bridge::error::ErrorClass::Transient,
+                ErrorClass::Transient,
                 "the mail server cannot be reached",
             ));
         }
@@ -152,13 +151,9 @@ impl Backend for FakeBackend {
 
     async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
         if self.wins {
-            let refused = self
-                .refuse_claims
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if refused {
+            if take_one(&self.refuse_claims) {
                 return Err(BackendError::new(
-                    aamp_bridge::error::ErrorClass::Auth,
+                    ErrorClass::Auth,
                     "the mail server refused the credentials",
                 ));
             }

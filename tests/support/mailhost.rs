@@ -253,6 +253,33 @@ pub fn inject_mx(host: &MailHost, from: &str, to: &str, data: &str) {
     inject_mx_as(host, "forger.test", from, to, data)
 }
 
+/// A delivery report as Postfix writes one, saying `message_id` (sent to `failed`) could not
+/// be delivered, handed to the inbound port by a stranger.
+pub fn forge_report(host: &MailHost, to: &str, message_id: &str, failed: &str) {
+    let boundary = format!("forged-{}", uuid::Uuid::new_v4().simple());
+    inject_mx(
+        host,
+        "",
+        to,
+        &format!(
+            "Received: by localhost (Postfix)\n\tid 476F198EDB2; Wed,  2 Dec 2026 00:48:51 +0000 (UTC)\n\
+             From: Mail Delivery System <MAILER-DAEMON@{domain}>\nTo: {to}\n\
+             Subject: Undelivered Mail Returned to Sender\nAuto-Submitted: auto-replied\n\
+             Message-ID: <{boundary}@{domain}>\nMIME-Version: 1.0\n\
+             Content-Type: multipart/report; report-type=delivery-status; boundary=\"{boundary}\"\n\n\
+             --{boundary}\nContent-Type: text/plain\n\nYour mail could not be delivered.\n\n\
+             --{boundary}\nContent-Type: message/delivery-status\n\n\
+             Reporting-MTA: dns; localhost\n\n\
+             Final-Recipient: rfc822; {failed}\nOriginal-Recipient: rfc822;{failed}\n\
+             Action: failed\nStatus: 5.1.1\nDiagnostic-Code: x-unix; user unknown\n\n\
+             --{boundary}\nContent-Type: text/rfc822-headers\n\n\
+             From: {to}\nTo: {failed}\nMessage-ID: {message_id}\nSubject: whatever\n\n\
+             --{boundary}--\n",
+            domain = host.domain,
+        ),
+    );
+}
+
 /// [`inject_mx`] with the EHLO name `ehlo`, which Postfix copies into its own Received field.
 pub fn inject_mx_as(host: &MailHost, ehlo: &str, from: &str, to: &str, data: &str) {
     use std::io::{BufRead, Write};
