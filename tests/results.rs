@@ -197,3 +197,38 @@ async fn an_agent_that_echoes_its_instructions_returns_no_structured_result() {
     assert!(!r.output.contains("Files not attached"), "{}", r.output);
     assert!(bridge.stop().success());
 }
+
+/// Issue 30, item 2, through the answer's files: an agent with a shell of its own hard-linked
+/// the bridge's own password file into its workspace and named it (`FILE:`), and the bridge
+/// mailed it to the sender (the files were read by path, with no check of their names). Now
+/// the file is not attached, the answer says why, and the ordinary file beside it still is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hard_link_to_the_bridges_password_is_never_attached() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let dir = ConfigDir::new(host, &config(host, &agent, "linker.toml", &boss.email));
+    let password = dir.dir.path().join("password");
+    assert!(password.exists());
+    dir.write(
+        "linker.toml",
+        &format!(
+            "command = \"sh\"\nargs = [\"-c\", \"ln {} stolen.txt && echo fine > ok.txt; echo Done; echo FILE: stolen.txt; echo FILE: ok.txt\"]\n",
+            password.display()
+        ),
+    );
+    let mut peer = Peer::new(boss.clone()).await;
+    let bridge = Bridge::start(&dir, 1);
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Files", "Hand over your files."))
+        .await;
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = &result.message.body else {
+        panic!("not a result")
+    };
+    let names: Vec<&str> = result.attachments.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, vec!["ok.txt"], "{}", r.output);
+    assert!(r.output.contains("stolen.txt: has 2 names"), "{}", r.output);
+    let secret = std::fs::read_to_string(&password).unwrap();
+    assert!(!r.output.contains(secret.trim()));
+    assert!(bridge.stop().success());
+}
