@@ -1243,6 +1243,79 @@ async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task(
     operator.no_invalid();
 }
 
+/// Issue 30, item 5, after a restart: the questions the agent sent were known only to the
+/// process that sent them, so a reply to one that came after a restart ran as a new task. They
+/// are kept beside the watermark now: the reply is an answer, never a task.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    dir.write_asking_agent(120);
+    let config = std::fs::read_to_string(dir.config()).unwrap();
+    dir.write(
+        "config.toml",
+        &config.replace("profile = \"echo\"", "profile = \"asking.toml\""),
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let task = operator
+        .send(
+            "@alice.boss",
+            "@alice.coder",
+            "Fix the README",
+            "Please fix the typo.",
+        )
+        .await;
+    let question = operator.replies("@alice.boss", &task).await;
+    bridge.kill();
+    let mut bridge = Bridge::start(&dir, 1);
+    let answer = |to: &Value, text: &str| {
+        json!({"id": ulid(), "to": ["@alice.coder"], "in_reply_to": to["id"],
+               "date_ms": 1_764_000_000_000u64,
+               "content_parts": [{"type": "text", "text": text}]})
+    };
+    let reply = operator
+        .post("@alice.boss", answer(&question[0], "Allow"))
+        .await;
+    // A task sent after the reply is read after it: once it is received, the reply was read.
+    let later = operator
+        .send("@alice.boss", "@alice.coder", "Later", "Another task.")
+        .await;
+    let later_id = format!("asmtp:{later}");
+    bridge.wait_event("task.received", |e| e["taskId"] == later_id.as_str());
+    bridge.take_events();
+    let answer_task = format!("asmtp:{reply}");
+    assert!(
+        !bridge
+            .seen
+            .iter()
+            .any(|e| e["taskId"] == answer_task.as_str()),
+        "the answer was taken as a task: {:?}",
+        bridge.seen
+    );
+    // The task ran again after the restart and asked again; that question, and the later
+    // task's, are answered as usual, so the bridge stops with nothing running.
+    let task_id = format!("asmtp:{task}");
+    let asked_again = loop {
+        let replies = operator.replies("@alice.boss", &task).await;
+        if replies.len() >= 2 {
+            break replies[1].clone();
+        }
+        bridge.wait_event("mail.sent", |e| e["taskId"] == task_id.as_str());
+    };
+    operator
+        .post("@alice.boss", answer(&asked_again, "Allow"))
+        .await;
+    let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    assert_eq!(done["status"], "completed", "{done}");
+    let later_question = operator.replies("@alice.boss", &later).await;
+    operator
+        .post("@alice.boss", answer(&later_question[0], "Reject"))
+        .await;
+    bridge.wait_event("task.completed", |e| e["taskId"] == later_id.as_str());
+    assert!(bridge.stop().success());
+    operator.no_invalid();
+}
+
 /// Issue 36, item 1: with one envelope the bridge could not decode (no `from`, as a proxy
 /// altering the operator's answers made it) in every page, the whole page failed ("was not
 /// understood"), `status` said the mailbox was unreachable, and the next task was never
