@@ -776,12 +776,25 @@ fn profile_test_shows_the_real_claude_codes_events_in_order() {
 /// the agent's own tools.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_real_gemini_cli_runs_with_a_profiles_own_approval_mode() {
+    gemini_with_its_own_approval(&["--approval-mode", "yolo"]).await;
+}
+
+/// The same with gemini's other spelling of that setting, `--yolo`: beside the policy's
+/// `--approval-mode default` gemini refuses the pair too, so the profile's own wins the same
+/// way.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_gemini_cli_runs_with_a_profiles_own_yolo_flag() {
+    gemini_with_its_own_approval(&["--yolo"]).await;
+}
+
+async fn gemini_with_its_own_approval(flags: &[&str]) {
     let shipped = std::fs::read_to_string(support::repo().join("profiles/gemini.toml")).unwrap();
+    let quoted: Vec<String> = flags.iter().map(|f| format!("\"{f}\"")).collect();
     let own = shipped
         .replace("name = \"gemini\"", "name = \"my-gemini\"")
         .replace(
             "\"--skip-trust\"",
-            "\"--skip-trust\", \"--approval-mode\", \"yolo\"",
+            &format!("\"--skip-trust\", {}", quoted.join(", ")),
         );
     assert_ne!(own, shipped);
     let profiles = tempfile::tempdir().unwrap();
@@ -797,7 +810,7 @@ async fn the_real_gemini_cli_runs_with_a_profiles_own_approval_mode() {
     bridge.take_events();
     let log = bridge.log();
     assert!(
-        log.contains("passes its own `--approval-mode yolo`")
+        log.contains(&format!("passes its own `{}`", flags.join(" ")))
             && log.contains("`--approval-mode default`"),
         "{log}"
     );
