@@ -34,7 +34,7 @@ use super::intake::{self, DeliverError, Health, IntakeError, Watched};
 use super::{Inbound, Mail, MailboxError};
 use crate::config::AmpAccount;
 use crate::events::Events;
-use crate::protocol::{self, AampMessage, Body, RenderedMail};
+use crate::protocol::{self, AampMessage, Body, Intent, RenderedMail};
 
 /// A message as the broker returns it (`MessageResponse`).
 #[derive(Clone, Debug, Deserialize)]
@@ -739,10 +739,10 @@ async fn hand_on(
         if !m.to_agent.eq_ignore_ascii_case(client.address()) {
             continue;
         }
-        let question = m.parent_id.as_deref().and_then(|parent| {
-            let recent = client.recent.lock().expect("recent lock");
-            recent.questions.question(parent)
-        });
+        let question = match m.parent_id.as_deref() {
+            Some(parent) => question_answered(client, m, parent).await?,
+            None => None,
+        };
         if let Some(question) = question {
             // An answer to a question the agent asked: matched by the broker's own link.
             deliver(Mail::Reply(answer_to(m, question))).map_err(IntakeError::Deliver)?
@@ -768,6 +768,52 @@ async fn hand_on(
         handed.taken += 1;
     }
     Ok(handed)
+}
+
+/// The Message-ID of the agent's question that `m` replies to (its `parent_id` is `parent`),
+/// if it is one. The questions file knows those the bridge saw posted; one posted by a bridge
+/// killed before it could note it is found in the thread by its marker (the question is the
+/// agent's own message, marked as a `task.help_needed`), and noted now. The thread is read
+/// only for a reply to a message this process did not read itself.
+async fn question_answered(
+    client: &AmpClient,
+    m: &AmpMessage,
+    parent: &str,
+) -> Result<Option<String>, IntakeError> {
+    {
+        let recent = client.recent.lock().expect("recent lock");
+        if let Some(question) = recent.questions.question(parent) {
+            return Ok(Some(question));
+        }
+        if recent.subject(parent).is_some() {
+            // A reply to a message the agent was sent, not to one it posted.
+            return Ok(None);
+        }
+    }
+    let thread = client.thread(&m.thread_id).await?;
+    let asked = thread
+        .iter()
+        .find(|t| t.id == parent && t.from_agent.eq_ignore_ascii_case(client.address()))
+        .and_then(|t| question_marked(&t.body));
+    if let Some(question) = &asked {
+        client
+            .recent
+            .lock()
+            .expect("recent lock")
+            .questions
+            .asked(parent, question);
+    }
+    Ok(asked)
+}
+
+/// The Message-ID in the answer marker of a body that asks a question (`task.help_needed`).
+fn question_marked(body: &str) -> Option<String> {
+    let line = body.trim_end().lines().last()?.trim();
+    let id = line
+        .strip_prefix("<!-- aamp-bridge ")?
+        .strip_suffix(" -->")?;
+    let question = format!("<{}.", Intent::TaskHelpNeeded.as_str());
+    id.starts_with(&question).then(|| id.to_string())
 }
 
 /// A reply to the question posted as `question` (its Message-ID), as a plain reply.
@@ -853,11 +899,20 @@ impl AmpReplies {
             Some(subject) => subject,
             None => {
                 let messages = self.client.thread(thread).await?;
-                if messages.iter().any(|m| {
+                if let Some(posted) = messages.iter().find(|m| {
                     m.from_agent.eq_ignore_ascii_case(self.client.address())
                         && m.body.contains(&marker)
                 }) {
                     tracing::info!(message_id = %mail.message_id, "the reply is in the thread already; not posting it again");
+                    if matches!(msg.body, Body::HelpNeeded(_)) {
+                        // Posted by a bridge killed before it noted the question.
+                        self.client
+                            .recent
+                            .lock()
+                            .expect("recent lock")
+                            .questions
+                            .asked(&posted.id, &mail.message_id);
+                    }
                     return Ok(());
                 }
                 messages
@@ -925,6 +980,18 @@ mod tests {
             parent_id: None,
             created_at: "2026-11-30T10:00:00+00:00".into(),
         }
+    }
+
+    #[test]
+    fn a_question_is_known_by_its_marker() {
+        let asked = "**Question:** May I?\n- Allow\n\n<!-- aamp-bridge <task.help_needed.0f1e@a.test> -->\n";
+        assert_eq!(
+            question_marked(asked).as_deref(),
+            Some("<task.help_needed.0f1e@a.test>")
+        );
+        let result = "Done.\n\n<!-- aamp-bridge <task.result.0f1e@a.test> -->";
+        assert_eq!(question_marked(result), None);
+        assert_eq!(question_marked("**Question:** unmarked"), None);
     }
 
     #[test]
