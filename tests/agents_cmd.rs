@@ -140,7 +140,11 @@ fn agents_tells_each_login_shape() {
     std::fs::write(home.path().join(".gemini/.env"), "GEMINI_API_KEY=abc\n").unwrap();
     let codex_home = home.path().join("codex-home");
     std::fs::create_dir_all(&codex_home).unwrap();
-    std::fs::write(codex_home.join("auth.json"), "{}").unwrap();
+    std::fs::write(
+        codex_home.join("auth.json"),
+        r#"{"OPENAI_API_KEY": "sk-from-codex-login"}"#,
+    )
+    .unwrap();
     // A profile with the key in its env.
     let profiles = home.path().join("profiles");
     std::fs::create_dir_all(&profiles).unwrap();
@@ -191,21 +195,27 @@ fn agents_tells_each_login_shape() {
         !adapter.to_string().contains("no answer within"),
         "a silent --version is not a hang: {adapter}"
     );
-    let login = adapter["login"].as_str().unwrap();
+    let login = &adapter["login"];
+    assert_eq!(login["loggedIn"], false, "{login}");
     assert!(
-        login.starts_with("not logged in") && login.contains("run `claude` once"),
+        login["fix"].as_str().unwrap().contains("run `claude` once"),
         "~/.claude.json alone is no login, and the adapter has no login of its own: {login}"
     );
-    assert_eq!(get("codex")["login"], "logged in ($CODEX_HOME/auth.json)");
-    assert_eq!(get("gemini")["login"], "logged in (~/.gemini/.env)");
+    let codex_home_auth = "~/codex-home/auth.json";
+    assert_eq!(get("codex")["login"]["detail"], codex_home_auth);
     assert_eq!(
-        get("keyed-claude")["login"],
-        "API key in the profile's env (ANTHROPIC_API_KEY)"
+        get("gemini")["login"]["detail"],
+        "API key GEMINI_API_KEY in ~/.gemini/.env"
+    );
+    assert_eq!(
+        get("keyed-claude")["login"]["detail"],
+        "API key in $ANTHROPIC_API_KEY"
     );
     let text = run(false);
     assert!(
         text.lines()
-            .any(|l| l.starts_with("codex ") && l.contains("logged in ($CODEX_HOME/auth.json)")),
+            .any(|l| l.starts_with("codex ")
+                && l.contains(&format!("logged in ({codex_home_auth})"))),
         "{text}"
     );
 }

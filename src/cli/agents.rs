@@ -64,7 +64,7 @@ pub(super) async fn agents(
             details.push(format!("install: {i}"));
         }
         if let Some(login) = &d.login {
-            details.push(login.clone());
+            details.push(login.to_string());
         }
         if !d.configured.is_empty() {
             details.push(format!("used by {}", d.configured.join(", ")));

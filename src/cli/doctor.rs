@@ -314,22 +314,76 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 ));
                 continue;
             };
-            if profile.kind == ProfileKind::Acp {
-                match acp::probe(&profile, &std::env::temp_dir(), false).await {
-                    Ok(info) => checks.push(check(what, Verdict::Ok, format!("{} answers ACP initialize ({info:?})", path.display()).chars().take(300).collect::<String>(), "")),
-                    Err(e) => checks.push(check(what, Verdict::Fail, format!("{}: {e}", path.display()), "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too")),
+            let login = crate::runner::login::check(&profile);
+            let login_fix = |fallback: &str| {
+                login
+                    .as_ref()
+                    .and_then(|l| l.fix.clone())
+                    .unwrap_or_else(|| fallback.to_string())
+            };
+            let (verdict, detail, fix) = if profile.kind == ProfileKind::Acp {
+                // The agent itself says whether it is logged in: a session is opened (no
+                // prompt is sent).
+                let scratch = std::env::temp_dir();
+                match acp::probe(&profile, &scratch, true).await {
+                    Ok(info) => (
+                        Verdict::Ok,
+                        format!(
+                            "{} ({}): answers ACP and opens a session",
+                            path.display(),
+                            info.agent.as_deref().unwrap_or("an unnamed ACP agent")
+                        ),
+                        String::new(),
+                    ),
+                    Err(crate::runner::RunError::NotLoggedIn(words)) => (
+                        Verdict::Warn,
+                        format!(
+                            "{} (profile {}) is installed but not logged in: {words}",
+                            path.display(),
+                            profile.name
+                        ),
+                        login_fix("log in with the agent's own CLI, or set its API key in the profile's env"),
+                    ),
+                    Err(e) => (
+                        Verdict::Fail,
+                        format!("{} (profile {}): {e}", path.display(), profile.name),
+                        "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too".to_string(),
+                    ),
                 }
             } else {
-                let version = scan::version(&path)
-                    .await
-                    .unwrap_or_else(|| "no --version answer".into());
-                checks.push(check(
-                    what,
-                    Verdict::Ok,
-                    format!("{} ({version})", path.display()),
-                    "",
-                ));
-            }
+                let version = match scan::version_probe(&path).await {
+                    scan::VersionProbe::Printed(v) => v,
+                    scan::VersionProbe::Silent => "no version printed".into(),
+                    scan::VersionProbe::NoAnswer => "no --version answer".into(),
+                };
+                match &login {
+                    Some(l) if !l.logged_in => (
+                        Verdict::Warn,
+                        format!(
+                            "{} ({version}, profile {}) is installed but not logged in: {}",
+                            path.display(),
+                            profile.name,
+                            l.detail
+                        ),
+                        login_fix(""),
+                    ),
+                    Some(l) => (
+                        Verdict::Ok,
+                        format!("{} ({version}), logged in ({})", path.display(), l.detail),
+                        String::new(),
+                    ),
+                    None => (
+                        Verdict::Ok,
+                        format!(
+                            "{} ({version}); its login is not known to the bridge: `aamp-bridge profile test {}` runs it once",
+                            path.display(),
+                            profile.name
+                        ),
+                        String::new(),
+                    ),
+                }
+            };
+            checks.push(check(what, verdict, detail, fix));
         }
     }
     let failed = checks.iter().any(|c| c.status == Verdict::Fail);

@@ -13,7 +13,7 @@ use super::profile::{Profile, ProfileKind};
 use super::template::Vars;
 
 /// How long `--version` may take.
-const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+const VERSION_TIMEOUT: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Detected {
@@ -28,9 +28,9 @@ pub struct Detected {
     pub configured: Vec<String>,
     pub warnings: Vec<String>,
     pub install: Option<String>,
-    /// Whether the agent has credentials: an API key in the environment or its login file.
+    /// Whether the agent has credentials, read as the agent reads them ([`super::login`]).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub login: Option<String>,
+    pub login: Option<super::login::LoginState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe: Option<Result<super::acp::ProbeInfo, String>>,
 }
@@ -167,13 +167,20 @@ pub async fn scan(
 ) -> Vec<Detected> {
     let node = node_major(dirs).await;
     let mut out = Vec::with_capacity(profiles.len());
-    for profile in profiles {
-        let command = profile.command.render(&Vars::default());
-        let path = find(&command, dirs);
-        let probe = match &path {
+    let paths: Vec<Option<PathBuf>> = profiles
+        .iter()
+        .map(|p| find(&p.command.render(&Vars::default()), dirs))
+        .collect();
+    // All at once: one after another, a loaded machine made the later ones look hung.
+    let probes = futures::future::join_all(paths.iter().map(|path| async move {
+        match path {
             Some(p) => Some(version_probe(p).await),
             None => None,
-        };
+        }
+    }))
+    .await;
+    for ((profile, path), probe) in profiles.iter().zip(paths).zip(probes) {
+        let command = profile.command.render(&Vars::default());
         let version = match &probe {
             Some(VersionProbe::Printed(v)) => Some(v.clone()),
             _ => None,
@@ -189,9 +196,12 @@ pub async fn scan(
             }
         }
         if probe == Some(VersionProbe::NoAnswer) {
-            warnings.push("`--version` gave no answer within 5s".into());
+            warnings.push(format!(
+                "`--version` gave no answer within {}s (a busy machine, or the agent waits for input: run `{command} --version` by hand)",
+                VERSION_TIMEOUT.as_secs()
+            ));
         }
-        let login = path.as_ref().and_then(|_| login_state(profile, &command));
+        let login = path.as_ref().and_then(|_| super::login::check(profile));
         out.push(Detected {
             profile: profile.name.clone(),
             kind: match profile.kind {
@@ -214,98 +224,6 @@ pub async fn scan(
         });
     }
     out
-}
-
-/// Where a well-known agent keeps its login.
-struct Login {
-    /// Commands that start with this (the CLI and its ACP adapters).
-    prefix: &'static str,
-    /// API key variables it reads, in the bridge's environment or the profile's `env`.
-    vars: &'static [&'static str],
-    /// Files under the home folder that hold a login; a file with `needs` holds one only when
-    /// it has that key (`~/.claude.json` is written by any run, with or without a login).
-    files: &'static [(&'static str, Option<&'static str>)],
-    /// How a person logs in.
-    how: &'static str,
-}
-
-const LOGINS: &[Login] = &[
-    Login {
-        prefix: "claude",
-        vars: &[
-            "ANTHROPIC_API_KEY",
-            "ANTHROPIC_AUTH_TOKEN",
-            "CLAUDE_CODE_OAUTH_TOKEN",
-        ],
-        files: &[
-            (".claude/.credentials.json", None),
-            (".claude.json", Some("primaryApiKey")),
-            (".claude.json", Some("oauthAccount")),
-        ],
-        how: "run `claude` once and log in (its ACP adapters use Claude Code's login)",
-    },
-    Login {
-        prefix: "codex",
-        // Codex 0.171 `exec` reads CODEX_API_KEY.
-        vars: &["CODEX_API_KEY", "OPENAI_API_KEY"],
-        files: &[("$CODEX_HOME/auth.json", None), (".codex/auth.json", None)],
-        how: "run `codex login` (its ACP adapters use Codex's login)",
-    },
-    Login {
-        prefix: "gemini",
-        vars: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-        files: &[
-            (".gemini/oauth_creds.json", None),
-            (".gemini/.env", Some("GEMINI_API_KEY")),
-            (".gemini/.env", Some("GOOGLE_API_KEY")),
-        ],
-        how: "run `gemini` once and log in (with a custom base URL, set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)",
-    },
-    Login {
-        prefix: "qwen",
-        vars: &["DASHSCOPE_API_KEY", "OPENAI_API_KEY"],
-        files: &[(".qwen/oauth_creds.json", None)],
-        how: "run `qwen` once and log in",
-    },
-];
-
-/// Whether a well-known agent looks logged in; `None` for agents this does not know.
-pub fn login_state(profile: &Profile, command: &str) -> Option<String> {
-    let base = Path::new(command).file_name()?.to_str()?;
-    let login = LOGINS.iter().find(|l| base.starts_with(l.prefix))?;
-    if let Some(var) = login
-        .vars
-        .iter()
-        .find(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
-    {
-        return Some(format!("API key in ${var}"));
-    }
-    if let Some((var, _)) = profile
-        .env
-        .iter()
-        .find(|(k, _)| login.vars.contains(&k.as_str()))
-    {
-        return Some(format!("API key in the profile's env ({var})"));
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let path_of = |file: &str| match file.strip_prefix("$CODEX_HOME/") {
-        Some(rest) => std::env::var_os("CODEX_HOME").map(|h| PathBuf::from(h).join(rest)),
-        None => home.as_ref().map(|h| h.join(file)),
-    };
-    let found = login.files.iter().find(|(file, needs)| {
-        let Some(path) = path_of(file) else {
-            return false;
-        };
-        match needs {
-            None => path.exists(),
-            Some(key) => std::fs::read_to_string(&path).is_ok_and(|text| text.contains(key)),
-        }
-    });
-    Some(match found {
-        Some((file, _)) if file.starts_with('$') => format!("logged in ({file})"),
-        Some((file, _)) => format!("logged in (~/{file})"),
-        None => format!("not logged in: {}, or set ${}", login.how, login.vars[0]),
-    })
 }
 
 /// Each agent of `config` with the name of the profile it runs (its `profile` value when

@@ -1,0 +1,486 @@
+//! Whether a well-known agent is logged in, read the way the agent itself reads it: from the
+//! environment it will run in (the bridge's, with the profile's `env` and `env_file` over it:
+//! `HOME`, `CODEX_HOME`, `CLAUDE_CONFIG_DIR`, API key variables, a Codex provider's `env_key`)
+//! and the files it keeps its login in, counted only when they hold one (an empty credentials
+//! file or a commented-out key is not a login). One check, used by `agents`, `doctor`, `init`
+//! and `status`; ACP agents can also be asked (`doctor` opens a session, see
+//! [`super::acp::probe`]).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::Profile;
+
+/// What the check found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginState {
+    pub logged_in: bool,
+    /// Where the login is ("API key in $CODEX_API_KEY"), or what is missing.
+    pub detail: String,
+    /// How to log in, in the agent's own words, when not logged in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl std::fmt::Display for LoginState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.fix {
+            Some(fix) if !self.logged_in => write!(f, "not logged in: {fix}"),
+            _ => write!(f, "logged in ({})", self.detail),
+        }
+    }
+}
+
+/// The environment an agent runs in: the bridge's own, the profile's over it.
+pub struct AgentEnv {
+    vars: std::collections::HashMap<String, String>,
+}
+
+impl AgentEnv {
+    /// The environment `profile`'s agent gets.
+    pub fn of(profile: &Profile) -> AgentEnv {
+        let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        let rendered = super::template::Vars::default();
+        for (k, v) in &profile.env {
+            vars.insert(k.clone(), v.render(&rendered));
+        }
+        for (k, v) in profile.file_env().unwrap_or_default() {
+            vars.insert(k, v);
+        }
+        AgentEnv { vars }
+    }
+
+    #[cfg(test)]
+    fn from_pairs(pairs: &[(&str, &str)]) -> AgentEnv {
+        AgentEnv {
+            vars: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// A variable's value, when set and not empty.
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    fn home(&self) -> Option<PathBuf> {
+        self.get("HOME").map(PathBuf::from)
+    }
+
+    /// The first of `names` that is set.
+    fn first<'a>(&self, names: &[&'a str]) -> Option<&'a str> {
+        names.iter().copied().find(|n| self.get(n).is_some())
+    }
+
+    fn truthy(&self, name: &str) -> bool {
+        self.get(name)
+            .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
+    }
+}
+
+/// Which agent a command is: the CLI and its ACP adapters share a login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Claude,
+    /// The Codex CLI itself (`codex exec` reads `CODEX_API_KEY`, never `OPENAI_API_KEY`).
+    CodexCli,
+    /// Codex's ACP adapters (they take `OPENAI_API_KEY` as well).
+    CodexAcp,
+    Gemini,
+    Qwen,
+}
+
+fn family(command: &str) -> Option<Family> {
+    let base = Path::new(command).file_name()?.to_str()?;
+    Some(match base {
+        b if b.starts_with("claude") => Family::Claude,
+        "codex" => Family::CodexCli,
+        b if b.starts_with("codex") => Family::CodexAcp,
+        b if b.starts_with("gemini") => Family::Gemini,
+        b if b.starts_with("qwen") => Family::Qwen,
+        _ => return None,
+    })
+}
+
+/// Whether `profile`'s agent is logged in; `None` for agents this does not know.
+pub fn check(profile: &Profile) -> Option<LoginState> {
+    let command = profile.command.render(&super::template::Vars::default());
+    check_in(family(&command)?, &AgentEnv::of(profile))
+}
+
+fn logged_in(detail: String) -> Option<LoginState> {
+    Some(LoginState {
+        logged_in: true,
+        detail,
+        fix: None,
+    })
+}
+
+fn logged_out(detail: &str, fix: &str) -> Option<LoginState> {
+    Some(LoginState {
+        logged_in: false,
+        detail: detail.to_string(),
+        fix: Some(fix.to_string()),
+    })
+}
+
+fn check_in(family: Family, env: &AgentEnv) -> Option<LoginState> {
+    match family {
+        Family::Claude => claude(env),
+        Family::CodexCli | Family::CodexAcp => codex(env, family == Family::CodexAcp),
+        Family::Gemini => gemini(env),
+        Family::Qwen => qwen(env),
+    }
+}
+
+/// A JSON file's value at `pointer`, when it is a string that is not empty.
+fn json_string(path: &Path, pointer: &str) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v.pointer(pointer)
+                .and_then(|s| s.as_str())
+                .map(str::to_string)
+        })
+        .is_some_and(|s| !s.trim().is_empty())
+}
+
+fn shown(path: &Path, env: &AgentEnv) -> String {
+    match env.home() {
+        Some(home) => match path.strip_prefix(&home) {
+            Ok(rest) => format!("~/{}", rest.display()),
+            Err(_) => path.display().to_string(),
+        },
+        None => path.display().to_string(),
+    }
+}
+
+fn claude(env: &AgentEnv) -> Option<LoginState> {
+    const FIX: &str = "run `claude` once and log in with /login (its ACP adapters use Claude Code's login), or set ANTHROPIC_API_KEY in the profile's env";
+    if let Some(var) = env.first(&[
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "CLAUDE_CODE_OAUTH_TOKEN",
+    ]) {
+        return logged_in(format!("API key in ${var}"));
+    }
+    for (var, cloud) in [
+        ("CLAUDE_CODE_USE_BEDROCK", "Amazon Bedrock"),
+        ("CLAUDE_CODE_USE_VERTEX", "Google Vertex AI"),
+    ] {
+        if env.truthy(var) {
+            return logged_in(format!("{cloud} (${var}), with that cloud's credentials"));
+        }
+    }
+    // Claude Code keeps its login in its config folder: CLAUDE_CONFIG_DIR, or ~/.claude with
+    // ~/.claude.json beside it.
+    let (dir, json) = match env.get("CLAUDE_CONFIG_DIR") {
+        Some(d) => (PathBuf::from(d), PathBuf::from(d).join(".claude.json")),
+        None => {
+            let home = env.home()?;
+            (home.join(".claude"), home.join(".claude.json"))
+        }
+    };
+    let credentials = dir.join(".credentials.json");
+    if json_string(&credentials, "/claudeAiOauth/accessToken") {
+        return logged_in(shown(&credentials, env));
+    }
+    if json_string(&json, "/primaryApiKey") {
+        return logged_in(format!("{} (primaryApiKey)", shown(&json, env)));
+    }
+    logged_out(
+        &format!("no API key and no login in {}", shown(&credentials, env)),
+        FIX,
+    )
+}
+
+fn codex(env: &AgentEnv, adapter: bool) -> Option<LoginState> {
+    const FIX: &str = "run `codex login` (its ACP adapters use Codex's login), or set CODEX_API_KEY in the profile's env";
+    let vars: &[&str] = if adapter {
+        &["CODEX_API_KEY", "OPENAI_API_KEY"]
+    } else {
+        &["CODEX_API_KEY"]
+    };
+    if let Some(var) = env.first(vars) {
+        return logged_in(format!("API key in ${var}"));
+    }
+    let codex_home = match env.get("CODEX_HOME") {
+        Some(h) => PathBuf::from(h),
+        None => env.home()?.join(".codex"),
+    };
+    // A model provider of its own, named in config.toml, with the variable its key is in.
+    if let Some((provider, key)) = provider_key(&codex_home.join("config.toml")) {
+        if env.get(&key).is_some() {
+            return logged_in(format!("provider {provider}'s key in ${key}"));
+        }
+        return logged_out(
+            &format!("provider {provider} reads its key from ${key}, which is not set"),
+            &format!("set {key} in the profile's env"),
+        );
+    }
+    let auth = codex_home.join("auth.json");
+    if json_string(&auth, "/OPENAI_API_KEY")
+        || json_string(&auth, "/tokens/access_token")
+        || json_string(&auth, "/tokens/refresh_token")
+    {
+        return logged_in(shown(&auth, env));
+    }
+    let detail = if !adapter && env.get("OPENAI_API_KEY").is_some() {
+        format!(
+            "$OPENAI_API_KEY is set, but `codex exec` reads CODEX_API_KEY; no login in {}",
+            shown(&auth, env)
+        )
+    } else {
+        format!("no API key and no login in {}", shown(&auth, env))
+    };
+    logged_out(&detail, FIX)
+}
+
+/// The model provider Codex's `config.toml` picks and the variable its key is read from, when
+/// the provider is one of its own `[model_providers.X]` with an `env_key`.
+fn provider_key(config: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(config).ok()?;
+    let value: toml::Table = toml::from_str(&text).ok()?;
+    let provider = value.get("model_provider")?.as_str()?.to_string();
+    let key = value
+        .get("model_providers")?
+        .get(&provider)?
+        .get("env_key")?
+        .as_str()?
+        .to_string();
+    Some((provider, key))
+}
+
+/// `KEY=VALUE` lines of a dotenv file, comments and blank values left out.
+fn dotenv(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .map(|text| super::profile::parse_dotenv(&text))
+        .unwrap_or_default()
+}
+
+fn gemini(env: &AgentEnv) -> Option<LoginState> {
+    const FIX: &str = "run `gemini` once and log in, or set GEMINI_API_KEY in the profile's env (with a custom base URL, also set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)";
+    let home = env.home();
+    let dot_env: Vec<(String, String)> = home
+        .as_ref()
+        .map(|h| dotenv(&h.join(".gemini/.env")))
+        .unwrap_or_default();
+    let var = |name: &str| -> Option<String> {
+        env.get(name).map(str::to_string).or_else(|| {
+            dot_env
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    };
+    let from = |name: &str| {
+        if env.get(name).is_some() {
+            format!("${name}")
+        } else {
+            format!("{name} in ~/.gemini/.env")
+        }
+    };
+    let vertex = var("GOOGLE_GENAI_USE_VERTEXAI")
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"));
+    if vertex {
+        if var("GOOGLE_API_KEY").is_some() {
+            return logged_in(format!("Vertex AI, API key {}", from("GOOGLE_API_KEY")));
+        }
+        let adc = var("GOOGLE_APPLICATION_CREDENTIALS")
+            .map(PathBuf::from)
+            .or_else(|| {
+                home.as_ref()
+                    .map(|h| h.join(".config/gcloud/application_default_credentials.json"))
+            });
+        let project =
+            var("GOOGLE_CLOUD_PROJECT").is_some() && var("GOOGLE_CLOUD_LOCATION").is_some();
+        return match adc.filter(|p| p.is_file()) {
+            Some(adc) if project => logged_in(format!(
+                "Vertex AI, application default credentials in {}",
+                shown(&adc, env)
+            )),
+            Some(_) => logged_out(
+                "Vertex AI is chosen (GOOGLE_GENAI_USE_VERTEXAI) without GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION",
+                "set GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION in the profile's env",
+            ),
+            None => logged_out(
+                "Vertex AI is chosen (GOOGLE_GENAI_USE_VERTEXAI) with no API key and no application default credentials",
+                "run `gcloud auth application-default login`, or set GOOGLE_API_KEY in the profile's env",
+            ),
+        };
+    }
+    if let Some(name) = ["GEMINI_API_KEY", "GOOGLE_API_KEY"]
+        .into_iter()
+        .find(|n| var(n).is_some())
+    {
+        return logged_in(format!("API key {}", from(name)));
+    }
+    if let Some(home) = &home {
+        let creds = home.join(".gemini/oauth_creds.json");
+        if json_string(&creds, "/refresh_token") || json_string(&creds, "/access_token") {
+            return logged_in(shown(&creds, env));
+        }
+    }
+    logged_out("no API key and no Google login in ~/.gemini", FIX)
+}
+
+fn qwen(env: &AgentEnv) -> Option<LoginState> {
+    const FIX: &str = "run `qwen` once and log in, or set OPENAI_API_KEY (and OPENAI_BASE_URL, OPENAI_MODEL) in the profile's env";
+    if let Some(var) = env.first(&["OPENAI_API_KEY", "DASHSCOPE_API_KEY"]) {
+        return logged_in(format!("API key in ${var}"));
+    }
+    let home = env.home()?;
+    let creds = home.join(".qwen/oauth_creds.json");
+    if json_string(&creds, "/access_token") || json_string(&creds, "/refresh_token") {
+        return logged_in(shown(&creds, env));
+    }
+    logged_out("no API key and no Qwen login in ~/.qwen", FIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn home() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn state(family: Family, pairs: &[(&str, &str)]) -> LoginState {
+        check_in(family, &AgentEnv::from_pairs(pairs)).unwrap()
+    }
+
+    #[test]
+    fn commands_name_their_family() {
+        assert_eq!(family("/usr/bin/codex"), Some(Family::CodexCli));
+        assert_eq!(family("codex-acp"), Some(Family::CodexAcp));
+        assert_eq!(family("claude-agent-acp"), Some(Family::Claude));
+        assert_eq!(family("gemini"), Some(Family::Gemini));
+        assert_eq!(family("qwen"), Some(Family::Qwen));
+        assert_eq!(family("goose"), None);
+    }
+
+    #[test]
+    fn an_empty_claude_credentials_file_is_not_a_login() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        write(h.path(), ".claude/.credentials.json", "");
+        write(h.path(), ".claude.json", r#"{"numStartups": 1}"#);
+        let s = state(Family::Claude, &[("HOME", hs)]);
+        assert!(!s.logged_in, "{s:?}");
+        assert!(s.fix.unwrap().contains("/login"));
+        write(
+            h.path(),
+            ".claude/.credentials.json",
+            r#"{"claudeAiOauth": {"accessToken": "t"}}"#,
+        );
+        assert!(state(Family::Claude, &[("HOME", hs)]).logged_in);
+        // CLAUDE_CONFIG_DIR moves it.
+        let other = home();
+        let os = other.path().to_str().unwrap();
+        assert!(!state(Family::Claude, &[("HOME", hs), ("CLAUDE_CONFIG_DIR", os)]).logged_in);
+        assert!(state(Family::Claude, &[("ANTHROPIC_API_KEY", "k")]).logged_in);
+        assert!(state(Family::Claude, &[("CLAUDE_CODE_USE_VERTEX", "1")]).logged_in);
+    }
+
+    #[test]
+    fn openai_api_key_alone_is_not_a_codex_cli_login() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        let s = state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
+        assert!(!s.logged_in, "{s:?}");
+        assert!(s.detail.contains("CODEX_API_KEY"), "{s:?}");
+        assert!(state(Family::CodexAcp, &[("HOME", hs), ("OPENAI_API_KEY", "k")]).logged_in);
+        assert!(state(Family::CodexCli, &[("HOME", hs), ("CODEX_API_KEY", "k")]).logged_in);
+    }
+
+    #[test]
+    fn codex_reads_its_own_home_and_providers() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        write(h.path(), ".codex/auth.json", r#"{"OPENAI_API_KEY": "k"}"#);
+        assert!(state(Family::CodexCli, &[("HOME", hs)]).logged_in);
+        // CODEX_HOME elsewhere: ~/.codex does not count.
+        let other = home();
+        let os = other.path().to_str().unwrap();
+        assert!(!state(Family::CodexCli, &[("HOME", hs), ("CODEX_HOME", os)]).logged_in);
+        write(
+            other.path(),
+            "config.toml",
+            "model_provider = \"standin\"\n[model_providers.standin]\nenv_key = \"STANDIN_KEY\"\n",
+        );
+        let s = state(Family::CodexCli, &[("HOME", hs), ("CODEX_HOME", os)]);
+        assert!(
+            !s.logged_in && s.fix.as_deref() == Some("set STANDIN_KEY in the profile's env"),
+            "{s:?}"
+        );
+        let s = state(
+            Family::CodexCli,
+            &[("HOME", hs), ("CODEX_HOME", os), ("STANDIN_KEY", "k")],
+        );
+        assert!(s.logged_in && s.detail.contains("STANDIN_KEY"), "{s:?}");
+    }
+
+    #[test]
+    fn a_commented_out_gemini_key_is_not_a_login() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        write(
+            h.path(),
+            ".gemini/.env",
+            "# GEMINI_API_KEY=abc\nGOOGLE_API_KEY=\n",
+        );
+        assert!(!state(Family::Gemini, &[("HOME", hs)]).logged_in);
+        write(h.path(), ".gemini/.env", "export GEMINI_API_KEY=\"abc\"\n");
+        assert!(state(Family::Gemini, &[("HOME", hs)]).logged_in);
+    }
+
+    #[test]
+    fn vertex_needs_credentials_and_a_project() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        let vertex = [("HOME", hs), ("GOOGLE_GENAI_USE_VERTEXAI", "true")];
+        let s = state(Family::Gemini, &vertex);
+        assert!(!s.logged_in && s.fix.unwrap().contains("gcloud"));
+        write(
+            h.path(),
+            ".config/gcloud/application_default_credentials.json",
+            "{}",
+        );
+        assert!(!state(Family::Gemini, &vertex).logged_in);
+        let mut with_project = vertex.to_vec();
+        with_project.extend([
+            ("GOOGLE_CLOUD_PROJECT", "p"),
+            ("GOOGLE_CLOUD_LOCATION", "us-central1"),
+        ]);
+        assert!(state(Family::Gemini, &with_project).logged_in);
+    }
+
+    #[test]
+    fn dotenv_lines() {
+        assert_eq!(
+            super::super::profile::parse_dotenv(
+                "A=1\n# B=2\nC=\nexport D='x y'\nE=\"q\" # c\nF=v # note\n"
+            ),
+            vec![
+                ("A".to_string(), "1".to_string()),
+                ("D".to_string(), "x y".to_string()),
+                ("E".to_string(), "q".to_string()),
+                ("F".to_string(), "v".to_string()),
+            ]
+        );
+    }
+}
