@@ -350,3 +350,99 @@ async fn the_policys_arguments_come_first() {
         assert_eq!(out.output, expected, "{policy}");
     }
 }
+
+/// Issue 32, item 4: a CLI profile with no `{{resume_id}}` started every turn afresh while the
+/// bridge kept its session id and never used it. It now gets the conversation's earlier turns
+/// retold (the dispatcher's `fresh_prompt`), flagged so the answer says so; its first turn
+/// (nothing to retell) runs as it is.
+#[tokio::test]
+async fn a_cli_that_cannot_resume_gets_the_earlier_turns_retold() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = profile("command = \"cat\"\nstdin = \"{{prompt}}\"\n");
+    assert!(!plain.can_resume());
+    let mut later = task(dir.path(), "turn two");
+    later.resume_id = Some("kept-id".into());
+    later.fresh_prompt = Some("turn one, answer one; turn two".into());
+    let out = run_any(&plain, &later).await.unwrap();
+    assert_eq!(out.output, "turn one, answer one; turn two");
+    assert!(out.no_resume && !out.context_lost);
+    let out = run_any(&plain, &task(dir.path(), "turn one"))
+        .await
+        .unwrap();
+    assert_eq!(out.output, "turn one");
+    assert!(!out.no_resume);
+    let resuming = profile(
+        "command = \"cat\"\nstdin = \"{{prompt}}\"\nargs = [\"--resume\", \"{{resume_id}}\"]\n",
+    );
+    assert!(resuming.can_resume());
+}
+
+/// Issue 32, item 3: the failure reason was the last stderr line, often a stack frame or a
+/// warning the agent prints on every run. It is the line that reads like an error.
+#[tokio::test]
+async fn a_failure_names_the_error_line_not_a_stack_frame_or_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo 'Ripgrep is not available. Falling back to GrepTool.' >&2; \
+                  echo 'Error: Invalid approval mode: sometimes. Valid values are: default, auto_edit, yolo' >&2; \
+                  echo '    at parseArguments (file:///x/gemini-3HFX2LNT.js:17300:11)' >&2; \
+                  echo '    at async main (file:///x/gemini-3HFX2LNT.js:17363:25)' >&2; \
+                  echo 'Ripgrep is not available. Falling back to GrepTool.' >&2; exit 1";
+    let p = profile(&format!(
+        "command = \"sh\"\nargs = [\"-c\", {}]",
+        toml_str(script)
+    ));
+    let err = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Invalid approval mode") && !err.contains("at async main"),
+        "{err}"
+    );
+}
+
+/// Issue 32, item 4: the variables a profile needs live in its `env_file` (0600), read when the
+/// agent starts; a missing one is a clear error naming the profile and the file.
+#[tokio::test]
+async fn a_profiles_env_file_reaches_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mine.toml");
+    std::fs::write(
+        &file,
+        "command = \"sh\"\nargs = [\"-c\", \"echo $SECRET_ONE $PLAIN\"]\nenv = { PLAIN = \"p\" }\nenv_file = \"mine.env\"\n",
+    )
+    .unwrap();
+    let p = Profile::find(file.to_str().unwrap(), &[]).unwrap();
+    let err = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mine.env") && err.contains("profile mine"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.path().join("mine.env"),
+        "# a comment\nSECRET_ONE=\"s 1\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.path().join("mine.env"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    assert!(
+        p.warnings().iter().any(|w| w.contains("chmod 600")),
+        "{:?}",
+        p.warnings()
+    );
+    let out = run_cli(&p, &task(dir.path(), ""), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.output, "s 1 p");
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}

@@ -208,6 +208,10 @@ pub enum ProfileAction {
         permissions: Option<String>,
         #[arg(long)]
         description: Option<String>,
+        /// A variable the agent needs, KEY=VALUE (repeatable): used for the test runs and kept
+        /// in NAME.env beside the profile (0600, named by its env_file), never in the profile.
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
         /// The prompt for the detection run and the smoke test.
         #[arg(long, default_value = "Reply with the word OK.")]
         test_prompt: String,

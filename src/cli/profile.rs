@@ -72,6 +72,7 @@ pub(super) async fn profile(
             acp,
             permissions,
             description,
+            env,
             test_prompt,
             no_test,
             force,
@@ -80,6 +81,10 @@ pub(super) async fn profile(
             if !crate::config::valid_name(&name) {
                 bail!("profile name {name:?}: use lower-case letters, digits, - and _");
             }
+            let env = env
+                .iter()
+                .map(|pair| maker::env_pair(pair))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let command = match command {
                 Some(c) => c,
                 None => bail!("give the agent's program with --command (and its arguments with --arg, `{{{{prompt}}}}` for the task's text)"),
@@ -103,6 +108,8 @@ pub(super) async fn profile(
                 timeout_secs,
                 acp,
                 permissions,
+                env,
+                resume_flag: None,
             };
             let spinner = crate::wizard::prompt::Spinner::new();
             use crate::wizard::Progress as _;
@@ -117,9 +124,9 @@ pub(super) async fn profile(
                 }
             };
             new.stream = Some(format);
-            let text = maker::render(&new, format);
+            let mut text = maker::render(&new, format);
             let path = maker::target(&dirs, &name);
-            maker::write(&path, &text, force)?;
+            maker::write_with_env(&path, &text, &new.env, force)?;
             for warning in Profile::parse(&text, &name, "the new profile")?.warnings() {
                 eprintln!("warning: {warning}");
             }
@@ -135,15 +142,34 @@ pub(super) async fn profile(
                 ));
                 Some(r)
             };
+            // Whether it can continue a conversation: a second turn told which session to
+            // resume must know what the first was told.
+            let resume = match &report {
+                Some(r) if r.ok && !new.acp && !maker::resumes_already(&new) => {
+                    spinner.step("checking whether it continues a conversation");
+                    let found = maker::find_resume_flag(&new, format).await;
+                    spinner.clear();
+                    if let Some(flag) = &found.flag {
+                        new.resume_flag = Some(flag.clone());
+                        text = maker::render(&new, format);
+                        maker::write_with_env(&path, &text, &new.env, true)?;
+                    }
+                    Some(found)
+                }
+                _ => None,
+            };
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"profile": name, "path": path, "stream": format.as_str(), "test": report})
+                    serde_json::json!({"profile": name, "path": path, "stream": format.as_str(), "test": report, "resume": resume})
                 );
             } else {
                 println!("wrote {}:\n{text}", path.display());
                 if let Some(r) = &report {
                     print_report(r, false)?;
+                }
+                if let Some(r) = &resume {
+                    println!("{}", r.summary());
                 }
                 println!("use it: `profile = \"{name}\"` in an [[agents]] table, or pick it in `aamp-bridge init`");
             }

@@ -40,6 +40,9 @@ pub(super) struct Answer {
 
 /// What a result says when the agent could not restore the conversation.
 pub(super) const CONTEXT_LOST: &str = "[Note from aamp-bridge: the agent could not restore this conversation's earlier context (its session was not found), so this answer was made without it.]";
+/// What a result says when the agent's profile names no session to continue, so the
+/// conversation's earlier turns were retold in its prompt.
+pub(super) const CONTEXT_NO_RESUME: &str = "[Note from aamp-bridge: this agent's profile cannot continue a session (it has no {{resume_id}}), so it was given the conversation's earlier turns as text.]";
 /// What a result says when the agent could not restore its session and was given the
 /// conversation's earlier turns as text instead.
 pub(super) const CONTEXT_RETOLD: &str = "[Note from aamp-bridge: the agent could not restore its own session for this conversation, so it was given the conversation's earlier turns as text instead.]";
@@ -81,7 +84,10 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path, retold: bool) 
         tracing::warn!(refused = ?refused, "files the agent named were not attached");
     }
     let said = output.clone();
-    if out.context_lost {
+    if out.no_resume {
+        output.push_str("\n\n");
+        output.push_str(CONTEXT_NO_RESUME);
+    } else if out.context_lost {
         output.push_str("\n\n");
         output.push_str(if retold { CONTEXT_RETOLD } else { CONTEXT_LOST });
     }
@@ -597,8 +603,9 @@ impl<O: Backend> Dispatcher<O> {
         // Should the agent not restore its session, the conversation's earlier turns (its
         // record in the journal) go with the request as text, unless the thread's own
         // history already does.
+        let can_resume = spec.profile.can_resume();
         let turns = match (key, &resume_id) {
-            (Some(k), Some(_)) if history.is_empty() => {
+            (Some(k), resuming) if history.is_empty() && (resuming.is_some() || !can_resume) => {
                 journal.turns(&spec.name, k).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "could not read the conversation's earlier turns");
                     Vec::new()

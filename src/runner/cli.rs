@@ -244,6 +244,7 @@ pub async fn run_cli(
         session_id,
         files: Vec::new(),
         context_lost: false,
+        no_resume: false,
     })
 }
 

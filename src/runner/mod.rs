@@ -6,6 +6,7 @@
 
 pub mod acp;
 mod cli;
+pub mod login;
 pub use cli::run_cli;
 pub mod process;
 pub mod profile;
@@ -114,6 +115,9 @@ pub struct RunOutput {
     /// The task asked to continue a session the agent could not restore: it ran in a new
     /// session, without the conversation's earlier context.
     pub context_lost: bool,
+    /// The profile names no session to continue (no `{{resume_id}}`): the conversation's
+    /// earlier turns were retold in the prompt.
+    pub no_resume: bool,
 }
 
 /// A file an agent handed over.
@@ -142,6 +146,9 @@ pub enum RunError {
     Failed { status: String, stderr: String },
     #[error("the agent reported an error: {0}")]
     Reported(String),
+    /// The agent said it has no login (an ACP agent's auth error; its words).
+    #[error("the agent is installed but not logged in: {0}")]
+    NotLoggedIn(String),
     #[error("the task was cancelled")]
     Cancelled,
     #[error("{0}")]
@@ -151,25 +158,78 @@ pub enum RunError {
 }
 
 fn stderr_suffix(stderr: &str) -> String {
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
-    if last.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", last.chars().take(300).collect::<String>())
+    match telling_line(stderr) {
+        Some(line) => format!(": {line}"),
+        None => String::new(),
     }
+}
+
+/// The line of an agent's stderr (or an error's text) that says what went wrong: the last
+/// one that reads like an error, else the last that is not noise. Noise: stack frames
+/// (`at main (…js:17363:25)`), Node's own lines, and warnings agents print on every run
+/// ("Ripgrep is not available. Falling back to GrepTool.").
+pub fn telling_line(text: &str) -> Option<String> {
+    const WARNINGS: &[&str] = &[
+        "ripgrep is not available",
+        "falling back to",
+        "deprecationwarning",
+        "experimentalwarning",
+        "(use `node --trace",
+        "(use node --trace",
+        "node.js v",
+        "loaded cached credentials",
+        "data collection is disabled",
+    ];
+    const ERROR_WORDS: &[&str] = &[
+        "error",
+        "invalid",
+        "denied",
+        "refused",
+        "failed",
+        "not found",
+        "unauthorized",
+        "forbidden",
+        "cannot",
+        "could not",
+        "unable",
+        "missing",
+        "required",
+        "not logged in",
+        "no auth",
+    ];
+    let kept: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            let lower = l.to_ascii_lowercase();
+            let frame = l.starts_with("at ")
+                || l.starts_with("node:")
+                || l.starts_with('^')
+                || l.starts_with("...")
+                || matches!(*l, "{" | "}" | "]" | "[" | ")" | "})" | "});")
+                || (l.contains(".js:") && !l.contains(' '));
+            !frame && !WARNINGS.iter().any(|w| lower.contains(w))
+        })
+        .collect();
+    let pick = kept
+        .iter()
+        .rev()
+        .find(|l| {
+            let lower = l.to_ascii_lowercase();
+            ERROR_WORDS.iter().any(|w| lower.contains(w))
+        })
+        .or(kept.last())?;
+    Some(pick.chars().take(300).collect())
 }
 
 impl Classify for RunError {
     fn class(&self) -> ErrorClass {
         match self {
-            RunError::Spawn { .. } | RunError::Failed { .. } | RunError::Reported(_) => {
-                ErrorClass::Permanent
-            }
+            RunError::Spawn { .. }
+            | RunError::Failed { .. }
+            | RunError::Reported(_)
+            | RunError::NotLoggedIn(_) => ErrorClass::Permanent,
             RunError::TimedOut(_) | RunError::Io(_) | RunError::Prepare(_) => ErrorClass::Transient,
             RunError::Cancelled => ErrorClass::Cancelled,
         }
@@ -206,6 +266,21 @@ pub async fn run(
     cancel: &CancellationToken,
     events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
+    // A CLI agent that cannot be told which session to continue is given the conversation's
+    // earlier turns as text instead, and the answer says so.
+    if !profile.can_resume() {
+        let Some(retold) = &task.fresh_prompt else {
+            return run_once(profile, task, cancel, events).await;
+        };
+        let fresh = TaskInput {
+            resume_id: None,
+            prompt: retold.clone(),
+            ..task.clone()
+        };
+        let mut out = run_once(profile, &fresh, cancel, events).await?;
+        out.no_resume = true;
+        return Ok(out);
+    }
     let Some(resume_id) = task.resume_id.as_deref() else {
         return run_once(profile, task, cancel, events).await;
     };
@@ -300,6 +375,12 @@ fn spawn_agent(
     for (name, value) in &profile.env {
         cmd.env(name, value.render(vars));
     }
+    // A few lines, read as the agent starts (its values are kept in no `Profile`).
+    let file_env = profile.file_env().map_err(|source| RunError::Spawn {
+        command: program.to_string(),
+        source,
+    })?;
+    cmd.envs(file_env);
     if let Some(task) = task {
         cmd.envs(task.env.iter().map(|(k, v)| (k, v)));
     }

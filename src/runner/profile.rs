@@ -85,6 +85,9 @@ struct ProfileFile {
     stdin: Option<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// A file of `KEY=VALUE` lines (a dotenv file, 0600) added to the environment after `env`:
+    /// where secrets go (`profile new --env` writes one). Relative to the profile's folder.
+    env_file: Option<String>,
     cwd: Option<String>,
     #[serde(default = "default_timeout")]
     timeout_secs: u64,
@@ -232,6 +235,8 @@ pub struct Profile {
     pub args: Vec<Template>,
     pub stdin: Option<Template>,
     pub env: Vec<(String, Template)>,
+    /// `env_file`, resolved: read when the agent starts, so its values are in no `Profile`.
+    pub env_file: Option<PathBuf>,
     pub cwd: Option<Template>,
     pub timeout: Duration,
     pub success_exit_codes: Vec<i32>,
@@ -307,6 +312,13 @@ impl Profile {
                 .iter()
                 .map(|(k, v)| Ok((k.clone(), parse(&format!("env.{k}"), v)?)))
                 .collect::<Result<_, ProfileError>>()?,
+            env_file: file.env_file.as_deref().map(|f| {
+                let f = Path::new(f);
+                match Path::new(origin).parent() {
+                    Some(dir) if f.is_relative() && origin.ends_with(".toml") => dir.join(f),
+                    _ => f.to_path_buf(),
+                }
+            }),
             cwd: file.cwd.as_deref().map(|c| parse("cwd", c)).transpose()?,
             timeout: Duration::from_secs(file.timeout_secs),
             success_exit_codes: file.success_exit_codes,
@@ -390,9 +402,47 @@ impl Profile {
         kept.into_iter().chain(own.iter().cloned()).collect()
     }
 
+    /// The variables in `env_file` (none without one).
+    pub fn file_env(&self) -> Result<Vec<(String, String)>, std::io::Error> {
+        match &self.env_file {
+            Some(path) => std::fs::read_to_string(path)
+                .map(|text| parse_dotenv(&text))
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("profile {}'s env_file {}: {e}", self.name, path.display()),
+                    )
+                }),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether a CLI agent can be told which session to continue: `{{resume_id}}` in its
+    /// arguments (or `args_when_resuming`). ACP agents resume by the protocol.
+    pub fn can_resume(&self) -> bool {
+        self.kind == ProfileKind::Acp
+            || self
+                .args
+                .iter()
+                .chain(self.args_when_resuming.iter().flatten())
+                .any(|a| a.names("resume_id"))
+    }
+
     /// What is unsafe about this profile, in words a person acts on.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if let Some(path) = &self.env_file {
+            use std::os::unix::fs::PermissionsExt;
+            if let Ok(meta) = std::fs::metadata(path) {
+                if meta.permissions().mode() & 0o077 != 0 {
+                    out.push(format!(
+                        "profile {}'s env_file {} can be read by other users: chmod 600 it",
+                        self.name,
+                        path.display()
+                    ));
+                }
+            }
+        }
         let policy = self
             .permission_args
             .get(&self.permissions)
@@ -490,6 +540,29 @@ impl Profile {
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or(name);
         Self::parse(&text, stem, &path.display().to_string())
     }
+}
+
+/// The pairs in a dotenv text: `KEY=VALUE`, `export KEY=VALUE`, values quoted or not; lines
+/// starting with `#` and empty values are not pairs.
+pub fn parse_dotenv(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            if line.starts_with('#') {
+                return None;
+            }
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (key, value) = line.split_once('=')?;
+            let key = key.trim();
+            let mut value = value.trim();
+            if let Some(q) = value.chars().next().filter(|c| *c == '"' || *c == '\'') {
+                value = value[1..].split(q).next().unwrap_or("");
+            } else if let Some((v, _)) = value.split_once(" #") {
+                value = v.trim();
+            }
+            (!key.is_empty() && !value.is_empty()).then(|| (key.to_string(), value.to_string()))
+        })
+        .collect()
 }
 
 /// Renders `args`: an argument whose template renders empty is dropped, and so is the flag

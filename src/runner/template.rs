@@ -83,6 +83,13 @@ impl Template {
             .collect()
     }
 
+    /// Whether the template uses the placeholder `{{name}}`.
+    pub fn names(&self, name: &str) -> bool {
+        self.0
+            .iter()
+            .any(|p| matches!(p, Piece::Var(v) if v == name))
+    }
+
     pub fn has_placeholders(&self) -> bool {
         self.0.iter().any(|p| !matches!(p, Piece::Text(_)))
     }

@@ -22,7 +22,7 @@ pub enum PromptVia {
 }
 
 /// What `profile new` is told (flags, or the questions).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NewProfile {
     pub name: String,
     pub description: String,
@@ -35,6 +35,54 @@ pub struct NewProfile {
     pub timeout_secs: u64,
     pub acp: bool,
     pub permissions: Option<String>,
+    /// Variables the agent needs (`--env`): kept in `NAME.env` beside the profile, 0600.
+    pub env: Vec<(String, String)>,
+    /// The flag that makes it continue a session (`--resume`), found by [`find_resume_flag`].
+    pub resume_flag: Option<String>,
+}
+
+/// `KEY=VALUE`, checked.
+pub fn env_pair(pair: &str) -> anyhow::Result<(String, String)> {
+    let (key, value) = pair
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("--env {pair:?}: give KEY=VALUE"))?;
+    let valid = !key.is_empty()
+        && !key.starts_with(|c: char| c.is_ascii_digit())
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        anyhow::bail!("--env {key:?}: a variable name is letters, digits and _");
+    }
+    if value.contains('\n') || (value.contains('"') && value.contains('\'')) {
+        anyhow::bail!("--env {key}: the value cannot hold a line break, or both kinds of quote");
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
+/// The env file's text: a line per variable, quoted when it has to be.
+fn env_text(env: &[(String, String)]) -> String {
+    let mut out = String::from(
+        "# Made by `aamp-bridge profile new --env`: the agent's variables (keep it 0600).\n",
+    );
+    for (key, value) in env {
+        let plain = !value.is_empty()
+            && value
+                .chars()
+                .all(|c| !c.is_whitespace() && !matches!(c, '"' | '\'' | '#'));
+        let quoted = if plain {
+            value.clone()
+        } else if value.contains('"') {
+            format!("'{value}'")
+        } else {
+            format!("\"{value}\"")
+        };
+        out.push_str(&format!("{key}={quoted}\n"));
+    }
+    out
+}
+
+/// The env file that goes with the profile at `path`.
+fn env_path(path: &Path) -> PathBuf {
+    path.with_extension("env")
 }
 
 fn quoted(s: &str) -> String {
@@ -47,6 +95,9 @@ pub fn render(p: &NewProfile, stream: StreamFormat) -> String {
     let in_args = args.iter().any(|a| a.contains("{{prompt}}"));
     if p.prompt_via == PromptVia::Arg && !in_args && !p.acp {
         args.push("{{prompt}}".into());
+    }
+    if let Some(flag) = &p.resume_flag {
+        args = args_with_resume(&args, flag);
     }
     let mut out = format!(
         "# Made by `aamp-bridge profile new`; the README's \"Profiles\" section lists every key.\nname = {}\ndescription = {}\n",
@@ -74,15 +125,125 @@ pub fn render(p: &NewProfile, stream: StreamFormat) -> String {
     if let Some(perm) = &p.permissions {
         out.push_str(&format!("permissions = {}\n", quoted(perm)));
     }
+    if !p.env.is_empty() {
+        out.push_str(&format!(
+            "# The variables given with --env (secrets stay out of this file).\nenv_file = {}\n",
+            quoted(&format!("{}.env", p.name))
+        ));
+    }
     out
+}
+
+/// The profile's arguments with the resume flag in: before a last `{{prompt}}` or `-` (the
+/// prompt or stdin marker many CLIs want last), else at the end.
+fn args_with_resume(args: &[String], flag: &str) -> Vec<String> {
+    let mut args = args.to_vec();
+    let at = match args.last().map(String::as_str) {
+        Some("-") => args.len() - 1,
+        Some(a) if a.contains("{{prompt}}") => args.len() - 1,
+        _ => args.len(),
+    };
+    args.splice(at..at, [flag.to_string(), "{{resume_id}}".to_string()]);
+    args
 }
 
 /// Runs the command once with `prompt` and returns its raw stdout, to see how it is framed.
 pub async fn sample(p: &NewProfile, prompt: &str) -> anyhow::Result<String> {
     let text = render(p, StreamFormat::None);
     let profile = Profile::parse(&text, &p.name, "the new profile")?;
-    let (output, _) = run(&profile, prompt).await?;
-    Ok(output)
+    let (out, _) = run(&profile, prompt, &p.env, None).await?;
+    Ok(out.output)
+}
+
+/// Whether the profile's arguments name the session to continue already.
+pub fn resumes_already(p: &NewProfile) -> bool {
+    p.args.iter().any(|a| a.contains("{{resume_id}}"))
+}
+
+/// What [`find_resume_flag`] found.
+#[derive(Debug, Serialize)]
+pub struct ResumeCheck {
+    /// The flag that worked.
+    pub flag: Option<String>,
+    /// What was tried, and what each did.
+    pub tried: Vec<String>,
+}
+
+impl ResumeCheck {
+    /// A line for people.
+    pub fn summary(&self) -> String {
+        match &self.flag {
+            Some(flag) => format!(
+                "it continues a conversation with `{flag} {{{{resume_id}}}}` (checked: a second turn knew what the first was told); written to the profile"
+            ),
+            None => format!(
+                "it could not be made to continue a conversation ({}): each later turn of a conversation is sent with the earlier turns retold in its prompt, and its answer says so",
+                self.tried.join("; ")
+            ),
+        }
+    }
+}
+
+/// Flags CLI agents take to continue a session by its id.
+const RESUME_FLAGS: &[&str] = &["--resume", "--session", "--session-id", "-r"];
+
+/// Finds the flag that makes the agent continue a session: a first turn is told a word to
+/// remember and names its session; a second, run with each candidate flag and that session,
+/// must answer with the word.
+pub async fn find_resume_flag(p: &NewProfile, format: StreamFormat) -> ResumeCheck {
+    let mut tried = Vec::new();
+    let word = format!("w{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let first = render(p, format);
+    let profile = match Profile::parse(&first, &p.name, "the new profile") {
+        Ok(profile) => profile,
+        Err(e) => {
+            tried.push(e.to_string());
+            return ResumeCheck { flag: None, tried };
+        }
+    };
+    let told = format!("Please remember: {word}. Reply with OK.");
+    let session = match run(&profile, &told, &p.env, None).await {
+        Ok((out, _)) => out.session_id,
+        Err(e) => {
+            tried.push(format!("a first turn failed: {e:#}"));
+            return ResumeCheck { flag: None, tried };
+        }
+    };
+    let Some(session) = session else {
+        tried.push("its output names no session".into());
+        return ResumeCheck { flag: None, tried };
+    };
+    for flag in RESUME_FLAGS {
+        let with = NewProfile {
+            resume_flag: Some(flag.to_string()),
+            ..p.clone()
+        };
+        let Ok(profile) = Profile::parse(&render(&with, format), &p.name, "the new profile") else {
+            continue;
+        };
+        let asked = "What was the word I asked you to remember? Reply with that word only.";
+        match run(&profile, asked, &p.env, Some(&session)).await {
+            Ok((out, _)) if out.output.contains(&word) => {
+                tried.push(format!("{flag}: worked"));
+                return ResumeCheck {
+                    flag: Some(flag.to_string()),
+                    tried,
+                };
+            }
+            Ok(_) => tried.push(format!("{flag}: the second turn did not know the first")),
+            Err(e) => tried.push(format!("{flag}: {}", first_line(&format!("{e:#}")))),
+        }
+    }
+    ResumeCheck { flag: None, tried }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(160)
+        .collect()
 }
 
 /// What a smoke test saw.
@@ -102,18 +263,23 @@ pub struct Report {
     pub error: Option<String>,
 }
 
-async fn run(profile: &Profile, prompt: &str) -> anyhow::Result<(String, Vec<StreamEvent>)> {
+async fn run(
+    profile: &Profile,
+    prompt: &str,
+    env: &[(String, String)],
+    resume_id: Option<&str>,
+) -> anyhow::Result<(crate::runner::RunOutput, Vec<StreamEvent>)> {
     let workspace = tempfile_dir()?;
     let task = TaskInput {
         agent: profile.name.clone(),
         task_id: format!("profile-test-{}", uuid::Uuid::new_v4()),
         prompt: prompt.to_string(),
         session_key: None,
-        resume_id: None,
+        resume_id: resume_id.map(str::to_string),
         fresh_prompt: None,
         workspace: workspace.clone(),
         questions: None,
-        env: Vec::new(),
+        env: env.to_vec(),
         on_spawn: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
@@ -133,7 +299,7 @@ async fn run(profile: &Profile, prompt: &str) -> anyhow::Result<(String, Vec<Str
     let (result, events) = tokio::join!(go, collect);
     let _ = std::fs::remove_dir_all(&workspace);
     let output = result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok((output.output, events))
+    Ok((output, events))
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
@@ -151,8 +317,9 @@ pub async fn smoke_test(profile: &Profile, prompt: &str) -> Report {
 /// The same, keeping every stream event in order when `keep_events`.
 pub async fn smoke_test_with(profile: &Profile, prompt: &str, keep_events: bool) -> Report {
     let started = std::time::Instant::now();
-    match run(profile, prompt).await {
-        Ok((output, events)) => {
+    match run(profile, prompt, &[], None).await {
+        Ok((out, events)) => {
+            let output = out.output;
             let mut counts = std::collections::BTreeMap::new();
             let mut stream = Vec::new();
             for e in &events {
@@ -193,12 +360,82 @@ pub async fn detect(p: &NewProfile, prompt: &str) -> anyhow::Result<StreamFormat
     Ok(stream::detect(&out))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resume_flag_goes_before_a_last_prompt_or_stdin_marker() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            args_with_resume(&args(&["-p", "--output-format", "stream-json"]), "--resume"),
+            args(&[
+                "-p",
+                "--output-format",
+                "stream-json",
+                "--resume",
+                "{{resume_id}}"
+            ])
+        );
+        assert_eq!(
+            args_with_resume(&args(&["exec", "-"]), "-r"),
+            args(&["exec", "-r", "{{resume_id}}", "-"])
+        );
+        assert_eq!(
+            args_with_resume(&args(&["-p", "{{prompt}}"]), "--session"),
+            args(&["-p", "--session", "{{resume_id}}", "{{prompt}}"])
+        );
+    }
+
+    #[test]
+    fn env_values_come_back_as_given() {
+        let env = vec![
+            ("A".to_string(), "plain".to_string()),
+            ("B".to_string(), "with space # and hash".to_string()),
+            ("C".to_string(), "say \"hi\"".to_string()),
+        ];
+        assert_eq!(crate::runner::profile::parse_dotenv(&env_text(&env)), env);
+        assert!(env_pair("1A=x").is_err());
+        assert!(env_pair("NOEQUALS").is_err());
+        assert_eq!(
+            env_pair("K=a=b").unwrap(),
+            ("K".to_string(), "a=b".to_string())
+        );
+    }
+}
+
 /// Where `profile new` writes: the first profile folder.
 pub fn target(dirs: &[PathBuf], name: &str) -> PathBuf {
     dirs.first()
         .cloned()
         .unwrap_or_else(|| crate::config::default_config_dir().join("profiles"))
         .join(format!("{name}.toml"))
+}
+
+/// Writes the profile file and, with variables, its env file (0600) first: the profile names
+/// it. Refuses to replace a profile unless `force`.
+pub fn write_with_env(
+    path: &Path,
+    text: &str,
+    env: &[(String, String)],
+    force: bool,
+) -> anyhow::Result<()> {
+    if path.exists() && !force {
+        anyhow::bail!(
+            "{} exists: pass --force to replace it, or pick another name",
+            path.display()
+        );
+    }
+    if !env.is_empty() {
+        let env_file = env_path(path);
+        if let Some(dir) = env_file.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        crate::fsio::write_atomic(&env_file, env_text(env).as_bytes(), 0o600)
+            .with_context(|| format!("cannot write {}", env_file.display()))?;
+    }
+    write(path, text, force)
 }
 
 /// Writes the profile file (0644), refusing to replace one unless `force`.

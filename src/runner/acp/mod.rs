@@ -611,6 +611,7 @@ pub async fn run_acp(
                     session_id: Some(session_id),
                     files: std::mem::take(&mut *shared.files.lock().expect("files lock")),
                     context_lost: shared.context_lost.load(Ordering::SeqCst),
+                    no_resume: false,
                 })
             }
             StopReason::Cancelled => Err(RunError::Cancelled),
@@ -635,12 +636,17 @@ pub async fn run_acp(
         // a broken connection and its stderr.
         Ok(Driven::PromptFailed(e)) if status.is_none_or(|s| s.success()) => {
             if e.code == ErrorCode::AUTH_REQUIRED {
-                Err(not_logged_in(&e.message))
+                Err(not_logged_in(&agent_error(&e)))
             } else {
                 Err(RunError::Reported(agent_error(&e)))
             }
         }
-        Ok(Driven::PromptFailed(e)) => Err(failed(format!("failed on the task ({})", e.message))),
+        Ok(Driven::PromptFailed(e)) if e.code == ErrorCode::AUTH_REQUIRED => {
+            Err(not_logged_in(&agent_error(&e)))
+        }
+        Ok(Driven::PromptFailed(e)) => {
+            Err(failed(format!("failed on the task ({})", agent_error(&e))))
+        }
         Err(e) => Err(failed(format!("broke the ACP connection ({})", e.message))),
     }
 }
@@ -648,11 +654,13 @@ pub async fn run_acp(
 /// An agent's JSON-RPC error in words: its message, and the details adapters put in `data`
 /// (`{"details": "Claude Code process exited with code 1"}`).
 fn agent_error(e: &agent_client_protocol::Error) -> String {
+    // A stack trace in `data` (codex-acp appends one) is not a reason: its telling line is.
     let details = e.data.as_ref().and_then(|d| match d {
-        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::String(s) => crate::runner::telling_line(s),
         serde_json::Value::Object(o) => ["details", "message", "error"]
             .iter()
-            .find_map(|k| o.get(*k).and_then(|v| v.as_str()).map(str::to_string)),
+            .find_map(|k| o.get(*k).and_then(|v| v.as_str()))
+            .and_then(crate::runner::telling_line),
         _ => None,
     });
     match details.filter(|d| !d.is_empty() && !e.message.contains(d.as_str())) {
@@ -662,9 +670,7 @@ fn agent_error(e: &agent_client_protocol::Error) -> String {
 }
 
 fn not_logged_in(detail: &str) -> RunError {
-    RunError::Reported(format!(
-        "the agent is installed but not logged in: {detail}"
-    ))
+    RunError::NotLoggedIn(detail.to_string())
 }
 
 fn session_refused(detail: &str, profile: &Profile) -> RunError {
@@ -913,23 +919,20 @@ async fn open_session(
                     format!("{message}; log in with the agent's own CLI, or set auth_method in the profile to one of: {}", offered.join(", "))
                 };
                 if !authenticated {
-                    return Ok(Err(Driven::NotLoggedIn(advice(&e.message))));
+                    return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e)))));
                 }
                 match within!(NewSessionRequest::new(cwd)) {
                     Ok(r) => {
                         offered = ids(&r.modes);
                         r.session_id.0.to_string()
                     }
-                    Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&e.message)))),
+                    Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e))))),
                 }
             }
             // Some agents put the real cause in the error's data (claude-agent-acp answers
             // -32603 "Internal error" with the details there when it is not logged in).
             Err(e) => {
-                let detail = match &e.data {
-                    Some(data) if !data.is_null() => format!("{} ({})", e.message, data),
-                    _ => e.message.clone(),
-                };
+                let detail = agent_error(&e);
                 return Ok(Err(Driven::SessionRefused(detail)));
             }
         },
