@@ -352,9 +352,10 @@ async fn the_policys_arguments_come_first() {
 }
 
 /// Issue 32, item 4: a CLI profile with no `{{resume_id}}` started every turn afresh while the
-/// bridge kept its session id and never used it. It now gets the conversation's earlier turns
-/// retold (the dispatcher's `fresh_prompt`), flagged so the answer says so; its first turn
-/// (nothing to retell) runs as it is.
+/// bridge kept the session id its stream named and never used it. It now gets the
+/// conversation's earlier turns retold (the dispatcher's `fresh_prompt`), flagged so the
+/// answer says so; a turn with no session to continue runs as it is (a CLI that names no
+/// session may keep its conversation by AAMP_SESSION_KEY itself).
 #[tokio::test]
 async fn a_cli_that_cannot_resume_gets_the_earlier_turns_retold() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,6 +376,10 @@ async fn a_cli_that_cannot_resume_gets_the_earlier_turns_retold() {
         "command = \"cat\"\nstdin = \"{{prompt}}\"\nargs = [\"--resume\", \"{{resume_id}}\"]\n",
     );
     assert!(resuming.can_resume());
+    let keyed = profile(
+        "command = \"cat\"\nstdin = \"{{prompt}}\"\nenv = { CONV = \"{{safe_session_key}}\" }\n",
+    );
+    assert!(keyed.can_resume());
 }
 
 /// Issue 32, item 3: the failure reason was the last stderr line, often a stack frame or a

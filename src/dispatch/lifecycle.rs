@@ -603,9 +603,8 @@ impl<O: Backend> Dispatcher<O> {
         // Should the agent not restore its session, the conversation's earlier turns (its
         // record in the journal) go with the request as text, unless the thread's own
         // history already does.
-        let can_resume = spec.profile.can_resume();
         let turns = match (key, &resume_id) {
-            (Some(k), resuming) if history.is_empty() && (resuming.is_some() || !can_resume) => {
+            (Some(k), Some(_)) if history.is_empty() => {
                 journal.turns(&spec.name, k).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "could not read the conversation's earlier turns");
                     Vec::new()

@@ -266,15 +266,16 @@ pub async fn run(
     cancel: &CancellationToken,
     events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
-    // A CLI agent that cannot be told which session to continue is given the conversation's
-    // earlier turns as text instead, and the answer says so.
-    if !profile.can_resume() {
-        let Some(retold) = &task.fresh_prompt else {
-            return run_once(profile, task, cancel, events).await;
-        };
+    // A CLI agent that named a session (its stream did) but whose profile cannot say which
+    // to continue is given the conversation's earlier turns as text instead, and the answer
+    // says so. (One that names none may keep its conversation by AAMP_SESSION_KEY itself.)
+    if task.resume_id.is_some() && !profile.can_resume() {
         let fresh = TaskInput {
             resume_id: None,
-            prompt: retold.clone(),
+            prompt: task
+                .fresh_prompt
+                .clone()
+                .unwrap_or_else(|| task.prompt.clone()),
             ..task.clone()
         };
         let mut out = run_once(profile, &fresh, cancel, events).await?;

@@ -418,14 +418,20 @@ impl Profile {
     }
 
     /// Whether a CLI agent can be told which session to continue: `{{resume_id}}` in its
-    /// arguments (or `args_when_resuming`). ACP agents resume by the protocol.
+    /// arguments (or `args_when_resuming`), or a session key it keeps its conversations by
+    /// (`{{session_key}}`, `{{safe_session_key}}` anywhere). ACP agents resume by the protocol.
     pub fn can_resume(&self) -> bool {
+        let templates = self
+            .args
+            .iter()
+            .chain(self.args_when_resuming.iter().flatten())
+            .chain(self.stdin.iter())
+            .chain(self.cwd.iter())
+            .chain(self.env.iter().map(|(_, v)| v));
         self.kind == ProfileKind::Acp
-            || self
-                .args
-                .iter()
-                .chain(self.args_when_resuming.iter().flatten())
-                .any(|a| a.names("resume_id"))
+            || templates.into_iter().any(|t| {
+                t.names("resume_id") || t.names("session_key") || t.names("safe_session_key")
+            })
     }
 
     /// What is unsafe about this profile, in words a person acts on.
