@@ -198,14 +198,14 @@ fn agents_tells_each_login_shape() {
     let login = &adapter["login"];
     assert_eq!(login["loggedIn"], false, "{login}");
     assert!(
-        login["fix"].as_str().unwrap().contains("run `claude` once"),
+        login["fix"].as_str().unwrap().contains("claude auth login"),
         "~/.claude.json alone is no login, and the adapter has no login of its own: {login}"
     );
     let codex_home_auth = "~/codex-home/auth.json";
     assert_eq!(get("codex")["login"]["detail"], codex_home_auth);
     assert_eq!(
         get("gemini")["login"]["detail"],
-        "API key GEMINI_API_KEY in ~/.gemini/.env"
+        "API key GEMINI_API_KEY in a .env file"
     );
     assert_eq!(
         get("keyed-claude")["login"]["detail"],

@@ -151,6 +151,13 @@ fn claude_errors_are_read_from_the_result_not_its_subtype() {
         parser.end.error.as_deref(),
         Some("Reached maximum number of turns (10)")
     );
+    // Issue 32: Qwen Code (Claude's stream) puts its reason in an error object; it was read
+    // as "claude ended with error_during_execution".
+    let (_, parser) = parse(StreamFormat::Claude, "qwen-no-auth.jsonl");
+    assert_eq!(
+        parser.end.error.as_deref(),
+        Some("No auth type is selected. Please configure an auth type (e.g. via settings or `--auth-type`) before running in non-interactive mode.")
+    );
 }
 
 #[test]

@@ -326,6 +326,18 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 // prompt is sent).
                 let scratch = std::env::temp_dir();
                 match acp::probe(&profile, &scratch, true).await {
+                    // claude-agent-acp opens a session with no login and refuses the prompt.
+                    Ok(info) if login.as_ref().is_some_and(|l| !l.logged_in) => (
+                        Verdict::Warn,
+                        format!(
+                            "{} ({}, profile {}) opens a session, but is not logged in: {}",
+                            path.display(),
+                            info.agent.as_deref().unwrap_or("an unnamed ACP agent"),
+                            profile.name,
+                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
+                        ),
+                        login_fix(""),
+                    ),
                     Ok(info) => (
                         Verdict::Ok,
                         format!(

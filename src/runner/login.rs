@@ -140,11 +140,15 @@ fn check_in(family: Family, env: &AgentEnv) -> Option<LoginState> {
     }
 }
 
-/// A JSON file's value at `pointer`, when it is a string that is not empty.
-fn json_string(path: &Path, pointer: &str) -> bool {
+fn read_json(path: &Path) -> Option<serde_json::Value> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+}
+
+/// A JSON file's value at `pointer`, when it is a string that is not empty.
+fn json_string(path: &Path, pointer: &str) -> bool {
+    read_json(path)
         .and_then(|v| {
             v.pointer(pointer)
                 .and_then(|s| s.as_str())
@@ -164,7 +168,7 @@ fn shown(path: &Path, env: &AgentEnv) -> String {
 }
 
 fn claude(env: &AgentEnv) -> Option<LoginState> {
-    const FIX: &str = "run `claude` once and log in with /login (its ACP adapters use Claude Code's login), or set ANTHROPIC_API_KEY in the profile's env";
+    const FIX: &str = "run `claude auth login` (its ACP adapters use Claude Code's login), or `claude setup-token` and set CLAUDE_CODE_OAUTH_TOKEN, or set ANTHROPIC_API_KEY in the profile's env";
     if let Some(var) = env.first(&[
         "ANTHROPIC_API_KEY",
         "ANTHROPIC_AUTH_TOKEN",
@@ -190,14 +194,40 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
         }
     };
     let credentials = dir.join(".credentials.json");
-    if json_string(&credentials, "/claudeAiOauth/accessToken") {
+    // Claude Code takes a stored login only with a token and the inference scope.
+    let oauth = read_json(&credentials).is_some_and(|v| {
+        v.pointer("/claudeAiOauth/accessToken")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| !t.trim().is_empty())
+            && v.pointer("/claudeAiOauth/scopes")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| s.iter().any(|x| x == "user:inference"))
+    });
+    if oauth {
         return logged_in(shown(&credentials, env));
     }
     if json_string(&json, "/primaryApiKey") {
         return logged_in(format!("{} (primaryApiKey)", shown(&json, env)));
     }
+    let settings = dir.join("settings.json");
+    if json_string(&settings, "/apiKeyHelper") {
+        return logged_in(format!("{} (apiKeyHelper)", shown(&settings, env)));
+    }
+    if let Some(var) = [
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "CLAUDE_CODE_OAUTH_TOKEN",
+    ]
+    .into_iter()
+    .find(|v| json_string(&settings, &format!("/env/{v}")))
+    {
+        return logged_in(format!("{var} in {}", shown(&settings, env)));
+    }
     logged_out(
-        &format!("no API key and no login in {}", shown(&credentials, env)),
+        &format!(
+            "Claude Code would say \"Not logged in · Please run /login\": no API key, and no login in {}",
+            shown(&credentials, env)
+        ),
         FIX,
     )
 }
@@ -267,11 +297,22 @@ fn dotenv(path: &Path) -> Vec<(String, String)> {
 }
 
 fn gemini(env: &AgentEnv) -> Option<LoginState> {
+    // Gemini's own words when it has no auth method (it exits 41).
+    const NONE: &str = "Gemini CLI would say \"Please set an Auth method in your ~/.gemini/settings.json or specify one of the following environment variables before running: GEMINI_API_KEY, GOOGLE_GENAI_USE_VERTEXAI, GOOGLE_GENAI_USE_GCA\"";
     const FIX: &str = "run `gemini` once and log in, or set GEMINI_API_KEY in the profile's env (with a custom base URL, also set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)";
     let home = env.home();
+    // Variables it also reads from a dotenv file: ~/.gemini/.env (in a trusted folder), else
+    // ~/.env; the environment wins.
     let dot_env: Vec<(String, String)> = home
         .as_ref()
-        .map(|h| dotenv(&h.join(".gemini/.env")))
+        .map(|h| {
+            let own = dotenv(&h.join(".gemini/.env"));
+            if own.is_empty() {
+                dotenv(&h.join(".env"))
+            } else {
+                own
+            }
+        })
         .unwrap_or_default();
     let var = |name: &str| -> Option<String> {
         env.get(name).map(str::to_string).or_else(|| {
@@ -285,64 +326,127 @@ fn gemini(env: &AgentEnv) -> Option<LoginState> {
         if env.get(name).is_some() {
             format!("${name}")
         } else {
-            format!("{name} in ~/.gemini/.env")
+            format!("{name} in a .env file")
         }
     };
-    let vertex = var("GOOGLE_GENAI_USE_VERTEXAI")
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"));
-    if vertex {
-        if var("GOOGLE_API_KEY").is_some() {
-            return logged_in(format!("Vertex AI, API key {}", from("GOOGLE_API_KEY")));
-        }
-        let adc = var("GOOGLE_APPLICATION_CREDENTIALS")
-            .map(PathBuf::from)
-            .or_else(|| {
-                home.as_ref()
-                    .map(|h| h.join(".config/gcloud/application_default_credentials.json"))
-            });
-        let project =
-            var("GOOGLE_CLOUD_PROJECT").is_some() && var("GOOGLE_CLOUD_LOCATION").is_some();
-        return match adc.filter(|p| p.is_file()) {
-            Some(adc) if project => logged_in(format!(
-                "Vertex AI, application default credentials in {}",
-                shown(&adc, env)
-            )),
-            Some(_) => logged_out(
-                "Vertex AI is chosen (GOOGLE_GENAI_USE_VERTEXAI) without GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION",
-                "set GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION in the profile's env",
-            ),
+    let truthy = |name: &str| {
+        var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+    };
+    let selected = home
+        .as_ref()
+        .and_then(|h| read_json(&h.join(".gemini/settings.json")))
+        .and_then(|v| {
+            v.pointer("/security/auth/selectedType")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        });
+    let method = match selected.as_deref() {
+        Some(m) => m.to_string(),
+        None if truthy("GOOGLE_GENAI_USE_GCA") => "oauth-personal".into(),
+        None if truthy("GOOGLE_GENAI_USE_VERTEXAI") => "vertex-ai".into(),
+        None if var("GOOGLE_GEMINI_BASE_URL").is_some() => "gateway".into(),
+        None if var("GEMINI_API_KEY").is_some() => "gemini-api-key".into(),
+        None => return logged_out(NONE, FIX),
+    };
+    match method.as_str() {
+        "gemini-api-key" => match var("GEMINI_API_KEY") {
+            Some(_) => logged_in(format!("API key {}", from("GEMINI_API_KEY"))),
             None => logged_out(
-                "Vertex AI is chosen (GOOGLE_GENAI_USE_VERTEXAI) with no API key and no application default credentials",
-                "run `gcloud auth application-default login`, or set GOOGLE_API_KEY in the profile's env",
+                "Gemini CLI would say \"When using Gemini API, you must specify the GEMINI_API_KEY environment variable\"",
+                "set GEMINI_API_KEY in the profile's env",
             ),
-        };
-    }
-    if let Some(name) = ["GEMINI_API_KEY", "GOOGLE_API_KEY"]
-        .into_iter()
-        .find(|n| var(n).is_some())
-    {
-        return logged_in(format!("API key {}", from(name)));
-    }
-    if let Some(home) = &home {
-        let creds = home.join(".gemini/oauth_creds.json");
-        if json_string(&creds, "/refresh_token") || json_string(&creds, "/access_token") {
-            return logged_in(shown(&creds, env));
+        },
+        "vertex-ai" => {
+            if var("GOOGLE_API_KEY").is_some() {
+                return logged_in(format!("Vertex AI, API key {}", from("GOOGLE_API_KEY")));
+            }
+            if var("GOOGLE_CLOUD_PROJECT").is_none() || var("GOOGLE_CLOUD_LOCATION").is_none() {
+                return logged_out(
+                    "Vertex AI is chosen without GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION (or GOOGLE_API_KEY)",
+                    "set GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION in the profile's env",
+                );
+            }
+            let adc = var("GOOGLE_APPLICATION_CREDENTIALS")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    home.as_ref()
+                        .map(|h| h.join(".config/gcloud/application_default_credentials.json"))
+                });
+            match adc.filter(|p| p.is_file()) {
+                Some(adc) => logged_in(format!(
+                    "Vertex AI, application default credentials in {}",
+                    shown(&adc, env)
+                )),
+                None => logged_out(
+                    "Vertex AI is chosen with no application default credentials (Gemini would say \"Could not load the default credentials\")",
+                    "run `gcloud auth application-default login`, or set GOOGLE_API_KEY in the profile's env",
+                ),
+            }
         }
+        "oauth-personal" => {
+            let creds = home.as_ref().map(|h| h.join(".gemini/oauth_creds.json"));
+            match creds
+                .filter(|c| json_string(c, "/refresh_token") || json_string(c, "/access_token"))
+            {
+                Some(c) => logged_in(format!("Google login in {}", shown(&c, env))),
+                None => logged_out(
+                    "a Google login is chosen but none is kept in ~/.gemini/oauth_creds.json (Gemini would say \"Manual authorization is required but the current session is non-interactive\")",
+                    "run `gemini` in a terminal and log in, or set GEMINI_API_KEY in the profile's env",
+                ),
+            }
+        }
+        other => logged_in(format!("auth method {other}")),
     }
-    logged_out("no API key and no Google login in ~/.gemini", FIX)
 }
 
 fn qwen(env: &AgentEnv) -> Option<LoginState> {
-    const FIX: &str = "run `qwen` once and log in, or set OPENAI_API_KEY (and OPENAI_BASE_URL, OPENAI_MODEL) in the profile's env";
-    if let Some(var) = env.first(&["OPENAI_API_KEY", "DASHSCOPE_API_KEY"]) {
-        return logged_in(format!("API key in ${var}"));
-    }
+    const NONE: &str = "Qwen Code would say \"No auth type is selected. Please configure an auth type (e.g. via settings or `--auth-type`) before running in non-interactive mode.\"";
+    const FIX: &str = "run `qwen` once and log in, or set OPENAI_API_KEY, OPENAI_BASE_URL and OPENAI_MODEL in the profile's env (`aamp-bridge profile new --env`)";
     let home = env.home()?;
-    let creds = home.join(".qwen/oauth_creds.json");
-    if json_string(&creds, "/access_token") || json_string(&creds, "/refresh_token") {
-        return logged_in(shown(&creds, env));
+    let dot_env = dotenv(&home.join(".qwen/.env"));
+    let var = |name: &str| env.get(name).is_some() || dot_env.iter().any(|(k, _)| k == name);
+    let settings = read_json(&home.join(".qwen/settings.json"));
+    let selected = settings.as_ref().and_then(|v| {
+        v.pointer("/security/auth/selectedType")
+            .and_then(|t| t.as_str())
+            .map(str::to_string)
+    });
+    match selected.as_deref() {
+        Some("openai") => {
+            let in_settings = settings
+                .as_ref()
+                .and_then(|v| v.pointer("/security/auth/apiKey"))
+                .and_then(|k| k.as_str())
+                .is_some_and(|k| !k.is_empty());
+            if var("OPENAI_API_KEY") || in_settings {
+                logged_in("an OpenAI-compatible API key (selectedType openai)".into())
+            } else {
+                logged_out(
+                    "Qwen Code would say \"Missing API key for OpenAI-compatible auth\"",
+                    "set OPENAI_API_KEY in the profile's env",
+                )
+            }
+        }
+        Some("qwen-oauth") => {
+            let creds = home.join(".qwen/oauth_creds.json");
+            if json_string(&creds, "/access_token") || json_string(&creds, "/refresh_token") {
+                logged_in(shown(&creds, env))
+            } else {
+                logged_out(
+                    "a Qwen login is chosen but none is kept in ~/.qwen/oauth_creds.json",
+                    FIX,
+                )
+            }
+        }
+        Some(other) => logged_in(format!("auth type {other}")),
+        None if var("OPENAI_API_KEY")
+            && var("OPENAI_BASE_URL")
+            && (var("OPENAI_MODEL") || var("QWEN_MODEL")) =>
+        {
+            logged_in("API key in $OPENAI_API_KEY, with OPENAI_BASE_URL and a model".into())
+        }
+        None => logged_out(NONE, FIX),
     }
-    logged_out("no API key and no Qwen login in ~/.qwen", FIX)
 }
 
 #[cfg(test)]
@@ -381,11 +485,22 @@ mod tests {
         write(h.path(), ".claude.json", r#"{"numStartups": 1}"#);
         let s = state(Family::Claude, &[("HOME", hs)]);
         assert!(!s.logged_in, "{s:?}");
-        assert!(s.fix.unwrap().contains("/login"));
+        assert!(
+            s.detail.contains("Please run /login") && s.fix.unwrap().contains("claude auth login")
+        );
         write(
             h.path(),
             ".claude/.credentials.json",
             r#"{"claudeAiOauth": {"accessToken": "t"}}"#,
+        );
+        assert!(
+            !state(Family::Claude, &[("HOME", hs)]).logged_in,
+            "no scope"
+        );
+        write(
+            h.path(),
+            ".claude/.credentials.json",
+            r#"{"claudeAiOauth": {"accessToken": "t", "scopes": ["user:inference"]}}"#,
         );
         assert!(state(Family::Claude, &[("HOME", hs)]).logged_in);
         // CLAUDE_CONFIG_DIR moves it.
@@ -449,23 +564,61 @@ mod tests {
     }
 
     #[test]
+    fn google_api_key_alone_chooses_no_gemini_method() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        let s = state(Family::Gemini, &[("HOME", hs), ("GOOGLE_API_KEY", "k")]);
+        assert!(
+            !s.logged_in && s.detail.contains("Please set an Auth method"),
+            "{s:?}"
+        );
+        // A base URL chooses the gateway; a key with a chosen method is a login.
+        write(
+            h.path(),
+            ".gemini/settings.json",
+            r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
+        );
+        assert!(!state(Family::Gemini, &[("HOME", hs)]).logged_in);
+        assert!(state(Family::Gemini, &[("HOME", hs), ("GEMINI_API_KEY", "k")]).logged_in);
+    }
+
+    #[test]
+    fn qwen_needs_a_key_a_base_url_and_a_model_or_a_chosen_auth_type() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        let s = state(Family::Qwen, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
+        assert!(
+            !s.logged_in && s.detail.contains("No auth type is selected"),
+            "{s:?}"
+        );
+        let all = [
+            ("HOME", hs),
+            ("OPENAI_API_KEY", "k"),
+            ("OPENAI_BASE_URL", "http://x/v1"),
+            ("OPENAI_MODEL", "m"),
+        ];
+        assert!(state(Family::Qwen, &all).logged_in);
+    }
+
+    #[test]
     fn vertex_needs_credentials_and_a_project() {
         let h = home();
         let hs = h.path().to_str().unwrap();
         let vertex = [("HOME", hs), ("GOOGLE_GENAI_USE_VERTEXAI", "true")];
         let s = state(Family::Gemini, &vertex);
+        assert!(!s.logged_in && s.fix.unwrap().contains("GOOGLE_CLOUD_PROJECT"));
+        let mut with_project = vertex.to_vec();
+        with_project.extend([
+            ("GOOGLE_CLOUD_PROJECT", "p"),
+            ("GOOGLE_CLOUD_LOCATION", "us-central1"),
+        ]);
+        let s = state(Family::Gemini, &with_project);
         assert!(!s.logged_in && s.fix.unwrap().contains("gcloud"));
         write(
             h.path(),
             ".config/gcloud/application_default_credentials.json",
             "{}",
         );
-        assert!(!state(Family::Gemini, &vertex).logged_in);
-        let mut with_project = vertex.to_vec();
-        with_project.extend([
-            ("GOOGLE_CLOUD_PROJECT", "p"),
-            ("GOOGLE_CLOUD_LOCATION", "us-central1"),
-        ]);
         assert!(state(Family::Gemini, &with_project).logged_in);
     }
 

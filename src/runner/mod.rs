@@ -196,6 +196,10 @@ pub fn telling_line(text: &str) -> Option<String> {
         "required",
         "not logged in",
         "no auth",
+        "please set",
+        "please run",
+        "please configure",
+        "must specify",
     ];
     let kept: Vec<&str> = text
         .lines()

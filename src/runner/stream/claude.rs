@@ -138,7 +138,7 @@ impl StreamParser {
                     self.saw_partial = false;
                 }
                 if let Some(err) = str_of(v, &["error"]) {
-                    self.end.error = Some(format!("claude reported {err}"));
+                    self.end.error = Some(format!("the agent reported {err}"));
                 }
                 events
             }
@@ -178,13 +178,19 @@ impl StreamParser {
                         .flatten()
                         .filter_map(Value::as_str)
                         .collect();
+                    // Its own words first: the result's text, its errors, its error object
+                    // (Qwen Code, whose stream is Claude's, puts them there).
+                    let message = str_of(&v["error"], &["message"])
+                        .or_else(|| v["error"].as_str())
+                        .map(str::to_string);
                     self.end.error = Some(
                         result
                             .filter(|r| !r.is_empty())
                             .or_else(|| (!errors.is_empty()).then(|| errors.join("; ")))
+                            .or(message.filter(|m| !m.is_empty()))
                             .unwrap_or_else(|| {
                                 format!(
-                                    "claude ended with {}",
+                                    "the agent ended with {}",
                                     str_of(v, &["subtype"]).unwrap_or("an error")
                                 )
                             }),

@@ -19,7 +19,7 @@ impl StreamParser {
                 self.end.finished = true;
                 self.end.error = Some(
                     str_of(&v["error"], &["message"])
-                        .unwrap_or("codex reported a failed turn")
+                        .unwrap_or("the agent reported a failed turn")
                         .to_string(),
                 );
                 Vec::new()

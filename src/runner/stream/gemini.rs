@@ -61,7 +61,7 @@ impl StreamParser {
                 if str_of(v, &["status"]) == Some("error") {
                     self.end.error = Some(
                         str_of(&v["error"], &["message"])
-                            .unwrap_or("gemini reported an error")
+                            .unwrap_or("the agent reported an error")
                             .to_string(),
                     );
                 }
