@@ -8,6 +8,8 @@
 #     needs Node 22), in a prefix of their own (acp/)
 #   - Zed's ACP adapters @zed-industries/claude-code-acp and @zed-industries/codex-acp, in a
 #     prefix of their own (zed/: its codex-acp has the same command name as the other)
+#   - Qwen Code (@qwen-code/qwen-code), in a prefix of its own (qwen/): a CLI agent the
+#     project ships no profile for, made into one with `profile new` by the tests
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
 #   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
@@ -38,6 +40,11 @@ if [ ! -x "$dir/zed/node_modules/.bin/claude-code-acp" ] || [ ! -x "$dir/zed/nod
   mkdir -p "$dir/zed"
   npm install --prefix "$dir/zed" --no-audit --no-fund --loglevel=error \
     @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0 >&2
+fi
+if [ ! -x "$dir/qwen/node_modules/.bin/qwen" ]; then
+  echo "test-agents: installing @qwen-code/qwen-code (npm), an agent no built-in profile names" >&2
+  mkdir -p "$dir/qwen"
+  npm install --prefix "$dir/qwen" --no-audit --no-fund --loglevel=error @qwen-code/qwen-code@0.24.4 >&2
 fi
 if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
   echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2

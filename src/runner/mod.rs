@@ -201,6 +201,12 @@ pub fn telling_line(text: &str) -> Option<String> {
         "please configure",
         "must specify",
     ];
+    // A usage dump after a command-line error (yargs, clap) is not the reason: what is
+    // before it is.
+    let text = match text.find("\nUsage: ") {
+        Some(at) if !text[..at].trim().is_empty() => &text[..at],
+        _ => text,
+    };
     let kept: Vec<&str> = text
         .lines()
         .map(str::trim)
@@ -224,7 +230,14 @@ pub fn telling_line(text: &str) -> Option<String> {
             ERROR_WORDS.iter().any(|w| lower.contains(w))
         })
         .or(kept.last())?;
-    Some(pick.chars().take(300).collect())
+    // "Invalid values:" says its reason on the next line.
+    let mut line = pick.to_string();
+    if line.ends_with(':') {
+        if let Some(next) = kept.iter().skip_while(|l| *l != pick).nth(1) {
+            line = format!("{line} {next}");
+        }
+    }
+    Some(line.chars().take(300).collect())
 }
 
 impl Classify for RunError {

@@ -149,10 +149,22 @@ fn args_with_resume(args: &[String], flag: &str) -> Vec<String> {
 
 /// Runs the command once with `prompt` and returns its raw stdout, to see how it is framed.
 pub async fn sample(p: &NewProfile, prompt: &str) -> anyhow::Result<String> {
-    let text = render(p, StreamFormat::None);
-    let profile = Profile::parse(&text, &p.name, "the new profile")?;
+    let profile = runnable(p, StreamFormat::None)?;
     let (out, _) = run(&profile, prompt, &p.env, None).await?;
     Ok(out.output)
+}
+
+/// The profile as it is run before it is written: its variables go with each run, not by
+/// an env file that does not exist yet.
+fn runnable(p: &NewProfile, format: StreamFormat) -> anyhow::Result<Profile> {
+    let text = render(
+        &NewProfile {
+            env: Vec::new(),
+            ..p.clone()
+        },
+        format,
+    );
+    Ok(Profile::parse(&text, &p.name, "the new profile")?)
 }
 
 /// Whether the profile's arguments name the session to continue already.
@@ -193,8 +205,7 @@ const RESUME_FLAGS: &[&str] = &["--resume", "--session", "--session-id", "-r"];
 pub async fn find_resume_flag(p: &NewProfile, format: StreamFormat) -> ResumeCheck {
     let mut tried = Vec::new();
     let word = format!("w{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let first = render(p, format);
-    let profile = match Profile::parse(&first, &p.name, "the new profile") {
+    let profile = match runnable(p, format) {
         Ok(profile) => profile,
         Err(e) => {
             tried.push(e.to_string());
@@ -202,39 +213,61 @@ pub async fn find_resume_flag(p: &NewProfile, format: StreamFormat) -> ResumeChe
         }
     };
     let told = format!("Please remember: {word}. Reply with OK.");
-    let session = match run(&profile, &told, &p.env, None).await {
+    // One folder for both turns: Claude Code and Qwen Code keep sessions per folder.
+    let workspace = match tempfile_dir() {
+        Ok(w) => w,
+        Err(e) => {
+            tried.push(e.to_string());
+            return ResumeCheck { flag: None, tried };
+        }
+    };
+    let found = resume_in(p, format, &profile, &told, &word, &workspace, &mut tried).await;
+    let _ = std::fs::remove_dir_all(&workspace);
+    ResumeCheck { flag: found, tried }
+}
+
+async fn resume_in(
+    p: &NewProfile,
+    format: StreamFormat,
+    profile: &Profile,
+    told: &str,
+    word: &str,
+    workspace: &Path,
+    tried: &mut Vec<String>,
+) -> Option<String> {
+    let session = match run_in(profile, told, &p.env, None, workspace).await {
         Ok((out, _)) => out.session_id,
         Err(e) => {
-            tried.push(format!("a first turn failed: {e:#}"));
-            return ResumeCheck { flag: None, tried };
+            tried.push(format!(
+                "a first turn failed: {}",
+                first_line(&format!("{e:#}"))
+            ));
+            return None;
         }
     };
     let Some(session) = session else {
         tried.push("its output names no session".into());
-        return ResumeCheck { flag: None, tried };
+        return None;
     };
     for flag in RESUME_FLAGS {
         let with = NewProfile {
             resume_flag: Some(flag.to_string()),
             ..p.clone()
         };
-        let Ok(profile) = Profile::parse(&render(&with, format), &p.name, "the new profile") else {
+        let Ok(profile) = runnable(&with, format) else {
             continue;
         };
         let asked = "What was the word I asked you to remember? Reply with that word only.";
-        match run(&profile, asked, &p.env, Some(&session)).await {
-            Ok((out, _)) if out.output.contains(&word) => {
+        match run_in(&profile, asked, &p.env, Some(&session), workspace).await {
+            Ok((out, _)) if out.output.contains(word) && !out.context_lost => {
                 tried.push(format!("{flag}: worked"));
-                return ResumeCheck {
-                    flag: Some(flag.to_string()),
-                    tried,
-                };
+                return Some(flag.to_string());
             }
             Ok(_) => tried.push(format!("{flag}: the second turn did not know the first")),
             Err(e) => tried.push(format!("{flag}: {}", first_line(&format!("{e:#}")))),
         }
     }
-    ResumeCheck { flag: None, tried }
+    None
 }
 
 fn first_line(text: &str) -> String {
@@ -270,6 +303,20 @@ async fn run(
     resume_id: Option<&str>,
 ) -> anyhow::Result<(crate::runner::RunOutput, Vec<StreamEvent>)> {
     let workspace = tempfile_dir()?;
+    let result = run_in(profile, prompt, env, resume_id, &workspace).await;
+    let _ = std::fs::remove_dir_all(&workspace);
+    result
+}
+
+/// [`run`] in `workspace` (agents that keep sessions per folder resume only in the same one).
+async fn run_in(
+    profile: &Profile,
+    prompt: &str,
+    env: &[(String, String)],
+    resume_id: Option<&str>,
+    workspace: &Path,
+) -> anyhow::Result<(crate::runner::RunOutput, Vec<StreamEvent>)> {
+    let workspace = workspace.to_path_buf();
     let task = TaskInput {
         agent: profile.name.clone(),
         task_id: format!("profile-test-{}", uuid::Uuid::new_v4()),
@@ -297,7 +344,6 @@ async fn run(
         result
     };
     let (result, events) = tokio::join!(go, collect);
-    let _ = std::fs::remove_dir_all(&workspace);
     let output = result.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((output, events))
 }

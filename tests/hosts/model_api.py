@@ -9,10 +9,14 @@ Claude Code and the Claude ACP adapters call it; and the OpenAI Responses API
 (`POST /v1/responses`, streamed), as Codex calls it through a custom `model_providers` entry
 (`wire_api = "responses"`); and Gemini's `generateContent` / `streamGenerateContent?alt=sse`,
 as the Gemini CLI calls it with `GOOGLE_GEMINI_BASE_URL` (a call that asks for JSON of a schema,
-the CLI's model router, gets a value of that shape). What it answers is made from what it was
-sent, so a test can tell whether the agent kept its context: every `remember: WORD` found in
-the conversation's user messages (in order, each once) is named in the answer,
-"I remember: WORD1, WORD2." (or "I remember nothing."), streamed in three deltas. Every request
+the CLI's model router, gets a value of that shape); and the OpenAI Chat Completions API
+(`POST /v1/chat/completions`, streamed as `data:` chunks ending with `data: [DONE]` or not,
+usage in a last chunk when `stream_options.include_usage` asks for it), as Qwen Code calls it
+with `OPENAI_BASE_URL` (a call with a JSON-schema `response_format` gets a value of that shape).
+What it answers is made from what it was sent, so a test can tell whether the agent kept its
+context: every `remember: WORD` found in the conversation's user messages (in order, each
+once) is named in the answer, "I remember: WORD1, WORD2." (or "I remember nothing."),
+streamed in three deltas. Every request
 is appended to the record file as a JSON line {path, body}.
 
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
@@ -23,7 +27,8 @@ Anthropic turn, a text ("Planning first.") and a `Bash` call, then (once its res
 "All done. The command said: LAST LINE." (a refused call's result is its error text).
 `fail: 500` anywhere in a Responses conversation is answered HTTP 500 with OpenAI's overload
 error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
-text naming the last line the command's output ended with.
+text naming the last line the command's output ended with; in a Chat Completions turn, a call of
+Qwen Code's `run_shell_command` the same way.
 
 What it leaves out: other tools, other errors and
 overload answers, WebSocket transports, token counting
@@ -196,6 +201,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_json(500, {"error": {"message": OVERLOADED, "type": "server_error",
                                                       "param": None, "code": "server_error"}})
             return self.openai_responses(body)
+        if path in ("/v1/chat/completions", "/chat/completions"):
+            return self.chat_completions(body)
         if path == "/v1/messages/count_tokens":
             return self.send_json(200, {"input_tokens": 100})
         if path != "/v1/messages":
@@ -301,6 +308,79 @@ class Handler(BaseHTTPRequestHandler):
                                                       usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
                                                              "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
                                                              "total_tokens": 110})})
+
+    def chat_completions(self, body):
+        """The OpenAI Chat Completions API, streamed or not (Qwen Code): the same answer rule over
+        `messages`, and `run: COMMAND` scripted as a `run_shell_command` call."""
+        response_format = body.get("response_format") or {}
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if response_format.get("type") == "json_schema" and schema:
+            # A side call that wants JSON: an answer of that shape.
+            blocks = [{"type": "text", "text": json.dumps(fill(schema))}]
+        else:
+            blocks = chat_script(body.get("messages", []))
+        text = "".join(b["text"] for b in blocks if b["type"] == "text")
+        calls = [{"id": b["id"], "type": "function",
+                  "function": {"name": b["name"], "arguments": json.dumps(b["arguments"])}}
+                 for b in blocks if b["type"] == "function_call"]
+        finish = "tool_calls" if calls else "stop"
+        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        head = {"id": "chatcmpl-standin", "created": 0, "model": body.get("model", "standin")}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": text or None}
+            if calls:
+                message["tool_calls"] = calls
+            return self.send_json(200, dict(head, object="chat.completion", usage=usage, choices=[
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]))
+        self.start_sse()
+        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta, finish=None, **extra):
+            data = dict(head, object="chat.completion.chunk", choices=[
+                {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}])
+            if with_usage:
+                data["usage"] = None  # but in the last chunk, as OpenAI streams it
+            data.update(extra)
+            self.wfile.write(("data: %s\n\n" % json.dumps(data)).encode())
+            self.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        for part in thirds(text):
+            chunk({"content": part})
+        for index, call in enumerate(calls):
+            chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                   "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]})
+        chunk({}, finish)
+        if with_usage:
+            chunk({}, choices=[], usage=usage)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def chat_script(messages):
+    """What a Chat Completions request is answered with: text blocks and function calls.
+
+    `run: COMMAND` in the turn's prompt: a text and a call of `run_shell_command` with it; once
+    its result came back (a `tool` message), "All done. The command said: LAST LINE." Otherwise
+    the remembered words."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    prompt = "\n".join(texts(messages[users[-1]])) if users else ""
+    # At a line's start: Qwen Code's own side calls say "Available tools in this run: ...".
+    run = re.search(r"(?m)^run: ([^\n]+)", prompt)
+    if run:
+        outputs = [m for m in messages[users[-1]:] if m.get("role") == "tool"]
+        if not outputs:
+            return [{"type": "text", "text": "Running it. "},
+                    {"type": "function_call", "id": "call_standin", "name": "run_shell_command",
+                     "arguments": {"command": run.group(1).strip(), "description": "run it",
+                                   "is_background": False}}]
+        said = "\n".join(texts(outputs[-1]))
+        # Qwen Code's shell result: "Command: ...\nDirectory: ...\nOutput: ...\nError: ...\nExit Code: ...".
+        output = re.search(r"(?ms)^Output: (.*?)(?=^Error: |^Exit Code: |\Z)", said)
+        lines = [l.strip() for l in (output.group(1) if output else said).splitlines() if l.strip()]
+        return [{"type": "text", "text": "All done. The command said: %s." % (lines[-1] if lines else "nothing")}]
+    return [{"type": "text", "text": remembered(t for m in messages if m.get("role") == "user" for t in texts(m))}]
 
 
 def gemini_script(contents):

@@ -36,45 +36,53 @@ pub async fn probe(
     let connection = Client.v1().name("aamp-bridge").connect_with(
         Lines::new(line_sink(stdin), line_stream(stdout)),
         async |cx: ConnectionTo<Agent>| {
-            let request = initialize_request(profile.permissions, false);
-            let reply =
-                tokio::time::timeout(profile.init_timeout, cx.send_request(request).block_task())
-                    .await;
-            done.notify_one();
-            let Ok(reply) = reply else { return Ok(()) };
-            let init = reply?;
-            let mut found = ProbeInfo {
-                agent: init
-                    .agent_info
-                    .as_ref()
-                    .map(|i| format!("{} {}", i.name, i.version)),
-                auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
-                load_session: init.agent_capabilities.load_session,
-                resume_session: init
-                    .agent_capabilities
-                    .session_capabilities
-                    .resume
-                    .is_some(),
-                session_id: None,
-            };
-            if open_session_too {
-                let shared = Shared::default();
-                match open_session(&cx, profile, &init, cwd, None, &shared).await? {
-                    Ok(id) => found.session_id = Some(id),
-                    Err(why) => {
-                        *refused.lock().expect("probe lock") = Some(match why {
-                            Driven::NotLoggedIn(d) => not_logged_in(&d),
-                            Driven::SessionRefused(d) => session_refused(&d, profile),
-                            _ => RunError::Reported(
-                                "the agent did not open a session in time".into(),
-                            ),
-                        });
-                        return Ok(());
+            // Done (and the agent stopped soon after) only once the session is open too: an
+            // agent still authenticating was stopped mid-way ("Incoming transport closed").
+            let outcome = async {
+                let request = initialize_request(profile.permissions, false);
+                let reply = tokio::time::timeout(
+                    profile.init_timeout,
+                    cx.send_request(request).block_task(),
+                )
+                .await;
+                let Ok(reply) = reply else { return Ok(()) };
+                let init = reply?;
+                let mut found = ProbeInfo {
+                    agent: init
+                        .agent_info
+                        .as_ref()
+                        .map(|i| format!("{} {}", i.name, i.version)),
+                    auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
+                    load_session: init.agent_capabilities.load_session,
+                    resume_session: init
+                        .agent_capabilities
+                        .session_capabilities
+                        .resume
+                        .is_some(),
+                    session_id: None,
+                };
+                if open_session_too {
+                    let shared = Shared::default();
+                    match open_session(&cx, profile, &init, cwd, None, &shared).await? {
+                        Ok(id) => found.session_id = Some(id),
+                        Err(why) => {
+                            *refused.lock().expect("probe lock") = Some(match why {
+                                Driven::NotLoggedIn(d) => not_logged_in(&d),
+                                Driven::SessionRefused(d) => session_refused(&d, profile),
+                                _ => RunError::Reported(
+                                    "the agent did not open a session in time".into(),
+                                ),
+                            });
+                            return Ok(());
+                        }
                     }
                 }
+                *info.lock().expect("probe lock") = Some(found);
+                Ok(())
             }
-            *info.lock().expect("probe lock") = Some(found);
-            Ok(())
+            .await;
+            done.notify_one();
+            outcome
         },
     );
     let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
