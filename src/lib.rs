@@ -59,7 +59,9 @@
 //!   permission requests, terminals, file writes and reads), CLI profiles
 //!   (`runner::profile`, which owns the permission policy both kinds apply) and their stream
 //!   formats (`runner::stream`), templates, process groups and tagged leftovers
-//!   (`runner::process`), the agent scan (`runner::scan`). It names only the bottom modules.
+//!   (`runner::process`), the agent scan (`runner::scan`) and the one login check
+//!   (`runner::login`, read as each agent reads it, for `agents`, `doctor`, `init` and
+//!   `status`). It names only the bottom modules.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
 //!   what was received, decided, run and answered, and the outbox of mail to send), sender
 //!   policy applied (from `config::policy`, plus rules kept in the journal and pairing), limits

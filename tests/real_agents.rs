@@ -1053,6 +1053,15 @@ async fn agents_and_doctor_tell_whether_each_real_agent_is_logged_in() {
             })
             .collect()
     };
+    // status says it too, for a stuck agent.
+    let status = bridge_json(&config, home.path(), &["status", "--json"], &[]);
+    let claude = status["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["agent"] == "claude")
+        .unwrap_or_else(|| panic!("{status:#}"));
+    assert_eq!(claude["login"]["loggedIn"], false, "{claude}");
     let bare = doctor(&[("IS_SANDBOX", "1")]);
     for (profile, check) in profiles.iter().zip(&bare) {
         assert_eq!(check["status"], "warn", "{profile}: {check}");

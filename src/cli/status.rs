@@ -66,6 +66,13 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
                 .cloned()
         });
         let replicas = replicas(config, &mailbox).await;
+        // The agent's login, read as the agent reads it (a stuck agent is often one with none).
+        let login = crate::runner::Profile::find(
+            &config.profile_ref(&agent.profile),
+            &config.profile_dirs(),
+        )
+        .ok()
+        .and_then(|p| crate::runner::login::check(&p));
         links.push(link.clone());
         agents.push(serde_json::json!({
             "replica": replicas.as_ref().map(|(me, _)| me.clone()),
@@ -76,6 +83,7 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             "queued": count("received") + count("acked"), "running": running_tasks,
             "unsent": count("unsent"), "slots": slots,
             "parked": count("parked"), "parkedReason": parked_reason,
+            "login": login,
         }));
     }
     if json {
@@ -121,6 +129,13 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         );
         if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
             println!("    last error: {error}");
+        }
+        if a["login"]["loggedIn"] == false {
+            println!(
+                "    the agent is not logged in: {}; fix: {}",
+                a["login"]["detail"].as_str().unwrap_or_default(),
+                a["login"]["fix"].as_str().unwrap_or_default()
+            );
         }
         if let Some(c) = link.as_ref().and_then(|l| l.credentials.as_ref()) {
             println!(
