@@ -1095,6 +1095,13 @@ async fn agents_and_doctor_tell_whether_each_real_agent_is_logged_in() {
     }
 }
 
+/// A profile, the variables it runs with, and words its failure must hold.
+type FailureCase = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
 /// Issue 32, item 3: each agent's failure gives its own reason, not a stack frame, a warning
 /// it prints on every run, or the stream format's name (through `profile test`, which runs
 /// the agent as the bridge does).
@@ -1115,7 +1122,7 @@ fn each_real_agents_failure_gives_its_own_reason() {
         "command = \"qwen\"\nargs = [\"--output-format\", \"stream-json\"]\nstdin = \"{{prompt}}\"\nstream = \"claude\"\n",
     )
     .unwrap();
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    let cases: &[FailureCase] = &[
         ("claude", &[], "Not logged in · Please run /login"),
         ("gemini", &[], "Please set an Auth method"),
         (

@@ -406,50 +406,6 @@ pub async fn detect(p: &NewProfile, prompt: &str) -> anyhow::Result<StreamFormat
     Ok(stream::detect(&out))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_resume_flag_goes_before_a_last_prompt_or_stdin_marker() {
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            args_with_resume(&args(&["-p", "--output-format", "stream-json"]), "--resume"),
-            args(&[
-                "-p",
-                "--output-format",
-                "stream-json",
-                "--resume",
-                "{{resume_id}}"
-            ])
-        );
-        assert_eq!(
-            args_with_resume(&args(&["exec", "-"]), "-r"),
-            args(&["exec", "-r", "{{resume_id}}", "-"])
-        );
-        assert_eq!(
-            args_with_resume(&args(&["-p", "{{prompt}}"]), "--session"),
-            args(&["-p", "--session", "{{resume_id}}", "{{prompt}}"])
-        );
-    }
-
-    #[test]
-    fn env_values_come_back_as_given() {
-        let env = vec![
-            ("A".to_string(), "plain".to_string()),
-            ("B".to_string(), "with space # and hash".to_string()),
-            ("C".to_string(), "say \"hi\"".to_string()),
-        ];
-        assert_eq!(crate::runner::profile::parse_dotenv(&env_text(&env)), env);
-        assert!(env_pair("1A=x").is_err());
-        assert!(env_pair("NOEQUALS").is_err());
-        assert_eq!(
-            env_pair("K=a=b").unwrap(),
-            ("K".to_string(), "a=b".to_string())
-        );
-    }
-}
-
 /// Where `profile new` writes: the first profile folder.
 pub fn target(dirs: &[PathBuf], name: &str) -> PathBuf {
     dirs.first()
@@ -499,4 +455,48 @@ pub fn write(path: &Path, text: &str, force: bool) -> anyhow::Result<()> {
     Profile::parse(text, "", &path.display().to_string())?;
     crate::fsio::write_atomic(path, text.as_bytes(), 0o644)
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resume_flag_goes_before_a_last_prompt_or_stdin_marker() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            args_with_resume(&args(&["-p", "--output-format", "stream-json"]), "--resume"),
+            args(&[
+                "-p",
+                "--output-format",
+                "stream-json",
+                "--resume",
+                "{{resume_id}}"
+            ])
+        );
+        assert_eq!(
+            args_with_resume(&args(&["exec", "-"]), "-r"),
+            args(&["exec", "-r", "{{resume_id}}", "-"])
+        );
+        assert_eq!(
+            args_with_resume(&args(&["-p", "{{prompt}}"]), "--session"),
+            args(&["-p", "--session", "{{resume_id}}", "{{prompt}}"])
+        );
+    }
+
+    #[test]
+    fn env_values_come_back_as_given() {
+        let env = vec![
+            ("A".to_string(), "plain".to_string()),
+            ("B".to_string(), "with space # and hash".to_string()),
+            ("C".to_string(), "say \"hi\"".to_string()),
+        ];
+        assert_eq!(crate::runner::profile::parse_dotenv(&env_text(&env)), env);
+        assert!(env_pair("1A=x").is_err());
+        assert!(env_pair("NOEQUALS").is_err());
+        assert_eq!(
+            env_pair("K=a=b").unwrap(),
+            ("K".to_string(), "a=b".to_string())
+        );
+    }
 }
