@@ -1101,3 +1101,41 @@ async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out
     assert!(downloads.most_at_once.load(Ordering::SeqCst) <= 4);
     rig.shut().await;
 }
+
+/// Issue 32, item 4: a CLI whose stream names a session, under a profile with no
+/// `{{resume_id}}` (as `profile new` made them), started every turn afresh while the bridge
+/// kept the session id and never used it, and told nobody. Its later turns now carry the
+/// conversation's earlier turns in the prompt, and the result says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_that_cannot_resume_is_retold_the_conversation_and_the_result_says_so() {
+    let script = r#"import sys, json
+p = sys.stdin.read()
+print(json.dumps({"type": "system", "subtype": "init", "session_id": "s-1"}))
+said = "knew apricot" if "apricot" in p and "second turn" in p else "fresh"
+print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": said}))"#;
+    let profile = format!(
+        "command = \"python3\"\nargs = [\"-c\", {}]\nstdin = \"{{{{prompt}}}}\"\nstream = \"claude\"\n",
+        toml::Value::String(script.into())
+    );
+    let rig = Rig::new("profile = \"forgets.toml\"", &[("forgets.toml", &profile)]);
+    let turn = |text: &str| {
+        let mut task = rig.dispatch(BOSS, "Turn", text);
+        if let Body::Dispatch(d) = &mut task.body {
+            d.session_key = Some("talk".to_string());
+        }
+        task
+    };
+    let first = turn("remember apricot");
+    rig.deliver(&first);
+    let one = rig.outbox.result(first.task_id()).await;
+    assert_eq!(one.output, "fresh", "{one:?}");
+    let second = turn("second turn");
+    rig.deliver(&second);
+    let two = rig.outbox.result(second.task_id()).await;
+    assert!(two.output.starts_with("knew apricot"), "{two:?}");
+    assert!(
+        two.output.contains("cannot continue a session"),
+        "the result says the turns were retold: {two:?}"
+    );
+    rig.shut().await;
+}
