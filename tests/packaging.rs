@@ -43,6 +43,19 @@ fn the_deb_installs_runs_and_removes_cleanly() {
     let control = run(Command::new("dpkg-deb").arg("-f").arg(&deb));
     assert!(control.contains("Package: aamp-bridge"), "{control}");
     assert!(control.contains("Depends: libc6 (>= 2."), "{control}");
+    // Issue 33: Debian 11's nodejs (12) is too old for every agent and has no npm.
+    assert!(!control.contains("Recommends:"), "{control}");
+    let md5sums = run(Command::new("dpkg-deb").arg("-I").arg(&deb).arg("md5sums"));
+    assert!(md5sums.contains("usr/bin/aamp-bridge"), "{md5sums}");
+    // Removing it stops the users' services (prerm) and clears their enable links (postrm):
+    // scripts a POSIX shell reads.
+    for script in ["prerm", "postrm"] {
+        let text = run(Command::new("dpkg-deb").arg("-I").arg(&deb).arg(script));
+        assert!(text.contains("aamp-bridge.service"), "{script}: {text}");
+        let file = work.path().join(script);
+        std::fs::write(&file, &text).unwrap();
+        run(Command::new("sh").arg("-n").arg(&file));
+    }
 
     // A root of its own, so the test never touches the machine's packages.
     let root = work.path().join("root");
@@ -75,6 +88,17 @@ fn the_deb_installs_runs_and_removes_cleanly() {
         "usr/share/doc/aamp-bridge/README.md",
     ] {
         assert!(root.join(file).is_file(), "{file} is installed");
+    }
+    // Issue 33: one man page per subcommand, as the top page names them.
+    for page in [
+        "aamp-bridge-start.1.gz",
+        "aamp-bridge-profile-new.1.gz",
+        "aamp-bridge-service-install.1.gz",
+    ] {
+        assert!(
+            root.join("usr/share/man/man1").join(page).is_file(),
+            "{page} is installed"
+        );
     }
     // The man page renders.
     let page = run(Command::new("man")
@@ -187,4 +211,42 @@ fn the_tarball_installs_without_root_and_refuses_a_changed_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!again.join("bin/aamp-bridge").exists());
+}
+
+/// Issue 33, item 3: bash completed only the first word (the generator read each
+/// subcommand's case under another name than it set), and fish before 3.2 refused the
+/// script's option spec. In a real bash: a subcommand's flags complete.
+#[test]
+fn bash_completes_a_subcommands_flags_and_the_fish_script_suits_old_fish() {
+    let script = run(Command::new(env!("CARGO_BIN_EXE_aamp-bridge")).args(["completions", "bash"]));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("aamp-bridge.bash");
+    std::fs::write(&file, script).unwrap();
+    let complete = |words: &str| {
+        run(Command::new("bash").arg("-c").arg(format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _aamp__bridge aamp-bridge \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            file.display()
+        )))
+    };
+    let start = complete("aamp-bridge start --");
+    assert!(start.lines().any(|l| l == "--agent"), "{start}");
+    let new = complete("aamp-bridge profile new x --e");
+    assert!(new.lines().any(|l| l == "--env"), "{new}");
+    let fish = run(Command::new(env!("CARGO_BIN_EXE_aamp-bridge")).args(["completions", "fish"]));
+    let specs: Vec<&str> = fish
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("string join \\n "))
+        .flat_map(|l| l.split(' '))
+        .collect();
+    assert!(!specs.is_empty(), "{fish}");
+    for spec in specs {
+        let name = spec.trim_end_matches('=');
+        // fish 3.1 takes `x`, `x/long` and `x-long`, never a bare long name.
+        assert!(
+            name.chars().count() == 1 || matches!(name.chars().nth(1), Some('/' | '-')),
+            "{spec} in {fish}"
+        );
+    }
 }

@@ -158,9 +158,14 @@ pub enum Command {
     },
     /// Print a shell completion script: `aamp-bridge completions bash > ~/.local/share/bash-completion/completions/aamp-bridge`.
     Completions { shell: clap_complete::Shell },
-    /// Print the manual page (roff): `aamp-bridge man > aamp-bridge.1` (the packages install it).
+    /// Print the manual page (roff): `aamp-bridge man > aamp-bridge.1`; with `--dir DIR`,
+    /// write one page per command and subcommand there (aamp-bridge-start.1 …), as the
+    /// packages install them.
     #[command(hide = true)]
-    Man,
+    Man {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Read a mail file (.eml) and show it as AAMP.
     Inspect {
         file: PathBuf,
@@ -378,21 +383,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Reload { json } => status::reload(&LoadedConfig::load(&config_path)?, json),
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
         Command::Service { action } => service::service(&config_path, action),
-        Command::Man => {
+        Command::Man { dir } => {
             use clap::CommandFactory as _;
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
-                .context("writing the manual page")?;
+            match dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("cannot create {}", dir.display()))?;
+                    clap_mangen::generate_to(Cli::command(), &dir).with_context(|| {
+                        format!("writing the manual pages into {}", dir.display())
+                    })?;
+                }
+                None => clap_mangen::Man::new(Cli::command())
+                    .render(&mut std::io::stdout())
+                    .context("writing the manual page")?,
+            }
             Ok(0)
         }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "aamp-bridge",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "aamp-bridge", &mut script);
+            let script = completion_fixes(shell, &String::from_utf8_lossy(&script));
+            print!("{script}");
             Ok(0)
         }
         Command::Tasks {
@@ -432,4 +444,58 @@ pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispa
 
 pub(super) fn ms_time(ms: i64) -> String {
     protocol::time::format_utc_ms(std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+/// The completion script as shells need it, past two generator faults:
+/// - bash: with a hyphenated name, the generator names each subcommand's case one way where it
+///   sets it (`aamp__bridge__subcmd__start`) and another where it reads it
+///   (`aamp__subcmd__bridge__subcmd__start`), so nothing past the first word completed
+///   (clap-rs/clap#6421);
+/// - fish: an option spec without a short flag (`config=`) is refused by fish before 3.2
+///   (Debian 11's 3.1: "Invalid option spec 'config=' at char 'o'"); `c-config=` (a short
+///   letter that only names its variable) is read the same by every fish since 3.0.
+pub fn completion_fixes(shell: clap_complete::Shell, script: &str) -> String {
+    match shell {
+        clap_complete::Shell::Bash => script.replace("aamp__subcmd__bridge", "aamp__bridge"),
+        clap_complete::Shell::Fish => {
+            script
+                .lines()
+                .map(
+                    |line| match line.trim_start().strip_prefix("string join \\n ") {
+                        Some(specs) => {
+                            let indent = &line[..line.len() - line.trim_start().len()];
+                            let used: std::collections::BTreeSet<char> = specs
+                                .split(' ')
+                                .filter(|s| s.chars().nth(1) == Some('/'))
+                                .filter_map(|s| s.chars().next())
+                                .collect();
+                            let mut taken = used.clone();
+                            let fixed: Vec<String> = specs
+                                .split(' ')
+                                .map(|spec| {
+                                    let name = spec.trim_end_matches('=');
+                                    if spec.contains('/') || name.chars().count() <= 1 {
+                                        return spec.to_string();
+                                    }
+                                    let short = name
+                                        .chars()
+                                        .chain('a'..='z')
+                                        .chain('A'..='Z')
+                                        .find(|c| c.is_ascii_alphabetic() && !taken.contains(c))
+                                        .unwrap_or('#');
+                                    taken.insert(short);
+                                    format!("{short}-{spec}")
+                                })
+                                .collect();
+                            format!("{indent}string join \\n {}", fixed.join(" "))
+                        }
+                        None => line.to_string(),
+                    },
+                )
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n"
+        }
+        _ => script.to_string(),
+    }
 }
