@@ -21,10 +21,18 @@ if ! sha256sum --quiet --check SHA256SUMS; then
   exit 1
 fi
 install -Dm755 bin/aamp-bridge "$prefix/bin/aamp-bridge"
-install -Dm644 share/man/man1/aamp-bridge.1.gz "$prefix/share/man/man1/aamp-bridge.1.gz"
+for page in share/man/man1/*.1.gz; do
+  install -Dm644 "$page" "$prefix/share/man/man1/$(basename "$page")"
+done
+# bash-completion reads ~/.local/share/bash-completion/completions by itself; fish reads
+# ~/.config/fish/completions (its vendor folders are the system's); zsh reads only its fpath.
 install -Dm644 share/bash-completion/completions/aamp-bridge "$prefix/share/bash-completion/completions/aamp-bridge"
 install -Dm644 share/zsh/vendor-completions/_aamp-bridge "$prefix/share/zsh/site-functions/_aamp-bridge"
-install -Dm644 share/fish/vendor_completions.d/aamp-bridge.fish "$prefix/share/fish/vendor_completions.d/aamp-bridge.fish"
+if [ "$prefix" = "$HOME/.local" ]; then
+  install -Dm644 share/fish/vendor_completions.d/aamp-bridge.fish "${XDG_CONFIG_HOME:-$HOME/.config}/fish/completions/aamp-bridge.fish"
+else
+  install -Dm644 share/fish/vendor_completions.d/aamp-bridge.fish "$prefix/share/fish/vendor_completions.d/aamp-bridge.fish"
+fi
 mkdir -p "$prefix/share/aamp-bridge"
 cp -r share/aamp-bridge/profiles "$prefix/share/aamp-bridge/"
 if [ "$prefix" = "$HOME/.local" ]; then
@@ -35,4 +43,7 @@ case ":$PATH:" in
   *":$prefix/bin:"*) ;;
   *) echo "add $prefix/bin to your PATH (in ~/.profile: export PATH=\"$prefix/bin:\$PATH\")" ;;
 esac
+if [ "$(basename "${SHELL:-}")" = zsh ]; then
+  echo "zsh completions: add  fpath=($prefix/share/zsh/site-functions \$fpath)  before compinit in ~/.zshrc"
+fi
 echo "next: aamp-bridge init   (then: aamp-bridge start, or aamp-bridge service install)"

@@ -33,8 +33,12 @@ trap 'rm -rf "$work"' EXIT
 stage() {
   local root=$1 prefix=$2
   install -Dm755 "$bin" "$root/$prefix/bin/aamp-bridge"
-  "$bin" man | gzip -9n > "$work/aamp-bridge.1.gz"
-  install -Dm644 "$work/aamp-bridge.1.gz" "$root/$prefix/share/man/man1/aamp-bridge.1.gz"
+  # One page per command and subcommand (aamp-bridge-start.1 …), as the top page names them.
+  rm -rf "$work/man" && "$bin" man --dir "$work/man"
+  for page in "$work"/man/*.1; do
+    gzip -9n < "$page" > "$page.gz"
+    install -Dm644 "$page.gz" "$root/$prefix/share/man/man1/$(basename "$page").gz"
+  done
   "$bin" completions bash > "$work/bash"
   "$bin" completions zsh > "$work/zsh"
   "$bin" completions fish > "$work/fish"
@@ -69,7 +73,14 @@ chmod 644 "$deb/usr/lib/systemd/user/aamp-bridge.service"
 cat > "$deb/usr/share/doc/aamp-bridge/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: aamp-bridge
+
+Files: *
+Copyright: the aamp-bridge developers; the binary also holds the Rust crates Cargo.lock names,
+ each under its own MIT, Apache-2.0, BSD or ISC licence, all of which allow this distribution
 License: MIT OR Apache-2.0
+ On Debian systems the Apache License 2.0 is in /usr/share/common-licenses/Apache-2.0. MIT:
+ permission is granted, free of charge, to deal in the software without restriction,
+ provided the copyright notice and this permission notice are kept in copies.
 EOF
 size=$(du -sk "$deb/usr" | cut -f1)
 cat > "$deb/DEBIAN/control" <<EOF
@@ -79,7 +90,6 @@ Architecture: $arch
 Maintainer: aamp-bridge developers <aamp-bridge@localhost>
 Installed-Size: $size
 Depends: libc6 (>= $glibc)
-Recommends: nodejs
 Section: utils
 Priority: optional
 Description: tasks by mail for the coding agents on this machine
@@ -87,7 +97,43 @@ Description: tasks by mail for the coding agents on this machine
  agent to mailboxes (AAMP: email with X-AAMP-* headers over JMAP and SMTP), so that
  workflows, other agents and people can hand them work by mail and get results back.
  Run "aamp-bridge init", then "aamp-bridge start" or the systemd user service.
+ The agents are not included; most install with npm and need Node.js 20 or newer (22 for
+ claude-agent-acp), newer than Debian 11's nodejs package.
 EOF
+# Removing the package stops and disables the bridge every logged-in user runs from its unit
+# (it went on running from the deleted binary, still answering mail), and postrm removes the
+# enable links left pointing at the removed unit. runuser, not `systemctl --user -M`, which
+# Debian 11's systemd 247 lacks.
+cat > "$deb/DEBIAN/prerm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+  if command -v loginctl >/dev/null 2>&1 && command -v runuser >/dev/null 2>&1; then
+    for uid in $(loginctl list-users --no-legend 2>/dev/null | awk '{print $1}'); do
+      user=$(getent passwd "$uid" | cut -d: -f1) || continue
+      [ -d "/run/user/$uid" ] || continue
+      runuser -u "$user" -- env XDG_RUNTIME_DIR="/run/user/$uid" \
+        systemctl --user disable --now aamp-bridge.service >/dev/null 2>&1 || true
+    done
+  fi
+fi
+exit 0
+SCRIPT
+cat > "$deb/DEBIAN/postrm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+  for dir in /etc/systemd/user /root/.config/systemd/user /home/*/.config/systemd/user; do
+    [ -d "$dir" ] || continue
+    find "$dir" -maxdepth 2 -type l -name aamp-bridge.service \
+      -lname '*/lib/systemd/user/aamp-bridge.service' ! -exec test -e {} \; -delete 2>/dev/null || true
+  done
+fi
+exit 0
+SCRIPT
+chmod 755 "$deb/DEBIAN/prerm" "$deb/DEBIAN/postrm"
+# What dpkg --verify checks the installed files against.
+(cd "$deb" && find usr -type f -print0 | sort -z | xargs -0 md5sum > DEBIAN/md5sums)
 debfile=$out/aamp-bridge_${version}_${arch}.deb
 dpkg-deb --root-owner-group --build "$deb" "$debfile" >/dev/null
 
