@@ -148,8 +148,14 @@ impl Service {
         Ok(changed)
     }
 
+    /// Disables and stops the service and removes the user's own unit. A package's unit stays
+    /// (removing the package removes it), disabled and stopped. Returns whether there was one.
     pub fn uninstall(&self) -> anyhow::Result<bool> {
         if !self.file.exists() {
+            if self.packaged().is_some() {
+                manager(&["--user", "disable", "--now", "aamp-bridge.service"])?;
+                return Ok(true);
+            }
             return Ok(false);
         }
         if self.kind == Kind::Systemd {
@@ -201,10 +207,42 @@ impl Service {
         )
     }
 
+    /// The unit a package installed (the .deb puts it in /usr/lib/systemd/user), where the
+    /// systemd user manager looks for it: /usr/lib/systemd/user, /lib/systemd/user, then
+    /// `$XDG_DATA_DIRS/systemd/user`. `None` on macOS, or when no package installed one.
+    pub fn packaged(&self) -> Option<PathBuf> {
+        if self.kind != Kind::Systemd {
+            return None;
+        }
+        let data_dirs = std::env::var("XDG_DATA_DIRS")
+            .ok()
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| "/usr/local/share:/usr/share".into());
+        ["/usr/lib", "/lib"]
+            .iter()
+            .map(PathBuf::from)
+            .chain(std::env::split_paths(&data_dirs))
+            .map(|d| d.join("systemd/user/aamp-bridge.service"))
+            .find(|p| p.is_file())
+    }
+
+    /// The unit systemd runs: the user's own (`service install`), which shadows a package's,
+    /// else the package's.
+    pub fn effective_file(&self) -> Option<PathBuf> {
+        if self.file.is_file() {
+            Some(self.file.clone())
+        } else {
+            self.packaged()
+        }
+    }
+
     /// What is wrong with the installed file, with the fix: missing, or pointing at another
     /// binary or config than this one.
     pub fn problems(&self) -> Vec<(String, String)> {
         let Ok(text) = std::fs::read_to_string(&self.file) else {
+            if let Some(packaged) = self.packaged() {
+                return self.packaged_problems(&packaged);
+            }
             return vec![(
                 format!(
                     "no service is installed ({} is missing)",
@@ -241,6 +279,39 @@ impl Service {
                     "aamp-bridge service install".into(),
                 ));
             }
+        }
+        problems
+    }
+}
+
+impl Service {
+    /// The package's unit runs its binary with the default config: what differs from this
+    /// binary and config, with the fix.
+    fn packaged_problems(&self, packaged: &Path) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(packaged).unwrap_or_default();
+        let mut problems = Vec::new();
+        let exe = self.exe.display().to_string();
+        if !text.contains(&format!("ExecStart={exe} ")) {
+            problems.push((
+                format!("the package's unit {} starts another aamp-bridge binary than {exe}", packaged.display()),
+                "aamp-bridge service install (writes a unit of your own for this binary, which systemd then uses instead)".into(),
+            ));
+        }
+        let default = crate::config::default_config_path();
+        let same = default.canonicalize().is_ok_and(|d| d == self.config);
+        if !same {
+            problems.push((
+                format!(
+                    "the package's unit {} uses the default config {}, not {}",
+                    packaged.display(),
+                    default.display(),
+                    self.config.display()
+                ),
+                format!(
+                    "aamp-bridge --config {} service install (a unit of your own for this config)",
+                    self.config.display()
+                ),
+            ));
         }
         problems
     }

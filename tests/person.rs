@@ -435,6 +435,37 @@ async fn the_service_unit_verifies_and_its_exec_start_runs_the_bridge() {
         "{status}"
     );
 
+    // Issue 33: a unit the package installed (systemd's search path: /usr/lib/systemd/user,
+    // $XDG_DATA_DIRS/systemd/user) is the service when there is none of one's own: status
+    // sees it (it said "no service is installed" and offered to write a second, shadowing
+    // one) and names what differs from this binary and config.
+    std::fs::remove_file(&unit_path).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let packaged = data.path().join("systemd/user/aamp-bridge.service");
+    std::fs::create_dir_all(packaged.parent().unwrap()).unwrap();
+    std::fs::write(
+        &packaged,
+        unit.replace(&exec.to_string(), &format!("{} start", support::bin())),
+    )
+    .unwrap();
+    let status = std::process::Command::new(support::bin())
+        .args(["--config", dir.config().to_str().unwrap()])
+        .args(["service", "status", "--json"])
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join(".config"))
+        .env("XDG_DATA_DIRS", data.path())
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["packaged"], packaged.to_str().unwrap(), "{status}");
+    assert_eq!(status["file"], packaged.to_str().unwrap(), "{status}");
+    assert_eq!(status["ok"], false, "{status}");
+    let problem = status["problems"][0]["problem"].as_str().unwrap();
+    assert!(
+        problem.contains("the package's unit") && problem.contains("default config"),
+        "this config is not the default one: {status}"
+    );
+
     // The launchd agent is a valid property list with the keys launchd needs.
     let plist = aamp(&["service", "render", "--launchd"]);
     let check = std::process::Command::new("python3")

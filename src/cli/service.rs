@@ -23,13 +23,19 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
                 println!("already installed, and enabled: {}", svc.file.display());
             }
             if svc.kind == Kind::Systemd {
-                println!("start it with `aamp-bridge service start`; to keep it running while you are logged out: `loginctl enable-linger $USER`");
+                println!("start it with `aamp-bridge service start`; to keep it running while you are logged out, as root: `loginctl enable-linger $USER`");
             } else {
                 println!("start it with `aamp-bridge service start`");
             }
         }
         ServiceAction::Uninstall => {
-            if svc.uninstall()? {
+            if !svc.file.exists() && svc.packaged().is_some() {
+                svc.uninstall()?;
+                println!(
+                    "disabled and stopped the package's unit {} (it stays until the package is removed: apt-get remove aamp-bridge)",
+                    svc.packaged().unwrap_or_default().display()
+                );
+            } else if svc.uninstall()? {
                 println!(
                     "removed {} (the config and the state directory stay)",
                     svc.file.display()
@@ -50,12 +56,13 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
                     .collect();
                 println!(
                     "{}",
-                    serde_json::json!({"file": svc.file, "ok": problems.is_empty(), "problems": list})
+                    serde_json::json!({"file": svc.effective_file().unwrap_or(svc.file.clone()),
+                        "packaged": svc.packaged(), "ok": problems.is_empty(), "problems": list})
                 );
             } else if problems.is_empty() {
                 println!(
                     "{} runs this binary with {}",
-                    svc.file.display(),
+                    svc.effective_file().unwrap_or(svc.file.clone()).display(),
                     svc.config.display()
                 );
                 if svc.kind == Kind::Systemd {
