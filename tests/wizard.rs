@@ -109,7 +109,9 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
     // The probe says what the service offers.
     tmux.expect("live task streams, mailbox registration");
     tmux.expect("echo ");
-    tmux.answer("Which agents should answer mail?", &["Space", "Enter"]);
+    // Issue 33: Enter alone picks the first installed agent (it used to pick nothing and end
+    // the wizard, "No agent picked: nothing to do").
+    tmux.answer("Which agents should answer mail?", &["Enter"]);
     tmux.answer("Agent name:", &["helper", "Enter"]);
     tmux.answer("Its mailbox:", &["Enter"]); // register with the service
     tmux.answer("Address prefix to ask for:", &["Enter"]);

@@ -103,6 +103,7 @@ fn agent_name(profile: &str) -> String {
 }
 
 /// An agent to choose in the multi-select.
+#[derive(Clone)]
 struct Choice {
     profile: String,
     label: String,
@@ -206,16 +207,25 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         })
         .map(|(i, _)| i)
         .collect();
-    let picked = answer(
-        MultiSelect::new("Which agents should answer mail?", choices)
-            .with_default(&configured)
-            .with_help_message("space to pick, enter when done")
-            .prompt(),
-    )?;
-    if picked.is_empty() {
-        println!("No agent picked: nothing to do.");
-        return Ok(None);
-    }
+    // Enter alone used to pick nothing and end the wizard ("No agent picked"): the first
+    // installed agent is picked already when none is configured, and an empty pick asks again.
+    let defaults = if configured.is_empty() {
+        vec![0]
+    } else {
+        configured
+    };
+    let picked = loop {
+        let picked = answer(
+            MultiSelect::new("Which agents should answer mail?", choices.clone())
+                .with_default(&defaults)
+                .with_help_message("space picks or unpicks, enter when done, esc leaves")
+                .prompt(),
+        )?;
+        if !picked.is_empty() {
+            break picked;
+        }
+        println!("No agent picked: pick at least one with Space, then Enter (Esc leaves).");
+    };
 
     let mut agents = Vec::new();
     for choice in picked {
