@@ -982,26 +982,22 @@ async fn agents_and_doctor_tell_whether_each_real_agent_is_logged_in() {
     )
     .unwrap();
     let list = bridge_json(&config, h, &["agents", "--json"], &[]);
-    assert_eq!(
-        login(&list, "claude")["loggedIn"],
-        false,
-        "an empty credentials file"
-    );
-    assert_eq!(
-        login(&list, "gemini")["loggedIn"],
-        false,
-        "a commented-out key"
-    );
-    assert_eq!(
-        login(&list, "codex")["loggedIn"],
-        true,
-        "~/.codex/auth.json"
-    );
-    assert_eq!(
-        login(&list, "codex-elsewhere")["loggedIn"],
-        false,
-        "CODEX_HOME in the profile's env: ~/.codex does not count"
-    );
+    for (profile, logged_in, why) in [
+        ("claude", false, "an empty credentials file"),
+        ("gemini", false, "a commented-out key"),
+        ("codex", true, "~/.codex/auth.json"),
+        (
+            "codex-elsewhere",
+            false,
+            "CODEX_HOME in the profile's env: ~/.codex does not count",
+        ),
+    ] {
+        assert_eq!(
+            login(&list, profile)["loggedIn"],
+            logged_in,
+            "{profile}: {why}"
+        );
+    }
 
     // Vertex AI with a project and application default credentials.
     let (home, config) = fresh();

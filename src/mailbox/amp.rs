@@ -132,6 +132,15 @@ impl AmpClient {
         })
     }
 
+    /// Notes that the broker's message `posted_id` is the agent's question `message_id`.
+    fn note_question(&self, posted_id: &str, message_id: &str) {
+        self.recent
+            .lock()
+            .expect("recent lock")
+            .questions
+            .asked(posted_id, message_id);
+    }
+
     /// Keeps the agent's questions in `path`, so replies to them are known after a restart.
     pub fn with_questions(self, path: std::path::PathBuf) -> AmpClient {
         self.recent.lock().expect("recent lock").questions = super::Questions::open(path);
@@ -796,12 +805,7 @@ async fn question_answered(
         .find(|t| t.id == parent && t.from_agent.eq_ignore_ascii_case(client.address()))
         .and_then(|t| question_marked(&t.body));
     if let Some(question) = &asked {
-        client
-            .recent
-            .lock()
-            .expect("recent lock")
-            .questions
-            .asked(parent, question);
+        client.note_question(parent, question);
     }
     Ok(asked)
 }
@@ -906,12 +910,7 @@ impl AmpReplies {
                     tracing::info!(message_id = %mail.message_id, "the reply is in the thread already; not posting it again");
                     if matches!(msg.body, Body::HelpNeeded(_)) {
                         // Posted by a bridge killed before it noted the question.
-                        self.client
-                            .recent
-                            .lock()
-                            .expect("recent lock")
-                            .questions
-                            .asked(&posted.id, &mail.message_id);
+                        self.client.note_question(&posted.id, &mail.message_id);
                     }
                     return Ok(());
                 }
@@ -952,12 +951,7 @@ impl AmpReplies {
             )
             .await?;
         if matches!(msg.body, Body::HelpNeeded(_)) {
-            self.client
-                .recent
-                .lock()
-                .expect("recent lock")
-                .questions
-                .asked(&posted.id, &mail.message_id);
+            self.client.note_question(&posted.id, &mail.message_id);
         }
         Ok(())
     }

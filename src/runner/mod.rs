@@ -287,15 +287,7 @@ pub async fn run(
     // to continue is given the conversation's earlier turns as text instead, and the answer
     // says so. (One that names none may keep its conversation by AAMP_SESSION_KEY itself.)
     if task.resume_id.is_some() && !profile.can_resume() {
-        let fresh = TaskInput {
-            resume_id: None,
-            prompt: task
-                .fresh_prompt
-                .clone()
-                .unwrap_or_else(|| task.prompt.clone()),
-            ..task.clone()
-        };
-        let mut out = run_once(profile, &fresh, cancel, events).await?;
+        let mut out = run_once(profile, &retold(task), cancel, events).await?;
         out.no_resume = true;
         return Ok(out);
     }
@@ -327,19 +319,24 @@ pub async fn run(
                 session = resume_id,
                 "the agent could not continue its session; running the task in a new one"
             );
-            let fresh = TaskInput {
-                resume_id: None,
-                prompt: task
-                    .fresh_prompt
-                    .clone()
-                    .unwrap_or_else(|| task.prompt.clone()),
-                ..task.clone()
-            };
-            let mut out = run_once(profile, &fresh, cancel, events).await?;
+            let mut out = run_once(profile, &retold(task), cancel, events).await?;
             out.context_lost = true;
             Ok(out)
         }
         other => other,
+    }
+}
+
+/// `task` in a new session: its prompt with the conversation's earlier turns retold, when
+/// the dispatcher made one.
+fn retold(task: &TaskInput) -> TaskInput {
+    TaskInput {
+        resume_id: None,
+        prompt: task
+            .fresh_prompt
+            .clone()
+            .unwrap_or_else(|| task.prompt.clone()),
+        ..task.clone()
     }
 }
 
