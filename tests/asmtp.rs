@@ -1181,19 +1181,26 @@ async fn the_test_operator_refuses_as_the_reference_does() {
     assert_eq!(body["error"]["code"], "INVALID_MONITOR", "{body}");
 }
 
-/// Issue 30, item 5, on ASMTP: a reply to the agent's question (its `in_reply_to` the
-/// question's envelope) answers it, for Allow and for Reject; it is never run as a task, and
-/// each task gets the question and one result.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task() {
-    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+/// `@alice.coder` on `operator` running the asking agent (it asks before it edits), tasks from
+/// `@alice.boss`.
+fn asking_config(operator: &Operator) -> ConfigDir {
+    let dir = config(operator, "@alice.coder", "@alice.boss", 1);
     dir.write_asking_agent(120);
     let config = std::fs::read_to_string(dir.config()).unwrap();
     dir.write(
         "config.toml",
         &config.replace("profile = \"echo\"", "profile = \"asking.toml\""),
     );
+    dir
+}
+
+/// Issue 30, item 5, on ASMTP: a reply to the agent's question (its `in_reply_to` the
+/// question's envelope) answers it, for Allow and for Reject; it is never run as a task, and
+/// each task gets the question and one result.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
+    let dir = asking_config(&operator);
     let mut bridge = Bridge::start(&dir, 1);
     for (choice, answer) in [
         ("Allow", "permission edit: yes Done."),
@@ -1249,13 +1256,7 @@ async fn an_agents_question_is_answered_by_a_reply_envelope_never_run_as_a_task(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reply_to_a_question_asked_before_a_restart_is_never_run_as_a_task() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
-    dir.write_asking_agent(120);
-    let config = std::fs::read_to_string(dir.config()).unwrap();
-    dir.write(
-        "config.toml",
-        &config.replace("profile = \"echo\"", "profile = \"asking.toml\""),
-    );
+    let dir = asking_config(&operator);
     let bridge = Bridge::start(&dir, 1);
     let task = operator
         .send(

@@ -278,9 +278,18 @@ async fn keeps_three_turns(profile: &str, env_for: EnvFor) {
         return;
     };
     let bridge = setup.start();
-    let answers = setup
-        .talk(&["remember: tangerine", "remember: walnut", "remember: heron"])
-        .await;
+    remembers_three_turns(&mut setup.peer, &setup.agent.email, profile).await;
+    assert!(bridge.stop().success());
+}
+
+/// A three-turn conversation with the agent at `to`, each turn seeing the turns before it.
+async fn remembers_three_turns(peer: &mut Peer, to: &str, profile: &str) {
+    let answers = conversation(
+        peer,
+        to,
+        &["remember: tangerine", "remember: walnut", "remember: heron"],
+    )
+    .await;
     assert_eq!(
         answers,
         vec![
@@ -290,7 +299,6 @@ async fn keeps_three_turns(profile: &str, env_for: EnvFor) {
         ],
         "{profile}"
     );
-    assert!(bridge.stop().success());
 }
 
 /// Issue 20: a three-turn conversation with the real Codex CLI (0.171, `codex exec` and
@@ -1206,19 +1214,6 @@ async fn a_qwen_code_profile_made_with_profile_new_keeps_a_conversation() {
     let home_str = home.path().display().to_string();
     let bridge = Bridge::start_with_env(&dir, 1, &[("PATH", &path), ("HOME", &home_str)]);
     let mut peer = Peer::new(boss).await;
-    let answers = conversation(
-        &mut peer,
-        &agent.email,
-        &["remember: tangerine", "remember: walnut", "remember: heron"],
-    )
-    .await;
-    assert_eq!(
-        answers,
-        vec![
-            "I remember: tangerine.",
-            "I remember: tangerine, walnut.",
-            "I remember: tangerine, walnut, heron."
-        ]
-    );
+    remembers_three_turns(&mut peer, &agent.email, "qwen").await;
     assert!(bridge.stop().success());
 }
