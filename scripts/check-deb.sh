@@ -5,10 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "check-deb.sh installs a package: run it as root (or with sudo)" >&2; exit 1; }
-if dpkg -s aamp-bridge >/dev/null 2>&1; then
-  echo "check-deb.sh: aamp-bridge is installed as a package already; not touching it" >&2
-  exit 1
-fi
+# Installed (not merely remembered: a removed package with a postrm stays known to dpkg as
+# "config-files" until it is purged, and that is no reason to stop).
+case "$(dpkg-query -W -f='${Status}' aamp-bridge 2>/dev/null || true)" in
+  *" installed")
+    echo "check-deb.sh: aamp-bridge is installed as a package already; not touching it" >&2
+    exit 1 ;;
+esac
 [ -x target/debug/aamp-bridge ] || cargo build --locked
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -49,4 +52,11 @@ if [ -e /usr/bin/aamp-bridge ] || [ -e /usr/share/man/man1/aamp-bridge.1.gz ]; t
   echo "check-deb.sh: files are left after removing the package" >&2
   exit 1
 fi
+# Purged, dpkg forgets it: the next run (or a reinstall) starts from nothing.
+DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq aamp-bridge >/dev/null
+left=$(dpkg-query -W -f='${Status}' aamp-bridge 2>/dev/null || true)
+case "$left" in
+  "" | *not-installed) ;;
+  *) echo "check-deb.sh: dpkg still has aamp-bridge after a purge ($left)" >&2; exit 1 ;;
+esac
 echo "check-deb.sh: the .deb installs, runs and removes cleanly"
