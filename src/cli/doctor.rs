@@ -122,12 +122,6 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     continue;
                 }
             };
-            let fix_of = |e: &crate::mailbox::MailboxError, auth: &str, other: &str| -> String {
-                match e.class() {
-                    ErrorClass::Auth => auth.to_string(),
-                    _ => other.to_string(),
-                }
-            };
             let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
             match mailbox.connect().await {
                 Ok(()) => {
@@ -232,15 +226,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 }
                 Err(e) => {
                     let detail = e.to_string();
-                    let fix = if e.certificate_refused() {
-                        "the server's TLS certificate is not trusted: give it one from a trusted CA, or set insecure_tls = true on this mailbox (only for a host you control)".to_string()
-                    } else {
-                        fix_of(
-                            &e,
-                            "the server refused the login: fix the password (password_file) or login",
-                            "check jmap_url and that the server runs and is reachable from here",
-                        )
-                    };
+                    let fix = e.fix("jmap_url");
                     checks.push(check(what("JMAP"), Verdict::Fail, detail, fix));
                 }
             }
@@ -256,7 +242,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                         "",
                     )),
                     Err(e) => {
-                        let fix = fix_of(&e, "the server refused the login: fix the password (password_file) or login", "check smtp_host, smtp_port and smtp_security, and that the server runs");
+                        let fix = e.fix("smtp_host, smtp_port and smtp_security");
                         checks.push(check(what("SMTP"), Verdict::Fail, e.to_string(), fix));
                     }
                 },

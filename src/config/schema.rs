@@ -72,6 +72,15 @@ pub enum SmtpSecurity {
 }
 
 impl SmtpSecurity {
+    /// As the config spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SmtpSecurity::Starttls => "starttls",
+            SmtpSecurity::Tls => "tls",
+            SmtpSecurity::Plain => "plain",
+        }
+    }
+
     pub fn default_port(self) -> u16 {
         match self {
             SmtpSecurity::Starttls | SmtpSecurity::Plain => 587,

@@ -5,7 +5,7 @@
 pub mod aamp;
 pub mod amp;
 pub mod asmtp;
-mod error;
+pub(crate) mod error;
 pub mod intake;
 pub mod link;
 

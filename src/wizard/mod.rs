@@ -217,22 +217,39 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
     }
     let account = config.account(name)?;
     let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
-    mailbox.connect().await.with_context(|| {
-        format!(
-            "JMAP login as {} at {} failed: check the address, password and jmap_url",
-            account.login, account.jmap_url
-        )
-    })?;
-    crate::mailbox::Sender::new(&account)?
-        .check_smtp()
-        .await
-        .with_context(|| {
-            format!(
-                "SMTP login at {}:{} ({:?}) failed: check smtp_host, smtp_port, smtp_security and the password",
-                account.smtp_host, account.smtp_port, account.smtp_security
-            )
-        })?;
+    if let Err(error) = mailbox.connect().await {
+        return Err(MailboxTestFailed {
+            what: format!("JMAP login as {}", account.login),
+            fix: error.fix("jmap_url"),
+            error,
+        }
+        .into());
+    }
+    if let Err(error) = crate::mailbox::Sender::new(&account)?.check_smtp().await {
+        return Err(MailboxTestFailed {
+            what: format!(
+                "SMTP login as {} at {}:{} ({})",
+                account.login,
+                account.smtp_host,
+                account.smtp_port,
+                account.smtp_security.name()
+            ),
+            fix: error.fix("smtp_host, smtp_port and smtp_security"),
+            error,
+        }
+        .into());
+    }
     Ok(account.email)
+}
+
+/// A mailbox that failed its live test: which login, the server's own answer, what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} failed: {error}\n  fix: {fix}")]
+pub struct MailboxTestFailed {
+    pub what: String,
+    /// Not a `source`: its words are in the text already.
+    pub error: crate::mailbox::MailboxError,
+    pub fix: String,
 }
 
 fn service_host(aamp_url: &str) -> Option<String> {

@@ -51,6 +51,7 @@ impl SmtpSender {
                         server: server.clone(),
                         detail: format!("TLS setup: {e}"),
                         class: ErrorClass::Permanent,
+                        certificate: false,
                     })?,
             ),
         };
@@ -70,8 +71,9 @@ impl SmtpSender {
     fn error(&self, e: &lettre::transport::smtp::Error) -> MailboxError {
         MailboxError::Smtp {
             server: self.server.clone(),
-            detail: e.to_string(),
+            detail: crate::mailbox::error::explain(e),
             class: classify(e),
+            certificate: crate::mailbox::error::certificate_refused(e),
         }
     }
 
@@ -80,6 +82,7 @@ impl SmtpSender {
             server: self.server.clone(),
             detail: format!("{what} took longer than {}s", EXCHANGE.as_secs()),
             class: ErrorClass::Transient,
+            certificate: false,
         }
     }
 
@@ -101,8 +104,12 @@ impl SmtpSender {
                         .await
                         .map_err(|e| MailboxError::Smtp {
                             server: self.server.clone(),
-                            detail: format!("cannot connect: {e}"),
+                            detail: format!(
+                                "cannot connect: {}",
+                                crate::mailbox::error::explain(&e)
+                            ),
                             class: ErrorClass::Transient,
+                            certificate: false,
                         })?;
                     let _ = tcp.set_nodelay(true);
                     let mut connection =
@@ -115,6 +122,7 @@ impl SmtpSender {
                                 server: self.server.clone(),
                                 detail: "the server does not offer STARTTLS, and smtp_security = \"starttls\" requires it".into(),
                                 class: ErrorClass::Permanent,
+                                certificate: false,
                             });
                         }
                         connection
