@@ -162,6 +162,99 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
     assert!(bridge.stop().success());
 }
 
+/// Issue 33: a mailbox that fails its test is asked again at once, each question offering
+/// what was given; a self-signed server can be trusted from there (insecure_tls), and nothing
+/// that only an AAMP service has (directory card, pairing, a one-way menu) is asked without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
+    let Some(host) = mailhost() else { return };
+    let agent = host.user("fixed");
+    let boss = host.user("boss");
+    let dir = ConfigDir::new(host, "");
+    let home = dir.dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = dir.config();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nothing_there = format!(
+        "http://127.0.0.1:{}/.well-known/jmap",
+        closed.local_addr().unwrap().port()
+    );
+    drop(closed);
+    let tmux = Tmux::start(
+        &format!("{} --config {} init", support::bin(), config.display()),
+        &[
+            ("HOME", home.to_str().unwrap()),
+            ("PATH", "/usr/bin:/bin"),
+            ("TERM", "xterm-256color"),
+        ],
+    );
+    tmux.answer("AAMP service URL:", &["Enter"]); // none: a plain mail account
+    tmux.answer("Which agents should answer mail?", &["Enter"]);
+    tmux.answer("Agent name:", &["mine", "Enter"]);
+    tmux.expect("Its mailbox: use an existing mail account");
+    tmux.answer("Email address:", &[&agent.email, "Enter"]);
+    tmux.answer("Password:", &[&host.password, "Enter"]);
+    tmux.answer("JMAP session URL:", &[&nothing_there, "Enter"]);
+    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP security:", &["Enter"]); // starttls
+    tmux.answer("SMTP port:", &[&host.smtp_tls_port.to_string(), "Enter"]);
+    // The test runs now, and says why in plain words.
+    tmux.expect("nothing listens there");
+    tmux.expect("fix: check the port in jmap_url");
+    let screen = tmux.screen();
+    assert!(!screen.contains("Trust this server"), "{screen}");
+    tmux.answer("The mailbox does not work yet:", &["Enter"]); // change the answers
+                                                               // Each question offers what was given: Enter keeps it.
+    tmux.expect(&format!("Email address: ({})", agent.email));
+    tmux.answer("Email address:", &["Enter"]);
+    tmux.answer("Password:", &["Enter"]); // keeps the one given
+    tmux.answer("JMAP session URL:", &[&host.jmap_url, "Enter"]);
+    tmux.expect("SMTP submission server: (127.0.0.1)");
+    tmux.answer("SMTP submission server:", &["Enter"]);
+    tmux.answer("SMTP security:", &["Enter"]);
+    tmux.expect(&format!("SMTP port: ({})", host.smtp_tls_port));
+    tmux.answer("SMTP port:", &["Enter"]);
+    // JMAP works now; the STARTTLS port has a self-signed certificate.
+    tmux.expect("its TLS certificate is self-signed");
+    tmux.expect("Trust this server's certificate");
+    tmux.answer("The mailbox does not work yet:", &["Down", "Enter"]);
+    tmux.expect("answers JMAP and SMTP");
+    // No pairing without an AAMP service: the allow list is first, then "Later".
+    tmux.expect("? Who may send it tasks?");
+    let screen = tmux.screen();
+    assert!(!screen.contains("Pair now"), "{screen}");
+    tmux.answer("Who may send it tasks?", &["Enter"]);
+    tmux.answer("Addresses", &[&boss.email, "Enter"]);
+    tmux.expect("Summary:");
+    tmux.expect(&format!(
+        "SMTP 127.0.0.1:{} starttls, certificates not verified",
+        host.smtp_tls_port
+    ));
+    tmux.answer("Write the config?", &["Enter"]);
+    tmux.expect("EXIT=");
+    let screen = tmux.screen();
+    assert!(screen.contains("EXIT=0"), "{screen}");
+    assert!(!screen.contains("One line about what it does"), "{screen}");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("insecure_tls = true"), "{text}");
+    assert!(text.contains(&host.jmap_url), "{text}");
+    assert!(!text.contains("summary"), "{text}");
+
+    // The bridge answers over that STARTTLS port with its certificate trusted as it is.
+    let bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss.clone()).await;
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Hello", "ping over starttls"))
+        .await;
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    assert!(
+        format!("{:?}", result.message).contains("ping over starttls"),
+        "{:?}",
+        result.message
+    );
+    assert!(bridge.stop().success());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn init_from_answers_tests_the_account_first_and_is_idempotent() {
     let Some(host) = mailhost() else { return };

@@ -37,7 +37,29 @@ pub(super) async fn init(
         },
     };
     let spinner = prompt::Spinner::new();
-    let applied = wizard::apply(&answers, config_path, &spinner).await?;
+    let applied = match wizard::apply(&answers, config_path, &spinner).await {
+        Ok(applied) => applied,
+        // The answers given in the terminal are not lost with the failure: they are kept in
+        // a file (0600: it may hold a password) that `init --answers` takes as it is.
+        Err(e) if !non_interactive => {
+            spinner.clear();
+            let dir = config_path.parent().unwrap_or(std::path::Path::new("."));
+            let kept = dir.join("init-answers.json");
+            let text = serde_json::to_string_pretty(&answers)?;
+            eprintln!("aamp-bridge: {e:#}");
+            match crate::fsio::write_atomic(&kept, text.as_bytes(), 0o600) {
+                Ok(()) => eprintln!(
+                    "Nothing was written, but your answers are kept in {} (mode 0600). Once the cause is fixed, go on from them:\n  aamp-bridge --config {} init --non-interactive --answers {}\n(and delete the file afterwards)",
+                    kept.display(),
+                    config_path.display(),
+                    kept.display()
+                ),
+                Err(w) => eprintln!("Nothing was written (and your answers could not be kept in {}: {w})", kept.display()),
+            }
+            return Ok(1);
+        }
+        Err(e) => return Err(e),
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&applied)?);
         return Ok(0);

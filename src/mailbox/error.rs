@@ -147,7 +147,9 @@ fn cause(e: &(dyn std::error::Error + 'static)) -> Cause {
                 _ => {}
             }
         }
-        if c.downcast_ref::<reqwest::Error>().is_some_and(|r| r.is_timeout()) {
+        if c.downcast_ref::<reqwest::Error>()
+            .is_some_and(|r| r.is_timeout())
+        {
             found = Cause::TimedOut;
         }
         if matches!(
@@ -194,18 +196,21 @@ pub fn explain(e: &(dyn std::error::Error + 'static)) -> String {
         Cause::NoSuchHost => "the host name is not known (DNS)",
         Cause::Refused => "nothing listens there (connection refused)",
         Cause::Certificate => match certificate_problem(e) {
-            Some(rustls::CertificateError::Other(o)) if o.to_string().contains("CaUsedAsEndEntity") => {
+            Some(rustls::CertificateError::Other(o))
+                if o.to_string().contains("CaUsedAsEndEntity") =>
+            {
                 "its TLS certificate is self-signed"
             }
             Some(rustls::CertificateError::UnknownIssuer) => {
                 "its TLS certificate is signed by an authority this machine does not trust"
             }
-            Some(rustls::CertificateError::NotValidForName | rustls::CertificateError::NotValidForNameContext { .. }) => {
-                "its TLS certificate is made out for another host name"
-            }
-            Some(rustls::CertificateError::Expired | rustls::CertificateError::ExpiredContext { .. }) => {
-                "its TLS certificate has expired"
-            }
+            Some(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            ) => "its TLS certificate is made out for another host name",
+            Some(
+                rustls::CertificateError::Expired | rustls::CertificateError::ExpiredContext { .. },
+            ) => "its TLS certificate has expired",
             _ => "its TLS certificate is not trusted",
         },
         Cause::NotTls => "it does not speak TLS on that port",

@@ -10,7 +10,7 @@ pub mod intake;
 pub mod link;
 
 pub use aamp::{
-    auth, helper, jmap, push, received, smtp, Cursor, Ignored, Page, Position, Reader, Scan,
+    auth, guess, helper, jmap, push, received, smtp, Cursor, Ignored, Page, Position, Reader, Scan,
     Sender, SentCopies,
 };
 

@@ -242,6 +242,24 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
     Ok(account.email)
 }
 
+/// Tests one agent's mailbox answers before anything is written (what `init` does right after
+/// the person gave them, so a failure is asked again, not the end of the wizard). The address
+/// that answered, or why not ([`MailboxTestFailed`] for a login that failed).
+pub async fn test_answers(
+    path: &Path,
+    name: &str,
+    answers: &MailboxAnswers,
+    aamp_url: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut config = existing(path)?
+        .map(|c| c.config)
+        .unwrap_or_else(empty_config);
+    let previous = config.mailboxes.get(name).cloned();
+    let mailbox = mailbox_config(name, answers, aamp_url, previous.as_ref())?;
+    config.mailboxes.insert(name.to_string(), mailbox);
+    test_mailbox(&view(path, &config), name).await
+}
+
 /// A mailbox that failed its live test: which login, the server's own answer, what to do.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} failed: {error}\n  fix: {fix}")]

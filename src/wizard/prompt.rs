@@ -254,23 +254,87 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             println!("  use lower-case letters, digits, - and _");
         };
         let can_register = aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration);
-        let mailbox = ask_mailbox(
-            &name,
-            old.is_some(),
-            can_register,
-            &aamp_url,
-            previous.as_ref(),
+        // Asked and tested until it works (or the person leaves): a failed test used to end
+        // the wizard after the last question and lose every answer.
+        let mut given: Option<MailboxAnswers> = None;
+        let mailbox = loop {
+            let mailbox = match given.take() {
+                Some(tested) => tested,
+                None => {
+                    ask_mailbox(
+                        &name,
+                        old.is_some(),
+                        can_register,
+                        &aamp_url,
+                        previous.as_ref(),
+                        None,
+                        &spinner,
+                    )
+                    .await?
+                }
+            };
+            // A new mailbox is registered, and a kept one tested, when the config is written.
+            if !matches!(mailbox, MailboxAnswers::Existing { .. }) {
+                break mailbox;
+            }
+            spinner.step(&format!("testing {name}'s mailbox"));
+            let tested = super::test_answers(path, &name, &mailbox, aamp_url.as_deref()).await;
+            match tested {
+                Ok(email) => {
+                    spinner.done(&format!("{name}: {email} answers JMAP and SMTP"));
+                    break mailbox;
+                }
+                Err(e) => {
+                    spinner.clear();
+                    println!("✗ {e:#}");
+                    let certificate = e
+                        .downcast_ref::<super::MailboxTestFailed>()
+                        .is_some_and(|f| f.error.certificate_refused());
+                    let mut options = vec![CHANGE];
+                    if certificate {
+                        options.push(TRUST);
+                    }
+                    options.push(LEAVE);
+                    match answer(Select::new("The mailbox does not work yet:", options).prompt())? {
+                        TRUST => {
+                            given = Some(trusted(mailbox));
+                        }
+                        CHANGE => {
+                            given = Some(
+                                ask_mailbox(
+                                    &name,
+                                    old.is_some(),
+                                    can_register,
+                                    &aamp_url,
+                                    previous.as_ref(),
+                                    Some(&mailbox),
+                                    &spinner,
+                                )
+                                .await?,
+                            );
+                        }
+                        _ => return Err(Cancelled.into()),
+                    }
+                }
+            }
+        };
+        let (allow_from, pair) = ask_senders(
+            old.map(|a| a.allow_from.clone()).unwrap_or_default(),
+            aamp_url.is_some(),
         )?;
-        let (allow_from, pair) =
-            ask_senders(old.map(|a| a.allow_from.clone()).unwrap_or_default())?;
-        let summary = answer(
-            Text::new("One line about what it does (its card in the directory):")
-                .with_default(
-                    &old.and_then(|a| a.summary.clone())
-                        .unwrap_or_else(|| format!("{profile} agent")),
-                )
-                .prompt(),
-        )?;
+        // The card is what the AAMP service's directory shows; without one there is no card
+        // (and the bridge would warn about it at every start).
+        let summary = match &aamp_url {
+            Some(_) => answer(
+                Text::new("One line about what it does (its card in the directory):")
+                    .with_default(
+                        &old.and_then(|a| a.summary.clone())
+                            .unwrap_or_else(|| format!("{profile} agent")),
+                    )
+                    .prompt(),
+            )?,
+            None => String::new(),
+        };
         agents.push(AgentAnswers {
             name,
             profile,
@@ -284,8 +348,13 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     println!("\nSummary:");
     for a in &agents {
         let mailbox = match &a.mailbox {
-            MailboxAnswers::Register { .. } => "a new mailbox from the AAMP service".to_string(),
-            MailboxAnswers::Existing { email, .. } => email.clone(),
+            MailboxAnswers::Register { servers, .. } => format!(
+                "a new mailbox from the AAMP service{}",
+                servers_line(servers)
+            ),
+            MailboxAnswers::Existing { email, servers, .. } => {
+                format!("{email}{}", servers_line(servers))
+            }
             MailboxAnswers::Keep => "its current mailbox".to_string(),
             MailboxAnswers::Asmtp { handle, .. } => format!("ASMTP {handle}"),
             MailboxAnswers::Amp { address, .. } => format!("AMP {address}"),
@@ -332,12 +401,64 @@ const REGISTER: &str = "Register a new mailbox with the AAMP service";
 const EXISTING: &str = "Use an existing mail account (JMAP + SMTP)";
 const KEEP: &str = "Keep its current mailbox";
 
-fn ask_mailbox(
+const CHANGE: &str = "Change the answers (each one shows what you gave)";
+const TRUST: &str =
+    "Trust this server's certificate as it is (insecure_tls = true: only for a host you control)";
+const LEAVE: &str = "Leave (nothing is written)";
+
+/// The same answers with the mailbox's TLS certificates accepted unverified.
+fn trusted(mailbox: MailboxAnswers) -> MailboxAnswers {
+    match mailbox {
+        MailboxAnswers::Existing {
+            email,
+            login,
+            password,
+            password_file,
+            mut servers,
+        } => {
+            servers.insecure_tls = true;
+            MailboxAnswers::Existing {
+                email,
+                login,
+                password,
+                password_file,
+                servers,
+            }
+        }
+        other => other,
+    }
+}
+
+/// ` (JMAP …, SMTP host:port security)` for the summary.
+fn servers_line(s: &Servers) -> String {
+    let mut parts = Vec::new();
+    if let Some(jmap) = &s.jmap_url {
+        parts.push(format!("JMAP {jmap}"));
+    }
+    if let Some(host) = &s.smtp_host {
+        let security = s.smtp_security.unwrap_or_default();
+        let port = s.smtp_port.unwrap_or(security.default_port());
+        parts.push(format!("SMTP {host}:{port} {}", security.name()));
+    }
+    if s.insecure_tls {
+        parts.push("certificates not verified".to_string());
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", parts.join(", ")),
+    }
+}
+
+/// The mailbox questions; `prior` holds the answers given before (a failed test), shown as
+/// each question's default.
+async fn ask_mailbox(
     name: &str,
     configured: bool,
     can_register: bool,
     aamp_url: &Option<String>,
     previous: Option<&LoadedConfig>,
+    prior: Option<&MailboxAnswers>,
+    spinner: &Spinner,
 ) -> anyhow::Result<MailboxAnswers> {
     let mut options = Vec::new();
     if configured {
@@ -347,7 +468,15 @@ fn ask_mailbox(
         options.push(REGISTER);
     }
     options.push(EXISTING);
-    let pick = answer(Select::new("Its mailbox:", options).prompt())?;
+    let pick = match (prior, options.as_slice()) {
+        (Some(MailboxAnswers::Existing { .. }), _) => EXISTING,
+        // One way only: no menu of one.
+        (_, [only]) => {
+            println!("Its mailbox: {}", only.to_lowercase());
+            only
+        }
+        _ => answer(Select::new("Its mailbox:", options).prompt())?,
+    };
     if pick == KEEP {
         return Ok(MailboxAnswers::Keep);
     }
@@ -362,34 +491,74 @@ fn ask_mailbox(
                 .with_help_message("the service may add a suffix")
                 .prompt(),
         )?;
-        let servers = ask_servers(None, host.as_deref())?;
+        let servers = ask_servers(None, host.as_deref(), None)?;
         return Ok(MailboxAnswers::Register {
             slug: Some(slug),
             description: Some(format!("aamp-bridge agent {name}")),
             servers,
         });
     }
+    let (prior_email, prior_password, prior_servers) = match prior {
+        Some(MailboxAnswers::Existing {
+            email,
+            password,
+            servers,
+            ..
+        }) => (Some(email.clone()), password.clone(), Some(servers)),
+        _ => (None, None, None),
+    };
     let old = previous.and_then(|c| c.config.mailboxes.get(name));
     let email = answer(
         Text::new("Email address:")
-            .with_default(old.and_then(|m| m.email.as_deref()).unwrap_or(""))
-            .prompt(),
-    )?;
-    let domain = email.rsplit('@').next().unwrap_or_default().to_string();
-    let password = answer(
-        Password::new("Password:")
-            .without_confirmation()
-            .with_display_mode(PasswordDisplayMode::Masked)
-            .with_help_message(
-                "saved in a file of mode 0600 beside the config, never in the config",
+            .with_default(
+                prior_email
+                    .as_deref()
+                    .or(old.and_then(|m| m.email.as_deref()))
+                    .unwrap_or(""),
             )
             .prompt(),
     )?;
-    let jmap = aamp_url
-        .as_ref()
-        .map(|u| format!("{u}/.well-known/jmap"))
-        .unwrap_or_else(|| format!("https://{domain}/.well-known/jmap"));
-    let servers = ask_servers(Some(&jmap), host.as_deref().or(Some(&domain)))?;
+    let domain = email.rsplit('@').next().unwrap_or_default().to_string();
+    let mut question = Password::new("Password:")
+        .without_confirmation()
+        .with_display_mode(PasswordDisplayMode::Masked)
+        .with_help_message("saved in a file of mode 0600 beside the config, never in the config");
+    if prior_password.is_some() {
+        question = question.with_help_message("Enter alone keeps the one you gave");
+    }
+    let password = answer(question.prompt())?;
+    let password = match (password.is_empty(), prior_password) {
+        (true, Some(kept)) => kept,
+        (_, _) => password,
+    };
+    let servers = match prior_servers {
+        Some(servers) => ask_servers(
+            servers.jmap_url.as_deref(),
+            servers.smtp_host.as_deref(),
+            Some(servers),
+        )?,
+        None => {
+            // The AAMP service's host, or where the address's domain has its servers (the
+            // domain itself when nothing answers).
+            let guessed = match aamp_url {
+                Some(_) => crate::mailbox::guess::Guess::default(),
+                None => {
+                    spinner.step(&format!("looking for {domain}'s mail servers"));
+                    let g = crate::mailbox::guess::guess(&domain, Duration::from_secs(4)).await;
+                    spinner.clear();
+                    g
+                }
+            };
+            let jmap = match aamp_url {
+                Some(u) => format!("{u}/.well-known/jmap"),
+                None => guessed
+                    .jmap_url
+                    .unwrap_or_else(|| format!("https://{domain}/.well-known/jmap")),
+            };
+            let smtp = host.or(guessed.smtp_host).unwrap_or(domain.clone());
+            ask_servers(Some(&jmap), Some(&smtp), None)?
+        }
+    };
     Ok(MailboxAnswers::Existing {
         email,
         login: None,
@@ -399,7 +568,11 @@ fn ask_mailbox(
     })
 }
 
-fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow::Result<Servers> {
+fn ask_servers(
+    jmap_default: Option<&str>,
+    smtp_default: Option<&str>,
+    prior: Option<&Servers>,
+) -> anyhow::Result<Servers> {
     let jmap_url = match jmap_default {
         Some(default) => Some(answer(
             Text::new("JMAP session URL:")
@@ -413,6 +586,15 @@ fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow
             .with_default(smtp_default.unwrap_or(""))
             .prompt(),
     )?;
+    let choices = [
+        SmtpSecurity::Starttls,
+        SmtpSecurity::Tls,
+        SmtpSecurity::Plain,
+    ];
+    let cursor = prior
+        .and_then(|p| p.smtp_security)
+        .and_then(|s| choices.iter().position(|c| *c == s))
+        .unwrap_or(0);
     let security = answer(
         Select::new(
             "SMTP security:",
@@ -422,6 +604,7 @@ fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow
                 "plain (loopback hosts only)",
             ],
         )
+        .with_starting_cursor(cursor)
         .prompt(),
     )?;
     let smtp_security = match security.split(' ').next() {
@@ -429,10 +612,14 @@ fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow
         Some("plain") => SmtpSecurity::Plain,
         _ => SmtpSecurity::Starttls,
     };
+    let default_port = prior
+        .filter(|p| p.smtp_security == Some(smtp_security))
+        .and_then(|p| p.smtp_port)
+        .unwrap_or(smtp_security.default_port());
     let port = loop {
         let text = answer(
             Text::new("SMTP port:")
-                .with_default(&smtp_security.default_port().to_string())
+                .with_default(&default_port.to_string())
                 .prompt(),
         )?;
         match text.trim().parse::<u16>() {
@@ -440,12 +627,18 @@ fn ask_servers(jmap_default: Option<&str>, smtp_default: Option<&str>) -> anyhow
             _ => println!("  a port is a number from 1 to 65535"),
         }
     };
+    // Kept when the same servers are asked again; a changed host must be trusted anew.
+    let insecure_tls = prior.is_some_and(|p| {
+        p.insecure_tls
+            && p.smtp_host.as_deref() == Some(smtp_host.as_str())
+            && p.jmap_url == jmap_url
+    });
     Ok(Servers {
         jmap_url,
         smtp_host: Some(smtp_host),
         smtp_port: Some(port).filter(|p| *p != smtp_security.default_port()),
         smtp_security: Some(smtp_security),
-        insecure_tls: false,
+        insecure_tls,
     })
 }
 
@@ -453,13 +646,18 @@ const PAIR: &str = "Pair now: show a QR code for the AAMP app (or `aamp-cli pair
 const ALLOW: &str = "An allow list of addresses";
 const LATER: &str = "Later (nobody may send tasks until then)";
 
-fn ask_senders(old: Vec<String>) -> anyhow::Result<(Vec<String>, bool)> {
+/// Who may send tasks; pairing (the AAMP app's QR code) only with an AAMP service.
+fn ask_senders(old: Vec<String>, can_pair: bool) -> anyhow::Result<(Vec<String>, bool)> {
     let keep = (!old.is_empty()).then(|| format!("Keep: {}", old.join(", ")));
     let mut options: Vec<&str> = Vec::new();
     if let Some(k) = &keep {
         options.push(k);
     }
-    options.extend([ALLOW, PAIR, LATER]);
+    options.push(ALLOW);
+    if can_pair {
+        options.push(PAIR);
+    }
+    options.push(LATER);
     let pick = answer(Select::new("Who may send it tasks?", options).prompt())?;
     Ok(match pick {
         ALLOW => {

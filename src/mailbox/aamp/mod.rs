@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod claims;
+pub mod guess;
 pub mod helper;
 pub mod jmap;
 pub mod push;
