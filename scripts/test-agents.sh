@@ -13,6 +13,7 @@
 #   - the official TypeScript ACP SDK (npm @agentclientprotocol/sdk), for tests/agents/sdk_agent.mjs
 #   - the official Python ACP SDK (PyPI agent-client-protocol), for tests/agents/py_sdk_agent.py
 #   - the Python AAMP SDK (PyPI aamp-sdk), a dispatcher's side in tests/agents/sdk_dispatcher.py
+#   - the official MCP Python SDK (PyPI mcp), for the SAMP server imitation tests/hosts/samp_server.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${AAMP_TEST_AGENTS:-$PWD/target/test-agents}
@@ -46,10 +47,10 @@ if [ ! -x "$dir/qwen/node_modules/.bin/qwen" ]; then
   mkdir -p "$dir/qwen"
   npm install --prefix "$dir/qwen" --no-audit --no-fund --loglevel=error @qwen-code/qwen-code@0.24.4 >&2
 fi
-if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk' 2>/dev/null; then
-  echo "test-agents: installing agent-client-protocol and aamp-sdk (PyPI) into a venv" >&2
+if [ ! -x "$dir/venv/bin/python" ] || ! "$dir/venv/bin/python" -c 'import acp, aamp_sdk, mcp' 2>/dev/null; then
+  echo "test-agents: installing agent-client-protocol, aamp-sdk and mcp (PyPI) into a venv" >&2
   python3 -m venv "$dir/venv"
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check \
-    agent-client-protocol==0.12.1 aamp-sdk==0.1.2 >&2
+    agent-client-protocol==0.12.1 aamp-sdk==0.1.2 mcp==2.3.0 >&2
 fi
 echo "$dir"
