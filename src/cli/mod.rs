@@ -112,7 +112,6 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
     /// Make the running bridge read its config, profiles and credentials files again (as
     /// SIGHUP does), and say what changed: a mailbox whose credentials changed is retried at
     /// once.
@@ -120,6 +119,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
     /// (read from the state directory; works whether the bridge runs or not).
     Status {
         #[arg(long)]
