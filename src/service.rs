@@ -173,6 +173,12 @@ impl Service {
     pub fn start(&self) -> anyhow::Result<()> {
         match self.kind {
             Kind::Systemd => manager(&["--user", "start", "aamp-bridge.service"]),
+            // `bootstrap` of a loaded agent fails ("Bootstrap failed: 5: Input/output
+            // error"): a loaded one is started again with `kickstart` instead.
+            Kind::Launchd if self.loaded() => {
+                let uid = nix::unistd::getuid();
+                run("launchctl", &["kickstart", &format!("gui/{uid}/{LABEL}")])
+            }
             Kind::Launchd => self.launchctl("bootstrap"),
         }
     }
@@ -239,6 +245,90 @@ impl Service {
     /// What is wrong with the installed file, with the fix: missing, or pointing at another
     /// binary or config than this one.
     pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = self.file_problems();
+        let installed = self.file.is_file() || self.packaged().is_some();
+        if installed {
+            problems.extend(self.state_problems());
+        }
+        problems
+    }
+
+    /// Whether the service manager has the service enabled and running: a unit that is
+    /// written but not enabled (a failed install) or not running is a problem too, with the
+    /// manager's own words.
+    pub fn state_problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        match self.kind {
+            Kind::Systemd => {
+                let ask = |verb: &str| {
+                    Command::new("systemctl")
+                        .args(["--user", verb, "aamp-bridge.service"])
+                        .output()
+                        .map(|o| {
+                            let said = String::from_utf8_lossy(&o.stdout).trim().to_string();
+                            let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+                            (said, err)
+                        })
+                };
+                if !self.available() {
+                    problems.push((
+                        "the systemd user manager does not answer here, so the service neither starts nor runs".to_string(),
+                        "log in normally (a desktop or SSH session), or as root: `loginctl enable-linger $USER` so it runs without a login".to_string(),
+                    ));
+                    return problems;
+                }
+                match ask("is-enabled") {
+                    Ok((said, _))
+                        if matches!(said.as_str(), "enabled" | "enabled-runtime" | "linked") => {}
+                    Ok((said, err)) => problems.push((
+                        format!(
+                            "the service is not enabled ({}): it will not start at login",
+                            if said.is_empty() { err } else { said }
+                        ),
+                        "aamp-bridge service install (enables it)".to_string(),
+                    )),
+                    Err(e) => problems.push((
+                        format!("cannot run systemctl: {e}"),
+                        "install systemd, or run `aamp-bridge start` in a terminal".to_string(),
+                    )),
+                }
+                match ask("is-active") {
+                    Ok((said, _)) if matches!(said.as_str(), "active" | "reloading" | "activating") => {}
+                    Ok((said, err)) => problems.push((
+                        format!(
+                            "the service is not running ({})",
+                            if said.is_empty() { err } else { said }
+                        ),
+                        "aamp-bridge service start; `aamp-bridge service logs` shows why it stopped".to_string(),
+                    )),
+                    Err(_) => {}
+                }
+            }
+            Kind::Launchd => {
+                if !self.loaded() {
+                    problems.push((
+                        format!("launchd has not loaded {LABEL}: it is not running"),
+                        "aamp-bridge service start; `aamp-bridge service logs` shows why it stopped".to_string(),
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
+    /// Whether launchd has the agent loaded (`launchctl print` knows it).
+    fn loaded(&self) -> bool {
+        let uid = nix::unistd::getuid();
+        Command::new("launchctl")
+            .args(["print", &format!("gui/{uid}/{LABEL}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// What is wrong with the file itself.
+    fn file_problems(&self) -> Vec<(String, String)> {
         let Ok(text) = std::fs::read_to_string(&self.file) else {
             if let Some(packaged) = self.packaged() {
                 return self.packaged_problems(&packaged);
@@ -324,6 +414,63 @@ fn systemd_quote(value: &str) -> String {
     } else {
         value.to_string()
     }
+}
+
+/// Logs above this are rotated (to `.1`) when the bridge starts under launchd, which never
+/// rotates what it writes to StandardErrorPath.
+const LAUNCHD_LOG_MAX: u64 = 10 * 1024 * 1024;
+/// launchd starts a failing agent again every ThrottleInterval with no limit; the bridge
+/// counts its own starts and stops the loop at this many within [`LAUNCHD_LOOP_WINDOW`].
+const LAUNCHD_LOOP_STARTS: usize = 10;
+const LAUNCHD_LOOP_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// What `start` does first when launchd started it (`XPC_SERVICE_NAME` is the agent's
+/// label): rotates its logs, and counts this start. `Some(why)` when this is a crash loop
+/// (the 10th start in 5 minutes): the bridge should then say why and exit 0, which
+/// KeepAlive's `SuccessfulExit = false` does not restart, as systemd's StartLimitBurst
+/// stops a unit.
+pub fn launchd_start() -> Option<String> {
+    if std::env::var("XPC_SERVICE_NAME").ok().as_deref() != Some(LABEL) {
+        return None;
+    }
+    let logs = home().join("Library/Logs/aamp-bridge");
+    for name in ["aamp-bridge.log", "aamp-bridge.out.log"] {
+        let file = logs.join(name);
+        if std::fs::metadata(&file).is_ok_and(|m| m.len() > LAUNCHD_LOG_MAX) {
+            // Copied, then emptied in place: launchd holds the file open (for appending).
+            let kept = logs.join(format!("{name}.1"));
+            if std::fs::copy(&file, &kept).is_ok() {
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&file)
+                    .and_then(|f| f.set_len(0));
+            }
+        }
+    }
+    let starts_file = logs.join("starts");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let mut starts: Vec<u64> = std::fs::read_to_string(&starts_file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|t| now.saturating_sub(*t) < LAUNCHD_LOOP_WINDOW.as_secs())
+        .collect();
+    starts.push(now);
+    if starts.len() >= LAUNCHD_LOOP_STARTS {
+        let _ = std::fs::remove_file(&starts_file);
+        return Some(format!(
+            "launchd started the bridge {} times in {} minutes: it keeps failing, so it stops here instead of starting again every few seconds; the lines before this say why. Fix that, then `aamp-bridge service start`",
+            starts.len(),
+            LAUNCHD_LOOP_WINDOW.as_secs() / 60
+        ));
+    }
+    let text: String = starts.iter().map(|t| format!("{t}\n")).collect();
+    let _ = std::fs::create_dir_all(&logs);
+    let _ = crate::fsio::write_atomic(&starts_file, text.as_bytes(), 0o600);
+    None
 }
 
 fn manager(args: &[&str]) -> anyhow::Result<()> {

@@ -289,7 +289,10 @@ async fn doctor_names_each_problem_with_its_fix() {
         let c = find(&format!("mailbox wrong: {part}"));
         assert_eq!(c["status"], "fail", "{c}");
         assert!(
-            c["fix"].as_str().unwrap().contains("fix the password"),
+            c["fix"]
+                .as_str()
+                .unwrap()
+                .contains("refused the login: check the address (or login) and the password"),
             "{c}"
         );
         let c = find(&format!("mailbox unreachable: {part}"));
@@ -384,7 +387,20 @@ async fn the_service_unit_verifies_and_its_exec_start_runs_the_bridge() {
     }
     let status = aamp(&["service", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(status["ok"], true, "{status}");
+    if installed.status.success() {
+        assert_eq!(status["ok"], true, "{status}");
+    } else {
+        // Issue 33: a unit written but never enabled (no user manager) is not "ok" (status
+        // exited 0 here); the manager's absence is the problem, with its fix.
+        assert_eq!(status["ok"], false, "{status}");
+        assert!(
+            status["problems"][0]["fix"]
+                .as_str()
+                .unwrap()
+                .contains("enable-linger"),
+            "{status}"
+        );
+    }
 
     // What systemd would run: the ExecStart line, with the unit's PATH.
     let exec = unit
@@ -488,4 +504,129 @@ async fn the_service_unit_verifies_and_its_exec_start_runs_the_bridge() {
         "{}",
         String::from_utf8_lossy(&checked.stderr)
     );
+}
+
+/// A `systemctl` that answers as a user manager would (this machine runs none): `is-enabled`
+/// and `is-active` say what FAKE_ENABLED and FAKE_ACTIVE hold; FAKE_MANAGER=0 is no manager.
+fn fake_systemctl(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("systemctl");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+for a in "$@"; do verb=$a; case $a in --*) ;; *) break ;; esac; done
+case "$2" in
+  show-environment) [ "${FAKE_MANAGER:-1}" = 1 ] && exit 0
+    echo "Failed to connect to bus: No medium found" >&2; exit 1 ;;
+  is-enabled) echo "${FAKE_ENABLED:-disabled}"; [ "$FAKE_ENABLED" = enabled ] && exit 0; exit 1 ;;
+  is-active) echo "${FAKE_ACTIVE:-inactive}"; [ "$FAKE_ACTIVE" = active ] && exit 0; exit 3 ;;
+  *) exit 0 ;;
+esac
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Issue 33: `service status` said all was well (exit 0) for a unit that was written but
+/// never enabled, or not running; it asks the service manager now, and says why with a fix.
+#[test]
+fn service_status_asks_the_manager_whether_the_unit_is_enabled_and_running() {
+    let dir = ConfigDir::empty();
+    dir.write_config("");
+    let home = tempfile::tempdir().unwrap();
+    let fake = tempfile::tempdir().unwrap();
+    fake_systemctl(fake.path());
+    let path = format!("{}:/usr/bin:/bin", fake.path().display());
+    let aamp = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(support::bin())
+            .args(["--config", dir.config().to_str().unwrap()])
+            .args(args)
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join(".config"))
+            .env("XDG_DATA_DIRS", home.path())
+            .env("PATH", &path)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, said) = aamp(&["service", "install"], &[]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = aamp(
+        &["service", "status"],
+        &[("FAKE_ENABLED", "disabled"), ("FAKE_ACTIVE", "inactive")],
+    );
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("not enabled (disabled)"), "{said}");
+    assert!(said.contains("not running (inactive)"), "{said}");
+    assert!(said.contains("fix: aamp-bridge service start"), "{said}");
+    let (code, said) = aamp(
+        &["service", "status", "--json"],
+        &[("FAKE_ENABLED", "enabled"), ("FAKE_ACTIVE", "failed")],
+    );
+    assert_eq!(code, Some(1), "{said}");
+    let json: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(json["problems"].as_array().unwrap().len(), 1, "{json}");
+    assert!(
+        json["problems"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("not running (failed)"),
+        "{json}"
+    );
+    let (code, said) = aamp(
+        &["service", "status", "--json"],
+        &[("FAKE_ENABLED", "enabled"), ("FAKE_ACTIVE", "active")],
+    );
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = aamp(&["service", "status"], &[("FAKE_MANAGER", "0")]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("user manager does not answer"), "{said}");
+}
+
+/// Issue 33: launchd starts a failing agent again every ThrottleInterval, forever, and never
+/// rotates its logs. Under launchd (XPC_SERVICE_NAME is the label) the bridge rotates a log
+/// above 10 MiB at start, and the tenth start within 5 minutes ends the loop (exit 0, which
+/// KeepAlive's SuccessfulExit = false does not restart) saying why.
+#[test]
+fn under_launchd_a_crash_loop_stops_and_the_log_is_rotated() {
+    let home = tempfile::tempdir().unwrap();
+    let logs = home.path().join("Library/Logs/aamp-bridge");
+    std::fs::create_dir_all(&logs).unwrap();
+    let log = logs.join("aamp-bridge.log");
+    std::fs::write(&log, vec![b'x'; 11 * 1024 * 1024]).unwrap();
+    let start = || {
+        std::process::Command::new(support::bin())
+            .args(["--config", "/nonexistent/config.toml", "start"])
+            .env("HOME", home.path())
+            .env("XPC_SERVICE_NAME", "com.aamp-bridge")
+            .output()
+            .unwrap()
+    };
+    for n in 1..10 {
+        let out = start();
+        assert_eq!(out.status.code(), Some(1), "start {n} fails: no config");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no config at"));
+    }
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().len(),
+        0,
+        "emptied in place"
+    );
+    assert_eq!(
+        std::fs::metadata(logs.join("aamp-bridge.log.1"))
+            .unwrap()
+            .len(),
+        11 * 1024 * 1024
+    );
+    let out = start();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("10 times in 5 minutes"), "{said}");
+    // The count starts over: `service start` after a fix gets its ten tries again.
+    assert_eq!(start().status.code(), Some(1));
 }

@@ -347,6 +347,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config_path = cli.config.clone().unwrap_or_else(default_config_path);
     match cli.command {
         Command::Start { json, agents } => {
+            if let Some(why) = crate::service::launchd_start() {
+                eprintln!("aamp-bridge: {why}");
+                return Ok(0);
+            }
             if !config_path.exists() {
                 bail!(
                     "no config at {}: run `aamp-bridge init` to make one (or `aamp-bridge import` from the reference bridges), or pass --config FILE",
