@@ -250,3 +250,40 @@ fn bash_completes_a_subcommands_flags_and_the_fish_script_suits_old_fish() {
         );
     }
 }
+
+/// Issue 33: the release's source tarball carries what `scripts/test.sh` needs (the tests,
+/// their hosts, agents and fixtures, the scripts, the fuzz targets), not the crate alone.
+#[test]
+fn the_source_tarball_carries_the_tests_and_scripts() {
+    let out = tempfile::tempdir().unwrap();
+    let made = run(Command::new("bash")
+        .arg("scripts/source-tarball.sh")
+        .arg(out.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR")));
+    let tarball = PathBuf::from(made.trim());
+    let name = tarball.file_name().unwrap().to_str().unwrap().to_string();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(name, format!("aamp-bridge-{version}-src.tar.gz"));
+    let list = run(Command::new("tar").arg("tzf").arg(&tarball));
+    let prefix = format!("aamp-bridge-{version}/");
+    for file in [
+        "Cargo.lock",
+        "README.md",
+        ".ci/run",
+        "scripts/test.sh",
+        "scripts/mailhost.sh",
+        "scripts/test-agents.sh",
+        "tests/e2e.rs",
+        "tests/support/mod.rs",
+        "tests/hosts/aamp_host.py",
+        "tests/fixtures/streams/qwen-no-auth.jsonl",
+        "fuzz/Cargo.toml",
+        "fuzz/fuzz_targets/parse_mail.rs",
+    ] {
+        assert!(
+            list.lines().any(|l| l == format!("{prefix}{file}")),
+            "{file} is in the source tarball"
+        );
+    }
+    assert!(!list.contains("/target/"), "no build output");
+}
