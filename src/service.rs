@@ -526,11 +526,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = service(Kind::Systemd);
         s.file = dir.path().join("aamp-bridge.service");
-        assert!(s.problems()[0].1.contains("service install"));
+        assert!(s.file_problems()[0].1.contains("service install"));
         std::fs::write(&s.file, s.render()).unwrap();
-        assert!(s.problems().is_empty());
+        assert!(s.file_problems().is_empty());
         std::fs::write(&s.file, s.render().replace("/opt/aamp bridge/", "/old/")).unwrap();
-        let problems = s.problems();
+        let problems = s.file_problems();
         assert!(
             problems[0].0.contains("another aamp-bridge binary"),
             "{problems:?}"

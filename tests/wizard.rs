@@ -124,7 +124,14 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
         "One line about what it does",
         &["Echoes your task", "Enter"],
     );
+    // Issue 33: a mailbox of one's own to send tasks from, registered like the agent's.
+    tmux.answer("A mailbox of your own", &["Enter"]); // register one
+    tmux.answer("Address prefix to ask for:", &["Enter"]);
+    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP security:", &["Down", "Down", "Enter"]);
+    tmux.answer("SMTP port:", &[&host.smtp_port.to_string(), "Enter"]);
     tmux.expect("Summary:");
+    tmux.expect("you (me) on a new mailbox from the AAMP service");
     tmux.answer("Write the config?", &["Enter"]);
     tmux.expect("EXIT=");
     let screen = tmux.screen();
@@ -135,7 +142,7 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
     let text = std::fs::read_to_string(&config).unwrap();
     assert!(text.contains("state_dir = \"state\""), "kept: {text}");
     assert!(
-        text.contains(&format!("allow_from = [\"{}\"]", boss.email)),
+        text.contains(&format!("allow_from = [\"{}\", \"me-", boss.email)),
         "{text}"
     );
     {
@@ -159,6 +166,28 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
         result.message
     );
     bridge.wait_event("task.completed", |_| true);
+    // The person's own mailbox sends a task and gets the answer, allowed by init.
+    let me = registered_email(dir.dir.path(), "me");
+    assert!(text.contains(&me), "me may send tasks: {text}");
+    let sent = Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "dispatch",
+            "--from",
+            "me",
+            "--to",
+        ])
+        .arg(&email)
+        .args(["--timeout", "60", "sent from my own mailbox"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&sent.stdout);
+    assert!(
+        sent.status.success() && said.contains("sent from my own mailbox"),
+        "{said}{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
     assert!(bridge.stop().success());
 }
 
@@ -225,6 +254,7 @@ async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
     assert!(!screen.contains("Pair now"), "{screen}");
     tmux.answer("Who may send it tasks?", &["Enter"]);
     tmux.answer("Addresses", &[&boss.email, "Enter"]);
+    tmux.answer("A mailbox of your own", &["Down", "Enter"]); // no
     tmux.expect("Summary:");
     tmux.expect(&format!(
         "SMTP 127.0.0.1:{} starttls, certificates not verified",

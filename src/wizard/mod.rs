@@ -32,6 +32,9 @@ pub struct Answers {
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub agents: Vec<AgentAnswers>,
+    /// A mailbox of the person's own, to send tasks from (`aamp-bridge dispatch --from me`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_mailbox: Option<OwnMailbox>,
     /// Install and start the background service afterwards.
     #[serde(default)]
     pub service: bool,
@@ -52,6 +55,28 @@ pub struct AgentAnswers {
     pub pair: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+}
+
+/// The person's own mailbox: a `[mailboxes.NAME]` no agent answers, the `--from` of
+/// `aamp-bridge dispatch`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnMailbox {
+    /// Its key in `[mailboxes]` (default `me`).
+    #[serde(default = "default_own_name")]
+    pub name: String,
+    pub mailbox: MailboxAnswers,
+    /// Add its address to every agent's allow list (default yes).
+    #[serde(default = "yes")]
+    pub allow: bool,
+}
+
+fn default_own_name() -> String {
+    "me".to_string()
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Where an agent's mail lives.
@@ -135,6 +160,9 @@ pub struct Applied {
     /// Whether the config file changed.
     pub written: bool,
     pub agents: Vec<AppliedAgent>,
+    /// The person's own mailbox: (its name in the config, its address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_mailbox: Option<(String, String)>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
 }
@@ -455,56 +483,17 @@ pub async fn apply(
             .as_ref()
             .and_then(|a| a.mailbox.clone())
             .unwrap_or_else(|| name.to_string());
-        let mailbox = mailbox_config(
+        let (email, how) = set_up_mailbox(
+            &mut config,
+            path,
             &mailbox_name,
+            &format!("agent {name}"),
             &agent.mailbox,
             answers.aamp_url.as_deref(),
-            config.mailboxes.get(&mailbox_name),
-        )?;
-        let mut how = match agent.mailbox {
-            MailboxAnswers::Register { .. } => "registered",
-            MailboxAnswers::Existing { .. } => "account",
-            MailboxAnswers::Keep => "kept",
-            MailboxAnswers::Asmtp { .. } => "asmtp",
-            MailboxAnswers::Amp { .. } => "amp",
-        };
-        config.mailboxes.insert(mailbox_name.clone(), mailbox);
-        // Register now, unless a credentials file from an earlier run is there.
-        if let Some(registration) = view(path, &config).registration(&mailbox_name) {
-            progress.step(&format!(
-                "registering a mailbox for {name} with {}",
-                registration.aamp_url
-            ));
-            let credentials = crate::mailbox::helper::register(&registration)
-                .await
-                .with_context(|| format!("registering a mailbox with {}", registration.aamp_url))?;
-            progress.done(&format!("registered {}", credentials.email));
-            // Written at once: a registration cannot be undone, and its code is used up.
-            config::write_credentials(&registration.credentials_file, &credentials).with_context(
-                || format!("cannot write {}", registration.credentials_file.display()),
-            )?;
-        } else if how == "registered" {
-            how = "reused";
-        }
-        progress.step(&format!("testing {name}'s mailbox"));
-        let email = test_mailbox(&view(path, &config), &mailbox_name)
-            .await
-            .with_context(|| format!("agent {name}: the mailbox does not work yet"))?;
-        let over = match agent.mailbox {
-            MailboxAnswers::Asmtp { .. } => "its ASMTP operator",
-            MailboxAnswers::Amp { .. } => "its AMP broker",
-            _ => "JMAP and SMTP",
-        };
-        progress.done(&format!("{name}: {email} answers {over}"));
-        let entry = config
-            .mailboxes
-            .get_mut(&mailbox_name)
-            .expect("inserted above");
-        if let Some(password) = entry.password.take() {
-            let file = PathBuf::from(format!("{mailbox_name}.password"));
-            secrets.push((dir.join(&file), password.into_bytes()));
-            entry.password_file = Some(file);
-        }
+            progress,
+            &mut secrets,
+        )
+        .await?;
 
         let mut entry = previous_agent.unwrap_or_else(|| {
             toml::from_str(&format!("name = {name:?}\nprofile = \"echo\"\n"))
@@ -531,6 +520,52 @@ pub async fn apply(
             pairing: None,
         });
     }
+    if let Some(own) = &answers.own_mailbox {
+        if !config::valid_name(&own.name) {
+            bail!(
+                "own_mailbox name {:?}: use lower-case letters, digits, - and _",
+                own.name
+            );
+        }
+        if config.agents.iter().any(|a| a.mailbox_name() == own.name) {
+            bail!(
+                "own_mailbox {:?} is an agent's mailbox: give yours another name",
+                own.name
+            );
+        }
+        let (email, _) = set_up_mailbox(
+            &mut config,
+            path,
+            &own.name,
+            &format!("your mailbox {}", own.name),
+            &own.mailbox,
+            answers.aamp_url.as_deref(),
+            progress,
+            &mut secrets,
+        )
+        .await?;
+        if own.allow {
+            for agent in &mut config.agents {
+                if !agent
+                    .allow_from
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(&email))
+                {
+                    agent.allow_from.push(email.clone());
+                }
+            }
+            for applied_agent in &mut applied.agents {
+                if !applied_agent
+                    .allow_from
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(&email))
+                {
+                    applied_agent.allow_from.push(email.clone());
+                }
+            }
+        }
+        applied.own_mailbox = Some((own.name.clone(), email));
+    }
     for (file, bytes) in &secrets {
         crate::fsio::write_atomic(file, bytes, 0o600)
             .with_context(|| format!("cannot write {}", file.display()))?;
@@ -555,6 +590,75 @@ pub async fn apply(
         applied.service = Some(install_service(&loaded));
     }
     Ok(applied)
+}
+
+/// Puts one mailbox into `config` from its answers, registers it when it is new with the AAMP
+/// service, and tests it live; a password given in the answers is queued for `secrets`.
+/// `owner` names it in an error ("agent helper"). Returns its address and how it came
+/// (`registered`, `reused`, `account`, ...).
+#[allow(clippy::too_many_arguments)]
+async fn set_up_mailbox(
+    config: &mut Config,
+    path: &Path,
+    mailbox_name: &str,
+    owner: &str,
+    answers: &MailboxAnswers,
+    aamp_url: Option<&str>,
+    progress: &dyn Progress,
+    secrets: &mut Vec<(PathBuf, Vec<u8>)>,
+) -> anyhow::Result<(String, &'static str)> {
+    let name = mailbox_name;
+    let mailbox = mailbox_config(
+        mailbox_name,
+        answers,
+        aamp_url,
+        config.mailboxes.get(mailbox_name),
+    )?;
+    let mut how = match answers {
+        MailboxAnswers::Register { .. } => "registered",
+        MailboxAnswers::Existing { .. } => "account",
+        MailboxAnswers::Keep => "kept",
+        MailboxAnswers::Asmtp { .. } => "asmtp",
+        MailboxAnswers::Amp { .. } => "amp",
+    };
+    config.mailboxes.insert(mailbox_name.to_string(), mailbox);
+    // Register now, unless a credentials file from an earlier run is there.
+    if let Some(registration) = view(path, config).registration(mailbox_name) {
+        progress.step(&format!(
+            "registering a mailbox for {name} with {}",
+            registration.aamp_url
+        ));
+        let credentials = crate::mailbox::helper::register(&registration)
+            .await
+            .with_context(|| format!("registering a mailbox with {}", registration.aamp_url))?;
+        progress.done(&format!("registered {}", credentials.email));
+        // Written at once: a registration cannot be undone, and its code is used up.
+        config::write_credentials(&registration.credentials_file, &credentials)
+            .with_context(|| format!("cannot write {}", registration.credentials_file.display()))?;
+    } else if how == "registered" {
+        how = "reused";
+    }
+    progress.step(&format!("testing {name}'s mailbox"));
+    let email = test_mailbox(&view(path, config), mailbox_name)
+        .await
+        .with_context(|| format!("{owner}: the mailbox does not work yet"))?;
+    let over = match answers {
+        MailboxAnswers::Asmtp { .. } => "its ASMTP operator",
+        MailboxAnswers::Amp { .. } => "its AMP broker",
+        _ => "JMAP and SMTP",
+    };
+    progress.done(&format!("{name}: {email} answers {over}"));
+    let entry = config
+        .mailboxes
+        .get_mut(mailbox_name)
+        .expect("inserted above");
+    if let Some(password) = entry.password.take() {
+        let file = PathBuf::from(format!("{mailbox_name}.password"));
+        let dir = path.parent().unwrap_or(Path::new("."));
+        secrets.push((dir.join(&file), password.into_bytes()));
+        entry.password_file = Some(file);
+    }
+    Ok((email, how))
 }
 
 /// A pairing code for an agent: the live one if there is one, else a new one.
@@ -649,6 +753,9 @@ pub fn print_applied(applied: &Applied) {
                 p.code, p.expires_at
             );
         }
+    }
+    if let Some((name, email)) = &applied.own_mailbox {
+        println!("  your mailbox {name}: {email} (send a task: `aamp-bridge dispatch --from {name} --to AGENT-ADDRESS \"...\"`)");
     }
     if let Some(service) = &applied.service {
         println!("service: {service}");

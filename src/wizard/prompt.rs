@@ -254,70 +254,23 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             println!("  use lower-case letters, digits, - and _");
         };
         let can_register = aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration);
-        // Asked and tested until it works (or the person leaves): a failed test used to end
-        // the wizard after the last question and lose every answer.
-        let mut given: Option<MailboxAnswers> = None;
-        let mailbox = loop {
-            let mailbox = match given.take() {
-                Some(tested) => tested,
-                None => {
-                    ask_mailbox(
-                        &name,
-                        old.is_some(),
-                        can_register,
-                        &aamp_url,
-                        previous.as_ref(),
-                        None,
-                        &spinner,
-                    )
-                    .await?
-                }
-            };
-            // A new mailbox is registered, and a kept one tested, when the config is written.
-            if !matches!(mailbox, MailboxAnswers::Existing { .. }) {
-                break mailbox;
-            }
-            spinner.step(&format!("testing {name}'s mailbox"));
-            let tested = super::test_answers(path, &name, &mailbox, aamp_url.as_deref()).await;
-            match tested {
-                Ok(email) => {
-                    spinner.done(&format!("{name}: {email} answers JMAP and SMTP"));
-                    break mailbox;
-                }
-                Err(e) => {
-                    spinner.clear();
-                    println!("✗ {e:#}");
-                    let certificate = e
-                        .downcast_ref::<super::MailboxTestFailed>()
-                        .is_some_and(|f| f.error.certificate_refused());
-                    let mut options = vec![CHANGE];
-                    if certificate {
-                        options.push(TRUST);
-                    }
-                    options.push(LEAVE);
-                    match answer(Select::new("The mailbox does not work yet:", options).prompt())? {
-                        TRUST => {
-                            given = Some(trusted(mailbox));
-                        }
-                        CHANGE => {
-                            given = Some(
-                                ask_mailbox(
-                                    &name,
-                                    old.is_some(),
-                                    can_register,
-                                    &aamp_url,
-                                    previous.as_ref(),
-                                    Some(&mailbox),
-                                    &spinner,
-                                )
-                                .await?,
-                            );
-                        }
-                        _ => return Err(Cancelled.into()),
-                    }
-                }
-            }
-        };
+        let mut options = Vec::new();
+        if old.is_some() {
+            options.push(KEEP);
+        }
+        if can_register {
+            options.push(REGISTER);
+        }
+        options.push(EXISTING);
+        let mailbox = working_mailbox(
+            path,
+            &name,
+            &options,
+            &aamp_url,
+            previous.as_ref(),
+            &spinner,
+        )
+        .await?;
         let (allow_from, pair) = ask_senders(
             old.map(|a| a.allow_from.clone()).unwrap_or_default(),
             aamp_url.is_some(),
@@ -345,6 +298,16 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         });
     }
 
+    let own_mailbox = ask_own_mailbox(
+        path,
+        can_register_any(&aamp_url, &info),
+        &aamp_url,
+        previous.as_ref(),
+        &agents,
+        &spinner,
+    )
+    .await?;
+
     println!("\nSummary:");
     for a in &agents {
         let mailbox = match &a.mailbox {
@@ -369,6 +332,22 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             a.name, a.profile
         );
     }
+    if let Some(own) = &own_mailbox {
+        let on = match &own.mailbox {
+            MailboxAnswers::Register { servers, .. } => format!(
+                "a new mailbox from the AAMP service{}",
+                servers_line(servers)
+            ),
+            MailboxAnswers::Existing { email, servers, .. } => {
+                format!("{email}{}", servers_line(servers))
+            }
+            _ => "its current mailbox".to_string(),
+        };
+        println!(
+            "  you ({}) on {on}; may send tasks to the agents above",
+            own.name
+        );
+    }
     if !answer(
         Confirm::new("Write the config?")
             .with_default(true)
@@ -380,7 +359,128 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         aamp_url,
         state_dir: None,
         agents,
+        own_mailbox,
         service: false,
+    }))
+}
+
+/// The mailbox questions, asked and tested until the mailbox works (or the person leaves): a
+/// failed test used to end the wizard after the last question and lose every answer.
+async fn working_mailbox(
+    path: &Path,
+    name: &str,
+    options: &[&'static str],
+    aamp_url: &Option<String>,
+    previous: Option<&LoadedConfig>,
+    spinner: &Spinner,
+) -> anyhow::Result<MailboxAnswers> {
+    // Asked and tested until it works (or the person leaves): a failed test used to end
+    // the wizard after the last question and lose every answer.
+    let mut given: Option<MailboxAnswers> = None;
+    loop {
+        let mailbox = match given.take() {
+            Some(tested) => tested,
+            None => ask_mailbox(name, options, aamp_url, previous, None, spinner).await?,
+        };
+        // A new mailbox is registered, and a kept one tested, when the config is written.
+        if !matches!(mailbox, MailboxAnswers::Existing { .. }) {
+            return Ok(mailbox);
+        }
+        spinner.step(&format!("testing {name}'s mailbox"));
+        let tested = super::test_answers(path, name, &mailbox, aamp_url.as_deref()).await;
+        match tested {
+            Ok(email) => {
+                spinner.done(&format!("{name}: {email} answers JMAP and SMTP"));
+                return Ok(mailbox);
+            }
+            Err(e) => {
+                spinner.clear();
+                println!("✗ {e:#}");
+                let certificate = e
+                    .downcast_ref::<super::MailboxTestFailed>()
+                    .is_some_and(|f| f.error.certificate_refused());
+                let mut choices = vec![CHANGE];
+                if certificate {
+                    choices.push(TRUST);
+                }
+                choices.push(LEAVE);
+                match answer(Select::new("The mailbox does not work yet:", choices).prompt())? {
+                    TRUST => {
+                        given = Some(trusted(mailbox));
+                    }
+                    CHANGE => {
+                        given = Some(
+                            ask_mailbox(name, options, aamp_url, previous, Some(&mailbox), spinner)
+                                .await?,
+                        );
+                    }
+                    _ => return Err(Cancelled.into()),
+                }
+            }
+        }
+    }
+}
+
+fn can_register_any(
+    aamp_url: &Option<String>,
+    info: &Option<crate::mailbox::helper::ServiceInfo>,
+) -> bool {
+    aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration)
+}
+
+const OWN_NO: &str = "No: tasks come from elsewhere (an app, a workflow, another agent)";
+
+/// A mailbox of the person's own to send tasks from (`aamp-bridge dispatch --from me`),
+/// allowed to send to the agents just set up.
+async fn ask_own_mailbox(
+    path: &Path,
+    can_register: bool,
+    aamp_url: &Option<String>,
+    previous: Option<&LoadedConfig>,
+    agents: &[AgentAnswers],
+    spinner: &Spinner,
+) -> anyhow::Result<Option<super::OwnMailbox>> {
+    // A mailbox the config has that no agent uses is the person's already.
+    if let Some(c) = previous {
+        let used: Vec<&str> = c.config.agents.iter().map(|a| a.mailbox_name()).collect();
+        if let Some(name) = c
+            .config
+            .mailboxes
+            .keys()
+            .find(|m| !used.contains(&m.as_str()))
+        {
+            println!("\nYour own mailbox: {name} (kept; `aamp-bridge dispatch --from {name}` sends from it)");
+            return Ok(None);
+        }
+    }
+    println!();
+    let mut options = Vec::new();
+    if can_register {
+        options.push(REGISTER);
+    }
+    options.push(EXISTING);
+    options.push(OWN_NO);
+    let pick = answer(
+        Select::new(
+            "A mailbox of your own, to send tasks from (`aamp-bridge dispatch --from me`)?",
+            options,
+        )
+        .prompt(),
+    )?;
+    if pick == OWN_NO {
+        return Ok(None);
+    }
+    let name = "me";
+    let taken = agents.iter().any(|a| a.name == name);
+    let name = if taken { "me-own" } else { name };
+    let mailbox = match pick {
+        REGISTER => ask_mailbox(name, &[REGISTER], aamp_url, previous, None, spinner).await?,
+        _ => working_mailbox(path, name, &[EXISTING], aamp_url, previous, spinner).await?,
+    };
+    Ok(Some(super::OwnMailbox {
+        name: name.to_string(),
+        mailbox,
+        allow: true,
     }))
 }
 
@@ -453,29 +553,20 @@ fn servers_line(s: &Servers) -> String {
 /// each question's default.
 async fn ask_mailbox(
     name: &str,
-    configured: bool,
-    can_register: bool,
+    options: &[&'static str],
     aamp_url: &Option<String>,
     previous: Option<&LoadedConfig>,
     prior: Option<&MailboxAnswers>,
     spinner: &Spinner,
 ) -> anyhow::Result<MailboxAnswers> {
-    let mut options = Vec::new();
-    if configured {
-        options.push(KEEP);
-    }
-    if can_register {
-        options.push(REGISTER);
-    }
-    options.push(EXISTING);
-    let pick = match (prior, options.as_slice()) {
+    let pick = match (prior, options) {
         (Some(MailboxAnswers::Existing { .. }), _) => EXISTING,
         // One way only: no menu of one.
         (_, [only]) => {
             println!("Its mailbox: {}", only.to_lowercase());
             only
         }
-        _ => answer(Select::new("Its mailbox:", options).prompt())?,
+        _ => answer(Select::new("Its mailbox:", options.to_vec()).prompt())?,
     };
     if pick == KEEP {
         return Ok(MailboxAnswers::Keep);
