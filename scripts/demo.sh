@@ -59,7 +59,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 echo "bridge running (events: $dir/events.jsonl, log: $dir/bridge.log)" >&2
-echo "--- dispatching a task to demo-agent; the echo agent answers with the prompt it got:" >&2
+echo "--- dispatching a task to demo-agent; the echo agent answers with the text it was sent:" >&2
 "$bin" --config "$dir/config.toml" dispatch --from me --to "demo-agent@${MAILHOST_DOMAIN:-example.test}" \
   --title "Hello from the demo" --timeout 60 "Hello, agent. This task came to you by mail."
 # The echo agent streams nothing, so the service may have received no call at all.

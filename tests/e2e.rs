@@ -20,7 +20,10 @@ fn agent_config(
 async fn a_dispatch_is_acked_run_and_answered() {
     let Some(host) = mailhost() else { return };
     let (agent, boss) = (host.user("agent"), host.user("boss"));
-    let dir = ConfigDir::new(host, &agent_config(host, &agent, "echo", &boss.email));
+    let dir = ConfigDir::new(
+        host,
+        &agent_config(host, &agent, "echo-prompt", &boss.email),
+    );
     let mut bridge = Bridge::start(&dir, 1);
     let mut peer = Peer::new(boss).await;
 
@@ -69,7 +72,7 @@ async fn a_dispatch_is_acked_run_and_answered() {
     assert_eq!(r.status, Status::Completed);
     assert!(
         r.output.contains(body),
-        "the echo agent returns its prompt, which holds the body: {}",
+        "the echo-prompt agent returns its prompt, which holds the body: {}",
         r.output
     );
     assert!(r.output.contains("Session: thread-1"), "{}", r.output);

@@ -1056,7 +1056,7 @@ async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out
     };
     let rig = Rig::in_dir(
         tempfile::tempdir().unwrap(),
-        "profile = \"echo\"\nmax_concurrent_tasks = 1",
+        "profile = \"echo-prompt\"\nmax_concurrent_tasks = 1",
         &[],
         outbox,
     );

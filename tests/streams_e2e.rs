@@ -235,7 +235,7 @@ async fn the_card_is_published_and_a_follow_up_sees_its_thread() {
     let (agent, boss) = (host.user("agent"), host.user("boss"));
     let settings = format!("poll_interval_secs = 1\naamp_url = \"{}\"\n", aamp.url);
     let config = format!(
-        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo\"\nallow_from = [\"{}\"]\nsummary = \"Reviews Rust code\"\ncard = \"# Reviewer\\nI review Rust pull requests.\"\n",
+        "{}[[agents]]\nname = \"agent\"\nmailbox = \"agent\"\nprofile = \"echo-prompt\"\nallow_from = [\"{}\"]\nsummary = \"Reviews Rust code\"\ncard = \"# Reviewer\\nI review Rust pull requests.\"\n",
         host.mailbox_toml_with("agent", &agent, &settings),
         boss.email
     );

@@ -14,6 +14,10 @@ use super::template::{self, Template};
 /// The profiles shipped with the binary: (name, TOML).
 const BUILT_IN: &[(&str, &str)] = &[
     ("echo", include_str!("../../profiles/echo.toml")),
+    (
+        "echo-prompt",
+        include_str!("../../profiles/echo-prompt.toml"),
+    ),
     ("claude", include_str!("../../profiles/claude.toml")),
     ("codex", include_str!("../../profiles/codex.toml")),
     ("gemini", include_str!("../../profiles/gemini.toml")),
