@@ -23,6 +23,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("events", &["protocol"]),
     ("config", &["protocol", "error", "fsio", "paths"]),
     ("inbound", &["protocol", "config"]),
+    ("backend", &["protocol", "error", "inbound"]),
     (
         "runner",
         &["config", "protocol", "error", "events", "fsio", "backoff"],
@@ -30,13 +31,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "mailbox",
         &[
-            "inbound", "config", "protocol", "error", "events", "fsio", "backoff",
+            "backend", "inbound", "config", "protocol", "error", "events", "fsio", "paths",
+            "backoff",
         ],
     ),
     (
         "dispatch",
         &[
-            "runner", "inbound", "config", "protocol", "error", "events", "fsio", "backoff",
+            "runner", "backend", "inbound", "config", "protocol", "error", "events", "fsio",
+            "backoff",
         ],
     ),
 ];
@@ -270,21 +273,22 @@ fn read_file(base: &[String], text: &str, out: &mut BTreeMap<ModPath, Said>) {
                 out.get_mut(&module).unwrap().imports.extend(leaves);
                 continue;
             }
-            Tok::Ident(w) if i == 0 || toks[i - 1] != Tok::Sep => {
-                if toks.get(i + 1) == Some(&Tok::Sep) {
-                    let mut path = vec![w.clone()];
-                    let mut j = i + 1;
-                    while toks.get(j) == Some(&Tok::Sep) {
-                        match toks.get(j + 1) {
-                            Some(Tok::Ident(next)) => path.push(next.clone()),
-                            _ => break,
-                        }
-                        j += 2;
+            // The start of a path (`a::b`), not its middle.
+            Tok::Ident(w)
+                if (i == 0 || toks[i - 1] != Tok::Sep) && toks.get(i + 1) == Some(&Tok::Sep) =>
+            {
+                let mut path = vec![w.clone()];
+                let mut j = i + 1;
+                while toks.get(j) == Some(&Tok::Sep) {
+                    match toks.get(j + 1) {
+                        Some(Tok::Ident(next)) => path.push(next.clone()),
+                        _ => break,
                     }
-                    out.get_mut(&module).unwrap().paths.push(path);
-                    i = j;
-                    continue;
+                    j += 2;
                 }
+                out.get_mut(&module).unwrap().paths.push(path);
+                i = j;
+                continue;
             }
             Tok::Open => depth += 1,
             Tok::Close => {
