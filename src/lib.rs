@@ -11,7 +11,7 @@
 //!     mail server (JMAP + push in, SMTP out)      AAMP service (helper API: streams, ...)
 //!                 │                     ▲                      ▲
 //!                 ▼                     │                      │
-//!   mailbox::intake ── Inbound ──┐      │  daemon::Outlet (dispatch::Backend over the agent's
+//!   mailbox::intake ── Inbound ──┐      │  mailbox::Outlet (backend::Backend over the agent's
 //!     (a page at a time; the     │      │  back-end: rendered mail out, attachments, streams)
 //!      cursor saved after)       ▼      │
 //!   dispatch ── record in the journal → admit → lifecycle → record the answer → outbox
@@ -23,7 +23,8 @@
 //! Imports run against the data's way, bottom up, and `tests/layers.rs` checks them on every
 //! test run: each module below names only modules listed before it (`mailbox` and `runner`
 //! never name each other, `dispatch` never names `mailbox`; the shells on top name anything),
-//! and no two files of one module name each other.
+//! and the parts of one module (its files, and its folders taken whole) never name each other
+//! in a circle, of any length (`use` trees are parsed, re-exports followed).
 //!
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates,
 //!   RFC 5322 rendering/reading (with attachments), timestamps, delivery status
@@ -35,12 +36,20 @@
 //! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`,
 //!   `Mail`, `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the
 //!   back-end found about the sender). Below both `mailbox` and `dispatch`.
+//! - [`backend`]: the outbound seam, also below both: [`backend::Backend`] (what dispatch asks
+//!   of an agent's mailbox back-end: submit rendered mail, fetch an attachment, feed a live
+//!   stream, read an earlier thread, claim a task; all but `submit` have defaults for a
+//!   back-end without them), its error and the claim's outcome. Each back-end implements it in
+//!   its own folder.
 //! - [`error`], [`events`], [`paths`], [`fsio`], [`backoff`]: error classes, the closed set
 //!   of events and their JSON lines, the state directory's layout, atomic files, the state
 //!   lock and the one way to open a file an agent made (`fsio::open_inside`), the one retry
 //!   schedule.
-//! - [`mailbox`]: the only code that knows mail and the mailbox systems. One folder or file
-//!   per back-end, each turning its messages into the inbound model: `mailbox::aamp` (AAMP
+//! - [`mailbox`]: the only code that knows mail and the mailbox systems. `mailbox::open` is
+//!   the one call the daemon makes: it chooses the agent's back-end by its mailbox's kind and
+//!   gives its `Outlet` (the agent's [`backend::Backend`]) and its `Intake`. One folder or file
+//!   per back-end, each turning its messages into the inbound model and implementing the
+//!   outbound seam (`mailbox::aamp::outlet` for AAMP): `mailbox::aamp` (AAMP
 //!   mail: JMAP reading from a persisted cursor with push over WebSocket or EventSource, Inbox
 //!   and address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
 //!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
@@ -68,15 +77,15 @@
 //!   and loop guards, de-duplication, expiry, a slot scheduler by priority and arrival, one
 //!   task at a time per conversation (a sender's Session-Key), the lifecycle, recovery at
 //!   start, cancel, claims (one of several bridges runs a task only once it won its claim,
-//!   through [`dispatch::Backend`]), each conversation's turns (given as text to an agent
+//!   through [`backend::Backend`]), each conversation's turns (given as text to an agent
 //!   that lost its session), questions to the dispatcher, the prompt, and what a result carries
 //!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
 //!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
-//!   as rendered bytes through [`dispatch::Backend`]. It names `runner` and `inbound`, never
+//!   as rendered bytes through [`backend::Backend`]. It names `runner`, `inbound` and `backend`, never
 //!   `mailbox`.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   a dispatcher and its outbox worker (`daemon::Outlet`: the agent's back-end as the one
-//!   `dispatch::Backend` dispatch sees); stop, abort and reload from its caller
+//!   a dispatcher and its outbox worker over the `mailbox::Outlet` that `mailbox::open` gave
+//!   (no arm per kind of mailbox); stop, abort and reload from its caller
 //!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
 //!   `status` asks.
 //! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (the commands; `init`, its
@@ -84,6 +93,7 @@
 //!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd
 //!   agent; logging).
 
+pub mod backend;
 pub mod backoff;
 pub mod cli;
 pub mod config;

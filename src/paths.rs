@@ -6,7 +6,8 @@
 //! STATE/control.sock              the running bridge's owner-only control socket
 //! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark
 //!                                   (jmap-email-state, asmtp-watermark, amp-position),
-//!                                   the ASMTP thread map (asmtp-threads),
+//!                                   the ASMTP thread map (asmtp-threads), the questions
+//!                                   an agent posted (asmtp-questions, amp-questions),
 //! STATE/agents/NAME/link.json       the link state `status` reads,
 //! STATE/agents/NAME/tasks/          and the task workspaces
 //! ```
@@ -43,6 +44,41 @@ impl StateDir {
         self.0.join("agents").join(name)
     }
 
+    /// Where one agent's JMAP intake keeps its read position (the Email state).
+    pub fn jmap_cursor(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("jmap-email-state")
+    }
+
+    /// Where one agent's ASMTP intake keeps its read position (the watermark).
+    pub fn asmtp_watermark(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("asmtp-watermark")
+    }
+
+    /// One agent's ASMTP thread map.
+    pub fn asmtp_threads(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("asmtp-threads")
+    }
+
+    /// The questions one agent posted on ASMTP.
+    pub fn asmtp_questions(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("asmtp-questions")
+    }
+
+    /// Where one agent's AMP intake keeps its read position.
+    pub fn amp_position(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("amp-position")
+    }
+
+    /// The questions one agent posted on AMP.
+    pub fn amp_questions(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("amp-questions")
+    }
+
+    /// Session ids an old bridge kept in a file, imported into the journal once.
+    pub fn legacy_sessions(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("sessions.json")
+    }
+
     /// The link state of one agent's mailbox.
     pub fn link(&self, agent: &str) -> PathBuf {
         self.agent(agent).join("link.json")
@@ -66,5 +102,13 @@ mod tests {
         assert_eq!(dir.workspaces("coder"), Path::new("/s/agents/coder/tasks"));
         assert_eq!(dir.control_socket(), Path::new("/s/control.sock"));
         assert_eq!(dir.lock(), Path::new("/s/bridge.lock"));
+        assert_eq!(
+            dir.jmap_cursor("coder"),
+            Path::new("/s/agents/coder/jmap-email-state")
+        );
+        assert_eq!(
+            dir.amp_position("coder"),
+            Path::new("/s/agents/coder/amp-position")
+        );
     }
 }

@@ -3,12 +3,9 @@
 //! answers through the agent's sender. One stop token, one abort token and two task trackers
 //! own everything that runs.
 
-mod backend;
 mod control;
 mod signals;
 
-pub use backend::Outlet;
-use backend::*;
 use control::*;
 pub use control::{ask_control, reload_over_control};
 pub use signals::listen_for_signals;
@@ -23,11 +20,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Backend, BackendError, Dispatcher, Journal, Settings, OWNER_VAR};
+use crate::dispatch::{AgentSpec, Dispatcher, Journal, Settings, OWNER_VAR};
 use crate::events::Events;
 use crate::fsio::StateLock;
-use crate::mailbox::{intake, Attachment, Cursor, Reader, Sender};
-use crate::protocol::RenderedMail;
+use crate::mailbox::{intake, Outlet};
 use crate::runner::{self, Profile};
 
 #[derive(Clone, Debug, Default)]
@@ -93,17 +89,13 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let mut names = Vec::new();
     let mut dispatchers = Vec::new();
     for agent in agents {
-        let agent_dir = config.state().agent(&agent.name);
-        let (outlet, intake) = open_backend(
-            &config,
-            &agent,
-            &agent_dir,
+        import_sessions(
             &journal,
-            events,
-            &services,
-            &outbox_stop,
-        )
-        .await?;
+            &agent.name,
+            &config.state().legacy_sessions(&agent.name),
+        );
+        let (outlet, intake) =
+            crate::mailbox::open(&config, &agent, events, &services, &outbox_stop).await?;
         let dispatcher = Dispatcher::new(
             agent_spec(&config, &agent)?,
             outlet,
@@ -136,44 +128,11 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         let link = crate::mailbox::link::Link::new(config.state().link(&agent.name))
             .on_back(move || back.server_back());
         let name = agent.name.clone();
-        match intake {
-            Intake::Aamp(mailbox) => services.spawn(
-                intake::run(
-                    name,
-                    *mailbox,
-                    Cursor::new(agent_dir.join("jmap-email-state")),
-                    link,
-                    deliver,
-                    events,
-                    stop.clone(),
-                )
+        services.spawn(
+            intake
+                .run(name, link, deliver, events, stop.clone())
                 .instrument(span),
-            ),
-            Intake::Asmtp(client) => services.spawn(
-                crate::mailbox::asmtp::run_intake(
-                    name,
-                    client,
-                    link,
-                    crate::mailbox::asmtp::WatermarkFile::new(agent_dir.join("asmtp-watermark")),
-                    deliver,
-                    events,
-                    stop.clone(),
-                )
-                .instrument(span),
-            ),
-            Intake::Amp(client) => services.spawn(
-                crate::mailbox::amp::run_intake(
-                    name,
-                    client,
-                    link,
-                    crate::mailbox::amp::PositionFile::new(agent_dir.join("amp-position")),
-                    deliver,
-                    events,
-                    stop.clone(),
-                )
-                .instrument(span),
-            ),
-        };
+        );
         names.push(agent.name);
     }
     // Reloads asked over the control socket (`aamp-bridge reload`), one at a time.
@@ -479,9 +438,7 @@ async fn reload_config(
         match agent_spec(&config, agent) {
             Ok(spec) => {
                 dispatcher.reload(spec);
-                if let Outlet::Aamp(sender) = dispatcher.outbox() {
-                    publish_card(&config, agent, sender, events).await;
-                }
+                dispatcher.outbox().republish(&config, agent, events).await;
                 reloaded.push(name);
             }
             Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),
@@ -542,55 +499,4 @@ fn import_sessions(journal: &Journal, agent: &str, file: &std::path::Path) {
         }
     }
     let _ = std::fs::rename(file, file.with_extension("json.imported"));
-}
-
-/// Publishes the agent's summary and card in the AAMP service's directory, when it has them.
-/// A failure is reported; it does not stop the agent.
-async fn publish_card(
-    config: &LoadedConfig,
-    agent: &crate::config::AgentConfig,
-    sender: &Sender,
-    events: Events,
-) {
-    if agent.summary.is_none() && agent.card.is_none() && agent.card_file.is_none() {
-        return;
-    }
-    let card = match (&agent.card, &agent.card_file) {
-        (Some(card), _) => Some(card.clone()),
-        (None, Some(file)) => {
-            let path = config
-                .path
-                .parent()
-                .unwrap_or(std::path::Path::new("."))
-                .join(file);
-            match std::fs::read_to_string(&path) {
-                Ok(text) => Some(text),
-                Err(e) => {
-                    tracing::warn!(agent = %agent.name, file = %path.display(), error = %e, "cannot read the agent's card_file");
-                    None
-                }
-            }
-        }
-        (None, None) => None,
-    };
-    match sender.helper().await {
-        Ok(Some(api)) => match api
-            .directory_upsert(agent.summary.as_deref(), card.as_deref())
-            .await
-        {
-            Ok(()) => events.emit(
-                crate::events::Event::AgentCard,
-                json!({"agent": agent.name}),
-            ),
-            Err(e) => {
-                tracing::warn!(agent = %agent.name, error = %e, "could not publish the agent's card")
-            }
-        },
-        Ok(None) => {
-            tracing::warn!(agent = %agent.name, "summary and card are published through the AAMP service: set aamp_url on the agent's mailbox")
-        }
-        Err(e) => {
-            tracing::warn!(agent = %agent.name, error = %e, "could not reach the AAMP service to publish the agent's card")
-        }
-    }
 }

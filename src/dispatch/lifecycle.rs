@@ -625,12 +625,12 @@ impl<O: Backend> Dispatcher<O> {
                 .iter()
                 .flat_map(|t| {
                     [
-                        prompt::Earlier {
+                        crate::backend::Earlier {
                             intent: "task.dispatch".into(),
                             from: env.from.clone(),
                             text: t.request.clone(),
                         },
-                        prompt::Earlier {
+                        crate::backend::Earlier {
                             intent: "task.result".into(),
                             from: spec.name.clone(),
                             text: t.answer.clone(),

@@ -1,6 +1,7 @@
 //! The prompt an agent receives for a dispatched task: the request framed with where it came
 //! from, so the agent weighs mail content instead of obeying it. Pure code.
 
+use crate::backend::Earlier;
 use crate::protocol::{Dispatch, Envelope};
 
 /// A file that came with the task, saved in the agent's working directory.
@@ -10,14 +11,6 @@ pub struct File {
     pub path: String,
     pub content_type: String,
     pub size: u64,
-}
-
-/// One earlier message of the task's thread (from the AAMP service's thread history).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Earlier {
-    pub intent: String,
-    pub from: String,
-    pub text: String,
 }
 
 /// What the prompt says besides the dispatch itself.

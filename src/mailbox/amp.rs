@@ -842,6 +842,14 @@ pub struct AmpReplies {
     client: AmpClient,
 }
 
+/// The outbound seam over this system: answers submitted; no attachments, streams, threads
+/// or claims (the trait's defaults).
+impl crate::backend::Backend for AmpReplies {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
+        Ok(AmpReplies::submit(self, mail).await?)
+    }
+}
+
 impl AmpReplies {
     pub fn new(client: AmpClient) -> AmpReplies {
         AmpReplies { client }

@@ -317,6 +317,41 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Why an agent's mailbox could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A client could not be set up, or the mailbox registered: what was being done.
+    #[error("{what}")]
+    Mailbox {
+        what: String,
+        #[source]
+        source: MailboxError,
+    },
+    /// A registered mailbox's credentials could not be saved.
+    #[error("saving the credentials to {}", path.display())]
+    SaveCredentials {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl OpenError {
+    pub(crate) fn mailbox(what: String, source: MailboxError) -> OpenError {
+        OpenError::Mailbox { what, source }
+    }
+}
+
+/// A mailbox back-end's error as dispatch sees it: its class and what it says.
+impl From<MailboxError> for crate::backend::BackendError {
+    fn from(e: MailboxError) -> crate::backend::BackendError {
+        use crate::error::Classify as _;
+        crate::backend::BackendError::new(e.class(), e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, thiserror::Error)]

@@ -8,6 +8,9 @@ pub mod asmtp;
 pub(crate) mod error;
 pub mod intake;
 pub mod link;
+mod outlet;
+
+pub use outlet::{open, Intake, Outlet};
 
 pub use aamp::{
     auth, guess, helper, jmap, push, received, smtp, Cursor, Ignored, Page, Position, Reader, Scan,
@@ -17,7 +20,7 @@ pub use aamp::{
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-pub use error::MailboxError;
+pub use error::{MailboxError, OpenError};
 
 use crate::config::{Account, PushTransport};
 use crate::error::Classify;

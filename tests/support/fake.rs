@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aamp_bridge::dispatch::{prompt, Backend, BackendError, ClaimOutcome};
+use aamp_bridge::backend::{Backend, BackendError, ClaimOutcome, Earlier};
 use aamp_bridge::error::ErrorClass;
 use aamp_bridge::mailbox::Attachment;
 use aamp_bridge::protocol::{self, AampMessage, Body, Intent, RenderedMail};
@@ -131,7 +131,7 @@ impl Backend for FakeBackend {
         0
     }
 
-    async fn thread(&self, _: &str) -> Vec<prompt::Earlier> {
+    async fn thread(&self, _: &str) -> Vec<Earlier> {
         Vec::new()
     }
 

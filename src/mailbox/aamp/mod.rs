@@ -9,6 +9,7 @@ pub mod claims;
 pub mod guess;
 pub mod helper;
 pub mod jmap;
+pub(crate) mod outlet;
 pub mod push;
 pub mod received;
 mod sender;

@@ -963,6 +963,14 @@ pub struct AsmtpReplies {
     client: AsmtpClient,
 }
 
+/// The outbound seam over this system: answers submitted; no attachments, streams, threads
+/// or claims (the trait's defaults).
+impl crate::backend::Backend for AsmtpReplies {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
+        Ok(AsmtpReplies::submit(self, mail).await?)
+    }
+}
+
 impl AsmtpReplies {
     pub fn new(client: AsmtpClient) -> AsmtpReplies {
         AsmtpReplies { client }
