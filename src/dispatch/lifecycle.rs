@@ -449,8 +449,14 @@ impl<O: Backend> Dispatcher<O> {
         // A renewal the server refuses for good is said once (the task runs on; its lease
         // may end, and another replica then take it over), then tried again quietly.
         let mut refused = false;
+        // On a fixed cadence from the start, not a sleep after each renewal: a slow server
+        // (a renewal taking a second or two) used to push every next renewal later, so a
+        // claim aged towards its lease exactly when the server was struggling.
+        let every = replica.lease / 3;
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::time::sleep(replica.lease / 3).await;
+            ticks.tick().await;
             match self.inner.outbox.renew_claim(&task.extras.email_id).await {
                 Ok(true) => tracing::debug!("claim renewed"),
                 Ok(false) => {
