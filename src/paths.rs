@@ -7,7 +7,8 @@
 //! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark
 //!                                   (jmap-email-state, asmtp-watermark, amp-position),
 //!                                   the ASMTP thread map (asmtp-threads), the questions
-//!                                   an agent posted (asmtp-questions, amp-questions),
+//!                                   an agent posted (asmtp-questions, amp-questions,
+//!                                   samp-questions),
 //! STATE/agents/NAME/link.json       the link state `status` reads,
 //! STATE/agents/NAME/tasks/          and the task workspaces
 //! ```
@@ -72,6 +73,11 @@ impl StateDir {
     /// The questions one agent posted on AMP.
     pub fn amp_questions(&self, agent: &str) -> PathBuf {
         self.agent(agent).join("amp-questions")
+    }
+
+    /// The questions one agent posted on SAMP.
+    pub fn samp_questions(&self, agent: &str) -> PathBuf {
+        self.agent(agent).join("samp-questions")
     }
 
     /// Session ids an old bridge kept in a file, imported into the journal once.

@@ -79,6 +79,30 @@ impl fmt::Debug for AmpAccount {
     }
 }
 
+/// A SAMP mailbox (Agent Mailbox, an MCP server), checked and with its key read. The agent's
+/// name is not configured: the server's `whoami` tells it.
+#[derive(Clone)]
+pub struct SampAccount {
+    pub name: String,
+    /// The MCP endpoint (`.../mcp`).
+    pub url: url::Url,
+    /// The `amk_` bearer key, read again at a reload or when the server refused it.
+    pub key: Secret,
+    pub poll_interval: std::time::Duration,
+    /// How long one HTTP call may take.
+    pub timeout: std::time::Duration,
+    pub insecure_tls: bool,
+}
+
+impl fmt::Debug for SampAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SampAccount")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
 /// An ASMTP mailbox, checked and with its token read.
 #[derive(Clone)]
 pub struct AsmtpAccount {
@@ -128,7 +152,8 @@ impl LoadedConfig {
             ("recheck_secs", m.recheck_secs.is_some()),
             (
                 "timeout_secs",
-                m.timeout_secs.is_some() && m.kind != MailboxKind::Asmtp,
+                m.timeout_secs.is_some()
+                    && !matches!(m.kind, MailboxKind::Asmtp | MailboxKind::Samp),
             ),
             // AMP and ASMTP both: said with the AMP keys when an AAMP mailbox sets it.
             (
@@ -147,11 +172,20 @@ impl LoadedConfig {
                 m.timeout_secs.is_some() && m.kind == MailboxKind::Asmtp,
             ),
         ];
+        let samp = [
+            ("samp_url", m.samp_url.is_some()),
+            ("key_file", m.key_file.is_some()),
+            (
+                "timeout_secs",
+                m.timeout_secs.is_some() && m.kind == MailboxKind::Samp,
+            ),
+        ];
         let mut out = Vec::new();
         for (owner, keys) in [
             (MailboxKind::Aamp, &aamp[..]),
             (MailboxKind::Amp, &amp[..]),
             (MailboxKind::Asmtp, &asmtp[..]),
+            (MailboxKind::Samp, &samp[..]),
         ] {
             if owner != kind {
                 out.extend(keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k));
@@ -262,7 +296,7 @@ impl LoadedConfig {
         if kind == MailboxKind::Aamp && m.kind != MailboxKind::Aamp {
             return Err(self.error(
                 format!("{key}.kind"),
-                "an AMP or ASMTP mailbox has no JMAP or SMTP account",
+                "an AMP, ASMTP or SAMP mailbox has no JMAP or SMTP account",
                 "this command works with AAMP mailboxes only",
             ));
         }
@@ -271,7 +305,11 @@ impl LoadedConfig {
             let (problem, fix) = match kind {
                 MailboxKind::Aamp => (
                     format!("{} belong to other kinds of mailbox", foreign.join(", ")),
-                    "set kind = \"amp\" or \"asmtp\" for those, or drop the keys",
+                    "set kind = \"amp\", \"asmtp\" or \"samp\" for those, or drop the keys",
+                ),
+                MailboxKind::Samp => (
+                    format!("{} do not belong to kind = \"samp\"", foreign.join(", ")),
+                    "a SAMP mailbox takes samp_url and key_file (and insecure_tls, poll_interval_secs, timeout_secs)",
                 ),
                 MailboxKind::Asmtp => (
                     format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
@@ -380,6 +418,33 @@ impl LoadedConfig {
             insecure_tls: m.insecure_tls,
             skip_backlog: m.skip_backlog,
             max_message_bytes: m.max_message_bytes.unwrap_or(16 << 20),
+        })
+    }
+
+    /// The named SAMP mailbox with its key read and its settings checked.
+    pub fn samp_account(&self, name: &str) -> Result<SampAccount, ConfigError> {
+        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Samp)?;
+        self.single_bridge(&key, m, "SAMP server acknowledges a message")?;
+        let url = self.service_url(
+            &format!("{key}.samp_url"),
+            m.samp_url.as_ref(),
+            "https://mailbox.example.com/mcp",
+        )?;
+        let secret = self.secret_file(
+            name,
+            &format!("{key}.key_file"),
+            m.key_file.as_ref(),
+            "the agent's amk_ key",
+        )?;
+        let poll_interval = self.poll_interval(&key, m)?;
+        let timeout = self.call_timeout(&key, m, 60)?;
+        Ok(SampAccount {
+            name: name.to_string(),
+            url,
+            key: secret,
+            poll_interval,
+            timeout,
+            insecure_tls: m.insecure_tls,
         })
     }
 
@@ -614,6 +679,8 @@ impl LoadedConfig {
     pub fn mailbox_secret(&self, name: &str) -> Result<Secret, ConfigError> {
         if self.is_asmtp(name) {
             Ok(self.asmtp_account(name)?.token)
+        } else if self.is_samp(name) {
+            Ok(self.samp_account(name)?.key)
         } else if self.is_amp(name) {
             Ok(self.amp_account(name)?.api_key)
         } else {

@@ -199,6 +199,8 @@ impl LoadedConfig {
                 self.amp_account(name)?;
             } else if self.is_asmtp(name) {
                 self.asmtp_account(name)?;
+            } else if self.is_samp(name) {
+                self.samp_account(name)?;
             } else if self.registration(name).is_none() {
                 self.account(name)?;
             }
@@ -243,12 +245,27 @@ impl LoadedConfig {
             .is_some_and(|m| m.kind == MailboxKind::Asmtp)
     }
 
-    /// The address mail to the named mailbox goes to, whatever its kind.
+    /// Whether the named mailbox is a SAMP mailbox.
+    pub fn is_samp(&self, name: &str) -> bool {
+        self.config
+            .mailboxes
+            .get(name)
+            .is_some_and(|m| m.kind == MailboxKind::Samp)
+    }
+
+    /// The address mail to the named mailbox goes to, whatever its kind (SAMP: the agent's
+    /// name is the server's to tell, so the bridge's own name for it, `MAILBOX@HOST`).
     pub fn mailbox_address(&self, name: &str) -> Result<String, ConfigError> {
         if self.is_amp(name) {
             Ok(self.amp_account(name)?.address)
         } else if self.is_asmtp(name) {
             Ok(self.asmtp_account(name)?.handle)
+        } else if self.is_samp(name) {
+            let account = self.samp_account(name)?;
+            Ok(format!(
+                "{name}@{}",
+                account.url.host_str().unwrap_or("samp")
+            ))
         } else {
             Ok(self.account(name)?.email)
         }

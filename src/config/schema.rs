@@ -101,6 +101,9 @@ pub enum MailboxKind {
     /// ASMTP (Agent Simple Mail Transfer Protocol): an operator with push (README: "ASMTP
     /// mailboxes").
     Asmtp,
+    /// SAMP (Agent Mailbox): an MCP server over Streamable HTTP, polled (README: "SAMP
+    /// mailboxes").
+    Samp,
 }
 
 #[derive(Clone, Deserialize, Serialize)]
@@ -121,6 +124,12 @@ pub struct MailboxConfig {
     /// AMP: a file holding the user's API key (`amk_...`), mode 0600.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<PathBuf>,
+    /// SAMP: the server's MCP endpoint (`https://.../mcp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samp_url: Option<String>,
+    /// SAMP: a file holding the agent's `amk_...` bearer key, mode 0600.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
     /// ASMTP: the operator's base URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub asmtp_url: Option<String>,

@@ -42,6 +42,10 @@ pub enum MailboxError {
     Address(String),
     #[error("push: {detail}")]
     Push { detail: String, class: ErrorClass },
+    /// A back-end's own error (SAMP: a tool's refusal, a schema the bridge cannot map), with
+    /// the class the back-end gave it.
+    #[error("{detail}")]
+    Service { detail: String, class: ErrorClass },
     #[error("{what} is {bytes} bytes, more than {server} takes ({limit})")]
     TooLarge {
         what: String,
@@ -296,7 +300,9 @@ impl Classify for MailboxError {
             | MailboxError::Refused { .. }
             | MailboxError::Address(_)
             | MailboxError::TooLarge { .. } => ErrorClass::Permanent,
-            MailboxError::Smtp { class, .. } | MailboxError::Push { class, .. } => *class,
+            MailboxError::Smtp { class, .. }
+            | MailboxError::Push { class, .. }
+            | MailboxError::Service { class, .. } => *class,
         }
     }
 }

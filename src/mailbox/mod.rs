@@ -9,6 +9,7 @@ pub(crate) mod error;
 pub mod intake;
 pub mod link;
 mod outlet;
+pub mod samp;
 
 pub use outlet::{open, Intake, Outlet};
 
@@ -63,6 +64,9 @@ pub async fn probe_other_kind(
             auth_fix: "check token_file: the operator did not accept the token",
             other_fix: "check asmtp_url and that the operator is running",
         }));
+    }
+    if config.is_samp(name) {
+        return Some(samp::probe(config, name).await);
     }
     if config.is_amp(name) {
         let account = match config.amp_account(name) {

@@ -12,6 +12,7 @@ use super::asmtp::{self, AsmtpClient, AsmtpReplies, WatermarkFile};
 use super::error::OpenError;
 use super::intake::{self, DeliverError};
 use super::link::Link;
+use super::samp::{self, SampClient, SampReplies};
 use crate::backend::{Backend, BackendError, ClaimOutcome, Earlier};
 use crate::config::{AgentConfig, LoadedConfig, Secret};
 use crate::error::{Classify as _, ErrorClass};
@@ -27,6 +28,8 @@ pub enum Outlet {
     Amp(Box<AmpReplies>),
     /// ASMTP: reply envelopes with client ids.
     Asmtp(Box<AsmtpReplies>),
+    /// SAMP: `send_message` replies in the thread.
+    Samp(Box<SampReplies>),
 }
 
 /// How an agent's mail comes in, with where its reading stands.
@@ -34,6 +37,7 @@ pub enum Intake {
     Aamp(Box<Reader>, Cursor),
     Asmtp(AsmtpClient, WatermarkFile),
     Amp(AmpClient, PositionFile),
+    Samp(SampClient),
 }
 
 /// Opens an agent's mailbox: its outlet and its intake. Work a back-end keeps beside the
@@ -56,6 +60,13 @@ pub async fn open(
         let outlet = Outlet::Asmtp(Box::new(AsmtpReplies::new(client.clone())));
         let watermark = WatermarkFile::new(state.asmtp_watermark(&agent.name));
         return Ok((outlet, Intake::Asmtp(client, watermark)));
+    }
+    if config.is_samp(mailbox_name) {
+        let client = SampClient::new(config.samp_account(mailbox_name)?)
+            .map_err(|source| OpenError::mailbox(setup("SAMP"), source))?
+            .with_questions(state.samp_questions(&agent.name));
+        let outlet = Outlet::Samp(Box::new(SampReplies::new(client.clone())));
+        return Ok((outlet, Intake::Samp(client)));
     }
     if config.is_amp(mailbox_name) {
         let client = AmpClient::new(config.amp_account(mailbox_name)?)
@@ -93,6 +104,9 @@ impl Intake {
             Intake::Amp(client, position) => {
                 amp::run_intake(name, client, link, position, deliver, events, stop).await
             }
+            Intake::Samp(client) => {
+                samp::run_intake(name, client, link, deliver, events, stop).await
+            }
         }
     }
 }
@@ -103,6 +117,7 @@ impl Outlet {
             Outlet::Aamp(s) => Backend::submit(s.as_ref(), mail).await,
             Outlet::Amp(a) => Backend::submit(a.as_ref(), mail).await,
             Outlet::Asmtp(a) => Backend::submit(a.as_ref(), mail).await,
+            Outlet::Samp(a) => Backend::submit(a.as_ref(), mail).await,
         }
     }
 
@@ -112,6 +127,7 @@ impl Outlet {
             Outlet::Aamp(s) => s.password(),
             Outlet::Amp(a) => a.secret(),
             Outlet::Asmtp(a) => a.secret(),
+            Outlet::Samp(a) => a.secret(),
         }
     }
 
@@ -160,6 +176,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::download(s.as_ref(), attachment, max).await,
             Outlet::Amp(a) => Backend::download(a.as_ref(), attachment, max).await,
             Outlet::Asmtp(a) => Backend::download(a.as_ref(), attachment, max).await,
+            Outlet::Samp(a) => Backend::download(a.as_ref(), attachment, max).await,
         }
     }
 
@@ -168,6 +185,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::open_stream(s.as_ref(), task_id, peer).await,
             Outlet::Amp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
             Outlet::Asmtp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
+            Outlet::Samp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
         }
     }
 
@@ -180,6 +198,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::pump_stream(s.as_ref(), stream_id, events).await,
             Outlet::Amp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
             Outlet::Asmtp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
+            Outlet::Samp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
         }
     }
 
@@ -188,6 +207,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::thread(s.as_ref(), task_id).await,
             Outlet::Amp(a) => Backend::thread(a.as_ref(), task_id).await,
             Outlet::Asmtp(a) => Backend::thread(a.as_ref(), task_id).await,
+            Outlet::Samp(a) => Backend::thread(a.as_ref(), task_id).await,
         }
     }
 
@@ -196,6 +216,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::close_stream(s.as_ref(), stream_id, payload).await,
             Outlet::Amp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
             Outlet::Asmtp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
+            Outlet::Samp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
         }
     }
 
@@ -204,6 +225,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::claim(s.as_ref(), email_id).await,
             Outlet::Amp(a) => Backend::claim(a.as_ref(), email_id).await,
             Outlet::Asmtp(a) => Backend::claim(a.as_ref(), email_id).await,
+            Outlet::Samp(a) => Backend::claim(a.as_ref(), email_id).await,
         }
     }
 
@@ -212,6 +234,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::renew_claim(s.as_ref(), email_id).await,
             Outlet::Amp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
             Outlet::Asmtp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
+            Outlet::Samp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
         }
     }
 
@@ -220,6 +243,7 @@ impl Backend for Outlet {
             Outlet::Aamp(s) => Backend::claim_done(s.as_ref(), email_id).await,
             Outlet::Amp(a) => Backend::claim_done(a.as_ref(), email_id).await,
             Outlet::Asmtp(a) => Backend::claim_done(a.as_ref(), email_id).await,
+            Outlet::Samp(a) => Backend::claim_done(a.as_ref(), email_id).await,
         }
     }
 }

@@ -1,0 +1,940 @@
+//! The SAMP back-end ("Agent Mailbox", clement10601/agent-mailbox): an agent's mailbox on an
+//! MCP server over Streamable HTTP, with a bearer `amk_` key per agent. Polled (`check_inbox`
+//! lists the unread messages, oldest first, and marks nothing read): each message is handed
+//! to `deliver` (the journal, which de-duplicates by the message id) BEFORE it is acked, as
+//! `ack` clears its subject, body and data; a bridge killed in between reads it again and the
+//! journal knows it. There is no position file: the server's unread state is the position.
+//!
+//! At start (and after a refused key) `initialize`, `tools/list` and `whoami`: the tools'
+//! arguments are mapped from their input schemas ([`tools`]), the agent's name and limits
+//! read. The sender of a message is stamped by the server from the sender's key, so it is
+//! believed as the provider says.
+//!
+//! How SAMP maps onto the bridge's model: a message is a task (`task.dispatch`; the subject is
+//! its title, the body its text, the thread its Session-Key) unless its `data` says otherwise:
+//! `data.aamp` may carry `intent`, `taskId`, `sessionKey` and `hopCount`; a message whose
+//! `data.aamp.intent` is not `task.dispatch` is an answer and never starts a task. Answers go
+//! back with `send_message` to the sender, `in_reply_to` the task (so in its thread), the
+//! structured result in `data.aamp`. The TaskId is `samp:<thread_id>:<message_id>` unless the
+//! sender gave one.
+//!
+//! Limits (the SAMP README): subject 200 characters, body 32 KB, data 64 KB of JSON, 30 sends
+//! a minute. A longer body is cut at 32 KB with a note saying how long the answer was (not
+//! split: parts would each count against the recipient's 10 unread and the send rate, and a
+//! retry could double some); data over 64 KB loses its structured result, with a note. Sends
+//! are paced to the server's rate (from `whoami`, else 30 a minute); `rate_limited` is waited
+//! out (`retry_after_seconds`) and tried again, `inbox_full` is retried by the outbox with
+//! backoff; `blocked` and `unknown_recipient` are permanent.
+
+mod rpc;
+pub mod tools;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::intake::{self, DeliverError, Health, IntakeError, Watched};
+use super::{Inbound, Mail, MailboxError};
+use crate::backend::BackendError;
+use crate::config::SampAccount;
+use crate::error::{Classify, ErrorClass};
+use crate::events::Events;
+use crate::protocol::{self, AampMessage, Body, Intent, RenderedMail};
+use tools::Tools;
+
+/// Subject, body and data limits (the SAMP README).
+const SUBJECT_MAX_CHARS: usize = 200;
+const BODY_MAX_BYTES: usize = 32 * 1024;
+const DATA_MAX_BYTES: usize = 64 * 1024;
+/// Sends a minute when `whoami` does not say.
+const SENDS_PER_MINUTE: usize = 30;
+/// Messages asked for per `check_inbox`.
+const PAGE: u64 = 20;
+/// The longest a send waits out `rate_limited` before the outbox retries it later.
+const RATE_WAIT: Duration = Duration::from_secs(120);
+/// Why the sender of a SAMP message is believed.
+const BELIEVED: &str = "the SAMP server stamps the sender from its key";
+
+/// Why a SAMP call did not go through, classed for the intake's health and the outbox.
+#[derive(Debug, thiserror::Error)]
+pub enum SampError {
+    /// The HTTP link: unreachable, or an HTTP status (401: the key was refused).
+    #[error(transparent)]
+    Link(#[from] MailboxError),
+    #[error("the SAMP server answered {method} with error {code}: {message}")]
+    Rpc {
+        method: String,
+        code: i64,
+        message: String,
+    },
+    /// A tool's refusal (`isError`), with the server's code and words.
+    #[error("SAMP {tool} refused: {code}: {message}")]
+    Refused {
+        tool: String,
+        code: String,
+        message: String,
+        retry_after: Option<u64>,
+    },
+    /// A tool or argument the bridge needs and cannot find in `tools/list`.
+    #[error("the SAMP server's tool {tool} cannot be used: {problem}")]
+    Mapping { tool: String, problem: String },
+    #[error("the SAMP server's answer to {what} was not understood: {detail}")]
+    Protocol { what: String, detail: String },
+}
+
+impl Classify for SampError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SampError::Link(e) => e.class(),
+            // Internal errors may pass; a request the server does not take will not.
+            SampError::Rpc { code, .. } => match code {
+                -32603 => ErrorClass::Transient,
+                _ => ErrorClass::Permanent,
+            },
+            SampError::Refused { code, .. } => match code.as_str() {
+                "rate_limited" | "inbox_full" => ErrorClass::Transient,
+                "unauthorized" | "agent_disabled" => ErrorClass::Auth,
+                _ => ErrorClass::Permanent,
+            },
+            SampError::Mapping { .. } | SampError::Protocol { .. } => ErrorClass::Permanent,
+        }
+    }
+}
+
+impl From<SampError> for MailboxError {
+    fn from(e: SampError) -> MailboxError {
+        match e {
+            SampError::Link(e) => e,
+            e => MailboxError::Service {
+                class: e.class(),
+                detail: e.to_string(),
+            },
+        }
+    }
+}
+
+impl From<SampError> for IntakeError {
+    fn from(e: SampError) -> IntakeError {
+        IntakeError::Mailbox(e.into())
+    }
+}
+
+impl From<SampError> for BackendError {
+    fn from(e: SampError) -> BackendError {
+        let class = e.class();
+        let message = match &e {
+            SampError::Refused { code, .. } if code == "inbox_full" => format!(
+                "{e} (the recipient has too many unread messages; the answer waits in the outbox and is sent once they read theirs)"
+            ),
+            _ => e.to_string(),
+        };
+        BackendError::new(class, message)
+    }
+}
+
+/// A message as `check_inbox` returns it (guessed shape: tests/hosts/README.md).
+#[derive(Clone, Debug, Deserialize)]
+pub struct SampMessage {
+    pub id: String,
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    pub from: String,
+    #[serde(default)]
+    pub to: String,
+    #[serde(default)]
+    pub subject: Option<String>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub data: Option<Value>,
+}
+
+/// What `initialize`, `tools/list` and `whoami` told.
+#[derive(Clone, Debug)]
+struct Ready {
+    tools: Tools,
+    me: String,
+    sends_per_minute: usize,
+}
+
+/// Messages this process read (their subject and thread), answers it tried, questions the
+/// agent posted.
+#[derive(Default)]
+struct Recent {
+    read: VecDeque<(String, String, String)>,
+    attempted: HashSet<String>,
+    attempted_order: VecDeque<String>,
+    questions: super::Questions,
+}
+
+const RECENT: usize = 4096;
+
+impl Recent {
+    fn saw(&mut self, m: &SampMessage) {
+        if self.read.len() >= RECENT {
+            self.read.pop_front();
+        }
+        self.read.push_back((
+            m.id.clone(),
+            m.thread_id.clone().unwrap_or_default(),
+            m.subject.clone().unwrap_or_default(),
+        ));
+    }
+
+    /// The thread and subject of message `id`, when this process read it.
+    fn message(&self, id: &str) -> Option<(String, String)> {
+        self.read
+            .iter()
+            .rev()
+            .find(|(i, _, _)| i == id)
+            .map(|(_, t, s)| (t.clone(), s.clone()))
+    }
+
+    fn first_attempt(&mut self, message_id: &str) -> bool {
+        if !self.attempted.insert(message_id.to_string()) {
+            return false;
+        }
+        self.attempted_order.push_back(message_id.to_string());
+        if self.attempted_order.len() > RECENT {
+            if let Some(old) = self.attempted_order.pop_front() {
+                self.attempted.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+/// One agent's SAMP mailbox.
+#[derive(Clone)]
+pub struct SampClient {
+    rpc: Arc<rpc::Rpc>,
+    account: SampAccount,
+    ready: Arc<Mutex<Option<Ready>>>,
+    recent: Arc<Mutex<Recent>>,
+    /// When the last sends went (pacing), held across a send so sends go one at a time.
+    sends: Arc<tokio::sync::Mutex<VecDeque<tokio::time::Instant>>>,
+    unreadable: Arc<super::UnreadableLog>,
+}
+
+impl SampClient {
+    pub fn new(account: SampAccount) -> Result<SampClient, MailboxError> {
+        let http = super::http_client(account.insecure_tls, Some(account.timeout))?;
+        Ok(SampClient {
+            rpc: Arc::new(rpc::Rpc::new(
+                http,
+                account.url.clone(),
+                account.key.clone(),
+            )),
+            account,
+            ready: Arc::default(),
+            recent: Arc::default(),
+            sends: Arc::default(),
+            unreadable: Arc::default(),
+        })
+    }
+
+    /// Keeps the agent's questions in `path`, so replies to them are known after a restart.
+    pub fn with_questions(self, path: std::path::PathBuf) -> SampClient {
+        self.recent.lock().expect("recent lock").questions = super::Questions::open(path);
+        self
+    }
+
+    pub fn secret(&self) -> &crate::config::Secret {
+        &self.account.key
+    }
+
+    /// The server's host: what the bridge writes after an agent's name to make an address.
+    pub fn domain(&self) -> String {
+        self.account.url.host_str().unwrap_or("samp").to_string()
+    }
+
+    /// The agent's name on the server (once `whoami` told it), else the mailbox's.
+    pub fn address(&self) -> String {
+        match &*self.ready.lock().expect("ready lock") {
+            Some(r) => r.me.clone(),
+            None => self.account.name.clone(),
+        }
+    }
+
+    /// `initialize`, `tools/list` (mapped) and `whoami`, once (again after a failure).
+    async fn ready(&self) -> Result<Ready, SampError> {
+        if let Some(ready) = self.ready.lock().expect("ready lock").clone() {
+            return Ok(ready);
+        }
+        self.rpc.initialize().await?;
+        let tools = tools::map(&self.rpc.list_tools().await?)?;
+        let me = self.rpc.call_tool("whoami", json!({})).await?;
+        let name = me["name"]
+            .as_str()
+            .or(me["agent"].as_str())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| SampError::Protocol {
+                what: "whoami".into(),
+                detail: "no agent name".into(),
+            })?;
+        let ready = Ready {
+            tools,
+            me: name.to_string(),
+            sends_per_minute: me["limits"]["sends_per_minute"]
+                .as_u64()
+                .map_or(SENDS_PER_MINUTE, |n| n.max(1) as usize),
+        };
+        *self.ready.lock().expect("ready lock") = Some(ready.clone());
+        Ok(ready)
+    }
+
+    /// A call, forgetting the session after a refused key (the next call starts over).
+    async fn call(&self, tool: &str, arguments: Value) -> Result<Value, SampError> {
+        let result = self.rpc.call_tool(tool, arguments).await;
+        if let Err(e) = &result {
+            if e.class() == ErrorClass::Auth {
+                self.forget();
+            }
+        }
+        result
+    }
+
+    fn forget(&self) {
+        self.rpc.reset();
+        *self.ready.lock().expect("ready lock") = None;
+    }
+
+    /// A page of unread messages, oldest first, and whether more wait.
+    pub async fn check_inbox(&self) -> Result<(Vec<SampMessage>, bool), SampError> {
+        let ready = self.ready().await.inspect_err(|_| self.forget())?;
+        let mut args = Map::new();
+        if let Some(limit) = &ready.tools.inbox_limit {
+            args.insert(limit.clone(), json!(PAGE));
+        }
+        let page = self.call("check_inbox", Value::Object(args)).await?;
+        let (messages, bad) =
+            super::decode_each::<SampMessage>(&page["messages"], "a SAMP inbox message")
+                .map_err(SampError::from)?;
+        self.unreadable.note(bad);
+        Ok((messages, page["has_more"].as_bool().unwrap_or(false)))
+    }
+
+    pub async fn ack(&self, ids: &[String]) -> Result<(), SampError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ready = self.ready().await?;
+        self.call("ack", json!({ ready.tools.ack_ids: ids }))
+            .await
+            .map(|_| ())
+    }
+
+    /// The messages of a thread, oldest first (acked ones without content); empty when the
+    /// server has no `read_thread`.
+    async fn thread(&self, thread_id: &str) -> Result<Vec<Value>, SampError> {
+        let ready = self.ready().await?;
+        let Some(field) = ready.tools.thread_id else {
+            return Ok(Vec::new());
+        };
+        let answer = self
+            .call("read_thread", json!({ field: thread_id }))
+            .await?;
+        Ok(answer["messages"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Sends one message, paced to the server's rate; `rate_limited` is waited out (up to
+    /// [`RATE_WAIT`] in all) and tried again. The posted message's id.
+    async fn send(
+        &self,
+        to: &str,
+        subject: &str,
+        body: &str,
+        data: Option<Value>,
+        in_reply_to: &str,
+    ) -> Result<String, SampError> {
+        let ready = self.ready().await?;
+        let f = &ready.tools.send;
+        let mut args = Map::new();
+        args.insert(f.to.clone(), json!(to));
+        if let Some(s) = &f.subject {
+            args.insert(s.clone(), json!(subject));
+        }
+        args.insert(f.body.clone(), json!(body));
+        if let (Some(d), Some(data)) = (&f.data, data) {
+            args.insert(d.clone(), data);
+        }
+        args.insert(f.in_reply_to.clone(), json!(in_reply_to));
+        let args = Value::Object(args);
+        let mut sends = self.sends.lock().await;
+        let mut waited = Duration::ZERO;
+        loop {
+            // Pacing: no more than the rate in any minute.
+            let minute = Duration::from_secs(60);
+            let now = tokio::time::Instant::now();
+            while sends
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= minute)
+            {
+                sends.pop_front();
+            }
+            if sends.len() >= ready.sends_per_minute {
+                let until = sends[sends.len() - ready.sends_per_minute] + minute;
+                tracing::info!(
+                    wait_s = until.duration_since(now).as_secs(),
+                    "pacing sends to the SAMP server's rate ({} a minute)",
+                    ready.sends_per_minute
+                );
+                tokio::time::sleep_until(until).await;
+                continue;
+            }
+            sends.push_back(now);
+            while sends.len() > 1000 {
+                sends.pop_front();
+            }
+            match self.call("send_message", args.clone()).await {
+                Ok(sent) => {
+                    return Ok(sent["message_id"]
+                        .as_str()
+                        .or(sent["id"].as_str())
+                        .unwrap_or_default()
+                        .to_string())
+                }
+                Err(SampError::Refused {
+                    code, retry_after, ..
+                }) if code == "rate_limited" && waited < RATE_WAIT => {
+                    let wait = Duration::from_secs(retry_after.unwrap_or(10).clamp(1, 120));
+                    tracing::info!(
+                        wait_s = wait.as_secs(),
+                        "the SAMP server says sends are over its rate; waiting as it asks"
+                    );
+                    waited += wait;
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The AAMP fields a message carries in `data.aamp`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct AampData {
+    intent: Option<String>,
+    task_id: Option<String>,
+    session_key: Option<String>,
+    hop_count: Option<u32>,
+}
+
+fn aamp_data(data: Option<&Value>) -> AampData {
+    let a = data.map(|d| &d["aamp"]).unwrap_or(&Value::Null);
+    let text = |k: &str| {
+        a[k].as_str()
+            .map(|s| s.trim().chars().take(200).collect::<String>())
+            .filter(|s| !s.is_empty() && !s.chars().any(char::is_control))
+    };
+    AampData {
+        intent: text("intent"),
+        task_id: text("taskId"),
+        session_key: text("sessionKey"),
+        hop_count: a["hopCount"].as_u64().and_then(|n| u32::try_from(n).ok()),
+    }
+}
+
+/// The TaskId of a message without one of its own: its thread and its id.
+fn task_id(m: &SampMessage) -> String {
+    format!("samp:{}:{}", m.thread_id.as_deref().unwrap_or(""), m.id)
+}
+
+/// The message id a TaskId made by [`task_id`] names.
+fn parse_task_id(task_id: &str) -> Option<(&str, &str)> {
+    let rest = task_id.strip_prefix("samp:")?;
+    let (thread, id) = rest.rsplit_once(':')?;
+    (!id.is_empty()).then_some((thread, id))
+}
+
+fn message_id(id: &str) -> String {
+    format!("<{id}@samp>")
+}
+
+/// A SAMP message as a task for the agent (or, with an answer's intent, a message that never
+/// starts one).
+/// Senders are agent names; the bridge's model (and the sender policy) takes addresses, so a
+/// name is written `NAME@HOST` with the server's host (`domain`), and the host dropped again
+/// when an answer goes back.
+pub fn to_inbound(m: &SampMessage, domain: &str) -> Option<Inbound> {
+    let (from, to) = (format!("{}@{domain}", m.from), format!("{}@{domain}", m.to));
+    let aamp = aamp_data(m.data.as_ref());
+    let is_answer = aamp
+        .intent
+        .as_deref()
+        .is_some_and(|i| i != Intent::TaskDispatch.as_str())
+        || m.data
+            .as_ref()
+            .is_some_and(|d| d[super::FOREIGN_MARK]["answer"].is_string());
+    super::ForeignTask {
+        id: &m.id,
+        task_id: aamp.task_id.unwrap_or_else(|| task_id(m)),
+        message_id: message_id(&m.id),
+        from: &from,
+        to: &to,
+        title: m.subject.as_deref().unwrap_or_default(),
+        body: m.body.clone().unwrap_or_default(),
+        session_key: aamp
+            .session_key
+            .unwrap_or_else(|| format!("samp:{}", m.thread_id.as_deref().unwrap_or(&m.id))),
+        references: Vec::new(),
+        believed_because: BELIEVED,
+        hop_count: aamp.hop_count,
+        is_answer,
+    }
+    .into_inbound()
+}
+
+/// The inbox for [`intake::watch`].
+struct SampWatched<'a, D> {
+    client: SampClient,
+    deliver: D,
+    link: &'a super::link::Link,
+    agent: &'a str,
+    events: Events,
+}
+
+impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for SampWatched<'_, D> {
+    async fn read(&mut self) -> Result<usize, IntakeError> {
+        let mut taken = 0;
+        // A few pages at most per read; the rest at the next one, at once.
+        for _ in 0..5 {
+            let (messages, more) = self.client.check_inbox().await?;
+            let mut handled = Vec::new();
+            for m in &messages {
+                hand_on(&self.client, m, &mut self.deliver)?;
+                handled.push(m.id.clone());
+            }
+            // Unreadable ones are reported and acked too: left unread they would fill the
+            // inbox (10 unread refuse every sender).
+            let bad = self.client.unreadable.take();
+            handled.extend(bad.iter().filter_map(|b| b.id.clone()));
+            super::report_unreadable(bad, self.agent, "SAMP", &self.events);
+            // Only now, with every one in the journal: ack clears their content.
+            self.client.ack(&handled).await?;
+            taken += messages.len();
+            if !more || handled.is_empty() {
+                break;
+            }
+        }
+        Ok(taken)
+    }
+
+    fn next_read(&mut self, taken: usize) -> Duration {
+        self.link.push("polling");
+        if taken > 0 {
+            Duration::ZERO
+        } else {
+            self.client.account.poll_interval
+        }
+    }
+
+    fn address(&self) -> String {
+        self.client.address()
+    }
+}
+
+/// Hands one message to the journal: an answer to a question the agent asked as a reply,
+/// anything else as a task.
+fn hand_on(
+    client: &SampClient,
+    m: &SampMessage,
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<(), IntakeError> {
+    let question = {
+        let mut recent = client.recent.lock().expect("recent lock");
+        recent.saw(m);
+        m.in_reply_to
+            .as_deref()
+            .and_then(|parent| recent.questions.question(parent))
+    };
+    if let Some(question) = question {
+        let reply = crate::inbound::Reply {
+            email_id: m.id.clone(),
+            from: format!("{}@{}", m.from, client.domain()),
+            message_id: message_id(&m.id),
+            in_reply_to: Some(question),
+            references: Vec::new(),
+            text: m.body.clone().unwrap_or_default(),
+            sender_check: crate::inbound::SenderCheck::Verified(BELIEVED.into()),
+            auto_submitted: false,
+        };
+        return deliver(Mail::Reply(reply)).map_err(IntakeError::Deliver);
+    }
+    match to_inbound(m, &client.domain()) {
+        Some(inbound) => deliver(Mail::Aamp(Box::new(inbound))).map_err(IntakeError::Deliver),
+        None => {
+            tracing::warn!(id = %m.id, "a SAMP message that cannot be read as a task; skipped");
+            Ok(())
+        }
+    }
+}
+
+/// Polls the inbox until `stop` (SAMP has no push the bridge uses).
+pub async fn run_intake(
+    name: String,
+    client: SampClient,
+    link: super::link::Link,
+    deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+    events: Events,
+    stop: CancellationToken,
+) {
+    let health = Health::new(
+        &link,
+        "the SAMP server",
+        client.account.name.clone(),
+        "key_file (then `aamp-bridge reload`)",
+    )
+    .with_secret(client.account.key.clone())
+    .retry_refused_every(intake::KEY_REFUSED_RETRY);
+    let mut watched = SampWatched {
+        client,
+        deliver,
+        link: &link,
+        agent: &name,
+        events,
+    };
+    intake::watch(&name, events, health, &mut watched, None, &stop).await;
+}
+
+/// `doctor` and `init`: the server's tools mapped, `whoami` and the inbox read once.
+pub async fn probe(
+    config: &crate::config::LoadedConfig,
+    name: &str,
+) -> Result<super::Probe, crate::config::ConfigError> {
+    let account = config.samp_account(name)?;
+    let url = account.url.clone();
+    let result = match SampClient::new(account) {
+        Ok(client) => async {
+            let ready = client.ready().await?;
+            let (messages, more) = client.check_inbox().await?;
+            Ok::<_, SampError>((ready, messages.len(), more))
+        }
+        .await
+        .map_err(MailboxError::from),
+        Err(e) => Err(e),
+    };
+    let address = result
+        .as_ref()
+        .map(|(r, _, _)| r.me.clone())
+        .unwrap_or_else(|_| name.to_string());
+    Ok(super::Probe {
+        system: "SAMP",
+        address,
+        result: result.map(|(r, n, more)| {
+            format!(
+                "agent {} at {url}: tools mapped, {n}{} unread; SAMP has no push: polling",
+                r.me,
+                if more { "+" } else { "" }
+            )
+        }),
+        auth_fix: "the server refused the key: put a working amk_ key in key_file (mode 0600), then `aamp-bridge reload`",
+        other_fix: "check samp_url (the server's /mcp endpoint) and that the server runs",
+    })
+}
+
+/// `Re: <subject>`, at most 200 characters.
+fn reply_subject(subject: &str) -> String {
+    let mut rest = subject.trim();
+    while rest.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("re:")) {
+        rest = rest[3..].trim_start();
+    }
+    let subject = if rest.is_empty() {
+        "Re: (no subject)".to_string()
+    } else {
+        format!("Re: {rest}")
+    };
+    subject.chars().take(SUBJECT_MAX_CHARS).collect()
+}
+
+/// `text` cut to the body limit, with a note saying so.
+fn fit_body(text: &str) -> String {
+    if text.len() <= BODY_MAX_BYTES {
+        return text.to_string();
+    }
+    let note = format!(
+        "\n\n[cut: the answer is {} bytes; a SAMP message takes {} KB. The whole answer is in the bridge's journal (`aamp-bridge tasks`).]",
+        text.len(),
+        BODY_MAX_BYTES / 1024
+    );
+    let mut end = BODY_MAX_BYTES - note.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end])
+}
+
+/// Where a SAMP agent's answers go: `send_message` replies to the task message.
+#[derive(Clone)]
+pub struct SampReplies {
+    client: SampClient,
+}
+
+/// The outbound seam: answers submitted; no attachments, streams, threads or claims.
+impl crate::backend::Backend for SampReplies {
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
+        Ok(SampReplies::submit(self, mail).await?)
+    }
+}
+
+impl SampReplies {
+    pub fn new(client: SampClient) -> SampReplies {
+        SampReplies { client }
+    }
+
+    pub fn secret(&self) -> &crate::config::Secret {
+        self.client.secret()
+    }
+
+    /// Sends the answer in `mail` in reply to its task message, unless the thread shows it
+    /// sent already (looked for only on a retry, and findable only while the recipient has
+    /// not acked it: ack clears the data that names it).
+    pub async fn submit(&self, mail: &RenderedMail) -> Result<(), SampError> {
+        let parsed = protocol::rfc5322::parse_raw(&mail.bytes)
+            .and_then(|view| AampMessage::parse(&view).ok());
+        let Some(msg) = parsed else {
+            tracing::warn!(message_id = %mail.message_id, "not an AAMP answer; nothing to send to the SAMP server");
+            return Ok(());
+        };
+        let parent = msg
+            .envelope
+            .in_reply_to
+            .as_deref()
+            .and_then(|r| r.strip_prefix('<')?.strip_suffix("@samp>"))
+            .map(str::to_string)
+            .or_else(|| parse_task_id(msg.task_id()).map(|(_, id)| id.to_string()));
+        let Some(parent) = parent else {
+            tracing::warn!(
+                task_id = msg.task_id(),
+                "an answer to a task that did not come from SAMP; dropped"
+            );
+            return Ok(());
+        };
+        let intent = msg.intent();
+        let mut aamp = json!({
+            "intent": intent.as_str(),
+            "taskId": msg.task_id(),
+            "messageId": mail.message_id,
+        });
+        let text = match &msg.body {
+            Body::Result(r) => {
+                aamp["status"] = json!(r.status.as_str());
+                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
+                    aamp["error"] = json!(error);
+                }
+                if let Some(fields) = &r.structured_result {
+                    aamp["structuredResult"] = fields.clone();
+                }
+                let mut text = r.output.clone();
+                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
+                    if !text.is_empty() {
+                        text.push_str("\n\n");
+                    }
+                    text.push_str(&format!("{}: {error}", r.status.as_str()));
+                }
+                text
+            }
+            Body::HelpNeeded(h) => {
+                aamp["question"] = json!(h.question);
+                aamp["suggestedOptions"] = json!(h.suggested_options);
+                let mut text = format!("Question: {}", h.question);
+                for option in &h.suggested_options {
+                    text.push_str(&format!("\n- {option}"));
+                }
+                text
+            }
+            Body::CardResponse { summary, text } => format!("{summary}\n\n{text}"),
+            // Acks, stream announcements and the rest have no SAMP equivalent.
+            _ => return Ok(()),
+        };
+        let mut text = fit_body(&text);
+        let mut data = json!({ "aamp": aamp, super::FOREIGN_MARK: {"answer": intent.as_str()} });
+        if serde_json::to_vec(&data).map_or(0, |d| d.len()) > DATA_MAX_BYTES {
+            data["aamp"]
+                .as_object_mut()
+                .expect("an object")
+                .remove("structuredResult");
+            text = fit_body(&format!(
+                "{text}\n\n[the structured result was over the 64 KB SAMP data limit and is not attached]"
+            ));
+        }
+        let to = msg.envelope.to.first().cloned().unwrap_or_default();
+        // `NAME@HOST` back to the agent's name.
+        let to = to
+            .rsplit_once('@')
+            .map_or(to.as_str(), |(name, _)| name)
+            .to_string();
+        let (known, first) = {
+            let mut recent = self.client.recent.lock().expect("recent lock");
+            (
+                recent.message(&parent),
+                recent.first_attempt(&mail.message_id),
+            )
+        };
+        let subject = match known.filter(|_| first) {
+            Some((_, subject)) => subject,
+            None => {
+                // A retry, or a task read before a restart: look in the thread first.
+                let thread = match parse_task_id(msg.task_id()) {
+                    Some((thread, _)) if !thread.is_empty() => thread.to_string(),
+                    _ => String::new(),
+                };
+                let messages = if thread.is_empty() {
+                    Vec::new()
+                } else {
+                    self.client.thread(&thread).await.unwrap_or_else(|e| {
+                        tracing::debug!(error = %e, "could not read the SAMP thread before a retry");
+                        Vec::new()
+                    })
+                };
+                if let Some(posted) = messages
+                    .iter()
+                    .find(|m| m["data"]["aamp"]["messageId"] == mail.message_id.as_str())
+                {
+                    tracing::info!(message_id = %mail.message_id, "the answer is in the thread already; not sending it again");
+                    if matches!(msg.body, Body::HelpNeeded(_)) {
+                        if let Some(id) = posted["id"].as_str() {
+                            self.note_question(id, &mail.message_id);
+                        }
+                    }
+                    return Ok(());
+                }
+                messages
+                    .iter()
+                    .find(|m| m["id"] == parent.as_str())
+                    .and_then(|m| m["subject"].as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            }
+        };
+        let posted = self
+            .client
+            .send(&to, &reply_subject(&subject), &text, Some(data), &parent)
+            .await?;
+        if matches!(msg.body, Body::HelpNeeded(_)) {
+            self.note_question(&posted, &mail.message_id);
+        }
+        Ok(())
+    }
+
+    fn note_question(&self, posted: &str, message_id: &str) {
+        self.client
+            .recent
+            .lock()
+            .expect("recent lock")
+            .questions
+            .asked(posted, message_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message() -> SampMessage {
+        SampMessage {
+            id: "msg_1".into(),
+            thread_id: Some("thr_1".into()),
+            in_reply_to: None,
+            from: "boss".into(),
+            to: "coder".into(),
+            subject: Some("Fix the build".into()),
+            body: Some("It fails.".into()),
+            data: None,
+        }
+    }
+
+    #[test]
+    fn a_plain_message_is_a_task_in_its_thread() {
+        let inbound = to_inbound(&message(), "h").unwrap();
+        assert_eq!(inbound.message.task_id(), "samp:thr_1:msg_1");
+        assert_eq!(parse_task_id("samp:thr_1:msg_1"), Some(("thr_1", "msg_1")));
+        assert_eq!(inbound.message.envelope.from, "boss@h");
+        assert_eq!(inbound.message.envelope.message_id, "<msg_1@samp>");
+        match &inbound.message.body {
+            Body::Dispatch(d) => {
+                assert_eq!(d.title, "Fix the build");
+                assert_eq!(d.body_text.trim(), "It fails.");
+                assert_eq!(d.session_key.as_deref(), Some("samp:thr_1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(inbound.sender_check.is_believed());
+    }
+
+    #[test]
+    fn aamp_fields_come_from_data_and_an_answer_never_starts_a_task() {
+        let mut m = message();
+        m.data = Some(
+            json!({"aamp": {"intent": "task.dispatch", "taskId": "t-9", "sessionKey": "s-1", "hopCount": 3}}),
+        );
+        let inbound = to_inbound(&m, "h").unwrap();
+        assert_eq!(inbound.message.task_id(), "t-9");
+        match &inbound.message.body {
+            Body::Dispatch(d) => {
+                assert_eq!(d.session_key.as_deref(), Some("s-1"));
+                assert_eq!(d.hop_count, Some(3));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(inbound.view.header("Auto-Submitted"), None);
+        m.data = Some(json!({"aamp": {"intent": "task.result"}}));
+        assert_eq!(
+            to_inbound(&m, "h")
+                .unwrap()
+                .view
+                .header("Auto-Submitted")
+                .as_deref(),
+            Some("auto-replied")
+        );
+        m.data = Some(json!({"aamp": {"taskId": "a\r\nBcc: x"}}));
+        assert_eq!(
+            to_inbound(&m, "h").unwrap().message.task_id(),
+            "samp:thr_1:msg_1"
+        );
+    }
+
+    #[test]
+    fn a_long_answer_is_cut_to_the_limit_with_a_note() {
+        let long = "é".repeat(50_000);
+        let cut = fit_body(&long);
+        assert!(cut.len() <= BODY_MAX_BYTES, "{}", cut.len());
+        assert!(
+            cut.contains("100000 bytes"),
+            "the note says how long it was"
+        );
+        assert_eq!(fit_body("short"), "short");
+        assert_eq!(reply_subject(&"x".repeat(300)).chars().count(), 200);
+        assert_eq!(reply_subject("RE: re: Hi"), "Re: Hi");
+    }
+
+    #[test]
+    fn refusals_are_classed() {
+        let refused = |code: &str| SampError::Refused {
+            tool: "send_message".into(),
+            code: code.into(),
+            message: String::new(),
+            retry_after: None,
+        };
+        assert_eq!(refused("rate_limited").class(), ErrorClass::Transient);
+        assert_eq!(refused("inbox_full").class(), ErrorClass::Transient);
+        assert_eq!(refused("blocked").class(), ErrorClass::Permanent);
+        assert_eq!(refused("unknown_recipient").class(), ErrorClass::Permanent);
+        let http = SampError::Link(MailboxError::Http {
+            url: "u".into(),
+            status: 401,
+            body: String::new(),
+        });
+        assert_eq!(http.class(), ErrorClass::Auth);
+        assert_eq!(
+            MailboxError::from(refused("inbox_full")).class(),
+            ErrorClass::Transient
+        );
+    }
+}

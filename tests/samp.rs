@@ -1,0 +1,510 @@
+//! The SAMP back-end end to end: a real bridge process polls the SAMP imitation
+//! (tests/hosts/samp_server.py, an MCP server over Streamable HTTP, run with the test venv's
+//! python, which has `mcp`) and answers in the thread, exactly once: across a SIGKILL while
+//! the task runs, a revoked key, the send rate and a full inbox. No mail host is involved.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{Bridge, ConfigDir};
+
+/// The SAMP imitation, its state kept in a folder of its own.
+struct Server {
+    child: Child,
+    url: String,
+    admin: String,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let python = support::test_agents().join("venv/bin/python");
+        let mut child = Command::new(python)
+            .arg(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hosts/samp_server.py"),
+            )
+            .args(["--port", "0", "--state"])
+            .arg(dir.path().join("state.json"))
+            .arg("--record")
+            .arg(dir.path().join("record.jsonl"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the test venv's python runs tests/hosts/samp_server.py");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut admin, mut url) = (String::new(), String::new());
+        for _ in 0..2 {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            if let Some(key) = line.trim().strip_prefix("samp: admin key ") {
+                admin = key.to_string();
+            } else if let Some(u) = line.trim().strip_prefix("samp: listening on ") {
+                url = u.to_string();
+            }
+        }
+        assert!(
+            !admin.is_empty() && !url.is_empty(),
+            "the SAMP server did not start"
+        );
+        Server {
+            child,
+            url,
+            admin,
+            dir,
+        }
+    }
+
+    fn base(&self) -> String {
+        self.url.trim_end_matches("/mcp").to_string()
+    }
+
+    async fn control(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base()))
+            .bearer_auth(&self.admin);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let value: Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {value}");
+        value
+    }
+
+    /// A new agent: its key.
+    async fn agent(&self, name: &str) -> String {
+        let made = self
+            .control(
+                reqwest::Method::POST,
+                "/test/agents",
+                Some(json!({"name": name})),
+            )
+            .await;
+        made["key"].as_str().unwrap().to_string()
+    }
+
+    async fn config(&self, settings: Value) {
+        self.control(reqwest::Method::POST, "/test/config", Some(settings))
+            .await;
+    }
+
+    /// Every stored message sent by `from`, oldest first.
+    async fn sent_by(&self, from: &str) -> Vec<Value> {
+        self.control(reqwest::Method::GET, &format!("/test/mailbox/{from}"), None)
+            .await["sent"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// The messages `from` sent in reply to `message`, waited for (at least `n`).
+    async fn replies(&self, from: &str, message: &str, n: usize, within: Duration) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let replies: Vec<Value> = self
+                .sent_by(from)
+                .await
+                .into_iter()
+                .filter(|m| m["in_reply_to"] == message)
+                .collect();
+            if replies.len() >= n {
+                return replies;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no reply from {from} to {message}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn no_invalid_calls(&self) {
+        let invalid: Vec<String> = support::lines(&self.dir.path().join("record.jsonl"))
+            .into_iter()
+            .filter(|l| l.contains("\"invalid\": true"))
+            .collect();
+        assert!(
+            invalid.is_empty(),
+            "calls the server does not accept: {invalid:?}"
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An agent's side of MCP, as a person's or another agent's client calls it.
+struct Peer {
+    url: String,
+    key: String,
+}
+
+impl Peer {
+    async fn call(&self, tool: &str, arguments: Value) -> Value {
+        let http = reqwest::Client::new();
+        let post = |body: Value| {
+            http.post(&self.url)
+                .bearer_auth(&self.key)
+                .header("Accept", "application/json, text/event-stream")
+                .json(&body)
+                .send()
+        };
+        post(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "samp-test", "version": "0"}}}),
+        )
+        .await
+        .unwrap();
+        let answer: Value = post(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                        "params": {"name": tool, "arguments": arguments}}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+        let value: Value = serde_json::from_str(text).unwrap();
+        assert_ne!(answer["result"]["isError"], true, "{tool}: {value}");
+        value
+    }
+
+    /// Sends a message: its id.
+    async fn send(&self, to: &str, subject: &str, body: &str, reply_to: Option<&str>) -> String {
+        let mut args = json!({"to": to, "subject": subject, "body": body});
+        if let Some(parent) = reply_to {
+            args["in_reply_to"] = json!(parent);
+        }
+        self.call("send_message", args).await["message_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Reads and acks the inbox: the messages.
+    async fn read_all(&self) -> Vec<Value> {
+        let inbox = self.call("check_inbox", json!({"limit": 100})).await;
+        let messages = inbox["messages"].as_array().unwrap().clone();
+        let ids: Vec<&str> = messages.iter().filter_map(|m| m["id"].as_str()).collect();
+        if !ids.is_empty() {
+            self.call("ack", json!({"message_ids": ids})).await;
+        }
+        messages
+    }
+}
+
+/// A config of one agent on a SAMP mailbox, answering `boss`.
+fn config(server: &Server, key: &str, boss: &str, profile: &str) -> ConfigDir {
+    let dir = ConfigDir::empty();
+    dir.write_private("samp.key", key);
+    dir.write_config(
+        &support::Toml::new()
+            .mailbox_text(&format!(
+                "[mailboxes.coder]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"samp.key\"\npoll_interval_secs = 1\n",
+                server.url
+            ))
+            .agent("coder", profile, &[boss], "")
+            .text(),
+    );
+    dir
+}
+
+async fn setup(profile: &str) -> (Server, Peer, String, ConfigDir) {
+    let server = Server::start();
+    let key = server.agent("coder").await;
+    let boss = Peer {
+        url: server.url.clone(),
+        key: server.agent("boss").await,
+    };
+    let dir = config(&server, &key, "boss@127.0.0.1", profile);
+    (server, boss, key, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_is_answered_in_its_thread_once_and_acked() {
+    let (server, boss, _, dir) = setup("echo").await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Greet", "say hello", None).await;
+    let replies = server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await;
+    let reply = &replies[0];
+    assert_eq!(reply["to"], "boss");
+    assert_eq!(reply["subject"], "Re: Greet", "a reply reads like one");
+    assert!(
+        reply["body"].as_str().unwrap().contains("say hello"),
+        "{reply}"
+    );
+    assert_eq!(reply["data"]["aamp"]["intent"], "task.result", "{reply}");
+    let task = reply["data"]["aamp"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(task.starts_with("samp:thr_"), "{task}");
+    bridge.wait_event("task.completed", |e| e["taskId"] == task.as_str());
+    // The task was acked (only once the journal held it), and the answer is in its thread.
+    let coder = server
+        .control(reqwest::Method::GET, "/test/mailbox/coder", None)
+        .await;
+    assert_eq!(coder["unread"], 0, "{coder}");
+    let task_row = coder["inbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == sent.as_str())
+        .unwrap()
+        .clone();
+    assert!(task_row["acked_at"].is_string());
+    assert_eq!(reply["thread_id"], task_row["thread_id"]);
+    // The answer, read by boss, starts nothing on the bridge's side; a second task is
+    // answered, the first not again.
+    boss.read_all().await;
+    let second = boss.send("coder", "Again", "say it again", None).await;
+    server
+        .replies("coder", &second, 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        server
+            .replies("coder", &sent, 1, Duration::ZERO)
+            .await
+            .len(),
+        1
+    );
+    // A sender the policy does not allow is refused in the thread; nothing runs.
+    let stranger = Peer {
+        url: server.url.clone(),
+        key: server.agent("stranger").await,
+    };
+    let refused = stranger.send("coder", "Do it", "rm -rf /", None).await;
+    let answer = server
+        .replies("coder", &refused, 1, Duration::from_secs(60))
+        .await;
+    assert!(
+        answer[0]["body"].as_str().unwrap().contains("rejected"),
+        "{answer:?}"
+    );
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_mid_task_answers_once_after_its_restart() {
+    let (server, boss, _, dir) = setup("echo").await;
+    let gate = dir.use_gated_profile();
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Once", "only once", None).await;
+    bridge.wait_event("task.started", |_| true);
+    bridge.kill();
+    std::fs::write(&gate, "").unwrap();
+    let mut bridge = Bridge::start(&dir, 1);
+    let replies = server
+        .replies("coder", &sent, 1, Duration::from_secs(90))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let replies_now = server.replies("coder", &sent, 1, Duration::ZERO).await;
+    assert_eq!(replies_now.len(), 1, "answered twice: {replies_now:?}");
+    assert!(replies[0]["body"].as_str().unwrap().contains("only once"));
+    // And it goes on answering.
+    let next = boss.send("coder", "Next", "second", None).await;
+    assert_eq!(
+        server
+            .replies("coder", &next, 1, Duration::from_secs(60))
+            .await
+            .len(),
+        1
+    );
+    bridge.take_events();
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_key_is_shown_by_status_and_a_new_key_file_fixes_it_at_reload() {
+    let (server, boss, key, dir) = setup("echo").await;
+    let bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Hello", "with the key", None).await;
+    server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await;
+    server
+        .control(
+            reqwest::Method::POST,
+            "/test/revoke",
+            Some(json!({"key": key})),
+        )
+        .await;
+    support::wait_until("the refusal is logged", || {
+        bridge
+            .log()
+            .contains("the SAMP server refused the credentials")
+    });
+    let status = dir.run(&["status", "--json"]);
+    assert!(status.contains("auth_failed"), "{status}");
+    let json: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        json["agents"][0]["link"]["credentials"]["worked"], false,
+        "{json}"
+    );
+    let text = dir.run(&["status"]);
+    assert!(
+        text.contains("401") && text.contains("revoked"),
+        "the server's words: {text}"
+    );
+    assert!(
+        !text.contains(&key) && !bridge.log().contains(&key),
+        "never shown"
+    );
+    // A new key in the file, and a reload.
+    let fresh = server
+        .control(
+            reqwest::Method::POST,
+            "/test/keys",
+            Some(json!({"agent": "coder"})),
+        )
+        .await["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    dir.replace_private("samp.key", &fresh);
+    let said = dir.run(&["reload"]);
+    assert!(said.contains("credentials reloaded for coder"), "{said}");
+    let after = boss.send("coder", "After", "with the new key", None).await;
+    server
+        .replies("coder", &after, 1, Duration::from_secs(30))
+        .await;
+    let json: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    assert_eq!(json["agents"][0]["link"]["mailbox"], "connected", "{json}");
+    assert!(!bridge.log().contains(&fresh));
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_send_rate_and_a_full_inbox_are_waited_out_none_lost_none_twice() {
+    let (server, boss, _, dir) = setup("echo").await;
+    let gate = dir.use_gated_profile();
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        tasks.push(
+            boss.send("coder", &format!("Task {i}"), &format!("number {i}"), None)
+                .await,
+        );
+    }
+    bridge.wait_event("task.started", |_| true);
+    // The rate drops below what whoami said: the server refuses with rate_limited.
+    server.config(json!({"sends_per_minute": 2})).await;
+    std::fs::write(&gate, "").unwrap();
+    let started = std::time::Instant::now();
+    for task in &tasks {
+        server
+            .replies("coder", task, 1, Duration::from_secs(150))
+            .await;
+    }
+    assert!(
+        started.elapsed() > Duration::from_secs(20),
+        "paced, not at once"
+    );
+    assert!(
+        bridge.log().contains("waiting as it asks"),
+        "{}",
+        bridge.log()
+    );
+    boss.read_all().await;
+    // A full inbox: boss takes one unread message; the second answer waits.
+    server
+        .config(json!({"sends_per_minute": 30, "max_unread": 1}))
+        .await;
+    let a = boss.send("coder", "A", "first", None).await;
+    server
+        .replies("coder", &a, 1, Duration::from_secs(60))
+        .await;
+    // Boss holds the answer to A unread: the answer to B meets a full inbox.
+    let b = boss.send("coder", "B", "second", None).await;
+    support::wait_until("the full inbox is said", || {
+        bridge.log().contains("inbox_full")
+    });
+    let status = dir.run(&["status"]);
+    let _ = status;
+    boss.read_all().await;
+    server
+        .replies("coder", &b, 1, Duration::from_secs(60))
+        .await;
+    for task in tasks.iter().chain([&a, &b]) {
+        assert_eq!(
+            server.replies("coder", task, 1, Duration::ZERO).await.len(),
+            1,
+            "once each"
+        );
+    }
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_100_kb_answer_is_cut_to_the_body_limit_with_a_note() {
+    let (server, boss, _, dir) = setup("echo").await;
+    dir.use_profile(
+        "big.toml",
+        "command = \"python3\"\nargs = [\"-c\", \"import sys; sys.stdin.read(); print('x' * 100000)\"]\nstdin = \"{{prompt}}\"\ntimeout_secs = 60\n",
+    );
+    let bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Big", "a lot", None).await;
+    let reply = &server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await[0];
+    let body = reply["body"].as_str().unwrap();
+    assert!(body.len() <= 32 * 1024, "{}", body.len());
+    assert!(
+        body.contains("[cut: the answer is 10000"),
+        "{}",
+        &body[body.len() - 300..]
+    );
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_turns_in_a_thread_are_one_conversation() {
+    let (server, boss, _, dir) = setup("echo-prompt").await;
+    let bridge = Bridge::start(&dir, 1);
+    let mut parent: Option<String> = None;
+    let mut last = String::new();
+    for (i, word) in ["apple", "banana", "cherry"].iter().enumerate() {
+        let sent = boss
+            .send(
+                "coder",
+                "Fruit",
+                &format!("turn {i}: {word}"),
+                parent.as_deref(),
+            )
+            .await;
+        let reply = server
+            .replies("coder", &sent, 1, Duration::from_secs(60))
+            .await[0]
+            .clone();
+        parent = Some(reply["id"].as_str().unwrap().to_string());
+        last = reply["body"].as_str().unwrap().to_string();
+        boss.read_all().await;
+    }
+    // One thread, one conversation (its Session-Key is the thread); each turn answered.
+    assert!(last.contains("cherry"), "{last}");
+    let threads: std::collections::HashSet<String> = server
+        .sent_by("coder")
+        .await
+        .iter()
+        .map(|m| m["thread_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}
