@@ -352,7 +352,7 @@ function renderRecent() {
         el("span", { class: "state " + row.state }, row.state), " ",
         clock(row.receivedAtMs) + " · " + row.agent + " · " + row.taskId + " · from " + row.sender),
       row.reason && row.state !== "answered" ? el("div", { class: "error" }, row.reason) : null);
-    if (row.id) item.querySelector(".row").onclick = () => showTimeline(item, row.id);
+    item.querySelector(".row").onclick = () => showTimeline(item, row.id || row.taskId);
     return item;
   }));
 }
