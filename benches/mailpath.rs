@@ -14,6 +14,10 @@
 //! - stream ingest: 20,000 text deltas from an agent to the AAMP test service: chunks per
 //!   second, appends per 1,000 deltas, order kept.
 //!
+//! `AAMP_BENCH_ONLY=ui` measures only what an open live view (`[ui]`) costs: bursts of 100
+//! tasks with no page open and with one open (an SSE reader of the feed), alternated, CPU per
+//! task of the bridge process each (issue 35 allows 10 % more with the page open).
+//!
 //! `AAMP_BENCH_TASKS` (default 200) sets the sequential count; the figures go to stdout as a
 //! table and to `target/bench/mailpath.json`.
 
@@ -329,6 +333,10 @@ fn main() {
             500.0 / secs
         );
         bridge.stop();
+        return;
+    }
+    if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("ui") {
+        live_view_cost(&rt, dir.path(), &config_path, &boss, &agent);
         return;
     }
     if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("stream") {
@@ -791,4 +799,89 @@ fn end_to_end(
     }
     out.sort();
     out
+}
+
+/// Bursts of 100 with no live view open and with one open, in the order ABBAAB (three of
+/// each after a warm-up): CPU per task of the bridge both ways, and what the page was sent.
+fn live_view_cost(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    config_path: &Path,
+    boss: &str,
+    agent: &str,
+) {
+    let mut text = std::fs::read_to_string(config_path).unwrap();
+    text.push_str("\n[ui]\nlisten = \"127.0.0.1:0\"\n");
+    std::fs::write(config_path, text).unwrap();
+    let bridge = Bridge::start(config_path);
+    bridge.wait(|e| e["event"] == "agent.ready");
+    let state = dir.join("state");
+    let addr = std::fs::read_to_string(state.join("ui-address")).unwrap();
+    let addr = addr.trim().to_string();
+    let token = std::fs::read_to_string(state.join("ui-token")).unwrap();
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let cookie = format!("aamp_bridge_{port}={}", token.trim());
+    let sender = aamp_bridge::mailbox::Sender::new(&account(boss)).unwrap();
+    let mut mailbox = aamp_bridge::mailbox::Reader::new(account(boss)).unwrap();
+    rt.block_on(mailbox.connect()).unwrap();
+    let burst = 100;
+    burst_run(rt, &sender, &mailbox, boss, agent, 20);
+    let (mut closed, mut open) = (Vec::new(), Vec::new());
+    let mut fed = 0usize;
+    wait_quiet();
+    // Without, with, with, without, without, with: a cost that drifts as the mailbox fills
+    // weighs on both alike.
+    for page in [false, true, true, false, false, true] {
+        // A page: the feed, read as fast as it comes.
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reader = page.then(|| {
+            let counter = received.clone();
+            let (url, cookie) = (format!("http://{addr}/events"), cookie.clone());
+            rt.spawn(async move {
+                let mut response = reqwest::Client::new()
+                    .get(url)
+                    .header("Cookie", cookie)
+                    .send()
+                    .await
+                    .expect("the feed answers");
+                assert_eq!(response.status(), 200);
+                while let Ok(Some(chunk)) = response.chunk().await {
+                    counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let cpu = cpu_secs(bridge.pid());
+        burst_run(rt, &sender, &mailbox, boss, agent, burst);
+        let per_task = (cpu_secs(bridge.pid()) - cpu) * 1000.0 / burst as f64;
+        std::thread::sleep(Duration::from_millis(300));
+        if let Some(reader) = reader {
+            reader.abort();
+            fed += received.load(std::sync::atomic::Ordering::Relaxed);
+            open.push(per_task);
+        } else {
+            closed.push(per_task);
+        }
+    }
+    bridge.stop();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (c, o) = (mean(&closed), mean(&open));
+    let figures = json!({
+        "burst": burst,
+        "cpuMsPerTaskNoPage": closed.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        "cpuMsPerTaskPageOpen": open.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        "growthPercent": round1((o / c - 1.0) * 100.0),
+        "feedBytes": fed,
+    });
+    let _ = std::fs::create_dir_all(repo().join("target/bench"));
+    std::fs::write(
+        repo().join("target/bench/live-view.json"),
+        figures.to_string(),
+    )
+    .unwrap();
+    println!(
+        "live view, bursts of {burst}: {c:.2} ms CPU per task with no page, {o:.2} with one open ({:+.1} %); the page was sent {} KiB",
+        (o / c - 1.0) * 100.0,
+        fed / 1024
+    );
 }

@@ -37,6 +37,8 @@ trap on_exit EXIT
 
 # tmux drives the init wizard as a person would (tests/wizard.rs).
 command -v tmux >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tmux >/dev/null
+# A real browser drives the live view (tests/ui.rs) over chromedriver's WebDriver API.
+command -v chromedriver >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null
 
 # Third-party ACP agents (npm, PyPI) that the integration tests run against.
 bash scripts/test-agents.sh >/dev/null

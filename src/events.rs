@@ -140,7 +140,9 @@ impl Events {
     }
 
     fn write(&self, event: &str, fields: Value) {
-        if !self.json {
+        // The live view's tap: only when a page is open is the line built for it.
+        let tap = TAP.get().filter(|tap| tap.receiver_count() > 0);
+        if !self.json && tap.is_none() {
             return;
         }
         let mut line = Map::new();
@@ -154,8 +156,33 @@ impl Events {
         if let Value::Object(map) = fields {
             line.extend(map);
         }
-        writer().send(json_line(&Value::Object(line)));
+        let line = json_line(&Value::Object(line));
+        if let Some(tap) = tap {
+            // No receiver left since the check: nobody missed it.
+            let _ = tap.send(std::sync::Arc::from(line.as_str()));
+        }
+        if self.json {
+            writer().send(line);
+        }
     }
+}
+
+/// Event lines the tap keeps for its slowest reader; one that falls further behind is told
+/// it lagged (and reads a fresh snapshot) instead of holding memory.
+const TAP_LINES: usize = 1024;
+
+/// Every event line, as `--json` prints it, for in-process readers (the live view's feed).
+/// Made at the first [`tap`]; until then, and while nobody holds a receiver, emitting costs
+/// nothing more than without it.
+static TAP: std::sync::OnceLock<tokio::sync::broadcast::Sender<std::sync::Arc<str>>> =
+    std::sync::OnceLock::new();
+
+/// A receiver of every event line emitted from now on (the same JSON `--json` prints, whether
+/// or not `--json` is on), in emission order. Bounded: a reader more than [`TAP_LINES`]
+/// behind gets `RecvError::Lagged` and must resynchronise from the state.
+pub fn tap() -> tokio::sync::broadcast::Receiver<std::sync::Arc<str>> {
+    TAP.get_or_init(|| tokio::sync::broadcast::channel(TAP_LINES).0)
+        .subscribe()
 }
 
 /// `value` as one JSON line with U+2028 and U+2029 escaped (`\u2028`, `\u2029`): JSON allows
@@ -264,6 +291,29 @@ mod tests {
         // The commands' --json lines (dispatch, tasks, doctor, policy) the same way.
         let text = json_text(&value).unwrap();
         assert_eq!(text, line);
+    }
+
+    #[test]
+    fn the_tap_carries_every_event_in_order_without_json() {
+        let mut rx = tap();
+        let events = Events::new(false);
+        for i in 0..50 {
+            events.emit_detail(
+                Event::TaskStream,
+                serde_json::json!({"taskId": "tap-test", "payload": {"text": i.to_string()}}),
+            );
+        }
+        let mut seen = Vec::new();
+        while let Ok(line) = rx.try_recv() {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            // Other tests in this process may emit too.
+            if v["taskId"] == "tap-test" {
+                assert_eq!(v["event"], "task.stream");
+                seen.push(v["payload"]["text"].as_str().unwrap().to_string());
+            }
+        }
+        let wanted: Vec<String> = (0..50).map(|i| i.to_string()).collect();
+        assert_eq!(seen, wanted);
     }
 
     #[test]

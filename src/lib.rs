@@ -83,6 +83,11 @@
 //!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
 //!   as rendered bytes through [`backend::Backend`]. It names `runner`, `inbound` and `backend`, never
 //!   `mailbox`.
+//! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one
+//!   feed of the bridge's events (the [`events::tap`]), the read model `status`, `tasks` and
+//!   `task show` share (`ui::snapshot`), and the operator's answers and cancels, taken through
+//!   the dispatchers' own paths (`dispatch::operator`). It names neither `daemon` nor the
+//!   shells; the daemon starts it.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
 //!   a dispatcher and its outbox worker over the `mailbox::Outlet` that `mailbox::open` gave
 //!   (no arm per kind of mailbox); stop, abort and reload from its caller
@@ -109,4 +114,5 @@ pub mod protocol;
 pub mod runner;
 pub mod service;
 pub mod telemetry;
+pub mod ui;
 pub mod wizard;

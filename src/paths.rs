@@ -4,6 +4,8 @@
 //! STATE/journal.sqlite3           the task journal (and its -wal, -shm)
 //! STATE/bridge.lock               held by the running bridge
 //! STATE/control.sock              the running bridge's owner-only control socket
+//! STATE/ui-token                  the live view's access token (0600), and
+//! STATE/ui-address                the address it listens on (`aamp-bridge ui` reads both)
 //! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark
 //!                                   (jmap-email-state, asmtp-watermark, amp-position),
 //!                                   the ASMTP thread map (asmtp-threads), the questions
@@ -38,6 +40,14 @@ impl StateDir {
 
     pub fn control_socket(&self) -> PathBuf {
         self.0.join("control.sock")
+    }
+
+    pub fn ui_token(&self) -> PathBuf {
+        self.0.join("ui-token")
+    }
+
+    pub fn ui_address(&self) -> PathBuf {
+        self.0.join("ui-address")
     }
 
     /// The folder of one agent.

@@ -42,6 +42,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "backoff",
         ],
     ),
+    (
+        "ui",
+        &[
+            "dispatch", "mailbox", "runner", "backend", "inbound", "config", "protocol", "error",
+            "events", "fsio", "paths", "backoff",
+        ],
+    ),
 ];
 
 /// A module's path from the crate root (`["mailbox", "aamp"]`); the root is empty.

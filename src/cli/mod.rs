@@ -119,6 +119,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The live view's address with its access token (the bridge serves it when the config
+    /// has `[ui] listen = "127.0.0.1:PORT"`): agents, queues and tasks as they stream,
+    /// questions answered and tasks cancelled from the page.
+    Ui {
+        /// Open it in the browser (xdg-open, or open on macOS) as well.
+        #[arg(long)]
+        open: bool,
+    },
     /// What each agent is doing: its mailbox link, queue, running tasks and unsent answers
     /// (read from the state directory; works whether the bridge runs or not).
     Status {
@@ -383,6 +391,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Inspect { file, json } => setup::inspect(&file, json),
         Command::Policy { action } => policy::policy(&LoadedConfig::load(&config_path)?, action),
+        Command::Ui { open } => ui(&LoadedConfig::load(&config_path)?, open),
         Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json).await,
         Command::Reload { json } => status::reload(&LoadedConfig::load(&config_path)?, json),
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
@@ -502,4 +511,36 @@ pub fn completion_fixes(shell: clap_complete::Shell, script: &str) -> String {
         }
         _ => script.to_string(),
     }
+}
+
+/// `aamp-bridge ui`: prints the live view's link (with its token), and opens it if asked.
+/// Exit 1 when the config has no `[ui]` or no bridge serves it now.
+fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
+    if config.config.ui.is_none() {
+        eprintln!(
+            "no live view: add to {}\n\n[ui]\nlisten = \"127.0.0.1:8765\"\n\nand restart the bridge (aamp-bridge reload does not start it)",
+            config.path.display()
+        );
+        return Ok(1);
+    }
+    let serving = crate::fsio::StateLock::holder(&config.state_dir).is_some();
+    let Some(link) = serving.then(|| crate::ui::address(config)).flatten() else {
+        eprintln!(
+            "the bridge on {} does not serve its live view now: start it (aamp-bridge start), and see its log if it still does not",
+            config.state_dir.display()
+        );
+        return Ok(1);
+    };
+    println!("{link}");
+    if open {
+        let opener = if cfg!(target_os = "macos") {
+            "open"
+        } else {
+            "xdg-open"
+        };
+        if let Err(e) = std::process::Command::new(opener).arg(&link).status() {
+            eprintln!("could not run {opener}: {e}; open the link above yourself");
+        }
+    }
+    Ok(0)
 }

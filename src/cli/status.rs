@@ -14,78 +14,12 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         .exists()
         .then(|| crate::dispatch::Journal::open(&journal_path))
         .transpose()?;
-    let counts = match &journal {
-        Some(j) => j.counts()?,
-        None => Vec::new(),
-    };
-    let now = std::time::SystemTime::now();
-    let mut agents = Vec::new();
-    let mut links = Vec::new();
-    for agent in &config.config.agents {
-        let mailbox = agent.mailbox_name().to_string();
-        let email = config.mailbox_address(&mailbox).unwrap_or_default();
-        let link = crate::mailbox::link::read(&config.state().link(&agent.name));
-        let count = |state: &str| {
-            counts
-                .iter()
-                .find(|(a, s, _)| *a == agent.name && s == state)
-                .map_or(0, |(_, _, n)| *n)
-        };
-        let running_tasks = match &journal {
-            Some(j) => j
-                .tasks(Some(&agent.name), Some(crate::dispatch::TaskState::Running), 100)?
-                .into_iter()
-                .chain(j.tasks(Some(&agent.name), Some(crate::dispatch::TaskState::HelpNeeded), 100)?)
-                .map(|t| {
-                    let age = now
-                        .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(t.updated_at_ms.max(0) as u64))
-                        .unwrap_or_default();
-                    serde_json::json!({"taskId": t.task_id, "state": t.state, "from": t.sender, "ageSecs": age.as_secs()})
-                })
-                .collect::<Vec<_>>(),
-            None => Vec::new(),
-        };
-        // Tasks set aside because the server refused their claims, and the latest reason.
-        let parked_reason = match &journal {
-            Some(j) => j
-                .tasks(
-                    Some(&agent.name),
-                    Some(crate::dispatch::TaskState::Parked),
-                    1,
-                )?
-                .into_iter()
-                .next()
-                .and_then(|t| t.reason),
-            None => None,
-        };
-        let slots = live.as_ref().and_then(|l| {
-            l["agents"]
-                .as_array()?
-                .iter()
-                .find(|a| a["agent"] == agent.name.as_str())
-                .cloned()
-        });
-        let replicas = replicas(config, &mailbox).await;
-        // The agent's login, read as the agent reads it (a stuck agent is often one with none).
-        let login = crate::runner::Profile::find(
-            &config.profile_ref(&agent.profile),
-            &config.profile_dirs(),
-        )
-        .ok()
-        .and_then(|p| crate::runner::login::check(&p));
-        links.push(link.clone());
-        agents.push(serde_json::json!({
-            "replica": replicas.as_ref().map(|(me, _)| me.clone()),
-            "replicas": replicas.as_ref().map(|(_, seen)| seen.clone()),
-            "agent": agent.name, "mailbox": email, "link": link,
-            "reading": link.as_ref().and_then(|l| l.reading()),
-            "undelivered": count("undelivered"),
-            "queued": count("received") + count("acked"), "running": running_tasks,
-            "unsent": count("unsent"), "slots": slots,
-            "parked": count("parked"), "parkedReason": parked_reason,
-            "login": login,
-        }));
-    }
+    let (agents, links): (Vec<_>, Vec<_>) =
+        crate::ui::snapshot::agents(config, journal.as_ref(), live.as_ref(), true)
+            .await?
+            .into_iter()
+            .map(|a| (a.json, a.link))
+            .unzip();
     if json {
         println!(
             "{}",
@@ -210,34 +144,6 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         }
     }
     Ok(0)
-}
-
-/// For a mailbox served by several bridges: this one's name and, read from the server, the
-/// claims each replica holds (`{"NAME": {"held": N, "expired": M}}`, null when the server
-/// could not be read). `None` for a mailbox of one bridge.
-async fn replicas(
-    config: &LoadedConfig,
-    mailbox: &str,
-) -> Option<(String, Option<serde_json::Value>)> {
-    let account = config.account(mailbox).ok()?;
-    let me = account.replica.as_ref()?.name.clone();
-    let mut reader = crate::mailbox::Reader::new(account).ok()?;
-    let seen = match tokio::time::timeout(Duration::from_secs(10), async {
-        reader.connect().await?;
-        reader.replicas().await
-    })
-    .await
-    {
-        Ok(Ok(map)) => Some(serde_json::Value::Object(
-            map.into_iter()
-                .map(|(name, (held, expired))| {
-                    (name, serde_json::json!({"held": held, "expired": expired}))
-                })
-                .collect(),
-        )),
-        _ => None,
-    };
-    Some((me, seen))
 }
 
 /// `aamp-bridge reload`: the running bridge reads its config, profiles and credentials again

@@ -54,18 +54,13 @@ pub(super) fn tasks(
 
 pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::Result<i32> {
     let journal = open_journal(config)?;
-    let found = journal.find_tasks(id)?;
-    if found.is_empty() {
+    let shown = crate::ui::snapshot::task_details(&journal, id)?;
+    if shown.is_empty() {
         eprintln!(
             "no task {id:?} in {} (aamp-bridge tasks lists them)",
             journal.path().display()
         );
         return Ok(1);
-    }
-    let mut shown = Vec::new();
-    for task in found {
-        let steps = journal.timeline(task.id)?;
-        shown.push(serde_json::json!({"task": task, "timeline": steps}));
     }
     if json {
         println!(

@@ -116,6 +116,15 @@ impl LoadedConfig {
     }
 
     fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        if let Some(ui) = &self.config.ui {
+            if !ui.listen.ip().is_loopback() && !ui.allow_remote {
+                return Err(self.error(
+                    "ui.listen",
+                    format!("{} is not a loopback address; the live view answers questions and cancels tasks", ui.listen),
+                    "listen on 127.0.0.1 (reach it over an SSH tunnel), or set allow_remote = true to mean it",
+                ));
+            }
+        }
         let mut names = BTreeSet::new();
         for (i, agent) in self.config.agents.iter().enumerate() {
             let key = format!("agents[{i}]");

@@ -31,6 +31,28 @@ pub struct Config {
     pub mailboxes: BTreeMap<String, MailboxConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agents: Vec<AgentConfig>,
+    /// The live view in the browser (`aamp-bridge ui`): served by `start` only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ui: Option<UiConfig>,
+}
+
+/// `[ui]`: where the live view listens, and who may reach it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UiConfig {
+    /// `IP:PORT`; a loopback address unless `allow_remote` says otherwise. Port 0 picks a
+    /// free one (`aamp-bridge ui` reads which).
+    pub listen: std::net::SocketAddr,
+    /// Listen on an address other machines can reach. Off by default: the page can answer
+    /// questions and cancel tasks, so it is for this machine (or an SSH tunnel) unless the
+    /// config says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_remote: bool,
+    /// `Host` header values accepted besides the listen address (and `localhost:PORT` on a
+    /// loopback address), e.g. the name a remote browser uses. Any other `Host` is refused
+    /// (no DNS rebinding).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

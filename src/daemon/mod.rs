@@ -166,9 +166,17 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
                 "agents": agents,
             })
         };
+        let live: Arc<dyn Fn() -> serde_json::Value + Send + Sync> = Arc::new(live);
+        serve_ui(&config, &journal, &live, &dispatchers, &services, &stop);
         match control_socket(&config.state().control_socket()) {
             Ok(listener) => {
-                services.spawn(serve_control(listener, live, reload_tx, stop.clone()));
+                let live = live.clone();
+                services.spawn(serve_control(
+                    listener,
+                    move || live(),
+                    reload_tx,
+                    stop.clone(),
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no control socket: `aamp-bridge status` reads the state files instead")
@@ -239,6 +247,37 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     events.emit(crate::events::Event::BridgeStopped, json!({}));
     crate::events::flush(Duration::from_secs(2));
     Ok(())
+}
+
+/// The live view (`[ui]` in the config): served on `services` until `stop`, with the
+/// dispatchers as its operator. A page that cannot be served is logged; the bridge runs on.
+fn serve_ui(
+    config: &LoadedConfig,
+    journal: &Arc<Journal>,
+    live: &Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+    dispatchers: &[Dispatcher<Outlet>],
+    services: &TaskTracker,
+    stop: &CancellationToken,
+) {
+    let server = match crate::ui::bind(config) {
+        None => return,
+        Some(Ok(server)) => server,
+        Some(Err(e)) => {
+            tracing::error!("{e}; the bridge runs without its live view");
+            return;
+        }
+    };
+    let context = crate::ui::Context {
+        config: config.clone(),
+        journal: journal.clone(),
+        live: live.clone(),
+        operator: Arc::new(dispatchers.to_vec()),
+    };
+    services.spawn(
+        server
+            .serve(Arc::new(context), services.clone(), stop.clone())
+            .instrument(tracing::info_span!("ui")),
+    );
 }
 
 /// Picks up what the journal holds for one agent from the bridge's last life.

@@ -270,7 +270,7 @@ impl<O: Backend> Dispatcher<O> {
                 TaskState::Cancelled,
                 Status::Rejected,
                 String::new(),
-                Some("cancelled by the dispatcher".to_string()),
+                Some(self.cancelled_by(&task).to_string()),
             ),
             Err(e) => {
                 if let RunError::Failed { stderr, .. } = &e {
@@ -888,6 +888,7 @@ impl<O: Backend> Dispatcher<O> {
     /// answer channel until a reply comes.
     async fn ask_dispatcher(&self, task: &Task, question: runner::Question) {
         let inner = &self.inner;
+        let text = question.text.clone();
         let help = HelpNeeded {
             question: question.text,
             blocked_reason: question.reason,
@@ -908,9 +909,10 @@ impl<O: Backend> Dispatcher<O> {
                     "asked the dispatcher",
                     Some(&mail.mail.message_id),
                 );
-                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "options": question.options, "messageId": mail.mail.message_id}));
+                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "from": task.env.from, "question": text, "options": question.options, "messageId": mail.mail.message_id}));
                 let pending = PendingQuestion {
                     help_message_id: mail.mail.message_id.clone(),
+                    text,
                     options: question.options,
                     answer: question.answer,
                     task_row: task.row,

@@ -10,6 +10,7 @@ pub mod admission;
 mod compose;
 pub mod journal;
 mod lifecycle;
+pub mod operator;
 mod outbox;
 mod pairing;
 pub mod prompt;
@@ -182,6 +183,8 @@ struct Inner<O> {
     session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Questions mailed to dispatchers (`task.help_needed`), by task, awaiting an answer.
     questions: Mutex<HashMap<String, PendingQuestion>>,
+    /// Tasks the operator cancelled from the live view, by task key: answered so.
+    cancelled_by_operator: Mutex<std::collections::HashSet<String>>,
     tracker: TaskTracker,
     /// Cancelled when the bridge stops its tasks: a task stopped this way is not answered;
     /// it stays in the journal and runs again at the next start.
@@ -235,6 +238,7 @@ impl<O: Backend> Dispatcher<O> {
                 running: Mutex::new(HashMap::new()),
                 session_locks: Mutex::new(HashMap::new()),
                 questions: Mutex::new(HashMap::new()),
+                cancelled_by_operator: Mutex::default(),
                 tracker,
                 abort,
                 wake: Notify::new(),
@@ -370,7 +374,7 @@ impl<O: Backend> Dispatcher<O> {
         let choice = choose(&question.options, text).or_else(|| choose(&question.options, title));
         inner.events.emit(
             crate::events::Event::TaskAnswered,
-            json!({"agent": self.spec().name, "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
+            json!({"agent": self.spec().name, "taskId": waiting.split_once('\n').map(|(_, t)| t), "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
         );
         if choice.is_none() {
             tracing::info!(

@@ -4,6 +4,8 @@
 pub(super) struct PendingQuestion {
     /// The Message-ID of the help_needed mail, which a reply may name in In-Reply-To.
     pub help_message_id: String,
+    /// The question as the agent put it (the live view shows it).
+    pub text: String,
     pub options: Vec<String>,
     pub answer: tokio::sync::oneshot::Sender<crate::runner::Answer>,
     /// The journal row of the task that asked.

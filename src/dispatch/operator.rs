@@ -1,0 +1,135 @@
+//! What the operator does from the live view, on the paths mail takes: answering an agent's
+//! question (as a reply to the `task.help_needed` mail would: recorded in the journal, answered
+//! once) and cancelling a queued or running task (as `task.cancel` does, answered "cancelled by
+//! the operator").
+
+use super::*;
+
+/// Why the operator's action was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("no question of task {task_id:?} from {from} is waiting (answered already, or the task ended)")]
+    NoQuestion { from: String, task_id: String },
+    #[error("task {task_id:?} from {from} is neither queued nor running")]
+    NotActive { from: String, task_id: String },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// A question an agent asked and its dispatcher has not answered yet.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenQuestion {
+    pub agent: String,
+    pub from: String,
+    pub task_id: String,
+    pub question: String,
+    pub options: Vec<String>,
+}
+
+/// What a cancelled task's answer says stopped it.
+const BY_DISPATCHER: &str = "cancelled by the dispatcher";
+const BY_OPERATOR: &str = "cancelled by the operator";
+
+impl<O: Backend> Dispatcher<O> {
+    /// The questions waiting for an answer.
+    pub fn open_questions(&self) -> Vec<OpenQuestion> {
+        let agent = self.spec().name.clone();
+        let pending = self.inner.questions.lock().expect("questions lock");
+        pending
+            .iter()
+            .map(|(key, q)| {
+                let (from, task_id) = key.split_once('\n').unwrap_or(("", key));
+                OpenQuestion {
+                    agent: agent.clone(),
+                    from: from.to_string(),
+                    task_id: task_id.to_string(),
+                    question: q.text.clone(),
+                    options: q.options.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Answers the question task `task_id` of `from` waits on with `answer` (an option's name
+    /// or number, or free text), as a reply by mail would: recorded in the journal, noted on the
+    /// task's timeline, and handed to the agent once. A second answer finds no question.
+    pub fn operator_answer(
+        &self,
+        from: &str,
+        task_id: &str,
+        answer: &str,
+    ) -> Result<(), OperatorError> {
+        let spec = self.spec();
+        let waiting = task_key(from, task_id);
+        let row = self
+            .inner
+            .questions
+            .lock()
+            .expect("questions lock")
+            .get(&waiting)
+            .map(|q| q.task_row);
+        let Some(row) = row else {
+            return Err(OperatorError::NoQuestion {
+                from: from.to_string(),
+                task_id: task_id.to_string(),
+            });
+        };
+        let key = format!("operator|{}", uuid::Uuid::new_v4());
+        self.inner.journal.record(
+            &journal::NewTask {
+                agent: &spec.name,
+                message_key: &key,
+                sender: "operator",
+                task_id,
+                session_key: None,
+                state: TaskState::Answered,
+                admitted: false,
+                mail: &json!({"operator": {"answer": answer, "question": row}}).to_string(),
+                reason: Some("an answer to a question, from the live view"),
+            },
+            None,
+        )?;
+        self.note(row, "answered by the operator", Some(answer));
+        tracing::info!(row, "the operator answers the agent's question");
+        self.answer_question(&waiting, task_id, answer, "");
+        Ok(())
+    }
+
+    /// Stops the queued or running task `task_id` of `from`, as its dispatcher's `task.cancel`
+    /// would; its answer says the operator cancelled it.
+    pub fn operator_cancel(&self, from: &str, task_id: &str) -> Result<(), OperatorError> {
+        let key = task_key(from, task_id);
+        let running = self.inner.running.lock().expect("running lock");
+        let Some(cancel) = running.get(&key) else {
+            return Err(OperatorError::NotActive {
+                from: from.to_string(),
+                task_id: task_id.to_string(),
+            });
+        };
+        self.inner
+            .cancelled_by_operator
+            .lock()
+            .expect("cancelled lock")
+            .insert(key);
+        tracing::info!(%from, %task_id, "the operator cancels the task");
+        cancel.cancel();
+        Ok(())
+    }
+
+    /// Who cancelled `task`, for its answer (and forgets it).
+    pub(super) fn cancelled_by(&self, task: &Task) -> &'static str {
+        let key = task_key(&task.env.from, &task.env.task_id);
+        let mut by_operator = self
+            .inner
+            .cancelled_by_operator
+            .lock()
+            .expect("cancelled lock");
+        if by_operator.remove(&key) {
+            self.note(task.row, BY_OPERATOR, Some("from the live view"));
+            BY_OPERATOR
+        } else {
+            BY_DISPATCHER
+        }
+    }
+}

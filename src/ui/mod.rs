@@ -1,0 +1,173 @@
+//! The live view: a page in the browser, served by `aamp-bridge start` when the config has a
+//! `[ui]` table, showing each agent, its queue and its tasks as they stream, where the
+//! operator answers an agent's question and cancels a task.
+//!
+//! - [`server`]: the HTTP server (hyper, HTTP/1.1), its routes and its refusals;
+//! - [`auth`]: the access token, the cookie, the `Host`, `Origin` and CSRF checks;
+//! - [`feed`]: one Server-Sent Events stream per open page: a snapshot, then every event
+//!   line `start --json` prints (from [`crate::events::tap`]), a fresh snapshot when the page
+//!   fell behind;
+//! - [`snapshot`]: the read model, shared with `status`, `tasks` and `task show`;
+//! - `page/`: the static page, script and style, built into the binary.
+//!
+//! Actions go through [`Operator`], which the daemon gives as its dispatchers: the same paths
+//! a mail answer and a `task.cancel` take.
+
+pub mod auth;
+mod feed;
+mod server;
+pub mod snapshot;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::backend::Backend;
+use crate::config::{LoadedConfig, UiConfig};
+use crate::dispatch::operator::{OpenQuestion, OperatorError};
+use crate::dispatch::{Dispatcher, Journal};
+
+pub use server::Server;
+
+/// Why the page could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    #[error("the live view cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the live view's access token: {0}")]
+    Token(#[from] auth::TokenError),
+    #[error("{path}: {source}")]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why an action from the page was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("no agent {0:?} runs in this bridge")]
+    NoAgent(String),
+    #[error(transparent)]
+    Refused(#[from] OperatorError),
+}
+
+/// What the page may do, on the paths mail takes (the daemon's dispatchers).
+pub trait Operator: Send + Sync + 'static {
+    fn questions(&self) -> Vec<OpenQuestion>;
+    fn answer(
+        &self,
+        agent: &str,
+        from: &str,
+        task_id: &str,
+        answer: &str,
+    ) -> Result<(), ActionError>;
+    fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError>;
+}
+
+impl<O: Backend> Operator for Vec<Dispatcher<O>> {
+    fn questions(&self) -> Vec<OpenQuestion> {
+        self.iter().flat_map(|d| d.open_questions()).collect()
+    }
+
+    fn answer(
+        &self,
+        agent: &str,
+        from: &str,
+        task_id: &str,
+        answer: &str,
+    ) -> Result<(), ActionError> {
+        let dispatcher = self
+            .iter()
+            .find(|d| d.name() == agent)
+            .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
+        Ok(dispatcher.operator_answer(from, task_id, answer)?)
+    }
+
+    fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError> {
+        let dispatcher = self
+            .iter()
+            .find(|d| d.name() == agent)
+            .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
+        Ok(dispatcher.operator_cancel(from, task_id)?)
+    }
+}
+
+/// The running bridge as the page sees it.
+pub struct Context {
+    pub config: LoadedConfig,
+    pub journal: Arc<Journal>,
+    /// The daemon's live figures (pid, uptime, slots), as its control socket answers.
+    pub live: Arc<dyn Fn() -> Value + Send + Sync>,
+    pub operator: Arc<dyn Operator>,
+}
+
+impl Context {
+    /// Everything the page shows, at once. Each agent gets its mailbox's back-end, its
+    /// profile, and its tasks today by state besides what `status --json` prints.
+    async fn snapshot(&self) -> Value {
+        let live = (self.live)();
+        let mut agents =
+            match snapshot::agents(&self.config, Some(&self.journal), Some(&live), false).await {
+                Ok(agents) => agents.into_iter().map(|a| a.json).collect::<Vec<_>>(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the live view could not read the journal");
+                    Vec::new()
+                }
+            };
+        let mut tasks = Vec::new();
+        let mut active = Vec::new();
+        for (json, agent) in agents.iter_mut().zip(&self.config.config.agents) {
+            let backend = self
+                .config
+                .config
+                .mailboxes
+                .get(agent.mailbox_name())
+                .map(|m| serde_json::to_value(m.kind).unwrap_or_default());
+            json["backend"] = backend.unwrap_or_default();
+            json["profile"] = Value::from(agent.profile.clone());
+            match self
+                .journal
+                .tasks(Some(&agent.name), None, snapshot::RECENT_TASKS)
+            {
+                Ok(rows) => tasks.extend(rows),
+                Err(e) => tracing::warn!(error = %e, "the live view could not read the tasks"),
+            }
+            match snapshot::active_tasks(&self.journal, &agent.name) {
+                Ok(rows) => active.extend(rows),
+                Err(e) => tracing::warn!(error = %e, "the live view could not read the queue"),
+            }
+        }
+        serde_json::json!({
+            "bridge": live,
+            "nowMs": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            "agents": agents,
+            "tasks": tasks,
+            "active": active,
+            "questions": self.operator.questions(),
+        })
+    }
+}
+
+/// Where the page of the bridge on this state folder is, for `aamp-bridge ui`: its address
+/// with the token, when the bridge serves one.
+pub fn address(config: &LoadedConfig) -> Option<String> {
+    let state = config.state();
+    let addr = std::fs::read_to_string(state.ui_address()).ok()?;
+    let token = auth::read_token(&state.ui_token())?;
+    Some(format!("http://{}/?token={token}", addr.trim()))
+}
+
+/// Binds the page's address and makes its token: `None` when the config has no `[ui]`.
+pub fn bind(config: &LoadedConfig) -> Option<Result<Server, UiError>> {
+    let ui: &UiConfig = config.config.ui.as_ref()?;
+    Some(Server::bind(ui, &config.state()))
+}
