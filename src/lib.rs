@@ -57,8 +57,11 @@
 //!   claims on dispatches when several bridges serve one mailbox in `aamp::claims`),
 //!   `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up, reply envelopes with client
 //!   ids) and
-//!   `mailbox::amp` (an AMP broker, polled; answers as replies in the thread); both mark the
-//!   bridge's answers in their own metadata so an answer never starts a task. Shared by all:
+//!   `mailbox::amp` (an AMP broker, polled; answers as replies in the thread) and
+//!   `mailbox::samp` (an Agent Mailbox server over MCP: its own small JSON-RPC client in
+//!   `samp::rpc`, tool arguments mapped from the schemas the server lists in `samp::tools`,
+//!   messages journaled before they are acked, sends paced to the server's rate); each marks
+//!   the bridge's answers in its own metadata so an answer never starts a task. Shared by all:
 //!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
 //!   mailbox's link state, refused keys and retries), HTTP clients, errors, the link state a
 //!   status command reads, and the questions an agent posted where replies link by the
