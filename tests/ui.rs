@@ -600,6 +600,11 @@ async fn the_live_view_streams_tasks_answers_questions_cancels_and_refuses_stran
     let (status, output, why) = result_of(&result);
     assert_eq!(status, Status::Completed, "{why}");
     assert!(output.contains("Edited."), "the agent went on: {output}");
+    // The dispatcher is told who answered the question it was asked (issue 35).
+    assert!(
+        output.contains("was answered on this machine by its operator: \"Allow"),
+        "the answer says who answered: {output}"
+    );
     // Answered once: a second answer finds no question.
     let again: Value = browser
         .execute(

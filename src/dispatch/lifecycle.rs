@@ -253,7 +253,7 @@ impl<O: Backend> Dispatcher<O> {
         }
         let mut structured = None;
         let mut files = Vec::new();
-        let (state, status, output, error) = match outcome {
+        let (state, status, mut output, mut error) = match outcome {
             Ok(answer) => {
                 let mut text = answer.output;
                 if answer.truncated {
@@ -290,6 +290,12 @@ impl<O: Backend> Dispatcher<O> {
                 )
             }
         };
+        if let Some(said) = self.operator_answers(&task) {
+            match &mut error {
+                Some(why) => why.push_str(&format!(" {said}")),
+                None => output.push_str(&format!("\n\n{said}")),
+            }
+        }
         self.note(
             task.row,
             &format!("finished: {}", state.as_str()),

@@ -185,6 +185,9 @@ struct Inner<O> {
     questions: Mutex<HashMap<String, PendingQuestion>>,
     /// Tasks the operator cancelled from the live view, by task key: answered so.
     cancelled_by_operator: Mutex<std::collections::HashSet<String>>,
+    /// Questions the operator answered from the live view, by task key: the task's answer
+    /// tells its dispatcher who answered what.
+    answered_by_operator: Mutex<HashMap<String, Vec<String>>>,
     tracker: TaskTracker,
     /// Cancelled when the bridge stops its tasks: a task stopped this way is not answered;
     /// it stays in the journal and runs again at the next start.
@@ -239,6 +242,7 @@ impl<O: Backend> Dispatcher<O> {
                 session_locks: Mutex::new(HashMap::new()),
                 questions: Mutex::new(HashMap::new()),
                 cancelled_by_operator: Mutex::default(),
+                answered_by_operator: Mutex::default(),
                 tracker,
                 abort,
                 wake: Notify::new(),

@@ -62,14 +62,14 @@ impl<O: Backend> Dispatcher<O> {
     ) -> Result<(), OperatorError> {
         let spec = self.spec();
         let waiting = task_key(from, task_id);
-        let row = self
+        let asked = self
             .inner
             .questions
             .lock()
             .expect("questions lock")
             .get(&waiting)
-            .map(|q| q.task_row);
-        let Some(row) = row else {
+            .map(|q| (q.task_row, q.text.clone()));
+        let Some((row, question)) = asked else {
             return Err(OperatorError::NoQuestion {
                 from: from.to_string(),
                 task_id: task_id.to_string(),
@@ -92,8 +92,32 @@ impl<O: Backend> Dispatcher<O> {
         )?;
         self.note(row, "answered by the operator", Some(answer));
         tracing::info!(row, "the operator answers the agent's question");
+        // The dispatcher asked nothing and answered nothing: its answer says who did.
+        let question: String = question.chars().take(200).collect();
+        self.inner
+            .answered_by_operator
+            .lock()
+            .expect("answered lock")
+            .entry(waiting.clone())
+            .or_default()
+            .push(format!(
+                "the question {question:?} was answered on this machine by its operator: {answer:?}"
+            ));
         self.answer_question(&waiting, task_id, answer, "");
         Ok(())
+    }
+
+    /// What the operator answered for `task` from the live view, for its answer (and forgets
+    /// it): `None` when nobody did.
+    pub(super) fn operator_answers(&self, task: &Task) -> Option<String> {
+        let key = task_key(&task.env.from, &task.env.task_id);
+        let said = self
+            .inner
+            .answered_by_operator
+            .lock()
+            .expect("answered lock")
+            .remove(&key)?;
+        Some(format!("(aamp-bridge: {})", said.join("; ")))
     }
 
     /// Stops the queued or running task `task_id` of `from`, as its dispatcher's `task.cancel`
