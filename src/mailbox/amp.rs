@@ -69,8 +69,7 @@ pub struct InboxPage {
 #[derive(Default)]
 struct Recent {
     subjects: VecDeque<(String, String)>,
-    attempted: HashSet<String>,
-    attempted_order: VecDeque<String>,
+    attempted: super::RecentIds,
     /// Questions the agent posted (`task.help_needed`), by their broker id, so that a reply
     /// to one (its `parent_id`) is taken as the answer, never as a task.
     questions: super::Questions,
@@ -98,16 +97,7 @@ impl Recent {
 
     /// Notes an attempt to post `message_id`; false when it was tried before.
     fn first_attempt(&mut self, message_id: &str) -> bool {
-        if !self.attempted.insert(message_id.to_string()) {
-            return false;
-        }
-        self.attempted_order.push_back(message_id.to_string());
-        if self.attempted_order.len() > RECENT {
-            if let Some(old) = self.attempted_order.pop_front() {
-                self.attempted.remove(&old);
-            }
-        }
-        true
+        self.attempted.first(message_id, RECENT)
     }
 }
 

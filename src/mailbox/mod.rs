@@ -26,6 +26,30 @@ pub use error::{MailboxError, OpenError};
 use crate::config::{Account, PushTransport};
 use crate::error::Classify;
 pub use crate::inbound::{Attachment, Inbound, Mail, Reply};
+
+/// Ids seen lately, at most `cap` of them (the oldest forgotten first): the answers a
+/// back-end without idempotency keys tried to post, so a retry reads its thread first.
+#[derive(Debug, Default)]
+pub(crate) struct RecentIds {
+    set: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl RecentIds {
+    /// Notes `id`; false when it was noted before (and is still kept).
+    pub(crate) fn first(&mut self, id: &str, cap: usize) -> bool {
+        if !self.set.insert(id.to_string()) {
+            return false;
+        }
+        self.order.push_back(id.to_string());
+        if self.order.len() > cap {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
 use crate::protocol::{self, AampMessage};
 
 /// One read of an ASMTP or AMP mailbox, as `doctor` and `init` check one.

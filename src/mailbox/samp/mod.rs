@@ -29,7 +29,7 @@
 mod rpc;
 pub mod tools;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -168,8 +168,7 @@ struct Ready {
 #[derive(Default)]
 struct Recent {
     read: VecDeque<(String, String, String)>,
-    attempted: HashSet<String>,
-    attempted_order: VecDeque<String>,
+    attempted: super::RecentIds,
     questions: super::Questions,
 }
 
@@ -197,16 +196,7 @@ impl Recent {
     }
 
     fn first_attempt(&mut self, message_id: &str) -> bool {
-        if !self.attempted.insert(message_id.to_string()) {
-            return false;
-        }
-        self.attempted_order.push_back(message_id.to_string());
-        if self.attempted_order.len() > RECENT {
-            if let Some(old) = self.attempted_order.pop_front() {
-                self.attempted.remove(&old);
-            }
-        }
-        true
+        self.attempted.first(message_id, RECENT)
     }
 }
 
