@@ -607,7 +607,6 @@ async fn set_up_mailbox(
     progress: &dyn Progress,
     secrets: &mut Vec<(PathBuf, Vec<u8>)>,
 ) -> anyhow::Result<(String, &'static str)> {
-    let name = mailbox_name;
     let mailbox = mailbox_config(
         mailbox_name,
         answers,
@@ -625,7 +624,7 @@ async fn set_up_mailbox(
     // Register now, unless a credentials file from an earlier run is there.
     if let Some(registration) = view(path, config).registration(mailbox_name) {
         progress.step(&format!(
-            "registering a mailbox for {name} with {}",
+            "registering a mailbox for {mailbox_name} with {}",
             registration.aamp_url
         ));
         let credentials = crate::mailbox::helper::register(&registration)
@@ -638,7 +637,7 @@ async fn set_up_mailbox(
     } else if how == "registered" {
         how = "reused";
     }
-    progress.step(&format!("testing {name}'s mailbox"));
+    progress.step(&format!("testing {mailbox_name}'s mailbox"));
     let email = test_mailbox(&view(path, config), mailbox_name)
         .await
         .with_context(|| format!("{owner}: the mailbox does not work yet"))?;
@@ -647,7 +646,7 @@ async fn set_up_mailbox(
         MailboxAnswers::Amp { .. } => "its AMP broker",
         _ => "JMAP and SMTP",
     };
-    progress.done(&format!("{name}: {email} answers {over}"));
+    progress.done(&format!("{mailbox_name}: {email} answers {over}"));
     let entry = config
         .mailboxes
         .get_mut(mailbox_name)

@@ -507,26 +507,11 @@ const TRUST: &str =
 const LEAVE: &str = "Leave (nothing is written)";
 
 /// The same answers with the mailbox's TLS certificates accepted unverified.
-fn trusted(mailbox: MailboxAnswers) -> MailboxAnswers {
-    match mailbox {
-        MailboxAnswers::Existing {
-            email,
-            login,
-            password,
-            password_file,
-            mut servers,
-        } => {
-            servers.insecure_tls = true;
-            MailboxAnswers::Existing {
-                email,
-                login,
-                password,
-                password_file,
-                servers,
-            }
-        }
-        other => other,
+fn trusted(mut mailbox: MailboxAnswers) -> MailboxAnswers {
+    if let MailboxAnswers::Existing { servers, .. } = &mut mailbox {
+        servers.insecure_tls = true;
     }
+    mailbox
 }
 
 /// ` (JMAP …, SMTP host:port security)` for the summary.
