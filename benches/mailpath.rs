@@ -297,8 +297,8 @@ fn main() {
         // (the profile goes to target/bench/perf.data).
         let bridge = Bridge::start(&config_path);
         bridge.wait(|e| e["event"] == "agent.ready");
-        let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
-        let mut mailbox = aamp_bridge::mailbox::Reader::new(account(&boss)).unwrap();
+        let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(&boss)).unwrap();
+        let mut mailbox = aamp_bridge::mailbox::aamp::Reader::new(account(&boss)).unwrap();
         rt.block_on(mailbox.connect()).unwrap();
         let perf = std::env::var_os("AAMP_BENCH_PERF").map(|_| {
             let _ = std::fs::create_dir_all(repo().join("target/bench"));
@@ -340,7 +340,7 @@ fn main() {
         return;
     }
     if std::env::var("AAMP_BENCH_ONLY").as_deref() == Ok("stream") {
-        let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
+        let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(&boss)).unwrap();
         println!("{}", stream_ingest(&rt, &sender, &boss));
         return;
     }
@@ -349,7 +349,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(1));
     let idle_rss = rss_mib(bridge.pid());
     let idle_private = private_mib(bridge.pid());
-    let sender = aamp_bridge::mailbox::Sender::new(&account(&boss)).unwrap();
+    let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(&boss)).unwrap();
 
     // 1. Sequential: the bridge's reaction, received → ack sent, received → result sent.
     let (mut to_ack, mut to_result, mut to_read) = (Vec::new(), Vec::new(), Vec::new());
@@ -387,7 +387,7 @@ fn main() {
 
     // 2. End to end, as the dispatcher sees it; 3. a burst of 100, from the first dispatch
     // sent to the last result seen by the dispatcher.
-    let mut mailbox = aamp_bridge::mailbox::Reader::new(account(&boss)).unwrap();
+    let mut mailbox = aamp_bridge::mailbox::aamp::Reader::new(account(&boss)).unwrap();
     rt.block_on(mailbox.connect()).unwrap();
     let e2e = end_to_end(&rt, &sender, &mailbox, &boss, &agent, 20.min(tasks));
     let burst = 100;
@@ -528,7 +528,7 @@ fn main() {
             b.wait(|e| e["event"] == "agent.ready");
         }
         let mut state =
-            aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+            aamp_bridge::mailbox::aamp::Position::at(rt.block_on(mailbox.current_state()).unwrap());
         let mut ids = std::collections::HashSet::new();
         for n in 0..300 {
             let msg = dispatch(&boss, &agents[n % 10], 500_000 + n);
@@ -656,7 +656,7 @@ fn main() {
 /// streamed to the AAMP test service; what reached the service, in what order, how fast.
 fn stream_ingest(
     rt: &tokio::runtime::Runtime,
-    sender: &aamp_bridge::mailbox::Sender,
+    sender: &aamp_bridge::mailbox::aamp::Sender,
     boss: &str,
 ) -> Value {
     let deltas = 20_000;
@@ -766,8 +766,8 @@ fn stream_ingest(
 /// dispatcher (polling its mailbox every 20 ms).
 fn end_to_end(
     rt: &tokio::runtime::Runtime,
-    sender: &aamp_bridge::mailbox::Sender,
-    mailbox: &aamp_bridge::mailbox::Reader,
+    sender: &aamp_bridge::mailbox::aamp::Sender,
+    mailbox: &aamp_bridge::mailbox::aamp::Reader,
     boss: &str,
     to: &str,
     n: usize,
@@ -775,7 +775,7 @@ fn end_to_end(
     let mut out = Vec::new();
     for i in 0..n {
         let mut state =
-            aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+            aamp_bridge::mailbox::aamp::Position::at(rt.block_on(mailbox.current_state()).unwrap());
         let msg = dispatch(boss, to, 100_000 + i);
         let id = msg.task_id().to_string();
         let started = Instant::now();
@@ -821,8 +821,8 @@ fn live_view_cost(
     let token = std::fs::read_to_string(state.join("ui-token")).unwrap();
     let port = addr.rsplit(':').next().unwrap().to_string();
     let cookie = format!("aamp_bridge_{port}={}", token.trim());
-    let sender = aamp_bridge::mailbox::Sender::new(&account(boss)).unwrap();
-    let mut mailbox = aamp_bridge::mailbox::Reader::new(account(boss)).unwrap();
+    let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(boss)).unwrap();
+    let mut mailbox = aamp_bridge::mailbox::aamp::Reader::new(account(boss)).unwrap();
     rt.block_on(mailbox.connect()).unwrap();
     let burst = 100;
     burst_run(rt, &sender, &mailbox, boss, agent, 20);

@@ -77,8 +77,8 @@ fn stop(mut child: Child) {
 
 /// Sends `n` dispatches at once and returns the seconds until every result is in.
 fn burst(rt: &tokio::runtime::Runtime, boss: &str, agent: &str, n: usize) -> f64 {
-    let sender = aamp_bridge::mailbox::Sender::new(&account(boss)).unwrap();
-    let mut reader = aamp_bridge::mailbox::Reader::new(account(boss)).unwrap();
+    let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(boss)).unwrap();
+    let mut reader = aamp_bridge::mailbox::aamp::Reader::new(account(boss)).unwrap();
     rt.block_on(reader.connect()).unwrap();
     burst_run(rt, &sender, &reader, boss, agent, n)
 }
@@ -105,7 +105,7 @@ fn claim_costs(
             let ids = ids.to_vec();
             let account = account(owner);
             handles.push(tokio::spawn(async move {
-                let mut jmap = aamp_bridge::mailbox::jmap::JmapClient::new(&account).unwrap();
+                let mut jmap = aamp_bridge::mailbox::aamp::jmap::JmapClient::new(&account).unwrap();
                 jmap.connect().await.unwrap();
                 let mut times = Vec::new();
                 let mut trips = 0;
@@ -136,8 +136,8 @@ fn claim_costs(
 
 /// `n` fresh mails in `owner`'s Inbox; their ids.
 fn fresh_mails(rt: &tokio::runtime::Runtime, from: &str, owner: &str, n: usize) -> Vec<String> {
-    let sender = aamp_bridge::mailbox::Sender::new(&account(from)).unwrap();
-    let mut jmap = aamp_bridge::mailbox::jmap::JmapClient::new(&account(owner)).unwrap();
+    let sender = aamp_bridge::mailbox::aamp::Sender::new(&account(from)).unwrap();
+    let mut jmap = aamp_bridge::mailbox::aamp::jmap::JmapClient::new(&account(owner)).unwrap();
     rt.block_on(async {
         jmap.connect().await.unwrap();
         for i in 0..n {

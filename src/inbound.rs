@@ -140,7 +140,7 @@ impl Inbound {
     }
 }
 
-/// A file attached to an inbound mail, to download with `mailbox::Sender::download`.
+/// A file attached to an inbound mail, to download with `mailbox::aamp::Sender::download`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     pub name: String,

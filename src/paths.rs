@@ -6,11 +6,11 @@
 //! STATE/control.sock              the running bridge's owner-only control socket
 //! STATE/ui-token                  the live view's access token (0600), and
 //! STATE/ui-address                the address it listens on (`aamp-bridge ui` reads both)
-//! STATE/agents/NAME/              one folder per agent: its mailbox cursor or watermark
-//!                                   (jmap-email-state, asmtp-watermark, amp-position),
-//!                                   the ASMTP thread map (asmtp-threads), the questions
-//!                                   an agent posted (asmtp-questions, amp-questions,
-//!                                   samp-questions),
+//! STATE/agents/NAME/              one folder per agent: the files its mailbox back-end
+//!                                   keeps, SYSTEM-WHAT (its read position: jmap-email-state,
+//!                                   asmtp-watermark, amp-position; the ASMTP thread map,
+//!                                   asmtp-threads; the questions an agent posted,
+//!                                   asmtp-questions, amp-questions, samp-questions),
 //! STATE/agents/NAME/link.json       the link state `status` reads,
 //! STATE/agents/NAME/tasks/          and the task workspaces
 //! ```
@@ -55,39 +55,12 @@ impl StateDir {
         self.0.join("agents").join(name)
     }
 
-    /// Where one agent's JMAP intake keeps its read position (the Email state).
-    pub fn jmap_cursor(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("jmap-email-state")
-    }
-
-    /// Where one agent's ASMTP intake keeps its read position (the watermark).
-    pub fn asmtp_watermark(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("asmtp-watermark")
-    }
-
-    /// One agent's ASMTP thread map.
-    pub fn asmtp_threads(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("asmtp-threads")
-    }
-
-    /// The questions one agent posted on ASMTP.
-    pub fn asmtp_questions(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("asmtp-questions")
-    }
-
-    /// Where one agent's AMP intake keeps its read position.
-    pub fn amp_position(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("amp-position")
-    }
-
-    /// The questions one agent posted on AMP.
-    pub fn amp_questions(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("amp-questions")
-    }
-
-    /// The questions one agent posted on SAMP.
-    pub fn samp_questions(&self, agent: &str) -> PathBuf {
-        self.agent(agent).join("samp-questions")
+    /// A file one agent's mailbox back-end keeps in the agent's folder, named `SYSTEM-WHAT`:
+    /// each back-end names its own (`jmap-email-state`, the AAMP read position;
+    /// `asmtp-watermark`, `asmtp-threads`, `asmtp-questions`; `amp-position`,
+    /// `amp-questions`; `samp-questions`), and a new one needs no line here.
+    pub fn mailbox_file(&self, agent: &str, system: &str, what: &str) -> PathBuf {
+        self.agent(agent).join(format!("{system}-{what}"))
     }
 
     /// Session ids an old bridge kept in a file, imported into the journal once.
@@ -119,11 +92,11 @@ mod tests {
         assert_eq!(dir.control_socket(), Path::new("/s/control.sock"));
         assert_eq!(dir.lock(), Path::new("/s/bridge.lock"));
         assert_eq!(
-            dir.jmap_cursor("coder"),
+            dir.mailbox_file("coder", "jmap", "email-state"),
             Path::new("/s/agents/coder/jmap-email-state")
         );
         assert_eq!(
-            dir.amp_position("coder"),
+            dir.mailbox_file("coder", "amp", "position"),
             Path::new("/s/agents/coder/amp-position")
         );
     }

@@ -241,9 +241,7 @@ async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push
     // that follows a (re)connection.
     let dir = config(&operator, "@alice.coder", "@alice.*", 600);
     let mut bridge = Bridge::start(&dir, 1);
-    support::wait_until("push connected", || {
-        bridge.log().contains("ASMTP push connected")
-    });
+    wait_push_connected(&mut bridge, 1);
 
     let sent = operator
         .send("@alice.boss", "@alice.coder", "Greet", "say hello")
@@ -734,10 +732,8 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
         &["--admin-token", "admin-secret"],
     );
     let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
-    let bridge = Bridge::start(&dir, 1);
-    support::wait_until("push connected", || {
-        bridge.log().contains("ASMTP push connected")
-    });
+    let mut bridge = Bridge::start(&dir, 1);
+    wait_push_connected(&mut bridge, 1);
     let rotated = reqwest::Client::new()
         .post(format!(
             "{}/_admin/agents/@alice.coder/rotate-token",
@@ -809,9 +805,7 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
     let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
     let gate = dir.use_gated_profile();
     let mut bridge = Bridge::start(&dir, 1);
-    support::wait_until("push connected", || {
-        bridge.log().contains("ASMTP push connected")
-    });
+    wait_push_connected(&mut bridge, 1);
     let waiting = operator
         .send("@alice.boss", "@alice.coder", "Before", "answered late")
         .await;
@@ -867,9 +861,8 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
         "{status}"
     );
     assert!(!log.contains(&token), "never logged");
-    support::wait_until("push connected again, with the new token", || {
-        bridge.log().matches("ASMTP push connected").count() == 2
-    });
+    // Connected again, with the new token.
+    wait_push_connected(&mut bridge, 2);
     // A third task comes by push over the socket opened with the new token.
     let third = operator
         .send("@alice.boss", "@alice.coder", "Third", "by push")
@@ -895,7 +888,7 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
     assert_eq!(reloaded["credentialsChanged"], json!([]), "{reloaded}");
     let log = bridge.log();
     assert_eq!(log.matches("credentials reloaded for coder").count(), 1);
-    assert_eq!(log.matches("ASMTP push connected").count(), 2);
+    assert_eq!(push_connects(&bridge), 2);
     for parent in [&waiting, &next, &third] {
         assert_eq!(operator.replies("@alice.boss", parent).await.len(), 1);
     }
@@ -995,9 +988,7 @@ async fn a_task_the_agent_is_cc_d_on_is_answered_once_to_its_sender_only() {
     // Polling every ten minutes: the bridge reads by push and its catch-ups.
     let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
     let mut bridge = Bridge::start(&dir, 1);
-    support::wait_until("push connected", || {
-        bridge.log().contains("ASMTP push connected")
-    });
+    wait_push_connected(&mut bridge, 1);
     let mut request = format!("ws://127.0.0.1:{}/connect", operator.port)
         .into_client_request()
         .unwrap();
@@ -1531,4 +1522,20 @@ async fn an_envelope_read_before_the_first_start_is_answered_unless_answered_bef
         "answered once, before the bridge"
     );
     operator.no_invalid();
+}
+
+/// Whether `e` says the bridge's push connected: the `mailbox.push` event every pushed
+/// back-end emits through the one push supervisor (ASMTP did not, before it).
+fn is_push_connect(e: &Value) -> bool {
+    e["event"] == "mailbox.push" && e["connected"] == true && e["transport"] == "websocket"
+}
+
+/// Waits until the bridge's ASMTP push has connected `n` times.
+fn wait_push_connected(bridge: &mut Bridge, n: usize) {
+    bridge.wait_count_of("mailbox.push (connected)", n, is_push_connect);
+}
+
+/// How many times the bridge's push connected, in the events seen so far.
+fn push_connects(bridge: &Bridge) -> usize {
+    bridge.seen.iter().filter(|e| is_push_connect(e)).count()
 }

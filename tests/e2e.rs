@@ -593,7 +593,7 @@ async fn attachments_reach_the_agent_and_replies_are_kept_in_sent() {
 
     // The bridge keeps its own copy of the result in the agent's Sent mailbox (a worker keeps
     // copies after the mail went out, so it may come a moment after the result).
-    let mut jmap = aamp_bridge::mailbox::jmap::JmapClient::new(&agent).unwrap();
+    let mut jmap = aamp_bridge::mailbox::aamp::jmap::JmapClient::new(&agent).unwrap();
     jmap.connect().await.unwrap();
     let sent = jmap.mailbox_with_role("sent").await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

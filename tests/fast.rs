@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use aamp_bridge::config::LoadedConfig;
 use aamp_bridge::dispatch::{Dispatcher, Journal, Settings};
 use aamp_bridge::events::Events;
-use aamp_bridge::mailbox::auth::SenderCheck;
+use aamp_bridge::mailbox::aamp::auth::SenderCheck;
 use aamp_bridge::mailbox::{Attachment, Inbound, Mail};
 use aamp_bridge::protocol::{self, AampMessage, Body, Dispatch, Envelope, Intent, Status};
 use tokio_util::sync::CancellationToken;

@@ -205,15 +205,20 @@ impl Peer {
 
 /// A config of one agent on a SAMP mailbox, answering `boss`.
 fn config(server: &Server, key: &str, boss: &str, profile: &str) -> ConfigDir {
+    config_named(server, "coder", key, boss, profile)
+}
+
+/// The same for the agent and mailbox `name`.
+fn config_named(server: &Server, name: &str, key: &str, boss: &str, profile: &str) -> ConfigDir {
     let dir = ConfigDir::empty();
     dir.write_private("samp.key", key);
     dir.write_config(
         &support::Toml::new()
             .mailbox_text(&format!(
-                "[mailboxes.coder]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"samp.key\"\npoll_interval_secs = 1\n",
+                "[mailboxes.{name}]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"samp.key\"\npoll_interval_secs = 1\n",
                 server.url
             ))
-            .agent("coder", profile, &[boss], "")
+            .agent(name, profile, &[boss], "")
             .text(),
     );
     dir
@@ -507,4 +512,77 @@ async fn three_turns_in_a_thread_are_one_conversation() {
     assert_eq!(threads.len(), 1, "{threads:?}");
     server.no_invalid_calls();
     assert!(bridge.stop().success());
+}
+
+/// The loop guard between two bridges on one SAMP server, whose agents allow each other: an
+/// answer carries the bridge's intent in its `data`, so the other bridge never runs it as a
+/// task (two bridges would otherwise answer each other's answers forever), and a task passed
+/// on between agents too often (its `data.aamp.hopCount`) is answered rejected, not run.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_bridges_that_allow_each_other_do_not_answer_each_others_answers() {
+    let server = Server::start();
+    let coder_key = server.agent("coder").await;
+    let helper_key = server.agent("helper").await;
+    let coder_dir = config_named(&server, "coder", &coder_key, "helper@127.0.0.1", "echo");
+    let helper_dir = config_named(&server, "helper", &helper_key, "coder@127.0.0.1", "echo");
+    let mut coder_bridge = Bridge::start(&coder_dir, 1);
+    let mut helper_bridge = Bridge::start(&helper_dir, 1);
+    // The helper's side asks the coder (as its agent would, with its own key).
+    let helper = Peer {
+        url: server.url.clone(),
+        key: helper_key.clone(),
+    };
+    let sent = helper.send("coder", "Start", "say hello", None).await;
+    let answers = server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await;
+    let task = answers[0]["data"]["aamp"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    coder_bridge.wait_event("task.completed", |e| e["taskId"] == task.as_str());
+    // The helper's bridge reads the answer and lets it go: it is not a task.
+    let ignored = helper_bridge.wait_event("message.ignored", |e| e["taskId"] == task.as_str());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Auto-Submitted"),
+        "{ignored}"
+    );
+    // A task passed on too often is refused by the loop guard, in the thread.
+    let relayed = helper
+        .call(
+            "send_message",
+            json!({"to": "coder", "subject": "Pass it on", "body": "and on",
+                   "data": {"aamp": {"intent": "task.dispatch", "hopCount": 50}}}),
+        )
+        .await["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let refused = server
+        .replies("coder", &relayed, 1, Duration::from_secs(60))
+        .await;
+    assert!(
+        refused[0]["body"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("loop guard"),
+        "{refused:?}"
+    );
+    let refused_task = refused[0]["data"]["aamp"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    helper_bridge.wait_event("message.ignored", |e| e["taskId"] == refused_task.as_str());
+    assert!(helper_bridge.stop().success());
+    assert!(coder_bridge.stop().success());
+    // Nothing after: the helper's bridge answered neither answer, and the coder answered
+    // each message once.
+    let helper_sent = server.sent_by("helper").await;
+    assert_eq!(helper_sent.len(), 2, "only the two tasks: {helper_sent:?}");
+    let coder_sent = server.sent_by("coder").await;
+    assert_eq!(coder_sent.len(), 2, "one answer each: {coder_sent:?}");
+    server.no_invalid_calls();
 }

@@ -123,9 +123,10 @@ async fn a_stream_the_server_closed_ends_quietly() {
     let aamp = AampHost::start();
     let mut me = host.user("streamer");
     me.aamp_url = Some(url::Url::parse(&aamp.url).unwrap());
-    let api = aamp_bridge::mailbox::helper::HelperApi::discover(me.aamp_url.as_ref().unwrap(), &me)
-        .await
-        .unwrap();
+    let api =
+        aamp_bridge::mailbox::aamp::helper::HelperApi::discover(me.aamp_url.as_ref().unwrap(), &me)
+            .await
+            .unwrap();
     let stream = api
         .create_stream("t-closed", "someone@example.test")
         .await

@@ -80,14 +80,14 @@ pub fn dispatch(from: &str, to: &str, n: usize) -> AampMessage {
 /// seen by the dispatcher.
 pub fn burst_run(
     rt: &tokio::runtime::Runtime,
-    sender: &aamp_bridge::mailbox::Sender,
-    mailbox: &aamp_bridge::mailbox::Reader,
+    sender: &aamp_bridge::mailbox::aamp::Sender,
+    mailbox: &aamp_bridge::mailbox::aamp::Reader,
     boss: &str,
     to: &str,
     n: usize,
 ) -> f64 {
     let mut state =
-        aamp_bridge::mailbox::Position::at(rt.block_on(mailbox.current_state()).unwrap());
+        aamp_bridge::mailbox::aamp::Position::at(rt.block_on(mailbox.current_state()).unwrap());
     let started = Instant::now();
     let mut ids: std::collections::HashSet<String> = (0..n)
         .map(|i| {

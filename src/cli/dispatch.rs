@@ -22,7 +22,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
         .await
         .with_context(|| format!("connecting to the mailbox {}", account.email))?;
     // Take the cursor before sending, so the answer cannot slip past it.
-    let mut state = crate::mailbox::Position::at(mailbox.current_state().await?);
+    let mut state = crate::mailbox::aamp::Position::at(mailbox.current_state().await?);
     let task_id = uuid::Uuid::new_v4().to_string();
     let msg = AampMessage::dispatch(
         task_id.clone(),

@@ -87,7 +87,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
         for name in mailboxes {
             spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
-            if let Some(probe) = crate::mailbox::probe_other_kind(config, &name).await {
+            if let Some(probe) = crate::mailbox::probe(config, &name).await {
                 match probe {
                     Err(e) => checks.push(check(
                         what("config"),
@@ -122,7 +122,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     continue;
                 }
             };
-            let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
+            let mut mailbox = crate::mailbox::aamp::Reader::new(account.clone())?;
             match mailbox.connect().await {
                 Ok(()) => {
                     checks.push(check(
@@ -174,7 +174,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     }
                     match mailbox.newest_headers().await {
                         Ok(Some(headers)) => {
-                            let ev = crate::mailbox::auth::evidence(&headers);
+                            let ev = crate::mailbox::aamp::auth::evidence(&headers);
                             let mut found = Vec::new();
                             if ev.authenticated_submission {
                                 found.push("authenticated submission".to_string());
@@ -230,7 +230,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     checks.push(check(what("JMAP"), Verdict::Fail, detail, fix));
                 }
             }
-            match crate::mailbox::Sender::new(&account) {
+            match crate::mailbox::aamp::Sender::new(&account) {
                 Ok(sender) => match sender.check_smtp().await {
                     Ok(()) => checks.push(check(
                         what("SMTP"),
@@ -254,7 +254,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 )),
             }
             if let Some(base) = &account.aamp_url {
-                match crate::mailbox::helper::HelperApi::discover(base, &account).await {
+                match crate::mailbox::aamp::helper::HelperApi::discover(base, &account).await {
                     Ok(_) => checks.push(check(
                         what("AAMP service"),
                         Verdict::Ok,

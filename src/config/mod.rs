@@ -262,6 +262,16 @@ impl LoadedConfig {
             .is_some_and(|m| m.kind == MailboxKind::Samp)
     }
 
+    /// The named mailbox's kind (AAMP when there is no such mailbox: its errors come from
+    /// reading its account).
+    pub fn kind(&self, name: &str) -> MailboxKind {
+        self.config
+            .mailboxes
+            .get(name)
+            .map(|m| m.kind)
+            .unwrap_or_default()
+    }
+
     /// The address mail to the named mailbox goes to, whatever its kind (SAMP: the agent's
     /// name is the server's to tell, so the bridge's own name for it, `MAILBOX@HOST`).
     pub fn mailbox_address(&self, name: &str) -> Result<String, ConfigError> {

@@ -1,28 +1,24 @@
-//! The intake: watches one mailbox and hands each new AAMP mail to a `deliver` callback, in
-//! order, a page at a time. The cursor (how far the mailbox has been read) is saved only
-//! after every mail before it was delivered, so a crash re-reads mail rather than losing it;
-//! whoever is delivered to recognises a mail it already has. Two loops share the work: the
-//! poll loop reads changes (`Email/changes` from the saved cursor) on a timer and whenever
-//! the push loop wakes it; the push loop keeps a JMAP WebSocket or EventSource open when the
-//! server offers one. With push up, the timer only reconciles (`reconcile_interval`);
-//! without it, it polls (`poll_interval`).
+//! What every back-end's intake shares: the one reading loop ([`watch`]: read, keep the
+//! mailbox's [`Health`], wait the back-end's interval unless push wakes it), the one rule for
+//! a mailbox's link state ([`Health`]: refused keys, permanent errors, backoff), and the one
+//! push supervisor ([`supervise_push`]: connect, say so in `status` and the events, reconnect
+//! by the same rule, try again at once with replaced credentials) over each pushed back-end's
+//! own connection ([`Pushed`]). Each back-end's reading of its own system lives in its folder.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{Link, Reach};
-use super::push::{self, PushTarget};
-use super::{Cursor, Mail, MailboxError, Position, Reader};
+use super::MailboxError;
 use crate::backoff::Backoff;
 use crate::config::Secret;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
-
-/// Mails read and delivered per page.
-const PAGE: usize = 50;
 
 /// Why a mail could not be taken: the intake stops there and tries again later, without
 /// moving the cursor past it.
@@ -309,190 +305,141 @@ pub async fn watch(
     }
 }
 
-/// The JMAP mailbox for [`watch`]: `Email/changes` from the cursor, and after each good read
-/// the push loop told where to connect.
-struct JmapWatched<'a, D> {
-    name: &'a str,
-    events: Events,
-    mailbox: Reader,
-    cursor: Cursor,
-    state: Option<Position>,
-    deliver: D,
-    target_tx: &'a tokio::sync::watch::Sender<Option<PushTarget>>,
-    push_up: &'a AtomicBool,
+/// How one push connection ended, when it did not fail.
+#[derive(Debug)]
+pub enum Closed {
+    /// `stop` was cancelled.
+    Stopped,
+    /// The server closed it, with its words when it gave any.
+    ByServer(Option<String>),
+    /// Closed by the bridge: the credentials it was opened with were replaced.
+    Replaced,
 }
 
-impl<D: FnMut(Mail) -> Result<(), DeliverError> + Send> Watched for JmapWatched<'_, D> {
-    async fn read(&mut self) -> Result<usize, IntakeError> {
-        poll_once(
-            self.name,
-            self.events,
-            &mut self.mailbox,
-            &self.cursor,
-            &mut self.state,
-            &mut self.deliver,
-        )
-        .await
-        .map(|()| 0)
+/// One pushed back-end's connection, as [`supervise_push`] drives it.
+pub trait Pushed: Send {
+    /// Waits until there is somewhere to connect (JMAP: the session the reading loop found);
+    /// false when `stop` came first.
+    fn ready(&mut self, stop: &CancellationToken) -> impl Future<Output = bool> + Send {
+        let _ = stop;
+        async { true }
     }
-
-    fn next_read(&mut self, _taken: usize) -> Duration {
-        if self.mailbox.account.push {
-            let target = self.mailbox.push_target();
-            self.target_tx.send_if_modified(|current| {
-                let changed = current.as_ref().map(|t| &t.transports)
-                    != target.as_ref().map(|t| &t.transports);
-                if changed {
-                    *current = target;
-                }
-                changed
-            });
-        }
-        let wait = if self.push_up.load(Ordering::SeqCst) {
-            self.mailbox.account.reconcile_interval
-        } else {
-            self.mailbox.account.poll_interval
-        };
-        // One of several bridges also looks for tasks to take over every half lease, when
-        // nothing arrives to wake it.
-        match &self.mailbox.account.replica {
-            Some(replica) => wait.min(replica.lease / 2),
-            None => wait,
-        }
+    /// The way the next connection goes, as `status` names it (`websocket`, `eventsource`).
+    fn transport(&self) -> &'static str;
+    /// One connection, until it ends: `connected` is called once it is up, and every change
+    /// the server tells of wakes the reading loop through `wake`.
+    fn connect(
+        &mut self,
+        wake: &mpsc::Sender<()>,
+        stop: &CancellationToken,
+        connected: impl FnOnce() + Send,
+    ) -> impl Future<Output = Result<Closed, MailboxError>> + Send;
+    /// After a permanent failure: moves to the next way to connect; false when none is left.
+    fn next_way(&mut self) -> bool {
+        false
     }
-
-    fn failed(&mut self) {
-        self.mailbox.disconnect();
-    }
-
-    fn address(&self) -> String {
-        self.mailbox.email().to_string()
+    /// Back to the first way (the place to connect, or the credentials, changed).
+    fn restart(&mut self) {}
+    /// Resolves when the place to connect changed (JMAP: a new session).
+    fn moved(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
     }
 }
 
-/// Watches one mailbox and hands its AAMP mail to `deliver`, until `stop`.
-pub async fn run(
-    name: String,
-    mailbox: Reader,
-    cursor: Cursor,
-    link: Link,
-    deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+/// While every way to push failed for good, how often it is tried again anyway.
+const PUSH_GIVEN_UP_RETRY: Duration = Duration::from_secs(600);
+/// After the server refused the credentials, how long before push tries the same ones again
+/// (replaced ones are tried at once).
+const PUSH_REFUSED_RETRY: Duration = Duration::from_secs(300);
+
+/// The one push supervisor of every pushed back-end, until `stop`: keeps `pushed` connected,
+/// says so in the link state (`status`) and as `mailbox.push` events, and sets `push_up` while
+/// it is up (the reading loop then only reconciles). After a drop it reconnects with backoff;
+/// refused credentials wait [`PUSH_REFUSED_RETRY`], unless `secret` is replaced meanwhile (then
+/// at once); a permanent failure moves to the next way, and when none is left the mailbox is
+/// polled and push tried again when the place to connect changes, or after
+/// [`PUSH_GIVEN_UP_RETRY`].
+#[allow(clippy::too_many_arguments)]
+pub async fn supervise_push(
+    name: &str,
+    link: &Link,
     events: Events,
-    stop: CancellationToken,
+    secret: &Secret,
+    mut pushed: impl Pushed,
+    wake: &mpsc::Sender<()>,
+    push_up: &AtomicBool,
+    stop: &CancellationToken,
 ) {
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let (target_tx, mut target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
-    let push_up = AtomicBool::new(false);
-    let use_push = mailbox.account.push;
-    // A replaced password is tried by push at once, not after its 5-minute wait.
-    let mut password_changes = mailbox.account.password.changes();
-    let poll_secs = mailbox.account.poll_interval.as_secs();
-
-    let polling = async {
-        let health = Health::new(
-            &link,
-            "the mail server",
-            mailbox.email().to_string(),
-            "the password (password_file)",
-        )
-        .with_secret(mailbox.account.password.clone());
-        let mut watched = JmapWatched {
-            name: &name,
-            events,
-            mailbox,
-            cursor,
-            state: None,
-            deliver,
-            target_tx: &target_tx,
-            push_up: &push_up,
-        };
-        watch(
-            &name,
-            events,
-            health,
-            &mut watched,
-            Some(&mut wake_rx),
-            &stop,
-        )
-        .await;
-    };
-
-    let pushing = async {
-        if !use_push {
+    let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
+    let mut replaced = secret.changes();
+    replaced.borrow_and_update();
+    let mut given_up = false;
+    loop {
+        if !pushed.ready(stop).await {
             return;
         }
-        let mut push_state: Option<String> = None;
-        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
-        // Which of the target's transports is in use; a permanent failure moves to the next.
-        let mut which = 0;
-        loop {
-            // The poll loop publishes where to connect once it has a session.
-            let target = loop {
-                if let Some(target) = target_rx.borrow_and_update().clone() {
-                    break target;
-                }
-                which = 0;
-                tokio::select! {
-                    changed = target_rx.changed() => if changed.is_err() { return },
-                    _ = stop.cancelled() => return,
-                }
-            };
-            let Some(transport) = target.transports.get(which).cloned() else {
-                // Every transport failed for good: poll, and look again when the session changes.
-                tokio::select! {
-                    _ = target_rx.changed() => which = 0,
-                    _ = tokio::time::sleep(Duration::from_secs(600)) => which = 0,
-                    _ = stop.cancelled() => return,
-                }
+        if given_up {
+            tokio::select! {
+                _ = tokio::time::sleep(PUSH_GIVEN_UP_RETRY) => {}
+                _ = pushed.moved() => {}
+                Ok(()) = replaced.changed() => {}
+                _ = stop.cancelled() => return,
+            }
+            given_up = false;
+            pushed.restart();
+            continue;
+        }
+        let transport = pushed.transport();
+        let connected = || {
+            push_up.store(true, Ordering::SeqCst);
+            tracing::info!(transport, "push connected");
+            link.push(transport);
+            events.emit(
+                crate::events::Event::MailboxPush,
+                json!({"agent": name, "connected": true, "transport": transport}),
+            );
+            // Catch up on whatever changed while push was down.
+            let _ = wake.try_send(());
+        };
+        let result = pushed.connect(wake, stop, connected).await;
+        if push_up.swap(false, Ordering::SeqCst) {
+            link.push("polling");
+            events.emit(
+                crate::events::Event::MailboxPush,
+                json!({"agent": name, "connected": false}),
+            );
+            // It was up: a drop after that starts the waits over.
+            backoff.reset();
+        }
+        if stop.is_cancelled() {
+            return;
+        }
+        let delay = match result {
+            Ok(Closed::Stopped) => return,
+            Ok(Closed::Replaced) => {
+                tracing::info!("the credentials were replaced; push connects again with them");
                 continue;
-            };
-            let connected = || {
-                push_up.store(true, Ordering::SeqCst);
-                tracing::info!(%transport, "push connected");
-                let kind = match transport {
-                    push::Transport::WebSocket(_) => "websocket",
-                    push::Transport::EventSource(_) => "eventsource",
-                };
-                link.push(kind);
-                events.emit(
-                    crate::events::Event::MailboxPush,
-                    json!({"agent": name, "connected": true, "transport": kind}),
-                );
-                // Catch up on whatever changed while push was down.
-                let _ = wake_tx.try_send(());
-            };
-            let result = push::run(
-                &target,
-                &transport,
-                &mut push_state,
-                &wake_tx,
-                &stop,
-                connected,
-            )
-            .await;
-            let was_up = push_up.swap(false, Ordering::SeqCst);
-            if was_up {
-                link.push("polling");
-                events.emit(
-                    crate::events::Event::MailboxPush,
-                    json!({"agent": name, "connected": false}),
-                );
             }
-            let Err(e) = result else { return };
-            if was_up {
-                backoff.reset();
+            Ok(Closed::ByServer(why)) => {
+                let delay = backoff.next_delay();
+                tracing::info!(
+                    closed = why.as_deref().unwrap_or("without a close frame"),
+                    retry_in_s = delay.as_secs(),
+                    "the server closed the push connection; reconnecting"
+                );
+                delay
             }
-            let delay = match e.class() {
-                ErrorClass::Auth => Duration::from_secs(300),
+            Err(e) => match e.class() {
+                ErrorClass::Auth => {
+                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused push the credentials; polling meanwhile, and trying again at once with replaced ones");
+                    PUSH_REFUSED_RETRY
+                }
                 ErrorClass::Permanent => {
-                    which += 1;
-                    match target.transports.get(which) {
-                        Some(next) => {
-                            tracing::info!(error = %e, %transport, %next, "push is not available this way; trying the next")
-                        }
-                        None => {
-                            tracing::info!(error = %e, "push is not available; polling every {poll_secs}s")
-                        }
+                    if pushed.next_way() {
+                        tracing::info!(error = %e, next = pushed.transport(), "push is not available this way; trying the next");
+                    } else {
+                        tracing::info!(error = %e, "push is not available; polling");
+                        given_up = true;
                     }
                     Duration::ZERO
                 }
@@ -501,233 +448,27 @@ pub async fn run(
                     tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "push connection lost; polling meanwhile");
                     delay
                 }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = target_rx.changed() => which = 0,
-                Ok(()) = password_changes.changed() => which = 0,
-                _ = stop.cancelled() => return,
+            },
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = pushed.moved() => pushed.restart(),
+            Ok(()) = replaced.changed() => {
+                pushed.restart();
+                backoff.reset();
             }
-        }
-    };
-    tokio::join!(polling, pushing);
-}
-
-/// What the poll step reads from: a mailbox that hands out pages of new mail after a
-/// position. [`Reader`] (JMAP) is the one in use; the tests below use a fake.
-pub(crate) trait Source: Send {
-    fn is_connected(&self) -> bool;
-    fn connect(&mut self) -> impl std::future::Future<Output = Result<(), MailboxError>> + Send;
-    fn email(&self) -> &str;
-    /// The position for "everything after now".
-    fn current_state(
-        &self,
-    ) -> impl std::future::Future<Output = Result<String, MailboxError>> + Send;
-    fn next_page(
-        &self,
-        position: &Position,
-        page: usize,
-    ) -> impl std::future::Future<Output = Result<super::Page, MailboxError>> + Send;
-    /// Mail read again outside the cursor: dispatches another replica claimed and stopped
-    /// renewing. None for a mailbox of one bridge.
-    fn takeovers(
-        &self,
-    ) -> impl std::future::Future<Output = Result<Vec<Mail>, MailboxError>> + Send {
-        async { Ok(Vec::new()) }
-    }
-}
-
-impl Source for Reader {
-    fn is_connected(&self) -> bool {
-        Reader::is_connected(self)
-    }
-    async fn connect(&mut self) -> Result<(), MailboxError> {
-        Reader::connect(self).await
-    }
-    fn email(&self) -> &str {
-        Reader::email(self)
-    }
-    async fn current_state(&self) -> Result<String, MailboxError> {
-        Reader::current_state(self).await
-    }
-    async fn next_page(
-        &self,
-        position: &Position,
-        page: usize,
-    ) -> Result<super::Page, MailboxError> {
-        Reader::next_page(self, position, page).await
-    }
-    async fn takeovers(&self) -> Result<Vec<Mail>, MailboxError> {
-        Reader::expired_claims(self).await
-    }
-}
-
-/// Reads everything new, page by page: each page's mails are delivered, then the cursor is
-/// saved after them.
-async fn poll_once(
-    name: &str,
-    events: Events,
-    mailbox: &mut impl Source,
-    cursor: &Cursor,
-    state: &mut Option<Position>,
-    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
-) -> Result<(), IntakeError> {
-    if !mailbox.is_connected() {
-        mailbox.connect().await?;
-        tracing::info!(email = mailbox.email(), "connected to the mailbox");
-    }
-    let since = match state.clone() {
-        Some(s) => s,
-        None => match cursor.load()? {
-            Some(s) => s,
-            None => {
-                // First start: work begins with mail that arrives from now on.
-                let s = Position::at(mailbox.current_state().await?);
-                cursor.save(&s)?;
-                s
-            }
-        },
-    };
-    let mut position = since;
-    loop {
-        let page = mailbox.next_page(&position, PAGE).await?;
-        for ignored in &page.ignored {
-            events.emit(
-                crate::events::Event::MessageIgnored,
-                json!({"agent": name, "from": ignored.from, "messageId": ignored.message_id,
-                       "emailId": ignored.email_id, "reason": ignored.reason}),
-            );
-        }
-        for inbound in page.inbound {
-            deliver(inbound).map_err(IntakeError::Deliver)?;
-        }
-        if page.position != position {
-            cursor.save(&page.position)?;
-        }
-        position = page.position;
-        *state = Some(position.clone());
-        if !page.more {
-            break;
+            _ = stop.cancelled() => return,
         }
     }
-    // Several bridges on one mailbox: the tasks of one that died come back here.
-    for mail in mailbox.takeovers().await? {
-        tracing::info!("a task another replica stopped renewing is taken over");
-        deliver(mail).map_err(IntakeError::Deliver)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    //! The poll step over a fake mailbox: what is delivered, in what order, and where the
-    //! cursor stands after a failure or a crash.
+    //! The reading loop's health rule over a fake mailbox.
 
     use super::*;
-    use crate::mailbox::{Page, Reply};
-
-    /// A mailbox holding `mails` (by number); the position's state is how many were read.
-    struct Fake {
-        mails: Vec<usize>,
-        connected: bool,
-        /// `connect` fails while this is set.
-        down: bool,
-    }
-
-    fn mail(n: usize) -> Mail {
-        Mail::Reply(Reply {
-            email_id: format!("M{n}"),
-            from: "boss@example.test".into(),
-            message_id: format!("<{n}@example.test>"),
-            in_reply_to: None,
-            references: vec![],
-            text: String::new(),
-            sender_check: crate::mailbox::auth::SenderCheck::Trusted,
-            auto_submitted: false,
-        })
-    }
-
-    fn number(mail: &Mail) -> usize {
-        match mail {
-            Mail::Reply(r) => r.email_id[1..].parse().unwrap(),
-            Mail::Aamp(_) | Mail::Bounce(_) => unreachable!("the fake source makes replies"),
-        }
-    }
-
-    impl Source for Fake {
-        fn is_connected(&self) -> bool {
-            self.connected
-        }
-        async fn connect(&mut self) -> Result<(), MailboxError> {
-            if self.down {
-                return Err(MailboxError::Push {
-                    detail: "connection refused".into(),
-                    class: ErrorClass::Transient,
-                });
-            }
-            self.connected = true;
-            Ok(())
-        }
-        fn email(&self) -> &str {
-            "agent@example.test"
-        }
-        async fn current_state(&self) -> Result<String, MailboxError> {
-            Ok(self.mails.len().to_string())
-        }
-        async fn next_page(&self, position: &Position, page: usize) -> Result<Page, MailboxError> {
-            let from: usize = position.state.parse().unwrap();
-            let to = (from + page).min(self.mails.len());
-            Ok(Page {
-                inbound: self.mails[from..to].iter().map(|n| mail(*n)).collect(),
-                ignored: vec![],
-                position: Position {
-                    state: to.to_string(),
-                    ..Position::default()
-                },
-                more: to < self.mails.len(),
-            })
-        }
-    }
-
-    fn fake(n: usize) -> Fake {
-        Fake {
-            mails: (0..n).collect(),
-            connected: false,
-            down: false,
-        }
-    }
-
-    fn saved(cursor: &Cursor) -> Option<String> {
-        cursor.load().unwrap().map(|p| p.state)
-    }
-
-    /// One poll step over `source`: the numbers of the mails delivered go to `seen`; mail
-    /// number `refuse` cannot be taken (as when the journal cannot record it).
-    async fn poll(
-        source: &mut Fake,
-        cursor: &Cursor,
-        state: &mut Option<Position>,
-        refuse: Option<usize>,
-        seen: &mut Vec<usize>,
-    ) -> Result<(), IntakeError> {
-        let mut deliver = |m: Mail| -> Result<(), DeliverError> {
-            let n = number(&m);
-            if refuse == Some(n) {
-                return Err("the journal is full".into());
-            }
-            seen.push(n);
-            Ok(())
-        };
-        poll_once(
-            "agent",
-            Events::new(false),
-            source,
-            cursor,
-            state,
-            &mut deliver,
-        )
-        .await
-    }
+    use crate::config::Secret;
+    use crate::mailbox::link::{Link, Reach};
 
     /// A mailbox whose server takes only the key `good`; each read's time is kept.
     struct Keyed {
@@ -818,79 +559,5 @@ mod tests {
             stop.cancel();
         };
         tokio::join!(watching, driving);
-    }
-
-    #[tokio::test]
-    async fn a_first_start_begins_after_what_is_already_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let cursor = Cursor::new(dir.path().join("cursor"));
-        let mut source = fake(7);
-        let mut seen = Vec::new();
-        poll(&mut source, &cursor, &mut None, None, &mut seen)
-            .await
-            .unwrap();
-        assert!(seen.is_empty(), "{seen:?}");
-        assert_eq!(saved(&cursor).as_deref(), Some("7"));
-    }
-
-    #[tokio::test]
-    async fn a_backlog_is_delivered_in_order_a_page_at_a_time_and_the_cursor_follows() {
-        let dir = tempfile::tempdir().unwrap();
-        let cursor = Cursor::new(dir.path().join("cursor"));
-        cursor.save(&Position::at("0".into())).unwrap();
-        let mut source = fake(2 * PAGE + 3);
-        let mut seen = Vec::new();
-        poll(&mut source, &cursor, &mut None, None, &mut seen)
-            .await
-            .unwrap();
-        assert_eq!(seen, (0..2 * PAGE + 3).collect::<Vec<_>>());
-        assert_eq!(saved(&cursor), Some((2 * PAGE + 3).to_string()));
-    }
-
-    #[tokio::test]
-    async fn a_mail_that_cannot_be_taken_stops_the_cursor_before_its_page_until_it_can() {
-        let dir = tempfile::tempdir().unwrap();
-        let cursor = Cursor::new(dir.path().join("cursor"));
-        cursor.save(&Position::at("0".into())).unwrap();
-        let mut source = fake(PAGE + 10);
-        let mut seen = Vec::new();
-        let mut state = None;
-        let err = poll(&mut source, &cursor, &mut state, Some(PAGE + 4), &mut seen)
-            .await
-            .unwrap_err();
-        assert_eq!(err.class(), ErrorClass::Transient);
-        // The first page is saved; the second is not, so nothing after the refused mail is
-        // skipped (nor is the refused one).
-        assert_eq!(saved(&cursor), Some(PAGE.to_string()));
-        poll(&mut source, &cursor, &mut state, None, &mut seen)
-            .await
-            .unwrap();
-        assert_eq!(saved(&cursor), Some((PAGE + 10).to_string()));
-        let mut expected: Vec<usize> = (0..PAGE + 4).collect();
-        // The second page again from its start: downstream knows the ones it has.
-        expected.extend(PAGE..PAGE + 10);
-        assert_eq!(seen, expected);
-    }
-
-    #[tokio::test]
-    async fn after_a_crash_reading_resumes_from_the_saved_cursor_and_an_outage_moves_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let cursor = Cursor::new(dir.path().join("cursor"));
-        cursor.save(&Position::at("3".into())).unwrap();
-        let mut source = fake(6);
-        source.down = true;
-        let mut seen = Vec::new();
-        let err = poll(&mut source, &cursor, &mut None, None, &mut seen)
-            .await
-            .unwrap_err();
-        assert_eq!(err.class(), ErrorClass::Transient);
-        assert_eq!(saved(&cursor).as_deref(), Some("3"));
-        source.down = false;
-        // A new life: no state in memory, only the cursor file.
-        poll(&mut source, &cursor, &mut None, None, &mut seen)
-            .await
-            .unwrap();
-        assert_eq!(seen, vec![3, 4, 5]);
-        assert_eq!(saved(&cursor).as_deref(), Some("6"));
     }
 }

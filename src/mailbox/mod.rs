@@ -7,16 +7,13 @@ pub mod amp;
 pub mod asmtp;
 pub(crate) mod error;
 pub mod intake;
+mod kinds;
 pub mod link;
-mod outlet;
+pub mod outlet;
 pub mod samp;
 
-pub use outlet::{open, Intake, Outlet};
-
-pub use aamp::{
-    auth, guess, helper, jmap, push, received, smtp, Cursor, Ignored, Page, Position, Reader, Scan,
-    Sender, SentCopies,
-};
+pub use kinds::{open, probe, system};
+pub use outlet::{Answering, Intake, Outlet, Probe, System};
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -51,72 +48,6 @@ impl RecentIds {
     }
 }
 use crate::protocol::{self, AampMessage};
-
-/// One read of an ASMTP or AMP mailbox, as `doctor` and `init` check one.
-pub struct Probe {
-    /// `ASMTP` or `AMP`.
-    pub system: &'static str,
-    /// The agent's address there.
-    pub address: String,
-    /// What was read, or why not.
-    pub result: Result<String, MailboxError>,
-    /// What to check when the read failed: for a refused credential, and otherwise.
-    pub auth_fix: &'static str,
-    pub other_fix: &'static str,
-}
-
-/// Reads the named mailbox once when it is an ASMTP or AMP one; `None` for an AAMP mailbox
-/// (checked over JMAP and SMTP instead); a config error when its settings do not hold.
-pub async fn probe_other_kind(
-    config: &crate::config::LoadedConfig,
-    name: &str,
-) -> Option<Result<Probe, crate::config::ConfigError>> {
-    if config.is_asmtp(name) {
-        let account = match config.asmtp_account(name) {
-            Ok(a) => a,
-            Err(e) => return Some(Err(e)),
-        };
-        let (url, address) = (account.url.clone(), account.handle.clone());
-        let result = match asmtp::AsmtpClient::new(account) {
-            Ok(client) => client.newest().await,
-            Err(e) => Err(e),
-        };
-        return Some(Ok(Probe {
-            system: "ASMTP",
-            address,
-            result: result.map(|_| format!("read the agent's mailbox at {url}")),
-            auth_fix: "check token_file: the operator did not accept the token",
-            other_fix: "check asmtp_url and that the operator is running",
-        }));
-    }
-    if config.is_samp(name) {
-        return Some(samp::probe(config, name).await);
-    }
-    if config.is_amp(name) {
-        let account = match config.amp_account(name) {
-            Ok(a) => a,
-            Err(e) => return Some(Err(e)),
-        };
-        let (url, address) = (account.url.clone(), account.address.clone());
-        let result = match amp::AmpClient::new(account) {
-            Ok(client) => client.unread().await,
-            Err(e) => Err(e),
-        };
-        return Some(Ok(Probe {
-            system: "AMP",
-            address,
-            result: result.map(|m| {
-                format!(
-                    "read the agent's inbox at {url} ({} unread); AMP has no push: polling",
-                    m.len()
-                )
-            }),
-            auth_fix: "check api_key_file and agent_id (the key's user must own the agent)",
-            other_fix: "check amp_url and that the broker is running",
-        }));
-    }
-    None
-}
 
 /// A message from a mailbox system without AAMP headers (ASMTP, AMP), as a task for the agent:
 /// a `task.dispatch` built from its parts, then taken through the same path as mail (rendered,
@@ -195,7 +126,7 @@ impl ForeignTask<'_> {
             email_id: self.id.to_string(),
             message,
             view,
-            sender_check: auth::SenderCheck::Verified(self.believed_because.into()),
+            sender_check: crate::inbound::SenderCheck::Verified(self.believed_because.into()),
             truncated: false,
             attachments: Vec::new(),
             refused: None,

@@ -1,142 +1,222 @@
-//! An agent's mailbox opened: its [`Outlet`] (where answers go, the one
-//! [`Backend`](crate::backend::Backend) dispatch sees, over whichever system it is) and its
-//! [`Intake`] (how its mail comes in). [`open`] is the one call the daemon makes; the kind of
-//! mailbox is chosen here, and each kind's code lives in its own folder.
+//! What a mailbox system gives, whichever it is: a [`System`] (how an agent's mailbox on it is
+//! opened, and how `doctor` reads one once), and an opened mailbox's [`Outlet`] (where answers
+//! go, the one [`Backend`](crate::backend::Backend) dispatch sees) and [`Intake`] (how its mail
+//! comes in). Each back-end's folder gives its `SYSTEM`; `mailbox::kinds` chooses one by the
+//! mailbox's kind. Names no back-end.
+
+use std::future::Future;
+use std::pin::Pin;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::aamp::{self, Cursor, Reader, Sender};
-use super::amp::{self, AmpClient, AmpReplies, PositionFile};
-use super::asmtp::{self, AsmtpClient, AsmtpReplies, WatermarkFile};
 use super::error::OpenError;
-use super::intake::{self, DeliverError};
+use super::intake::DeliverError;
 use super::link::Link;
-use super::samp::{self, SampClient, SampReplies};
+use super::MailboxError;
 use crate::backend::{Backend, BackendError, ClaimOutcome, Earlier};
-use crate::config::{AgentConfig, LoadedConfig, Secret};
+use crate::config::{AgentConfig, ConfigError, LoadedConfig, Secret};
 use crate::error::{Classify as _, ErrorClass};
 use crate::events::Events;
 use crate::inbound::{Attachment, Mail};
 use crate::protocol::RenderedMail;
 
-/// Where one agent's answers go: its mailbox back-end.
-pub enum Outlet {
-    /// AAMP: SMTP submission, Sent copies, the AAMP service's streams and threads.
-    Aamp(Box<Sender>),
-    /// AMP: replies on the broker.
-    Amp(Box<AmpReplies>),
-    /// ASMTP: reply envelopes with client ids.
-    Asmtp(Box<AsmtpReplies>),
-    /// SAMP: `send_message` replies in the thread.
-    Samp(Box<SampReplies>),
+/// A future a back-end hands out behind the outlet, boxed.
+pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where each mail an intake reads goes (dispatch's `deliver`).
+pub type Deliver = Box<dyn FnMut(Mail) -> Result<(), DeliverError> + Send>;
+
+/// What opening an agent's mailbox is given.
+pub struct Opening<'a> {
+    pub config: &'a LoadedConfig,
+    pub agent: &'a AgentConfig,
+    pub events: Events,
+    /// Where work a back-end keeps beside the outbox runs (AAMP's Sent copies).
+    pub services: &'a TaskTracker,
+    /// Stops that work.
+    pub outbox_stop: &'a CancellationToken,
 }
 
-/// How an agent's mail comes in, with where its reading stands.
-pub enum Intake {
-    Aamp(Box<Reader>, Cursor),
-    Asmtp(AsmtpClient, WatermarkFile),
-    Amp(AmpClient, PositionFile),
-    Samp(SampClient),
+/// Opens an agent's mailbox on one system: its outlet and its intake.
+pub type OpenFn = for<'a> fn(Opening<'a>) -> Boxed<'a, Result<(Outlet, Intake), OpenError>>;
+
+/// Reads the named mailbox of one system once.
+pub type ProbeFn = for<'a> fn(&'a LoadedConfig, &'a str) -> Boxed<'a, Result<Probe, ConfigError>>;
+
+/// One mailbox system, as its folder gives it.
+pub struct System {
+    /// Opens an agent's mailbox on it: its outlet and its intake.
+    pub open: OpenFn,
+    /// Reads the named mailbox once, as `doctor` and `init` check one; `None` for a system
+    /// checked its own way (AAMP: JMAP and SMTP, by `doctor` itself).
+    pub probe: Option<ProbeFn>,
 }
 
-/// Opens an agent's mailbox: its outlet and its intake. Work a back-end keeps beside the
-/// outbox (AAMP's Sent copies) runs on `services` until `outbox_stop`.
-pub async fn open(
-    config: &LoadedConfig,
-    agent: &AgentConfig,
-    events: Events,
-    services: &TaskTracker,
-    outbox_stop: &CancellationToken,
-) -> Result<(Outlet, Intake), OpenError> {
-    let mailbox_name = agent.mailbox_name();
-    let state = config.state();
-    let setup = |what: &str| format!("agent {:?}: {what} setup", agent.name);
-    if config.is_asmtp(mailbox_name) {
-        let client = AsmtpClient::new(config.asmtp_account(mailbox_name)?)
-            .map_err(|source| OpenError::mailbox(setup("ASMTP"), source))?
-            .with_threads(state.asmtp_threads(&agent.name))
-            .with_questions(state.asmtp_questions(&agent.name));
-        let outlet = Outlet::Asmtp(Box::new(AsmtpReplies::new(client.clone())));
-        let watermark = WatermarkFile::new(state.asmtp_watermark(&agent.name));
-        return Ok((outlet, Intake::Asmtp(client, watermark)));
-    }
-    if config.is_samp(mailbox_name) {
-        let client = SampClient::new(config.samp_account(mailbox_name)?)
-            .map_err(|source| OpenError::mailbox(setup("SAMP"), source))?
-            .with_questions(state.samp_questions(&agent.name));
-        let outlet = Outlet::Samp(Box::new(SampReplies::new(client.clone())));
-        return Ok((outlet, Intake::Samp(client)));
-    }
-    if config.is_amp(mailbox_name) {
-        let client = AmpClient::new(config.amp_account(mailbox_name)?)
-            .map_err(|source| OpenError::mailbox(setup("AMP"), source))?
-            .with_questions(state.amp_questions(&agent.name));
-        let outlet = Outlet::Amp(Box::new(AmpReplies::new(client.clone())));
-        let position = PositionFile::new(state.amp_position(&agent.name));
-        return Ok((outlet, Intake::Amp(client, position)));
-    }
-    let (sender, reader, cursor) =
-        aamp::outlet::open(config, agent, events, services, outbox_stop).await?;
-    Ok((
-        Outlet::Aamp(Box::new(sender)),
-        Intake::Aamp(Box::new(reader), cursor),
-    ))
+/// One read of a mailbox, as `doctor` and `init` check one.
+pub struct Probe {
+    /// `ASMTP`, `AMP`, `SAMP`.
+    pub system: &'static str,
+    /// The agent's address there.
+    pub address: String,
+    /// What was read, or why not.
+    pub result: Result<String, MailboxError>,
+    /// What to check when the read failed: for a refused credential, and otherwise.
+    pub auth_fix: &'static str,
+    pub other_fix: &'static str,
 }
 
-impl Intake {
-    /// Reads the mailbox until `stop`, handing each mail to `deliver`.
-    pub async fn run(
-        self,
-        name: String,
-        link: Link,
-        deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send,
+/// A back-end's outbound half: the seam, plus what the outlet asks of every back-end.
+pub trait Answering: Backend {
+    /// The mailbox's credentials, which its intake shares.
+    fn secret(&self) -> &Secret;
+
+    /// What the back-end publishes about the agent (AAMP: its directory card), published
+    /// again after a reload. Nothing by default.
+    fn republish<'a>(
+        &'a self,
+        config: &'a LoadedConfig,
+        agent: &'a AgentConfig,
         events: Events,
-        stop: CancellationToken,
-    ) {
-        match self {
-            Intake::Aamp(reader, cursor) => {
-                intake::run(name, *reader, cursor, link, deliver, events, stop).await
-            }
-            Intake::Asmtp(client, watermark) => {
-                asmtp::run_intake(name, client, link, watermark, deliver, events, stop).await
-            }
-            Intake::Amp(client, position) => {
-                amp::run_intake(name, client, link, position, deliver, events, stop).await
-            }
-            Intake::Samp(client) => {
-                samp::run_intake(name, client, link, deliver, events, stop).await
-            }
-        }
+    ) -> Boxed<'a, ()> {
+        let _ = (config, agent, events);
+        Box::pin(async {})
     }
 }
+
+/// [`Answering`] with its futures boxed, so the outlet holds any back-end.
+trait AnyBackend: Send + Sync + 'static {
+    fn secret(&self) -> &Secret;
+    fn republish<'a>(
+        &'a self,
+        config: &'a LoadedConfig,
+        agent: &'a AgentConfig,
+        events: Events,
+    ) -> Boxed<'a, ()>;
+    fn submit<'a>(&'a self, mail: &'a RenderedMail) -> Boxed<'a, Result<(), BackendError>>;
+    fn download<'a>(
+        &'a self,
+        attachment: &'a Attachment,
+        max: u64,
+    ) -> Boxed<'a, Result<Vec<u8>, BackendError>>;
+    fn open_stream<'a>(&'a self, task_id: &'a str, peer: &'a str) -> Boxed<'a, Option<String>>;
+    fn pump_stream<'a>(
+        &'a self,
+        stream_id: &'a str,
+        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> Boxed<'a, usize>;
+    fn thread<'a>(&'a self, task_id: &'a str) -> Boxed<'a, Vec<Earlier>>;
+    fn close_stream<'a>(&'a self, stream_id: &'a str, payload: serde_json::Value) -> Boxed<'a, ()>;
+    fn claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<ClaimOutcome, BackendError>>;
+    fn renew_claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<bool, BackendError>>;
+    fn claim_done<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<(), BackendError>>;
+}
+
+impl<T: Answering> AnyBackend for T {
+    fn secret(&self) -> &Secret {
+        Answering::secret(self)
+    }
+    fn republish<'a>(
+        &'a self,
+        config: &'a LoadedConfig,
+        agent: &'a AgentConfig,
+        events: Events,
+    ) -> Boxed<'a, ()> {
+        Answering::republish(self, config, agent, events)
+    }
+    fn submit<'a>(&'a self, mail: &'a RenderedMail) -> Boxed<'a, Result<(), BackendError>> {
+        Box::pin(Backend::submit(self, mail))
+    }
+    fn download<'a>(
+        &'a self,
+        attachment: &'a Attachment,
+        max: u64,
+    ) -> Boxed<'a, Result<Vec<u8>, BackendError>> {
+        Box::pin(Backend::download(self, attachment, max))
+    }
+    fn open_stream<'a>(&'a self, task_id: &'a str, peer: &'a str) -> Boxed<'a, Option<String>> {
+        Box::pin(Backend::open_stream(self, task_id, peer))
+    }
+    fn pump_stream<'a>(
+        &'a self,
+        stream_id: &'a str,
+        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> Boxed<'a, usize> {
+        Box::pin(Backend::pump_stream(self, stream_id, events))
+    }
+    fn thread<'a>(&'a self, task_id: &'a str) -> Boxed<'a, Vec<Earlier>> {
+        Box::pin(Backend::thread(self, task_id))
+    }
+    fn close_stream<'a>(&'a self, stream_id: &'a str, payload: serde_json::Value) -> Boxed<'a, ()> {
+        Box::pin(Backend::close_stream(self, stream_id, payload))
+    }
+    fn claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<ClaimOutcome, BackendError>> {
+        Box::pin(Backend::claim(self, email_id))
+    }
+    fn renew_claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<bool, BackendError>> {
+        Box::pin(Backend::renew_claim(self, email_id))
+    }
+    fn claim_done<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<(), BackendError>> {
+        Box::pin(Backend::claim_done(self, email_id))
+    }
+}
+
+/// Where one agent's answers go: its mailbox back-end, whichever system it is on.
+pub struct Outlet(Box<dyn AnyBackend>);
 
 impl Outlet {
-    async fn submit_once(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::submit(s.as_ref(), mail).await,
-            Outlet::Amp(a) => Backend::submit(a.as_ref(), mail).await,
-            Outlet::Asmtp(a) => Backend::submit(a.as_ref(), mail).await,
-            Outlet::Samp(a) => Backend::submit(a.as_ref(), mail).await,
-        }
+    pub fn new(backend: impl Answering) -> Outlet {
+        Outlet(Box::new(backend))
     }
 
     /// The mailbox's credentials, which its intake shares.
     pub fn secret(&self) -> &Secret {
-        match self {
-            Outlet::Aamp(s) => s.password(),
-            Outlet::Amp(a) => a.secret(),
-            Outlet::Asmtp(a) => a.secret(),
-            Outlet::Samp(a) => a.secret(),
-        }
+        self.0.secret()
     }
 
     /// What the back-end publishes about the agent (AAMP: its directory card), published
     /// again after a reload.
     pub async fn republish(&self, config: &LoadedConfig, agent: &AgentConfig, events: Events) {
-        if let Outlet::Aamp(sender) = self {
-            aamp::outlet::publish_card(config, agent, sender, events).await;
-        }
+        self.0.republish(config, agent, events).await
+    }
+}
+
+/// What an intake is given to run with.
+pub struct Reading {
+    /// The agent's name.
+    pub name: String,
+    /// The mailbox's link state, for `status`.
+    pub link: Link,
+    pub deliver: Deliver,
+    pub events: Events,
+    pub stop: CancellationToken,
+}
+
+/// How an agent's mail comes in: its back-end's reading loop, with where its reading stands.
+pub struct Intake(Box<dyn FnOnce(Reading) -> Boxed<'static, ()> + Send>);
+
+impl Intake {
+    pub fn new(run: impl FnOnce(Reading) -> Boxed<'static, ()> + Send + 'static) -> Intake {
+        Intake(Box::new(run))
+    }
+
+    /// Reads the mailbox until `stop`, handing each mail to `deliver`.
+    pub async fn run(
+        self,
+        name: String,
+        link: Link,
+        deliver: impl FnMut(Mail) -> Result<(), DeliverError> + Send + 'static,
+        events: Events,
+        stop: CancellationToken,
+    ) {
+        (self.0)(Reading {
+            name,
+            link,
+            deliver: Box::new(deliver),
+            events,
+            stop,
+        })
+        .await
     }
 }
 
@@ -146,7 +226,7 @@ impl Backend for Outlet {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         let secret = self.secret();
         let tried = secret.generation();
-        match self.submit_once(mail).await {
+        match self.0.submit(mail).await {
             Ok(()) => {
                 secret.worked(true);
                 Ok(())
@@ -155,11 +235,11 @@ impl Backend for Outlet {
                 if secret.generation() != tried {
                     // Replaced while this attempt was under way (a reload): sent again with
                     // the new one, not left for the 5-minute retry.
-                    return self.submit_once(mail).await;
+                    return self.0.submit(mail).await;
                 }
                 secret.worked(false);
                 match secret.reread() {
-                    Ok(true) => self.submit_once(mail).await,
+                    Ok(true) => self.0.submit(mail).await,
                     Ok(false) => Err(e),
                     Err(read) => {
                         tracing::warn!(error = %read, "cannot read the credentials of {} again", secret.mailbox());
@@ -172,21 +252,11 @@ impl Backend for Outlet {
     }
 
     async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::download(s.as_ref(), attachment, max).await,
-            Outlet::Amp(a) => Backend::download(a.as_ref(), attachment, max).await,
-            Outlet::Asmtp(a) => Backend::download(a.as_ref(), attachment, max).await,
-            Outlet::Samp(a) => Backend::download(a.as_ref(), attachment, max).await,
-        }
+        self.0.download(attachment, max).await
     }
 
     async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
-        match self {
-            Outlet::Aamp(s) => Backend::open_stream(s.as_ref(), task_id, peer).await,
-            Outlet::Amp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
-            Outlet::Asmtp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
-            Outlet::Samp(a) => Backend::open_stream(a.as_ref(), task_id, peer).await,
-        }
+        self.0.open_stream(task_id, peer).await
     }
 
     async fn pump_stream(
@@ -194,56 +264,26 @@ impl Backend for Outlet {
         stream_id: &str,
         events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
     ) -> usize {
-        match self {
-            Outlet::Aamp(s) => Backend::pump_stream(s.as_ref(), stream_id, events).await,
-            Outlet::Amp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
-            Outlet::Asmtp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
-            Outlet::Samp(a) => Backend::pump_stream(a.as_ref(), stream_id, events).await,
-        }
+        self.0.pump_stream(stream_id, events).await
     }
 
     async fn thread(&self, task_id: &str) -> Vec<Earlier> {
-        match self {
-            Outlet::Aamp(s) => Backend::thread(s.as_ref(), task_id).await,
-            Outlet::Amp(a) => Backend::thread(a.as_ref(), task_id).await,
-            Outlet::Asmtp(a) => Backend::thread(a.as_ref(), task_id).await,
-            Outlet::Samp(a) => Backend::thread(a.as_ref(), task_id).await,
-        }
+        self.0.thread(task_id).await
     }
 
     async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
-        match self {
-            Outlet::Aamp(s) => Backend::close_stream(s.as_ref(), stream_id, payload).await,
-            Outlet::Amp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
-            Outlet::Asmtp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
-            Outlet::Samp(a) => Backend::close_stream(a.as_ref(), stream_id, payload).await,
-        }
+        self.0.close_stream(stream_id, payload).await
     }
 
     async fn claim(&self, email_id: &str) -> Result<ClaimOutcome, BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::claim(s.as_ref(), email_id).await,
-            Outlet::Amp(a) => Backend::claim(a.as_ref(), email_id).await,
-            Outlet::Asmtp(a) => Backend::claim(a.as_ref(), email_id).await,
-            Outlet::Samp(a) => Backend::claim(a.as_ref(), email_id).await,
-        }
+        self.0.claim(email_id).await
     }
 
     async fn renew_claim(&self, email_id: &str) -> Result<bool, BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::renew_claim(s.as_ref(), email_id).await,
-            Outlet::Amp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
-            Outlet::Asmtp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
-            Outlet::Samp(a) => Backend::renew_claim(a.as_ref(), email_id).await,
-        }
+        self.0.renew_claim(email_id).await
     }
 
     async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
-        match self {
-            Outlet::Aamp(s) => Backend::claim_done(s.as_ref(), email_id).await,
-            Outlet::Amp(a) => Backend::claim_done(a.as_ref(), email_id).await,
-            Outlet::Asmtp(a) => Backend::claim_done(a.as_ref(), email_id).await,
-            Outlet::Samp(a) => Backend::claim_done(a.as_ref(), email_id).await,
-        }
+        self.0.claim_done(email_id).await
     }
 }

@@ -233,7 +233,7 @@ fn view(path: &Path, config: &Config) -> LoadedConfig {
 /// Logs in over JMAP and SMTP with a mailbox of `config`, as the bridge will (or reads an
 /// ASMTP or AMP mailbox once).
 pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<String> {
-    if let Some(probe) = crate::mailbox::probe_other_kind(config, name).await {
+    if let Some(probe) = crate::mailbox::probe(config, name).await {
         let probe = probe?;
         probe.result.with_context(|| {
             format!(
@@ -244,7 +244,7 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
         return Ok(probe.address);
     }
     let account = config.account(name)?;
-    let mut mailbox = crate::mailbox::Reader::new(account.clone())?;
+    let mut mailbox = crate::mailbox::aamp::Reader::new(account.clone())?;
     if let Err(error) = mailbox.connect().await {
         return Err(MailboxTestFailed {
             what: format!("JMAP login as {}", account.login),
@@ -253,7 +253,10 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
         }
         .into());
     }
-    if let Err(error) = crate::mailbox::Sender::new(&account)?.check_smtp().await {
+    if let Err(error) = crate::mailbox::aamp::Sender::new(&account)?
+        .check_smtp()
+        .await
+    {
         return Err(MailboxTestFailed {
             what: format!(
                 "SMTP login as {} at {}:{} ({})",
@@ -627,7 +630,7 @@ async fn set_up_mailbox(
             "registering a mailbox for {mailbox_name} with {}",
             registration.aamp_url
         ));
-        let credentials = crate::mailbox::helper::register(&registration)
+        let credentials = crate::mailbox::aamp::helper::register(&registration)
             .await
             .with_context(|| format!("registering a mailbox with {}", registration.aamp_url))?;
         progress.done(&format!("registered {}", credentials.email));

@@ -152,7 +152,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             continue;
         };
         spinner.step(&format!("asking {url}/.well-known/aamp"));
-        match crate::mailbox::helper::probe(&parsed, false).await {
+        match crate::mailbox::aamp::helper::probe(&parsed, false).await {
             Ok(found) => {
                 spinner.done(&format!("{url}: {}", found.describe()));
                 info = Some(found);
@@ -423,7 +423,7 @@ async fn working_mailbox(
 
 fn can_register_any(
     aamp_url: &Option<String>,
-    info: &Option<crate::mailbox::helper::ServiceInfo>,
+    info: &Option<crate::mailbox::aamp::helper::ServiceInfo>,
 ) -> bool {
     aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration)
 }
@@ -617,10 +617,11 @@ async fn ask_mailbox(
             // The AAMP service's host, or where the address's domain has its servers (the
             // domain itself when nothing answers).
             let guessed = match aamp_url {
-                Some(_) => crate::mailbox::guess::Guess::default(),
+                Some(_) => crate::mailbox::aamp::guess::Guess::default(),
                 None => {
                     spinner.step(&format!("looking for {domain}'s mail servers"));
-                    let g = crate::mailbox::guess::guess(&domain, Duration::from_secs(4)).await;
+                    let g =
+                        crate::mailbox::aamp::guess::guess(&domain, Duration::from_secs(4)).await;
                     spinner.clear();
                     g
                 }

@@ -184,8 +184,14 @@ impl Bridge {
 
     /// Waits until `n` events named `name` have been seen.
     pub fn wait_count(&mut self, name: &str, n: usize) {
+        self.wait_count_of(name, n, |e| e["event"] == name)
+    }
+
+    /// Waits until `n` events that satisfy `pred` have been seen; `name` names them in a
+    /// failure.
+    pub fn wait_count_of(&mut self, name: &str, n: usize, pred: impl Fn(&Value) -> bool) {
         let deadline = Instant::now() + WAIT;
-        while self.seen.iter().filter(|e| e["event"] == name).count() < n {
+        while self.seen.iter().filter(|e| pred(e)).count() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.events.recv_timeout(left) {
                 Ok(e) => self.seen.push(e),

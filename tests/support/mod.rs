@@ -27,7 +27,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use aamp_bridge::config::{Account, SmtpSecurity};
-use aamp_bridge::mailbox::{Inbound, Reader, Sender};
+use aamp_bridge::mailbox::aamp::{Reader, Sender};
+use aamp_bridge::mailbox::Inbound;
 use aamp_bridge::protocol::{self, AampMessage, Body, Dispatch, Envelope, Intent};
 use serde_json::Value;
 

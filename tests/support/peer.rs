@@ -7,7 +7,7 @@ pub struct Peer {
     pub account: Account,
     sender: Sender,
     mailbox: Reader,
-    state: aamp_bridge::mailbox::Position,
+    state: aamp_bridge::mailbox::aamp::Position,
     pub inbox: Vec<Inbound>,
 }
 
@@ -16,7 +16,8 @@ impl Peer {
         let sender = Sender::new(&account).unwrap();
         let mut mailbox = Reader::new(account.clone()).unwrap();
         mailbox.connect().await.expect("peer connects over JMAP");
-        let state = aamp_bridge::mailbox::Position::at(mailbox.current_state().await.unwrap());
+        let state =
+            aamp_bridge::mailbox::aamp::Position::at(mailbox.current_state().await.unwrap());
         Peer {
             account,
             sender,
@@ -166,7 +167,7 @@ impl Peer {
 
     /// The raw header fields of a received mail, read over JMAP.
     pub async fn raw_headers(&self, email_id: &str) -> Vec<(String, String)> {
-        let mut client = aamp_bridge::mailbox::jmap::JmapClient::new(&self.account).unwrap();
+        let mut client = aamp_bridge::mailbox::aamp::jmap::JmapClient::new(&self.account).unwrap();
         client.connect().await.unwrap();
         let reply = client
             .call(

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod claims;
 pub mod guess;
 pub mod helper;
+pub mod intake;
 pub mod jmap;
 pub(crate) mod outlet;
 pub mod push;
@@ -15,6 +16,7 @@ pub mod received;
 mod sender;
 pub mod smtp;
 
+pub(crate) use outlet::SYSTEM;
 pub use sender::{Sender, SentCopies};
 
 use super::*;

@@ -3,17 +3,16 @@
 //! first when it has to be, its Sent-copy worker started and its directory card published.
 
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::claims::Claim;
 use super::helper;
 use super::{Cursor, Reader, Sender};
 use crate::backend::{Backend, BackendError, ClaimOutcome, Earlier};
-use crate::config::{AgentConfig, LoadedConfig, SenderAuth};
+use crate::config::{AgentConfig, LoadedConfig, Secret, SenderAuth};
 use crate::events::{Event, Events};
 use crate::inbound::Attachment;
 use crate::mailbox::error::OpenError;
+use crate::mailbox::outlet::{Answering, Boxed, Intake, Opening, Outlet, System};
 use crate::protocol::RenderedMail;
 
 impl Backend for Sender {
@@ -96,16 +95,40 @@ impl Backend for Sender {
     }
 }
 
+/// AAMP as the outlet sees it: answers submitted over SMTP, the card published again after
+/// a reload.
+impl Answering for Sender {
+    fn secret(&self) -> &Secret {
+        self.password()
+    }
+
+    fn republish<'a>(
+        &'a self,
+        config: &'a LoadedConfig,
+        agent: &'a AgentConfig,
+        events: Events,
+    ) -> Boxed<'a, ()> {
+        Box::pin(publish_card(config, agent, self, events))
+    }
+}
+
+/// The mailbox system AAMP: opened here, checked by `doctor` itself (JMAP and SMTP).
+pub(crate) const SYSTEM: System = System {
+    open: |o| Box::pin(open(o)),
+    probe: None,
+};
+
 /// Opens an agent's AAMP mailbox: registers it first when the config asks to, starts its
 /// Sent-copy worker on `services` (stopped by `outbox_stop`), publishes its directory card,
-/// and gives its sender, its reader and the reader's saved position.
-pub(crate) async fn open(
-    config: &LoadedConfig,
-    agent: &AgentConfig,
-    events: Events,
-    services: &TaskTracker,
-    outbox_stop: &CancellationToken,
-) -> Result<(Sender, Reader, Cursor), OpenError> {
+/// and gives its sender and its reader from the saved position.
+async fn open(o: Opening<'_>) -> Result<(Outlet, Intake), OpenError> {
+    let Opening {
+        config,
+        agent,
+        events,
+        services,
+        outbox_stop,
+    } = o;
     let mailbox_name = agent.mailbox_name().to_string();
     if let Some(registration) = config.registration(&mailbox_name) {
         let credentials = helper::register(&registration).await.map_err(|source| {
@@ -146,8 +169,17 @@ pub(crate) async fn open(
     publish_card(config, agent, &sender, events).await;
     let reader =
         Reader::new(account).map_err(|source| OpenError::mailbox(setup("JMAP"), source))?;
-    let cursor = Cursor::new(config.state().jmap_cursor(&agent.name));
-    Ok((sender, reader, cursor))
+    let cursor = Cursor::new(
+        config
+            .state()
+            .mailbox_file(&agent.name, "jmap", "email-state"),
+    );
+    let intake = Intake::new(move |r| {
+        Box::pin(super::intake::run(
+            r.name, reader, cursor, r.link, r.deliver, r.events, r.stop,
+        ))
+    });
+    Ok((Outlet::new(sender), intake))
 }
 
 /// Publishes the agent's summary and card in the AAMP service's directory, when it has them.

@@ -1,6 +1,11 @@
 //! The ASMTP back-end's own tests: envelopes to tasks and answers to reply envelopes.
 
-use super::*;
+use serde_json::json;
+
+use super::client::*;
+use super::replies::*;
+use super::wire::*;
+use crate::protocol::{self, AampMessage, Body};
 
 /// Issue 21: the ids looked like ULIDs but were not time-ordered. They are now: the answer's
 /// date in the first 10 characters, stable for the same Message-ID and date.

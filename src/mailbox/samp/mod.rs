@@ -37,7 +37,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::error::OpenError;
 use super::intake::{self, DeliverError, Health, IntakeError, Watched};
+use super::outlet::{Answering, Intake, Opening, Outlet, Probe, System};
 use super::{Inbound, Mail, MailboxError};
 use crate::backend::BackendError;
 use crate::config::SampAccount;
@@ -566,6 +568,33 @@ fn hand_on(
     }
 }
 
+/// The mailbox system SAMP.
+pub(crate) const SYSTEM: System = System {
+    open: |o| Box::pin(open(o)),
+    probe: Some(|config, name| Box::pin(probe(config, name))),
+};
+
+/// Opens an agent's SAMP mailbox: `send_message` replies out, the inbox polled in.
+async fn open(o: Opening<'_>) -> Result<(Outlet, Intake), OpenError> {
+    let agent = &o.agent.name;
+    let client = SampClient::new(o.config.samp_account(o.agent.mailbox_name())?)
+        .map_err(|source| OpenError::mailbox(format!("agent {agent:?}: SAMP setup"), source))?
+        .with_questions(o.config.state().mailbox_file(agent, "samp", "questions"));
+    let outlet = Outlet::new(SampReplies::new(client.clone()));
+    let intake = Intake::new(move |r| {
+        Box::pin(run_intake(
+            r.name, client, r.link, r.deliver, r.events, r.stop,
+        ))
+    });
+    Ok((outlet, intake))
+}
+
+impl Answering for SampReplies {
+    fn secret(&self) -> &crate::config::Secret {
+        SampReplies::secret(self)
+    }
+}
+
 /// Polls the inbox until `stop` (SAMP has no push the bridge uses).
 pub async fn run_intake(
     name: String,
@@ -594,10 +623,10 @@ pub async fn run_intake(
 }
 
 /// `doctor` and `init`: the server's tools mapped, `whoami` and the inbox read once.
-pub async fn probe(
+async fn probe(
     config: &crate::config::LoadedConfig,
     name: &str,
-) -> Result<super::Probe, crate::config::ConfigError> {
+) -> Result<Probe, crate::config::ConfigError> {
     let account = config.samp_account(name)?;
     let url = account.url.clone();
     let result = match SampClient::new(account) {
@@ -614,7 +643,7 @@ pub async fn probe(
         .as_ref()
         .map(|(r, _, _)| r.me.clone())
         .unwrap_or_else(|_| name.to_string());
-    Ok(super::Probe {
+    Ok(Probe {
         system: "SAMP",
         address,
         result: result.map(|(r, n, more)| {
