@@ -89,10 +89,10 @@
 //! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one
 //!   feed of the bridge's events (the [`events::tap`]), the read model `status`, `tasks` and
 //!   `task show` share (`ui::snapshot`), and the operator's answers and cancels, taken through
-//!   the dispatchers' own paths (`dispatch::operator`). It names neither `daemon` nor the
+//!   the engines' own paths (`dispatch::operator`). It names neither `daemon` nor the
 //!   shells; the daemon starts it.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   a dispatcher and its outbox worker over the `mailbox::Outlet` that `mailbox::open` gave
+//!   an engine (`dispatch::Engine`) and its outbox worker over the `mailbox::Outlet` that `mailbox::open` gave
 //!   (no arm per kind of mailbox); stop, abort and reload from its caller
 //!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
 //!   `status` asks.

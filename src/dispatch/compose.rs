@@ -25,7 +25,7 @@ pub(super) fn derived_message_id(agent_email: &str, key: &str, intent: &str, n: 
     format!("<{intent}.{}@{domain}>", id.simple())
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
     /// task (`n` tells apart several mails of one intent).
     pub(super) fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
@@ -43,7 +43,7 @@ impl<O: Backend> Dispatcher<O> {
         self.compose(env, key, Body::Result(result), 0)
     }
 
-    /// [`Dispatcher::compose`] with files attached.
+    /// [`Engine::compose`] with files attached.
     pub(super) fn compose_with(
         &self,
         env: &Envelope,

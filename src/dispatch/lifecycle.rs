@@ -18,7 +18,7 @@ use super::journal::TaskState;
 use super::questions::PendingQuestion;
 use super::{
     arrival, conversation_key, prompt, results, session_scope, task_key, workspace, Backend,
-    CancelReply, ClaimOutcome, Dispatcher, Place, Task, OWNER_VAR, RUN_VAR,
+    CancelReply, ClaimOutcome, Engine, Place, Task, OWNER_VAR, RUN_VAR,
 };
 use crate::error::{Classify, ErrorClass};
 use crate::inbound::Attachment;
@@ -122,7 +122,7 @@ struct Prepared {
     left_out: Vec<prompt::File>,
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     pub(super) async fn lifecycle(self, task: Task, place: Place, cancel: CancellationToken) {
         let inner = &self.inner;
         let started = Instant::now();

@@ -79,7 +79,7 @@ pub struct AgentSpec {
     pub replica: Option<ReplicaSpec>,
 }
 
-/// How the dispatcher lives with the rest of the bridge.
+/// How the engine lives with the rest of the bridge.
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// How long an unsent ack or result is retried before the bridge gives up on it.
@@ -194,22 +194,22 @@ struct Inner<O> {
     abort: CancellationToken,
     /// Wakes the outbox worker.
     wake: Notify,
-    /// Rounds the outbox worker made (see [`Dispatcher::outbox_rounds`]).
+    /// Rounds the outbox worker made (see [`Engine::outbox_rounds`]).
     outbox_rounds: std::sync::atomic::AtomicU64,
-    /// The mailbox answers again ([`Dispatcher::server_back`]): the outbox tries at once.
+    /// The mailbox answers again ([`Engine::server_back`]): the outbox tries at once.
     server_back: std::sync::atomic::AtomicBool,
     /// Conversation folders a queued or running task uses: never pruned.
     conversations: workspace::InUse,
 }
 
 /// One agent's task lifecycle. Cheap to clone.
-pub struct Dispatcher<O> {
+pub struct Engine<O> {
     inner: Arc<Inner<O>>,
 }
 
-impl<O> Clone for Dispatcher<O> {
+impl<O> Clone for Engine<O> {
     fn clone(&self) -> Self {
-        Dispatcher {
+        Engine {
             inner: self.inner.clone(),
         }
     }
@@ -219,7 +219,7 @@ fn task_key(from: &str, task_id: &str) -> String {
     format!("{}\n{}", from.to_ascii_lowercase(), task_id)
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// Tasks are spawned on `tracker`; `abort` stops them without an answer.
     pub fn new(
         spec: AgentSpec,
@@ -231,7 +231,7 @@ impl<O: Backend> Dispatcher<O> {
         abort: CancellationToken,
     ) -> Self {
         settings.slots.add_agent(&spec.name, spec.max_concurrent);
-        Dispatcher {
+        Engine {
             inner: Arc::new(Inner {
                 spec: std::sync::RwLock::new(Arc::new(spec)),
                 outbox,

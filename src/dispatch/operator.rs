@@ -31,7 +31,7 @@ pub struct OpenQuestion {
 const BY_DISPATCHER: &str = "cancelled by the dispatcher";
 const BY_OPERATOR: &str = "cancelled by the operator";
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// The questions waiting for an answer.
     pub fn open_questions(&self) -> Vec<OpenQuestion> {
         let agent = self.spec().name.clone();

@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::Pending;
-use super::{Backend, BackendError, ClaimOutcome, Dispatcher};
+use super::{Backend, BackendError, ClaimOutcome, Engine};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
 
@@ -48,7 +48,7 @@ enum Sent {
     Later(Option<Duration>),
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// Sends what is due until `stop`; then makes one last round (bounded by `last_round`) so
     /// answers recorded during the shutdown still leave when the server is up. It waits on
     /// events only: woken when something is queued, or at the next mail's due time, or (while
@@ -161,7 +161,7 @@ impl<O: Backend> Dispatcher<O> {
                     Sent::Later(reachable) => {
                         // Refused credentials hold up every mail alike: the next try is
                         // at the refused mail's own retry, or at once when the credentials
-                        // change ([`Dispatcher::retry_outbox_now`]), not one login a mail.
+                        // change ([`Engine::retry_outbox_now`]), not one login a mail.
                         let wait = reachable.map_or(REFUSED_RETRY, |d| d.min(PROBE_MAX));
                         *probe = Some(Instant::now() + wait);
                         return Ok(());

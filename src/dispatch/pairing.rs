@@ -26,7 +26,7 @@ pub fn new_pair_code() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// `pair.request`, the one intent the sender policy does not gate: a valid pairing code
     /// (unexpired, unused, compared in constant time) adds the sender to the agent's allowed
     /// senders, with the dispatch-context rules it asked for, and is used up. Repeated wrong

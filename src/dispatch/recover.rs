@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
     /// queued again; tasks that were running are run again (workspace emptied first) when
     /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise

@@ -26,7 +26,7 @@ pub(super) fn automatic(inbound: &Inbound) -> Option<&'static str> {
     None
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// Takes one inbound message: records it in the journal (with the ack or rejection it is
     /// answered with) before returning, then starts its work on the tracker. An error means
     /// the message was not recorded; the caller must offer it again later.
