@@ -1,7 +1,12 @@
 //! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail
 //! made again after a crash is the same mail.
 
-use super::*;
+use std::time::SystemTime;
+
+use super::journal::Outgoing;
+use super::{results, Engine};
+use crate::backend::Backend;
+use crate::protocol::{AampMessage, Body, Envelope, Status, TaskResult};
 
 /// The Message-ID of the `n`th mail of `intent` answering the message `key`: the same every
 /// time it is made, so a mail sent again after a crash is the same mail to its reader.

@@ -25,7 +25,8 @@ use serde_json::Value;
 
 use crate::backend::Backend;
 use crate::config::{LoadedConfig, UiConfig};
-use crate::dispatch::operator::{OpenQuestion, OperatorError};
+use crate::dispatch::operator::OperatorError;
+use crate::dispatch::questions::OpenQuestion;
 use crate::dispatch::{Engine, Journal};
 
 pub use server::Server;
