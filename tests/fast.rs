@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aamp_bridge::config::LoadedConfig;
-use aamp_bridge::dispatch::{Dispatcher, Journal, Settings};
+use aamp_bridge::dispatch::{Engine, Journal, Settings};
 use aamp_bridge::events::Events;
 use aamp_bridge::mailbox::aamp::auth::SenderCheck;
 use aamp_bridge::mailbox::{Attachment, Inbound, Mail};
@@ -25,11 +25,11 @@ use support::{Claims, Downloads, FakeBackend};
 const AGENT: &str = "agent@example.test";
 const BOSS: &str = "boss@example.test";
 
-/// One agent's dispatcher over a journal in a folder of its own, its outbox worker running.
+/// One agent's engine over a journal in a folder of its own, its outbox worker running.
 struct Rig {
     dir: tempfile::TempDir,
     outbox: FakeBackend,
-    dispatcher: Dispatcher<FakeBackend>,
+    engine: Engine<FakeBackend>,
     tracker: TaskTracker,
     stop: CancellationToken,
     abort: CancellationToken,
@@ -91,7 +91,7 @@ impl Rig {
             CancellationToken::new(),
             CancellationToken::new(),
         );
-        let dispatcher = Dispatcher::new(
+        let engine = Engine::new(
             spec,
             outbox.clone(),
             journal,
@@ -100,16 +100,16 @@ impl Rig {
             tracker.clone(),
             abort.clone(),
         );
-        dispatcher.recover().unwrap();
+        engine.recover().unwrap();
         tracker.spawn(
-            dispatcher
+            engine
                 .clone()
                 .send_outbox(stop.clone(), Duration::from_secs(1)),
         );
         Rig {
             dir,
             outbox,
-            dispatcher,
+            engine,
             tracker,
             stop,
             abort,
@@ -181,11 +181,11 @@ impl Rig {
         msg
     }
 
-    /// Hands `msg` to the dispatcher as the intake does (rendered, then read back), its
+    /// Hands `msg` to the engine as the intake does (rendered, then read back), its
     /// sender believed.
     fn deliver(&self, msg: &AampMessage) {
         let n = self.mails.fetch_add(1, Ordering::SeqCst);
-        self.dispatcher.deliver(as_delivered(msg, n)).unwrap();
+        self.engine.deliver(as_delivered(msg, n)).unwrap();
     }
 
     /// Stops as the daemon does at a crash-free stop: tasks aborted (kept for the next
@@ -594,7 +594,7 @@ async fn the_mailbox_coming_back_sends_waiting_answers_at_once() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     rig.outbox.fail.store(0, Ordering::SeqCst);
     let back = tokio::time::Instant::now();
-    rig.dispatcher.server_back();
+    rig.engine.server_back();
     rig.outbox.until("both answers", |s| s.len() == 2).await;
     assert!(
         back.elapsed() < Duration::from_millis(500),
@@ -618,9 +618,9 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
         &[],
         outbox,
     );
-    let idle = rig.dispatcher.outbox_rounds();
+    let idle = rig.engine.outbox_rounds();
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    let idle = rig.dispatcher.outbox_rounds() - idle;
+    let idle = rig.engine.outbox_rounds() - idle;
     // The first round at start, and one look an hour.
     assert!(idle <= 2, "{idle} rounds in an idle hour");
     // Three tasks: besides each result behind its ack, the acks of the second and third are
@@ -636,9 +636,9 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
     while journal.unsent("agent").unwrap() < 6 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let before = rig.dispatcher.outbox_rounds();
+    let before = rig.engine.outbox_rounds();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let rounds = rig.dispatcher.outbox_rounds() - before;
+    let rounds = rig.engine.outbox_rounds() - before;
     // A try of the server every 5 s at most (sooner while its backoff is short), and a wake
     // for each mail queued: a dozen or so; polling made 6,000.
     assert!(rounds <= 30, "{rounds} rounds in a minute of outage");
@@ -850,10 +850,10 @@ async fn a_burst_of_equal_priority_runs_in_arrival_order() {
         .collect();
     // Delivered from a task on a worker thread, as the daemon's intake does: what that task
     // spawns lands in the worker's own queue, which the runtime does not run in order.
-    let (dispatcher, burst) = (rig.dispatcher.clone(), tasks.clone());
+    let (engine, burst) = (rig.engine.clone(), tasks.clone());
     tokio::spawn(async move {
         for (n, task) in burst.iter().enumerate() {
-            dispatcher.deliver(as_delivered(task, n)).unwrap();
+            engine.deliver(as_delivered(task, n)).unwrap();
         }
     })
     .await
@@ -1069,12 +1069,12 @@ async fn many_attachments_never_hold_the_slot_and_the_rest_are_named_as_left_out
             url: format!("http://127.0.0.1:9/{i}"),
         })
         .collect();
-    rig.dispatcher
+    rig.engine
         .deliver(as_delivered_with(&heavy, 0, attachments))
         .unwrap();
     // While its downloads wait, the next task has the agent's only slot.
     let light = rig.dispatch(BOSS, "Light", "quick one");
-    rig.dispatcher.deliver(as_delivered(&light, 1)).unwrap();
+    rig.engine.deliver(as_delivered(&light, 1)).unwrap();
     assert_eq!(
         rig.outbox.result(light.task_id()).await.status,
         Status::Completed

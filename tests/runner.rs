@@ -285,7 +285,7 @@ fn tagged_processes_are_found_among_those_created_since_a_point() {
     child.wait().unwrap();
 }
 
-/// Runs a profile through `runner::run` (what the dispatcher calls), dropping its events.
+/// Runs a profile through `runner::run` (what the engine calls), dropping its events.
 async fn run_any(profile: &Profile, task: &TaskInput) -> Result<RunOutput, RunError> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let drain = async move { while rx.recv().await.is_some() {} };
@@ -353,7 +353,7 @@ async fn the_policys_arguments_come_first() {
 
 /// Issue 32, item 4: a CLI profile with no `{{resume_id}}` started every turn afresh while the
 /// bridge kept the session id its stream named and never used it. It now gets the
-/// conversation's earlier turns retold (the dispatcher's `fresh_prompt`), flagged so the
+/// conversation's earlier turns retold (the engine's `fresh_prompt`), flagged so the
 /// answer says so; a turn with no session to continue runs as it is (a CLI that names no
 /// session may keep its conversation by AAMP_SESSION_KEY itself).
 #[tokio::test]

@@ -398,7 +398,7 @@ impl AgentConfig {
     }
 
     /// The agent's sender policy from the config (rules added with `aamp-bridge policy` or by
-    /// pairing live in the journal and are added by the dispatcher).
+    /// pairing live in the journal and are added by the engine, `dispatch::Engine`).
     pub fn sender_policy(&self) -> policy::SenderPolicy {
         let text_rules = self
             .sender_policy

@@ -1,5 +1,5 @@
 //! Wires the layers for `aamp-bridge start`: the state directory's lock and journal, and per
-//! agent a mailbox intake feeding a dispatcher, whose tasks run agents and whose outbox
+//! agent a mailbox intake feeding an engine, whose tasks run agents and whose outbox
 //! answers through the agent's sender. One stop token, one abort token and two task trackers
 //! own everything that runs.
 
@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::LoadedConfig;
-use crate::dispatch::{AgentSpec, Dispatcher, Journal, Settings, OWNER_VAR};
+use crate::dispatch::{AgentSpec, Engine, Journal, Settings, OWNER_VAR};
 use crate::events::Events;
 use crate::fsio::StateLock;
 use crate::mailbox::{intake, Outlet};
@@ -87,7 +87,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let outbox_stop = CancellationToken::new();
     let agents = config.agents(&opts.agents)?;
     let mut names = Vec::new();
-    let mut dispatchers = Vec::new();
+    let mut engines = Vec::new();
     for agent in agents {
         import_sessions(
             &journal,
@@ -96,7 +96,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         );
         let (outlet, intake) =
             crate::mailbox::open(&config, &agent, events, &services, &outbox_stop).await?;
-        let dispatcher = Dispatcher::new(
+        let engine = Engine::new(
             agent_spec(&config, &agent)?,
             outlet,
             journal.clone(),
@@ -105,22 +105,21 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
             tasks.clone(),
             abort.clone(),
         );
-        dispatchers.push(dispatcher.clone());
+        engines.push(engine.clone());
         let span = tracing::info_span!("agent", agent = %agent.name);
-        recover(&dispatcher, &agent.name, &span)?;
+        recover(&engine, &agent.name, &span)?;
         services.spawn(
-            dispatcher
+            engine
                 .clone()
                 .send_outbox(outbox_stop.clone(), LAST_ROUND)
                 .instrument(span.clone()),
         );
         services.spawn(
-            retry_on_new_credentials(dispatcher.clone(), outbox_stop.clone())
-                .instrument(span.clone()),
+            retry_on_new_credentials(engine.clone(), outbox_stop.clone()).instrument(span.clone()),
         );
-        let back = dispatcher.clone();
+        let back = engine.clone();
         let deliver = move |inbound| {
-            dispatcher
+            engine
                 .deliver(inbound)
                 .map_err(|e| Box::new(e) as intake::DeliverError)
         };
@@ -167,7 +166,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
             })
         };
         let live: Arc<dyn Fn() -> serde_json::Value + Send + Sync> = Arc::new(live);
-        serve_ui(&config, &journal, &live, &dispatchers, &services, &stop);
+        serve_ui(&config, &journal, &live, &engines, &services, &stop);
         match control_socket(&config.state().control_socket()) {
             Ok(listener) => {
                 let live = live.clone();
@@ -203,10 +202,10 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
             loop {
                 tokio::select! {
                     _ = reload.notified() => {
-                        reload_config(&path, &dispatchers, events).await;
+                        reload_config(&path, &engines, events).await;
                     }
                     Some(asked) = reload_rx.recv() => {
-                        let _ = asked.send(reload_config(&path, &dispatchers, events).await);
+                        let _ = asked.send(reload_config(&path, &engines, events).await);
                     }
                     _ = done.cancelled() => return,
                 }
@@ -250,12 +249,12 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
 }
 
 /// The live view (`[ui]` in the config): served on `services` until `stop`, with the
-/// dispatchers as its operator. A page that cannot be served is logged; the bridge runs on.
+/// engines as its operator. A page that cannot be served is logged; the bridge runs on.
 fn serve_ui(
     config: &LoadedConfig,
     journal: &Arc<Journal>,
     live: &Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
-    dispatchers: &[Dispatcher<Outlet>],
+    engines: &[Engine<Outlet>],
     services: &TaskTracker,
     stop: &CancellationToken,
 ) {
@@ -271,7 +270,7 @@ fn serve_ui(
         config: config.clone(),
         journal: journal.clone(),
         live: live.clone(),
-        operator: Arc::new(dispatchers.to_vec()),
+        operator: Arc::new(engines.to_vec()),
     };
     services.spawn(
         server
@@ -281,13 +280,9 @@ fn serve_ui(
 }
 
 /// Picks up what the journal holds for one agent from the bridge's last life.
-fn recover(
-    dispatcher: &Dispatcher<Outlet>,
-    agent: &str,
-    span: &tracing::Span,
-) -> anyhow::Result<()> {
+fn recover(engine: &Engine<Outlet>, agent: &str, span: &tracing::Span) -> anyhow::Result<()> {
     let _enter = span.enter();
-    let picked = dispatcher
+    let picked = engine
         .recover()
         .with_context(|| format!("agent {agent:?}: reading the task journal"))?;
     if picked > 0 {
@@ -303,8 +298,8 @@ fn recover(
 /// others), or work again after a refusal (a key made active again, seen by the intake's
 /// next read), what waits in the agent's outbox is sent at once. The intake hears a change
 /// itself.
-async fn retry_on_new_credentials(dispatcher: Dispatcher<Outlet>, stop: CancellationToken) {
-    let secret = dispatcher.outbox().secret();
+async fn retry_on_new_credentials(engine: Engine<Outlet>, stop: CancellationToken) {
+    let secret = engine.outbox().secret();
     let (mut changes, mut recoveries) = (secret.changes(), secret.recoveries());
     loop {
         tokio::select! {
@@ -312,13 +307,13 @@ async fn retry_on_new_credentials(dispatcher: Dispatcher<Outlet>, stop: Cancella
                 if changed.is_err() {
                     return;
                 }
-                dispatcher.retry_outbox_now();
+                engine.retry_outbox_now();
             }
             recovered = recoveries.changed() => {
                 if recovered.is_err() {
                     return;
                 }
-                dispatcher.retry_outbox_now();
+                engine.retry_outbox_now();
             }
             _ = stop.cancelled() => return,
         }
@@ -349,7 +344,7 @@ async fn trim_when_idle(slots: Arc<crate::dispatch::slots::Slots>, stop: Cancell
 }
 
 /// What dispatch needs of an agent's config: its address, policy, limits and profile. (Public
-/// for the in-process tests, which run a dispatcher from a config without a daemon.)
+/// for the in-process tests, which run an engine from a config without a daemon.)
 pub fn agent_spec(
     config: &LoadedConfig,
     agent: &crate::config::AgentConfig,
@@ -425,7 +420,7 @@ pub fn agent_spec(
 /// (with `"error"` when the config did not load).
 async fn reload_config(
     path: &std::path::Path,
-    dispatchers: &[Dispatcher<Outlet>],
+    engines: &[Engine<Outlet>],
     events: Events,
 ) -> serde_json::Value {
     let mut changed = Vec::new();
@@ -435,13 +430,13 @@ async fn reload_config(
         Err(e) => {
             tracing::error!("the config was not reloaded: {e}");
             // The credentials files are still read again, as they were named.
-            for dispatcher in dispatchers {
-                let secret = dispatcher.outbox().secret();
+            for engine in engines {
+                let secret = engine.outbox().secret();
                 match secret.reread() {
                     Ok(true) => changed.push(secret.mailbox().to_string()),
                     Ok(false) => {}
                     Err(e) => {
-                        tracing::error!(agent = %dispatcher.name(), "the credentials of {} were not reloaded: {e}", secret.mailbox())
+                        tracing::error!(agent = %engine.name(), "the credentials of {} were not reloaded: {e}", secret.mailbox())
                     }
                 }
             }
@@ -453,15 +448,15 @@ async fn reload_config(
         }
     };
     let mut reloaded = Vec::new();
-    for dispatcher in dispatchers {
-        let name = dispatcher.name();
+    for engine in engines {
+        let name = engine.name();
         let Some(agent) = config.config.agents.iter().find(|a| a.name == name) else {
             tracing::warn!(agent = %name, "the agent is no longer in the config; it stops at the next restart");
             continue;
         };
         // Credentials first: the mailbox is retried at once when they changed, and left
         // alone when not.
-        let secret = dispatcher.outbox().secret();
+        let secret = engine.outbox().secret();
         match config.mailbox_secret(secret.mailbox()) {
             Ok(fresh) => {
                 if secret.replace(&fresh) {
@@ -476,8 +471,8 @@ async fn reload_config(
         }
         match agent_spec(&config, agent) {
             Ok(spec) => {
-                dispatcher.reload(spec);
-                dispatcher.outbox().republish(&config, agent, events).await;
+                engine.reload(spec);
+                engine.outbox().republish(&config, agent, events).await;
                 reloaded.push(name);
             }
             Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),
@@ -487,7 +482,7 @@ async fn reload_config(
         .config
         .agents
         .iter()
-        .filter(|a| !dispatchers.iter().any(|d| d.name() == a.name))
+        .filter(|a| !engines.iter().any(|d| d.name() == a.name))
         .map(|a| a.name.as_str())
         .collect();
     if !added.is_empty() {

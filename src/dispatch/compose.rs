@@ -1,7 +1,12 @@
 //! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail
 //! made again after a crash is the same mail.
 
-use super::*;
+use std::time::SystemTime;
+
+use super::journal::Outgoing;
+use super::{results, Engine};
+use crate::backend::Backend;
+use crate::protocol::{AampMessage, Body, Envelope, Status, TaskResult};
 
 /// The Message-ID of the `n`th mail of `intent` answering the message `key`: the same every
 /// time it is made, so a mail sent again after a crash is the same mail to its reader.
@@ -25,7 +30,7 @@ pub(super) fn derived_message_id(agent_email: &str, key: &str, intent: &str, n: 
     format!("<{intent}.{}@{domain}>", id.simple())
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
     /// task (`n` tells apart several mails of one intent).
     pub(super) fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
@@ -43,7 +48,7 @@ impl<O: Backend> Dispatcher<O> {
         self.compose(env, key, Body::Result(result), 0)
     }
 
-    /// [`Dispatcher::compose`] with files attached.
+    /// [`Engine::compose`] with files attached.
     pub(super) fn compose_with(
         &self,
         env: &Envelope,

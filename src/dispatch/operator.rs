@@ -3,7 +3,24 @@
 //! once) and cancelling a queued or running task (as `task.cancel` does, answered "cancelled by
 //! the operator").
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use super::journal::{JournalError, NewTask, TaskState};
+use super::{task_key, Engine, Task};
+use crate::backend::Backend;
+
+/// What the operator did from the live view, kept for the tasks' answers.
+#[derive(Default)]
+pub(super) struct Acts {
+    /// Tasks the operator cancelled, by task key: answered so.
+    cancelled: Mutex<HashSet<String>>,
+    /// Questions the operator answered, by task key: the task's answer tells its dispatcher
+    /// who answered what.
+    answered: Mutex<HashMap<String, Vec<String>>>,
+}
 
 /// Why the operator's action was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -16,41 +33,11 @@ pub enum OperatorError {
     Journal(#[from] JournalError),
 }
 
-/// A question an agent asked and its dispatcher has not answered yet.
-#[derive(Clone, Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OpenQuestion {
-    pub agent: String,
-    pub from: String,
-    pub task_id: String,
-    pub question: String,
-    pub options: Vec<String>,
-}
-
 /// What a cancelled task's answer says stopped it.
 const BY_DISPATCHER: &str = "cancelled by the dispatcher";
 const BY_OPERATOR: &str = "cancelled by the operator";
 
-impl<O: Backend> Dispatcher<O> {
-    /// The questions waiting for an answer.
-    pub fn open_questions(&self) -> Vec<OpenQuestion> {
-        let agent = self.spec().name.clone();
-        let pending = self.inner.questions.lock().expect("questions lock");
-        pending
-            .iter()
-            .map(|(key, q)| {
-                let (from, task_id) = key.split_once('\n').unwrap_or(("", key));
-                OpenQuestion {
-                    agent: agent.clone(),
-                    from: from.to_string(),
-                    task_id: task_id.to_string(),
-                    question: q.text.clone(),
-                    options: q.options.clone(),
-                }
-            })
-            .collect()
-    }
-
+impl<O: Backend> Engine<O> {
     /// Answers the question task `task_id` of `from` waits on with `answer` (an option's name
     /// or number, or free text), as a reply by mail would: recorded in the journal, noted on the
     /// task's timeline, and handed to the agent once. A second answer finds no question.
@@ -62,13 +49,7 @@ impl<O: Backend> Dispatcher<O> {
     ) -> Result<(), OperatorError> {
         let spec = self.spec();
         let waiting = task_key(from, task_id);
-        let asked = self
-            .inner
-            .questions
-            .lock()
-            .expect("questions lock")
-            .get(&waiting)
-            .map(|q| (q.task_row, q.text.clone()));
+        let asked = self.question_asked(&waiting);
         let Some((row, question)) = asked else {
             return Err(OperatorError::NoQuestion {
                 from: from.to_string(),
@@ -77,7 +58,7 @@ impl<O: Backend> Dispatcher<O> {
         };
         let key = format!("operator|{}", uuid::Uuid::new_v4());
         self.inner.journal.record(
-            &journal::NewTask {
+            &NewTask {
                 agent: &spec.name,
                 message_key: &key,
                 sender: "operator",
@@ -95,7 +76,8 @@ impl<O: Backend> Dispatcher<O> {
         // The dispatcher asked nothing and answered nothing: its answer says who did.
         let question: String = question.chars().take(200).collect();
         self.inner
-            .answered_by_operator
+            .operator
+            .answered
             .lock()
             .expect("answered lock")
             .entry(waiting.clone())
@@ -113,7 +95,8 @@ impl<O: Backend> Dispatcher<O> {
         let key = task_key(&task.env.from, &task.env.task_id);
         let said = self
             .inner
-            .answered_by_operator
+            .operator
+            .answered
             .lock()
             .expect("answered lock")
             .remove(&key)?;
@@ -124,21 +107,20 @@ impl<O: Backend> Dispatcher<O> {
     /// would; its answer says the operator cancelled it.
     pub fn operator_cancel(&self, from: &str, task_id: &str) -> Result<(), OperatorError> {
         let key = task_key(from, task_id);
-        let running = self.inner.running.lock().expect("running lock");
-        let Some(cancel) = running.get(&key) else {
-            return Err(OperatorError::NotActive {
-                from: from.to_string(),
-                task_id: task_id.to_string(),
-            });
-        };
-        self.inner
-            .cancelled_by_operator
-            .lock()
-            .expect("cancelled lock")
-            .insert(key);
-        tracing::info!(%from, %task_id, "the operator cancels the task");
-        cancel.cancel();
-        Ok(())
+        let cancelled = self.with_running(&key, |cancel| {
+            self.inner
+                .operator
+                .cancelled
+                .lock()
+                .expect("cancelled lock")
+                .insert(key.clone());
+            tracing::info!(%from, %task_id, "the operator cancels the task");
+            cancel.cancel();
+        });
+        cancelled.ok_or_else(|| OperatorError::NotActive {
+            from: from.to_string(),
+            task_id: task_id.to_string(),
+        })
     }
 
     /// Who cancelled `task`, for its answer (and forgets it).
@@ -146,7 +128,8 @@ impl<O: Backend> Dispatcher<O> {
         let key = task_key(&task.env.from, &task.env.task_id);
         let mut by_operator = self
             .inner
-            .cancelled_by_operator
+            .operator
+            .cancelled
             .lock()
             .expect("cancelled lock");
         if by_operator.remove(&key) {

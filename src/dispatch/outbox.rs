@@ -8,19 +8,31 @@
 //! queued, at the next due time, or at the next try of the server; never by polling. A mail that waits on a claim (one of several
 //! replicas answering mail none of them runs) leaves only from the replica that wins it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use serde_json::json;
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use serde_json::json;
-use tokio_util::sync::CancellationToken;
-
-use super::journal::Pending;
-use super::{Backend, BackendError, ClaimOutcome, Dispatcher};
+use super::journal::{JournalError, Outgoing, Pending};
+use super::{Engine, Task};
+use crate::backend::{Backend, BackendError, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
+
+/// The outbox worker's state.
+#[derive(Default)]
+pub(super) struct Worker {
+    /// Wakes the worker.
+    wake: Notify,
+    /// Rounds the worker made (see [`Engine::outbox_rounds`]).
+    rounds: AtomicU64,
+    /// The mailbox answers again ([`Engine::server_back`]): the outbox tries at once.
+    server_back: AtomicBool,
+}
 
 /// Mails read from the journal per round.
 const BATCH: usize = 32;
@@ -48,7 +60,36 @@ enum Sent {
     Later(Option<Duration>),
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
+    /// Wakes the outbox worker: something was queued for it.
+    pub(super) fn wake_outbox(&self) {
+        self.inner.worker.wake.notify_one();
+    }
+
+    /// Queues a mail that belongs to a task under way (a question, a stream announcement).
+    pub(super) fn enqueue(&self, task: &Task, mail: &Outgoing) -> Result<(), JournalError> {
+        self.inner
+            .journal
+            .enqueue(&self.spec().name, Some(task.row), mail)?;
+        self.wake_outbox();
+        Ok(())
+    }
+
+    /// The mailbox's credentials were replaced: what waits in the outbox for a later retry
+    /// is tried now.
+    pub fn retry_outbox_now(&self) {
+        match self.inner.journal.retry_now(&self.spec().name) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                mails = n,
+                "the credentials changed: sending what waited now"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not move the outbox's retries"),
+        }
+        // Tried now, not at the next try of a server that refused the old ones.
+        self.server_back();
+    }
+
     /// Sends what is due until `stop`; then makes one last round (bounded by `last_round`) so
     /// answers recorded during the shutdown still leave when the server is up. It waits on
     /// events only: woken when something is queued, or at the next mail's due time, or (while
@@ -70,7 +111,7 @@ impl<O: Backend> Dispatcher<O> {
                 }
             };
             tokio::select! {
-                _ = inner.wake.notified() => {}
+                _ = inner.worker.wake.notified() => {}
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = stop.cancelled() => break,
             }
@@ -93,14 +134,14 @@ impl<O: Backend> Dispatcher<O> {
     /// The agent's mailbox answers again after an outage (its link came up): mail waiting
     /// for the server is tried now, not at the next probe.
     pub fn server_back(&self) {
-        self.inner.server_back.store(true, Ordering::SeqCst);
-        self.inner.wake.notify_one();
+        self.inner.worker.server_back.store(true, Ordering::SeqCst);
+        self.wake_outbox();
     }
 
     /// How many rounds the outbox worker has made (each reads the journal once or more):
     /// for tests and figures, as an idle worker must make none.
     pub fn outbox_rounds(&self) -> u64 {
-        self.inner.outbox_rounds.load(Ordering::Relaxed)
+        self.inner.worker.rounds.load(Ordering::Relaxed)
     }
 
     /// How long until the next mail is due (only mails first in their task's line count: a
@@ -122,11 +163,11 @@ impl<O: Backend> Dispatcher<O> {
         &self,
         backoff: &mut Backoff,
         probe: &mut Option<Instant>,
-    ) -> Result<(), super::JournalError> {
+    ) -> Result<(), JournalError> {
         let journal = &self.inner.journal;
         let agent = self.spec().name.clone();
-        self.inner.outbox_rounds.fetch_add(1, Ordering::Relaxed);
-        if self.inner.server_back.swap(false, Ordering::SeqCst) {
+        self.inner.worker.rounds.fetch_add(1, Ordering::Relaxed);
+        if self.inner.worker.server_back.swap(false, Ordering::SeqCst) {
             if let Some(at) = probe.as_mut() {
                 *at = Instant::now();
             }
@@ -161,7 +202,7 @@ impl<O: Backend> Dispatcher<O> {
                     Sent::Later(reachable) => {
                         // Refused credentials hold up every mail alike: the next try is
                         // at the refused mail's own retry, or at once when the credentials
-                        // change ([`Dispatcher::retry_outbox_now`]), not one login a mail.
+                        // change ([`Engine::retry_outbox_now`]), not one login a mail.
                         let wait = reachable.map_or(REFUSED_RETRY, |d| d.min(PROBE_MAX));
                         *probe = Some(Instant::now() + wait);
                         return Ok(());
@@ -179,7 +220,7 @@ impl<O: Backend> Dispatcher<O> {
         &self,
         pending: &Pending,
         backoff: &mut Backoff,
-    ) -> Result<Sent, super::JournalError> {
+    ) -> Result<Sent, JournalError> {
         let mail = &pending.mail;
         let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
             intent = %mail.intent, message_id = %mail.mail.message_id);
@@ -190,7 +231,7 @@ impl<O: Backend> Dispatcher<O> {
         &self,
         pending: &Pending,
         backoff: &mut Backoff,
-    ) -> Result<Sent, super::JournalError> {
+    ) -> Result<Sent, JournalError> {
         let inner = &self.inner;
         let journal = &inner.journal;
         let mail = &pending.mail;
@@ -248,7 +289,7 @@ impl<O: Backend> Dispatcher<O> {
     /// Submits the mail, after winning its claim when it waits on one. The claim is marked
     /// done before the mail is submitted, so no replica takes it over while sending is
     /// retried; a retry finds it done by this replica and sends.
-    async fn claim_and_submit(&self, mail: &super::Outgoing) -> Result<Sent, BackendError> {
+    async fn claim_and_submit(&self, mail: &Outgoing) -> Result<Sent, BackendError> {
         let backend = &self.inner.outbox;
         if let Some(email_id) = &mail.claim {
             let spec = self.spec();

@@ -1,7 +1,23 @@
 //! Pairing: a `pair.request` with a live one-time code adds its sender to the agent's allowed
 //! senders; wrong codes lock out their own sender, never everyone.
 
-use super::*;
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+
+use super::journal::{JournalError, TaskState};
+use super::{policy, Engine};
+use crate::backend::Backend;
+use crate::inbound::Inbound;
+use crate::protocol::{Body, Status};
+
+/// Pairing: the window wrong codes are counted in, how many one sender may give before it is
+/// locked out, how many the agent takes before wrong codes go unanswered, and how many
+/// refused pair requests are answered an hour.
+const PAIR_WINDOW_SECS: u64 = 15 * 60;
+const PAIR_SENDER_TRIES: u32 = 5;
+const PAIR_AGENT_TRIES: u32 = 20;
+const PAIR_REFUSALS_PER_HOUR: u32 = 20;
 
 /// Equal bytes, compared in time that does not depend on where they differ.
 pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -26,7 +42,7 @@ pub fn new_pair_code() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// `pair.request`, the one intent the sender policy does not gate: a valid pairing code
     /// (unexpired, unused, compared in constant time) adds the sender to the agent's allowed
     /// senders, with the dispatch-context rules it asked for, and is used up. Repeated wrong
@@ -119,7 +135,7 @@ impl<O: Backend> Dispatcher<O> {
             reason.as_deref().unwrap_or("pair.request"),
             reply.as_ref(),
         )?;
-        self.inner.wake.notify_one();
+        self.wake_outbox();
         Ok(())
     }
 }

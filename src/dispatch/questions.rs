@@ -1,13 +1,32 @@
-//! Questions an agent asks its dispatcher (`task.help_needed`), and matching their answers.
+//! Questions an agent asks its dispatcher (`task.help_needed`): mailed, kept until answered,
+//! and matched with their answers (a reply to the question's mail, a follow-up dispatch, or
+//! the operator's answer from the live view).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use super::journal::TaskState;
+use super::{task_key, Engine, Task};
+use crate::backend::Backend;
+use crate::protocol::{Body, Dispatch, Envelope, HelpNeeded};
+use crate::runner::{Answer, Question};
+
+/// The questions' state: those mailed to dispatchers, by task key, awaiting an answer.
+#[derive(Default)]
+pub(super) struct Questions {
+    pending: Mutex<HashMap<String, PendingQuestion>>,
+}
 
 /// A question mailed to a dispatcher, waiting for the answer.
-pub(super) struct PendingQuestion {
+struct PendingQuestion {
     /// The Message-ID of the help_needed mail, which a reply may name in In-Reply-To.
     pub help_message_id: String,
     /// The question as the agent put it (the live view shows it).
     pub text: String,
     pub options: Vec<String>,
-    pub answer: tokio::sync::oneshot::Sender<crate::runner::Answer>,
+    pub answer: tokio::sync::oneshot::Sender<Answer>,
     /// The journal row of the task that asked.
     pub task_row: i64,
 }
@@ -47,6 +66,203 @@ pub fn choose(options: &[String], text: &str) -> Option<usize> {
         .filter(|(_, o)| !o.trim().is_empty() && lower.contains(&o.trim().to_lowercase()))
         .max_by_key(|(_, o)| o.len())
         .map(|(i, _)| i)
+}
+
+/// A question an agent asked and its dispatcher has not answered yet.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenQuestion {
+    pub agent: String,
+    pub from: String,
+    pub task_id: String,
+    pub question: String,
+    pub options: Vec<String>,
+}
+
+/// The question waiting in `pending` that a mail from `from` replies to (by In-Reply-To or
+/// References naming its mail): its task key and the asking task's journal row.
+fn replied_to(
+    pending: &HashMap<String, PendingQuestion>,
+    from: &str,
+    in_reply_to: Option<&str>,
+    references: &[String],
+) -> Option<(String, i64)> {
+    let sender = format!("{}\n", from.to_ascii_lowercase());
+    pending
+        .iter()
+        .find(|(k, q)| {
+            k.starts_with(&sender)
+                && (in_reply_to == Some(q.help_message_id.as_str())
+                    || references.contains(&q.help_message_id))
+        })
+        .map(|(k, q)| (k.clone(), q.task_row))
+}
+
+impl<O: Backend> Engine<O> {
+    /// Queues the agent's question to the dispatcher as `task.help_needed` and keeps its
+    /// answer channel until a reply comes.
+    pub(super) async fn ask_dispatcher(&self, task: &Task, question: Question) {
+        let inner = &self.inner;
+        let text = question.text.clone();
+        let help = HelpNeeded {
+            question: question.text,
+            blocked_reason: question.reason,
+            suggested_options: question.options.clone(),
+        };
+        let n = inner
+            .journal
+            .count_outgoing(task.row, "task.help_needed")
+            .unwrap_or(0);
+        let mail = self.compose(&task.env, &task.key, Body::HelpNeeded(help), n);
+        let queued = self
+            .enqueue(task, &mail)
+            .and_then(|()| inner.journal.set_state(task.row, TaskState::HelpNeeded));
+        match queued {
+            Ok(()) => {
+                self.note(
+                    task.row,
+                    "asked the dispatcher",
+                    Some(&mail.mail.message_id),
+                );
+                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "from": task.env.from, "question": text, "options": question.options, "messageId": mail.mail.message_id}));
+                let pending = PendingQuestion {
+                    help_message_id: mail.mail.message_id.clone(),
+                    text,
+                    options: question.options,
+                    answer: question.answer,
+                    task_row: task.row,
+                };
+                inner
+                    .questions
+                    .pending
+                    .lock()
+                    .expect("questions lock")
+                    .insert(task_key(&task.env.from, &task.env.task_id), pending);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not queue task.help_needed; the question goes unanswered");
+                let _ = question.answer.send(Answer::None);
+            }
+        }
+    }
+
+    /// The question a dispatch answers, by task key: same sender, and its ParentTaskId is the
+    /// waiting task, or it replies to the help mail.
+    pub(super) fn question_answered_by(
+        &self,
+        env: &Envelope,
+        dispatch: &Dispatch,
+    ) -> Option<String> {
+        let pending = self.inner.questions.pending.lock().expect("questions lock");
+        match &dispatch.parent_task_id {
+            Some(parent) if pending.contains_key(&task_key(&env.from, parent)) => {
+                Some(task_key(&env.from, parent))
+            }
+            _ => replied_to(
+                &pending,
+                &env.from,
+                env.in_reply_to.as_deref(),
+                &env.references,
+            )
+            .map(|(k, _)| k),
+        }
+    }
+
+    /// Hands the answer in `text` (or else `title`) to the question waiting under `waiting`.
+    pub(super) fn answer_question(
+        &self,
+        waiting: &str,
+        answer_task_id: &str,
+        text: &str,
+        title: &str,
+    ) {
+        let inner = &self.inner;
+        let Some(question) = inner
+            .questions
+            .pending
+            .lock()
+            .expect("questions lock")
+            .remove(waiting)
+        else {
+            return;
+        };
+        let choice = choose(&question.options, text).or_else(|| choose(&question.options, title));
+        inner.events.emit(
+            crate::events::Event::TaskAnswered,
+            json!({"agent": self.spec().name, "taskId": waiting.split_once('\n').map(|(_, t)| t), "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
+        );
+        if choice.is_none() {
+            tracing::info!(
+                "the answer names none of the options; it goes to the agent as free text"
+            );
+        }
+        if let Err(e) = inner
+            .journal
+            .set_state(question.task_row, TaskState::Running)
+        {
+            tracing::warn!(error = %e, "could not record that the question was answered");
+        }
+        let answer = match choice {
+            Some(i) => Answer::Chosen(i),
+            None => match own_words(text) {
+                Some(words) => Answer::Text(words),
+                None => Answer::None,
+            },
+        };
+        let _ = question.answer.send(answer);
+    }
+
+    /// The question a plain reply from `from` answers (its task key and the asking task's
+    /// row), if it replies to a question's mail.
+    pub(super) fn question_replied_to(
+        &self,
+        from: &str,
+        in_reply_to: Option<&str>,
+        references: &[String],
+    ) -> Option<(String, i64)> {
+        let pending = self.inner.questions.pending.lock().expect("questions lock");
+        replied_to(&pending, from, in_reply_to, references)
+    }
+
+    /// The question waiting under `waiting`: the asking task's row and the question's text.
+    pub(super) fn question_asked(&self, waiting: &str) -> Option<(i64, String)> {
+        self.inner
+            .questions
+            .pending
+            .lock()
+            .expect("questions lock")
+            .get(waiting)
+            .map(|q| (q.task_row, q.text.clone()))
+    }
+
+    /// The task `key` ended: its question, if any, is no longer waiting.
+    pub(super) fn forget_question(&self, key: &str) {
+        self.inner
+            .questions
+            .pending
+            .lock()
+            .expect("questions lock")
+            .remove(key);
+    }
+
+    /// The questions waiting for an answer.
+    pub fn open_questions(&self) -> Vec<OpenQuestion> {
+        let agent = self.spec().name.clone();
+        let pending = self.inner.questions.pending.lock().expect("questions lock");
+        pending
+            .iter()
+            .map(|(key, q)| {
+                let (from, task_id) = key.split_once('\n').unwrap_or(("", key));
+                OpenQuestion {
+                    agent: agent.clone(),
+                    from: from.to_string(),
+                    task_id: task_id.to_string(),
+                    question: q.text.clone(),
+                    options: q.options.clone(),
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,17 @@
 //! What the journal holds from the bridge's last life, picked up at start.
 
-use super::*;
+use serde_json::json;
 
-impl<O: Backend> Dispatcher<O> {
+use super::journal::{JournalError, TaskState};
+use super::{Engine, MailExtras, Task};
+use crate::backend::Backend;
+use crate::inbound::Inbound;
+use crate::protocol::Body;
+
+/// Runs at most this many times for one task; after that a crash answers it rejected.
+const MAX_RUNS: u32 = 2;
+
+impl<O: Backend> Engine<O> {
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
     /// queued again; tasks that were running are run again (workspace emptied first) when
     /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise
@@ -93,68 +102,7 @@ impl<O: Backend> Dispatcher<O> {
                 span.clone(),
             );
         }
-        inner.wake.notify_one();
+        self.wake_outbox();
         Ok(unfinished.len())
-    }
-
-    /// A task another replica won comes back here (delivered again, or found among the
-    /// claims that ran out): it is claimed again, on the mail the first claim was on,
-    /// whichever copy brought it back; the claim finds it held (and it is left to the holder
-    /// again), done, or run out (taken over and run here). A cancel that came meanwhile is
-    /// kept: the task is then answered cancelled, by the claim's winner only.
-    pub(super) fn reclaim(&self, row: i64, span: tracing::Span) -> Result<(), JournalError> {
-        let inner = &self.inner;
-        let Some((key, mail)) = inner.journal.reclaim(row)? else {
-            return Ok(());
-        };
-        let inbound = match Inbound::from_json(&mail) {
-            Ok(inbound) => inbound,
-            Err(e) => {
-                tracing::error!(row, error = %e, "a task another replica held cannot be read back; it is closed without an answer");
-                let name = &self.spec().name;
-                return inner.journal.finish(
-                    name,
-                    row,
-                    TaskState::Rejected,
-                    Some("could not be read back from the journal"),
-                    None,
-                );
-            }
-        };
-        let Body::Dispatch(dispatch) = inbound.message.body else {
-            return Ok(());
-        };
-        let env = inbound.message.envelope;
-        let cancelled = inner
-            .journal
-            .was_cancelled(&self.spec().name, &env.from, &env.task_id)?;
-        tracing::info!(parent: &span, row, "a task another replica held is claimed again here");
-        self.note(
-            row,
-            "claimed again",
-            Some("delivered again, or its claim ran out"),
-        );
-        let task_key = task_key(&env.from, &env.task_id);
-        self.start(
-            Task {
-                row,
-                key,
-                env,
-                dispatch,
-                extras: MailExtras {
-                    email_id: inbound.email_id,
-                    truncated: inbound.truncated,
-                    attachments: inbound.attachments,
-                },
-                rerun_refused: None,
-            },
-            span,
-        );
-        if cancelled {
-            if let Some(cancel) = inner.running.lock().expect("running lock").get(&task_key) {
-                cancel.cancel();
-            }
-        }
-        Ok(())
     }
 }

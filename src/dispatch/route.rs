@@ -1,7 +1,17 @@
 //! Where each inbound message goes: a plain reply to a question, a dispatch (admitted or refused,
 //! before anything is acknowledged), a card query, a cancel; what the journal keeps of each.
 
-use super::*;
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use tracing::Instrument;
+
+use super::admission::{self, admit, Admission};
+use super::journal::{self, JournalError, Outgoing, TaskState};
+use super::{policy, task_key, AgentSpec, Engine, MailExtras, SenderPolicy, Task, UnknownSenders};
+use crate::backend::Backend;
+use crate::inbound::{Inbound, Mail, Reply, SenderCheck};
+use crate::protocol::{Body, Envelope};
 
 /// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
 /// it is: such mail never starts a task, so two automatons cannot keep each other busy.
@@ -26,7 +36,7 @@ pub(super) fn automatic(inbound: &Inbound) -> Option<&'static str> {
     None
 }
 
-impl<O: Backend> Dispatcher<O> {
+impl<O: Backend> Engine<O> {
     /// Takes one inbound message: records it in the journal (with the ack or rejection it is
     /// answered with) before returning, then starts its work on the tracker. An error means
     /// the message was not recorded; the caller must offer it again later.
@@ -120,18 +130,8 @@ impl<O: Backend> Dispatcher<O> {
         if reply.auto_submitted {
             return ignore("an automatic reply (Auto-Submitted)".into());
         }
-        let waiting = {
-            let pending = self.inner.questions.lock().expect("questions lock");
-            let sender = format!("{}\n", reply.from.to_ascii_lowercase());
-            pending
-                .iter()
-                .find(|(k, q)| {
-                    k.starts_with(&sender)
-                        && (reply.in_reply_to.as_deref() == Some(q.help_message_id.as_str())
-                            || reply.references.contains(&q.help_message_id))
-                })
-                .map(|(k, q)| (k.clone(), q.task_row))
-        };
+        let waiting =
+            self.question_replied_to(&reply.from, reply.in_reply_to.as_deref(), &reply.references);
         let Some((waiting, row)) = waiting else {
             return ignore(
                 "a plain mail that answers no open question (AAMP needs X-AAMP-Intent)".into(),
@@ -345,7 +345,7 @@ impl<O: Backend> Dispatcher<O> {
         let duplicate = earlier.is_some();
         let now = SystemTime::now();
         let load = admission::Load {
-            active: inner.running.lock().expect("running lock").len(),
+            active: self.active(),
             sender_last_hour: journal.count_admitted(
                 name,
                 Some(&env.from),
@@ -410,7 +410,7 @@ impl<O: Backend> Dispatcher<O> {
                         "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
                     );
                     inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
-                    inner.wake.notify_one();
+                    self.wake_outbox();
                 }
             }
             Admission::Reject { reason, state } => {
@@ -418,7 +418,7 @@ impl<O: Backend> Dispatcher<O> {
                 if record(state, false, Some(&reason), Some(&reply))?.is_some() {
                     tracing::info!(%reason, "dispatch refused");
                     inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
-                    inner.wake.notify_one();
+                    self.wake_outbox();
                 }
             }
             Admission::Run => {
@@ -431,7 +431,7 @@ impl<O: Backend> Dispatcher<O> {
                     return Ok(());
                 };
                 inner.events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
-                inner.wake.notify_one();
+                self.wake_outbox();
                 self.start(
                     Task {
                         row,
@@ -513,7 +513,7 @@ impl<O: Backend> Dispatcher<O> {
                 crate::events::Event::CardAnswered,
                 json!({"agent": spec.name, "taskId": env.task_id, "from": env.from}),
             );
-            self.inner.wake.notify_one();
+            self.wake_outbox();
         }
         Ok(())
     }
@@ -523,15 +523,11 @@ impl<O: Backend> Dispatcher<O> {
     /// cancelled without running.
     pub(super) fn on_cancel(&self, env: &Envelope) -> Result<(), JournalError> {
         let spec = self.spec();
-        if let Some(cancel) = self
-            .inner
-            .running
-            .lock()
-            .expect("running lock")
-            .get(&task_key(&env.from, &env.task_id))
-        {
+        let stopped = self.with_running(&task_key(&env.from, &env.task_id), |cancel| {
             tracing::info!(from = %env.from, "cancel received; stopping the task");
             cancel.cancel();
+        });
+        if stopped.is_some() {
             return Ok(());
         }
         let journal = &self.inner.journal;

@@ -328,7 +328,7 @@ pub async fn run(
 }
 
 /// `task` in a new session: its prompt with the conversation's earlier turns retold, when
-/// the dispatcher made one.
+/// the engine (`dispatch::Engine`) made one.
 fn retold(task: &TaskInput) -> TaskInput {
     TaskInput {
         resume_id: None,

@@ -10,7 +10,7 @@
 //! - [`snapshot`]: the read model, shared with `status`, `tasks` and `task show`;
 //! - `page/`: the static page, script and style, built into the binary.
 //!
-//! Actions go through [`Operator`], which the daemon gives as its dispatchers: the same paths
+//! Actions go through [`Operator`], which the daemon gives as its engines: the same paths
 //! a mail answer and a `task.cancel` take.
 
 pub mod auth;
@@ -25,8 +25,9 @@ use serde_json::Value;
 
 use crate::backend::Backend;
 use crate::config::{LoadedConfig, UiConfig};
-use crate::dispatch::operator::{OpenQuestion, OperatorError};
-use crate::dispatch::{Dispatcher, Journal};
+use crate::dispatch::operator::OperatorError;
+use crate::dispatch::questions::OpenQuestion;
+use crate::dispatch::{Engine, Journal};
 
 pub use server::Server;
 
@@ -58,7 +59,7 @@ pub enum ActionError {
     Refused(#[from] OperatorError),
 }
 
-/// What the page may do, on the paths mail takes (the daemon's dispatchers).
+/// What the page may do, on the paths mail takes (the daemon's engines).
 pub trait Operator: Send + Sync + 'static {
     fn questions(&self) -> Vec<OpenQuestion>;
     fn answer(
@@ -71,7 +72,7 @@ pub trait Operator: Send + Sync + 'static {
     fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError>;
 }
 
-impl<O: Backend> Operator for Vec<Dispatcher<O>> {
+impl<O: Backend> Operator for Vec<Engine<O>> {
     fn questions(&self) -> Vec<OpenQuestion> {
         self.iter().flat_map(|d| d.open_questions()).collect()
     }
@@ -83,19 +84,19 @@ impl<O: Backend> Operator for Vec<Dispatcher<O>> {
         task_id: &str,
         answer: &str,
     ) -> Result<(), ActionError> {
-        let dispatcher = self
+        let engine = self
             .iter()
             .find(|d| d.name() == agent)
             .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(dispatcher.operator_answer(from, task_id, answer)?)
+        Ok(engine.operator_answer(from, task_id, answer)?)
     }
 
     fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError> {
-        let dispatcher = self
+        let engine = self
             .iter()
             .find(|d| d.name() == agent)
             .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(dispatcher.operator_cancel(from, task_id)?)
+        Ok(engine.operator_cancel(from, task_id)?)
     }
 }
 

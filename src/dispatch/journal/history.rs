@@ -1,6 +1,10 @@
 //! The read model a person sees: task lists, a task's timeline, counts.
 
-use super::*;
+use rusqlite::params;
+
+use super::{
+    now_ms, task_row, Journal, JournalError, Step, TaskRow, TaskState, TASK_COLUMNS, UNDELIVERED,
+};
 
 impl Journal {
     /// Tasks, newest first, optionally of one agent and in one state.

@@ -1,7 +1,15 @@
 //! The outbox: every ack and result as a row with its bytes before it is sent, sent in order per
 //! task, retried, given up on.
 
-use super::*;
+use std::time::SystemTime;
+
+use rusqlite::{params, OptionalExtension};
+
+use super::{
+    from_millis, insert_outgoing, millis, now_ms, Journal, JournalError, Outgoing, Pending,
+    COUNT_OUTGOING, DUE, NEXT_DUE,
+};
+use crate::protocol::RenderedMail;
 
 impl Journal {
     /// Queues a mail for a task that goes on (a question, a stream announcement). A mail

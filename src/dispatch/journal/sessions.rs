@@ -1,6 +1,8 @@
 //! The agent's own session id per conversation.
 
-use super::*;
+use rusqlite::{params, OptionalExtension};
+
+use super::{now_ms, Journal, JournalError};
 
 impl Journal {
     /// The agent's own session id for a Session-Key.

@@ -1,7 +1,14 @@
 //! What happens to each inbound message and task: recorded once, admitted or not, run, finished;
 //! what is left unfinished at start; the counts admission reads.
 
-use super::*;
+use std::time::SystemTime;
+
+use rusqlite::{params, OptionalExtension};
+
+use super::{
+    insert_outgoing, millis, now_ms, Journal, JournalError, NewTask, Outgoing, TaskState,
+    Unfinished, BOUND_NOT_ADMITTED, COUNT_ADMITTED, KEEP_NOT_ADMITTED,
+};
 
 impl Journal {
     /// Whether a message with this key was recorded for `agent`.

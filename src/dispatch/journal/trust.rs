@@ -1,7 +1,11 @@
 //! Who may send: rules kept by `policy` and pairing, pairing codes and wrong guesses, early
 //! cancels.
 
-use super::*;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, OptionalExtension};
+
+use super::{millis, now_ms, Journal, JournalError, KEEP_NOT_ADMITTED};
 
 impl Journal {
     /// Spends one answer of `agent`'s budget `kind` (at most `per_hour` in any hour) if one is

@@ -1,7 +1,11 @@
 //! The turns of each conversation (Session-Key): what was asked and what was answered, kept
 //! so that an agent that cannot restore its own session can be given them as text.
 
-use super::*;
+use std::time::Duration;
+
+use rusqlite::params;
+
+use super::{now_ms, Journal, JournalError};
 
 /// Turns kept per conversation; the oldest go first.
 pub const TURNS_KEPT: i64 = 10;

@@ -1,0 +1,362 @@
+//! The run itself: the agent started in the task's workspace with its prompt (the thread's or
+//! the conversation's earlier turns in it), its stream fed, its questions relayed, its session
+//! kept for the conversation's next turn, and what it handed back read into the answer.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::attachments::Prepared;
+use super::{
+    conversation_key, prompt, results, session_scope, task_key, Engine, Task, HOPS_VAR, OWNER_VAR,
+    RUN_VAR,
+};
+use crate::backend::Backend;
+use crate::protocol::Body;
+use crate::runner::{self, RunError, SpawnHook, TaskInput};
+
+/// A successful run as it is answered: the text, and what goes with it.
+pub(super) struct Answer {
+    pub output: String,
+    pub truncated: bool,
+    pub session_id: Option<String>,
+    /// The conversation's earlier context could not be restored (the result says so).
+    pub context_lost: bool,
+    /// The answer as the conversation's record keeps it: without the bridge's notes.
+    pub said: String,
+    pub structured: Option<serde_json::Value>,
+    pub files: Vec<results::Attached>,
+}
+
+/// What a result says when the agent could not restore the conversation.
+pub(super) const CONTEXT_LOST: &str = "[Note from aamp-bridge: the agent could not restore this conversation's earlier context (its session was not found), so this answer was made without it.]";
+/// What a result says when the agent's profile names no session to continue, so the
+/// conversation's earlier turns were retold in its prompt.
+pub(super) const CONTEXT_NO_RESUME: &str = "[Note from aamp-bridge: this agent's profile cannot continue a session (it has no {{resume_id}}), so it was given the conversation's earlier turns as text.]";
+/// What a result says when the agent could not restore its session and was given the
+/// conversation's earlier turns as text instead.
+pub(super) const CONTEXT_RETOLD: &str = "[Note from aamp-bridge: the agent could not restore its own session for this conversation, so it was given the conversation's earlier turns as text instead.]";
+
+/// Reads what the agent handed back: fields and files named in its final answer, and files
+/// it handed over otherwise; every file from `workspace` only, and every one refused named at
+/// the end of the output.
+/// `retold`: the agent was given the conversation's earlier turns, should its session not be
+/// restored.
+fn hand_back(out: runner::RunOutput, workspace: &std::path::Path, retold: bool) -> Answer {
+    let extracted = results::extract(&out.output);
+    let mut refs = extracted.files.clone();
+    let mut inline = Vec::new();
+    for file in out.files {
+        match file {
+            runner::OutputFile::Path(path) => refs.push(results::FileRef {
+                path: path.display().to_string(),
+                filename: None,
+                content_type: None,
+            }),
+            runner::OutputFile::Inline {
+                name,
+                content_type,
+                bytes,
+            } => inline.push((name, content_type, bytes)),
+        }
+    }
+    let caps = results::Caps::default();
+    let (mut files, mut refused) = results::gather(workspace, &refs, caps);
+    for (name, content_type, bytes) in inline {
+        results::attach_inline(&mut files, &mut refused, &name, content_type, bytes, caps);
+    }
+    let mut output = extracted.output;
+    if !refused.is_empty() {
+        output.push_str("\n\nFiles not attached:");
+        for why in &refused {
+            output.push_str(&format!("\n- {why}"));
+        }
+        tracing::warn!(refused = ?refused, "files the agent named were not attached");
+    }
+    let said = output.clone();
+    if out.no_resume {
+        output.push_str("\n\n");
+        output.push_str(CONTEXT_NO_RESUME);
+    } else if out.context_lost {
+        output.push_str("\n\n");
+        output.push_str(if retold { CONTEXT_RETOLD } else { CONTEXT_LOST });
+    }
+    let structured = extracted.structured.map(|mut s| {
+        results::fill_attachment_names(&mut s, &files);
+        s
+    });
+    Answer {
+        output,
+        truncated: out.truncated,
+        session_id: out.session_id,
+        context_lost: out.context_lost,
+        said,
+        structured,
+        files,
+    }
+}
+
+/// Stream events buffered between an agent and their consumer.
+const STREAM_BUFFER: usize = 256;
+
+impl<O: Backend> Engine<O> {
+    pub(super) async fn run(
+        &self,
+        task: &Task,
+        runs: u32,
+        prepared: Prepared,
+        cancel: &CancellationToken,
+    ) -> Result<Answer, RunError> {
+        let spec_now = self.spec();
+        let spec = &*spec_now;
+        let journal = &self.inner.journal;
+        let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
+        let workspace = self.workspace_of(task).dir;
+        let Prepared { files, left_out } = prepared;
+        let history = match &dispatch.parent_task_id {
+            Some(parent) => {
+                let thread = self.inner.outbox.thread(parent).await;
+                // A thread is this sender's only when they dispatched in it: nobody pulls
+                // another sender's conversation into their prompt by naming its TaskId.
+                let theirs = thread
+                    .iter()
+                    .any(|e| e.intent == "task.dispatch" && e.from.eq_ignore_ascii_case(&env.from));
+                if theirs {
+                    thread
+                } else {
+                    if !thread.is_empty() {
+                        tracing::warn!(parent = %parent, "the ParentTaskId names another sender's thread; it is left out of the prompt");
+                    }
+                    Vec::new()
+                }
+            }
+            None => Vec::new(),
+        };
+        let scoped = dispatch
+            .session_key
+            .as_deref()
+            .map(|k| session_scope(&env.from, k));
+        let key = scoped.as_deref();
+        let resume_id = match key {
+            Some(k) => journal.session(&spec.name, k).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the agent's session id; starting a new session");
+                None
+            }),
+            None => None,
+        };
+        let run_tag = uuid::Uuid::new_v4().simple().to_string();
+        // Only processes created from here on can carry the run's tag.
+        let first_pid = runner::process::last_pid();
+        let on_spawn = {
+            let (journal, row) = (journal.clone(), task.row);
+            SpawnHook(Arc::new(move |pgid| {
+                if let Err(e) = journal.set_pgid(row, pgid) {
+                    tracing::warn!(error = %e, "could not record the agent's process group");
+                }
+                let _ = journal.note(row, "agent started", Some(&format!("process group {pgid}")));
+            }))
+        };
+        let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
+        // Should the agent not restore its session, the conversation's earlier turns (its
+        // record in the journal) go with the request as text, unless the thread's own
+        // history already does.
+        let turns = match (key, &resume_id) {
+            (Some(k), Some(_)) if history.is_empty() => {
+                journal.turns(&spec.name, k).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the conversation's earlier turns");
+                    Vec::new()
+                })
+            }
+            _ => Vec::new(),
+        };
+        let extras = prompt::PromptExtras {
+            truncated: extras.truncated,
+            files,
+            left_out,
+            history,
+            boundary: prompt::boundary(),
+        };
+        let fresh_prompt = (!turns.is_empty()).then(|| {
+            let mut retold = extras.clone();
+            retold.history = turns
+                .iter()
+                .flat_map(|t| {
+                    [
+                        crate::backend::Earlier {
+                            intent: "task.dispatch".into(),
+                            from: env.from.clone(),
+                            text: t.request.clone(),
+                        },
+                        crate::backend::Earlier {
+                            intent: "task.result".into(),
+                            from: spec.name.clone(),
+                            text: t.answer.clone(),
+                        },
+                    ]
+                })
+                .collect();
+            prompt::build(&spec.name, env, dispatch, &retold)
+        });
+        let input = TaskInput {
+            agent: spec.name.clone(),
+            task_id: env.task_id.clone(),
+            prompt: prompt::build(&spec.name, env, dispatch, &extras),
+            fresh_prompt,
+            session_key: dispatch
+                .session_key
+                .as_deref()
+                .map(|k| conversation_key(&env.from, k)),
+            resume_id,
+            workspace: workspace.clone(),
+            questions: Some(questions_tx),
+            env: vec![
+                (OWNER_VAR.to_string(), self.inner.settings.owner_tag.clone()),
+                (RUN_VAR.to_string(), run_tag.clone()),
+                (
+                    HOPS_VAR.to_string(),
+                    dispatch.hop_count.unwrap_or(0).to_string(),
+                ),
+            ],
+            on_spawn: Some(on_spawn),
+        };
+        self.inner.events.emit(
+            crate::events::Event::TaskStarted,
+            json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
+        );
+        // A live stream for the dispatcher, when the mailbox has an AAMP service, opened with
+        // the agent's first event (a task that has none costs no stream and no mail), then
+        // announced by mail, fed while the agent runs, and closed before the result.
+        let (to_stream, mut from_run) =
+            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        let events = self.inner.events;
+        let observe = async move {
+            while let Some(event) = rx.recv().await {
+                let (kind, payload) = event.to_aamp();
+                events.emit_detail(crate::events::Event::TaskStream, json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
+                let _ = to_stream.send((kind, payload)).await;
+            }
+        };
+        let pump = async {
+            let first = from_run.recv().await?;
+            let Some(stream_id) = self.inner.outbox.open_stream(&env.task_id, &env.from).await
+            else {
+                // No stream service: the events only go to the log and `--json`.
+                while from_run.recv().await.is_some() {}
+                return None;
+            };
+            self.note(task.row, "stream opened", Some(&stream_id));
+            let opened = self.compose(
+                env,
+                &task.key,
+                Body::StreamOpened {
+                    stream_id: stream_id.clone(),
+                },
+                runs,
+            );
+            match self.enqueue(task, &opened) {
+                Ok(()) => self.inner.events.emit(
+                    crate::events::Event::TaskStreamOpened,
+                    json!({"agent": spec.name, "taskId": env.task_id, "streamId": stream_id}),
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
+            }
+            // The first event goes first, then the rest as they come.
+            let (feed, fed) =
+                tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+            let forward = async move {
+                if feed.send(first).await.is_ok() {
+                    while let Some(event) = from_run.recv().await {
+                        if feed.send(event).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            };
+            let ((), appends) =
+                tokio::join!(forward, self.inner.outbox.pump_stream(&stream_id, fed));
+            Some((stream_id, appends))
+        };
+        // Owns the input, so the question sender in it drops when the run ends, which ends
+        // `asking`.
+        let workspace_now = workspace.clone();
+        let retold = input.fresh_prompt.is_some();
+        let run = async move {
+            let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
+            drop(input);
+            // Fields and files from the final answer; files only from the workspace, each
+            // announced on the stream before the result.
+            // Reading up to 20 MiB of files is blocking work: off the runtime.
+            let outcome = match outcome {
+                Ok(out) => {
+                    tokio::task::spawn_blocking(move || hand_back(out, &workspace_now, retold))
+                        .await
+                        .map_err(|e| {
+                            runner::RunError::Prepare(format!(
+                                "the answer's files could not be read: {e}"
+                            ))
+                        })
+                }
+                Err(e) => Err(e),
+            };
+            if let Ok(answer) = &outcome {
+                for file in &answer.files {
+                    let _ = tx
+                        .send(runner::StreamEvent::Artifact {
+                            label: file.filename.clone(),
+                            filename: file.filename.clone(),
+                            content_type: file.content_type.clone(),
+                            size: file.bytes.len() as u64,
+                        })
+                        .await;
+                }
+            }
+            drop(tx);
+            // What the agent started and left behind, even outside its process group.
+            let left = runner::process::kill_tagged_since(RUN_VAR, &run_tag, first_pid);
+            if left > 0 {
+                tracing::info!(processes = left, "stopped processes the agent left behind");
+            }
+            outcome
+        };
+        let asking = async {
+            while let Some(question) = questions_rx.recv().await {
+                self.ask_dispatcher(task, question).await;
+            }
+        };
+        let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
+        if let Some((stream_id, appends)) = &streamed {
+            let status = if outcome.is_ok() {
+                "completed"
+            } else {
+                "rejected"
+            };
+            self.inner
+                .outbox
+                .close_stream(
+                    stream_id,
+                    json!({"reason": "task.result", "status": status}),
+                )
+                .await;
+            tracing::debug!(appends, "stream closed");
+        }
+        self.forget_question(&task_key(&env.from, &env.task_id));
+        if let (Some(key), Ok(out)) = (key, &outcome) {
+            let saved = match (&out.session_id, out.context_lost) {
+                (Some(id), _) => journal.set_session(&spec.name, key, id),
+                // The old session could not be restored and no new one was named: forget it,
+                // so the conversation's next turn does not try it again.
+                (None, true) => journal.drop_session(&spec.name, key),
+                (None, false) => Ok(()),
+            };
+            if let Err(e) = saved {
+                tracing::warn!(error = %e, "could not save the agent's session id");
+            }
+            if let Err(e) = journal.add_turn(&spec.name, key, &dispatch.body_text, &out.said) {
+                tracing::warn!(error = %e, "could not record the conversation's turn");
+            }
+        }
+        outcome
+    }
+}
