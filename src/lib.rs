@@ -46,26 +46,30 @@
 //!   lock and the one way to open a file an agent made (`fsio::open_inside`), the one retry
 //!   schedule.
 //! - [`mailbox`]: the only code that knows mail and the mailbox systems. `mailbox::open` is
-//!   the one call the daemon makes: it chooses the agent's back-end by its mailbox's kind and
-//!   gives its `Outlet` (the agent's [`backend::Backend`]) and its `Intake`. One folder or file
+//!   the one call the daemon makes: `mailbox::kinds` chooses the agent's mailbox system by
+//!   its kind (one line per kind) and that system's `System` (from its folder) opens it,
+//!   giving its `Outlet` (the agent's [`backend::Backend`], whatever the system) and its
+//!   `Intake` (its reading loop); the types they share are `mailbox::outlet`'s. One folder
 //!   per back-end, each turning its messages into the inbound model and implementing the
-//!   outbound seam (`mailbox::aamp::outlet` for AAMP): `mailbox::aamp` (AAMP
-//!   mail: JMAP reading from a persisted cursor with push over WebSocket or EventSource, Inbox
-//!   and address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
+//!   outbound seam: `mailbox::aamp` (AAMP mail: JMAP reading from a persisted cursor in
+//!   `aamp::intake` with push over WebSocket or EventSource in `aamp::push`, Inbox and
+//!   address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
 //!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
-//!   grammar in `aamp::received`, failing closed, plain replies and delivery reports, and
-//!   claims on dispatches when several bridges serve one mailbox in `aamp::claims`),
-//!   `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up, reply envelopes with client
-//!   ids) and
-//!   `mailbox::amp` (an AMP broker, polled; answers as replies in the thread) and
+//!   grammar in `aamp::received`, failing closed, plain replies and delivery reports, claims
+//!   on dispatches when several bridges serve one mailbox in `aamp::claims`, the outbound
+//!   seam in `aamp::outlet`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up,
+//!   reply envelopes with client ids), `mailbox::amp` (an AMP broker, polled; answers as
+//!   replies in the thread), both shaped `client`, `wire`, `intake`, `replies`, and
 //!   `mailbox::samp` (an Agent Mailbox server over MCP: its own small JSON-RPC client in
 //!   `samp::rpc`, tool arguments mapped from the schemas the server lists in `samp::tools`,
-//!   messages journaled before they are acked, sends paced to the server's rate); each marks
-//!   the bridge's answers in its own metadata so an answer never starts a task. Shared by all:
-//!   the intake (`mailbox::intake`: the JMAP intake loop, and `Health`, the one rule for a
-//!   mailbox's link state, refused keys and retries), HTTP clients, errors, the link state a
-//!   status command reads, and the questions an agent posted where replies link by the
-//!   back-end's own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
+//!   messages journaled before they are acked, sends paced to the server's rate, the answers
+//!   the server confirmed kept so a lost confirmation never sends one twice); each marks the
+//!   bridge's answers in its own metadata so an answer never starts a task. Shared by all:
+//!   `mailbox::intake` (the one reading loop `watch`, `Health`, the one rule for a mailbox's
+//!   link state, refused keys and retries, and the one push supervisor `supervise_push` over
+//!   each pushed back-end's connection), HTTP clients, errors, the link state a status
+//!   command reads, and the questions an agent posted where replies link by the back-end's
+//!   own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
 //!   permission requests, terminals, file writes and reads), CLI profiles

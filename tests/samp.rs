@@ -586,3 +586,48 @@ async fn two_bridges_that_allow_each_other_do_not_answer_each_others_answers() {
     assert_eq!(coder_sent.len(), 2, "one answer each: {coder_sent:?}");
     server.no_invalid_calls();
 }
+
+/// Exactly once when the server took an answer and its confirmation was lost (the bridge
+/// killed, or the connection dropped, right after the send) and the recipient acked it
+/// before the retry: ack clears the `data` that names the answer, so the thread showed
+/// nothing to match and the answer went out twice. The bridge now keeps the answers the
+/// server confirmed (`samp-sent`) and takes an acked answer of its own, sent after the
+/// answer was made, that it never saw confirmed, as the one it retries.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_whose_confirmation_was_lost_is_not_sent_again_after_its_recipient_acked_it() {
+    let (server, boss, _, dir) = setup("echo").await;
+    server
+        .config(
+            json!({"lose_send_answers": 1, "lose_send_answers_of": "coder",
+                      "lose_send_answers_acked": true}),
+        )
+        .await;
+    let mut bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Once", "only once", None).await;
+    let first = server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await;
+    // Acked at once, so without its data: the TaskId is the thread's and the task's ids.
+    assert!(first[0]["data"].is_null(), "{first:?}");
+    let task = format!("samp:{}:{sent}", first[0]["thread_id"].as_str().unwrap());
+    // The outbox settles the answer (its retry goes through): sent once, not twice.
+    let settled = bridge.wait_event("mail.sent", |e| {
+        e["taskId"] == task.as_str() && e["intent"] == "task.result"
+    });
+    assert_eq!(settled["attempt"], 2, "{settled}");
+    let replies = server.replies("coder", &sent, 1, Duration::ZERO).await;
+    assert_eq!(replies.len(), 1, "answered twice: {replies:?}");
+    assert!(bridge.log().contains("taken as this one, not sent again"));
+    // And it goes on answering.
+    let next = boss.send("coder", "Next", "second", None).await;
+    server
+        .replies("coder", &next, 1, Duration::from_secs(60))
+        .await;
+    let lost: Vec<String> = support::lines(&server.dir.path().join("record.jsonl"))
+        .into_iter()
+        .filter(|l| l.contains("answer_lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "the hook lost one answer: {lost:?}");
+    server.no_invalid_calls();
+    assert!(bridge.stop().success());
+}

@@ -20,8 +20,6 @@ use std::time::{Duration, SystemTime};
 
 pub use error::{MailboxError, OpenError};
 
-use crate::config::{Account, PushTransport};
-use crate::error::Classify;
 pub use crate::inbound::{Attachment, Inbound, Mail, Reply};
 
 /// Ids seen lately, at most `cap` of them (the oldest forgotten first): the answers a
@@ -47,7 +45,6 @@ impl RecentIds {
         true
     }
 }
-use crate::protocol::{self, AampMessage};
 
 /// A message from a mailbox system without AAMP headers (ASMTP, AMP), as a task for the agent:
 /// a `task.dispatch` built from its parts, then taken through the same path as mail (rendered,

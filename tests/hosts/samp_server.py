@@ -92,6 +92,15 @@ DEFAULT_CONFIG = {
     "upgrade_url": None,  # the optional upgrade hint on quota_exceeded
     "lockout_threshold": 10,  # failed authentications per address per window; 0: no lockout
     "lockout_window_seconds": 900,
+    # Test hook, not the service's behaviour: the next N send_message calls are carried out
+    # (of agent `lose_send_answers_of`, or anyone's) and their answer lost on the way back
+    # (HTTP 502, as from a proxy), as when a client dies
+    # or a connection drops after the server stored the message.
+    "lose_send_answers": 0,
+    "lose_send_answers_of": None,  # the agent whose sends it applies to (None: anyone's)
+    # With it, the message whose answer was lost is also acked by its recipient at once (as a
+    # quick reader would before the sender retries), so its content is cleared.
+    "lose_send_answers_acked": False,
 }
 
 
@@ -688,11 +697,58 @@ def build_app(store, mailbox, stateful):
             with store.lock:
                 verdict = store.authenticate(request.headers.get("authorization"), request.client.host if request.client else "?")
             if verdict[0] in ("admin", "agent"):
+                lose = store.cfg["lose_send_answers"] > 0 and store.cfg["lose_send_answers_of"] in (None, verdict[1])
+                if lose and request.method == "POST":
+                    await lose_send_answer(scope, receive, send, verdict[1])
+                    return
                 await mcp_app(scope, receive, send)
                 return
             status, body, headers = verdict
             mailbox.record({"caller": None, "http": status, "error": body["error"], "invalid": False})
             await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
+
+    async def lose_send_answer(scope, receive, send, caller):
+        """The `lose_send_answers` hook: a send_message call is carried out, its answer dropped."""
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        given = False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        try:
+            call = json.loads(body)
+        except ValueError:
+            call = None
+        is_send = isinstance(call, dict) and call.get("method") == "tools/call" and (call.get("params") or {}).get("name") == "send_message"
+        if not is_send:
+            await mcp_app(scope, replay, send)
+            return
+
+        async def drop(message):
+            pass
+
+        await mcp_app(scope, replay, drop)
+        with store.lock:
+            store.cfg["lose_send_answers"] -= 1
+            if store.cfg["lose_send_answers_acked"]:
+                mine = [m for m in store.s["messages"].values() if m["from"] == caller]
+                if mine:
+                    m = max(mine, key=lambda m: m["seq"])
+                    if m["acked_at"] is None:
+                        m["acked_at"] = iso(store.now())
+                        if store.cfg["delete_on_ack"]:
+                            m["subject"] = m["body"] = m["data"] = None
+            store.save()
+        mailbox.record({"caller": None, "http": 502, "error": "answer_lost", "invalid": False})
+        await PlainTextResponse("bad gateway: the answer was lost (test hook)", status_code=502)(scope, receive, send)
 
     def test_route(fn):
         async def endpoint(request):

@@ -31,7 +31,7 @@ pub async fn guess(domain: &str, limit: Duration) -> Guess {
         return Guess::default();
     }
     let (jmap, smtp) = candidates(domain);
-    let Ok(http) = super::super::http_client(false, Some(limit)) else {
+    let Ok(http) = crate::mailbox::http_client(false, Some(limit)) else {
         return Guess::default();
     };
     let jmap_answers = futures::future::join_all(jmap.iter().map(|url| {

@@ -31,7 +31,8 @@ pub struct HelperApi {
 impl HelperApi {
     /// Reads `api.url` from `{base}/.well-known/aamp` (a relative URL is resolved).
     pub async fn discover(base: &Url, account: &Account) -> Result<HelperApi, MailboxError> {
-        let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?;
+        let http =
+            crate::mailbox::http_client(account.insecure_tls, Some(Duration::from_secs(30)))?;
         let (api_url, subscribe) = endpoints(&http, base).await?;
         Ok(HelperApi {
             http,
@@ -51,7 +52,7 @@ impl HelperApi {
             .post(url.clone())
             .basic_auth(&self.login, Some(self.password.value()))
             .json(&body);
-        super::fetch_json(request, url.as_str()).await
+        crate::mailbox::fetch_json(request, url.as_str()).await
     }
 
     /// Reads a task stream (server-sent events) from the start and hands each event (`{type,
@@ -75,7 +76,7 @@ impl HelperApi {
                 &crate::protocol::codec::encode_uri_component(stream_id),
             );
         // No total timeout: a stream lasts as long as its task.
-        let http = super::http_client(self.insecure_tls, None)?;
+        let http = crate::mailbox::http_client(self.insecure_tls, None)?;
         let mut response = http
             .get(&url)
             .basic_auth(&self.login, Some(self.password.value()))
@@ -162,7 +163,9 @@ impl HelperApi {
         if response.status().as_u16() == 404 {
             return Ok(None);
         }
-        super::read_json(response, url.as_str()).await.map(Some)
+        crate::mailbox::read_json(response, url.as_str())
+            .await
+            .map(Some)
     }
 
     /// The thread of a task, oldest first: `[{intent, from, bodyText, output, ...}]`. A task
@@ -326,7 +329,7 @@ async fn discover_document(
             what: base.to_string(),
             detail: e.to_string(),
         })?;
-    let body = super::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
+    let body = crate::mailbox::fetch_json(http.get(discovery.clone()), discovery.as_str()).await?;
     if body["api"]["url"].as_str().is_none() {
         return Err(MailboxError::Protocol {
             what: discovery.to_string(),
@@ -346,7 +349,8 @@ async fn api_url(http: &reqwest::Client, base: &Url) -> Result<Url, MailboxError
 pub async fn register(
     registration: &crate::config::Registration,
 ) -> Result<crate::config::Credentials, MailboxError> {
-    let http = super::http_client(registration.insecure_tls, Some(Duration::from_secs(60)))?;
+    let http =
+        crate::mailbox::http_client(registration.insecure_tls, Some(Duration::from_secs(60)))?;
     let api = api_url(&http, &registration.aamp_url).await?;
 
     let mut url = api.clone();
@@ -355,7 +359,7 @@ pub async fn register(
     let request = http
         .post(url.clone())
         .json(&json!({ "slug": registration.slug, "description": registration.description }));
-    let registered = super::fetch_json(request, url.as_str()).await?;
+    let registered = crate::mailbox::fetch_json(request, url.as_str()).await?;
     let code = registered["registrationCode"]
         .as_str()
         .ok_or_else(|| MailboxError::Protocol {
@@ -368,7 +372,8 @@ pub async fn register(
         .append_pair("action", "aamp.mailbox.credentials")
         .append_pair("code", code);
     // The URL carries the one-time code: errors name the action instead.
-    let creds = super::fetch_json(http.get(url.clone()), "aamp.mailbox.credentials").await?;
+    let creds =
+        crate::mailbox::fetch_json(http.get(url.clone()), "aamp.mailbox.credentials").await?;
     let field = |v: &Value, name: &str| {
         v.as_str()
             .map(str::to_string)
@@ -423,7 +428,7 @@ impl ServiceInfo {
 
 /// Reads `{base}/.well-known/aamp` (no auth) and says what the service offers.
 pub async fn probe(base: &Url, insecure_tls: bool) -> Result<ServiceInfo, MailboxError> {
-    let http = super::http_client(insecure_tls, Some(Duration::from_secs(15)))?;
+    let http = crate::mailbox::http_client(insecure_tls, Some(Duration::from_secs(15)))?;
     let (_, body) = discover_document(&http, base).await?;
     let actions: Option<Vec<&str>> = body["api"]["actions"]
         .as_array()

@@ -115,7 +115,8 @@ pub struct JmapClient {
 
 impl JmapClient {
     pub fn new(account: &Account) -> Result<JmapClient, MailboxError> {
-        let http = super::http_client(account.insecure_tls, Some(Duration::from_secs(60)))?;
+        let http =
+            crate::mailbox::http_client(account.insecure_tls, Some(Duration::from_secs(60)))?;
         let mut session_url = account.jmap_url.clone();
         if session_url.path() == "/" || session_url.path().is_empty() {
             session_url.set_path("/.well-known/jmap");
@@ -140,7 +141,7 @@ impl JmapClient {
             .await
             .map_err(MailboxError::network(url.clone()))?;
         let final_url = response.url().clone();
-        let body = super::read_json(response, &url).await?;
+        let body = crate::mailbox::read_json(response, &url).await?;
         let api_url = body["apiUrl"]
             .as_str()
             .ok_or_else(|| protocol("JMAP session", "no apiUrl"))?;
@@ -247,7 +248,7 @@ impl JmapClient {
             .post(session.api_url.clone())
             .basic_auth(&self.login, Some(self.password.value()))
             .json(&request);
-        let mut body = super::fetch_json(request, &url).await?;
+        let mut body = crate::mailbox::fetch_json(request, &url).await?;
         let mut out = Vec::with_capacity(methods.len());
         for (i, (method, _)) in methods.iter().enumerate() {
             let mut reply = body["methodResponses"]
@@ -307,7 +308,7 @@ impl JmapClient {
             .basic_auth(&self.login, Some(self.password.value()))
             .header("Content-Type", content_type)
             .body(bytes);
-        let body = super::fetch_json(request, &url).await?;
+        let body = crate::mailbox::fetch_json(request, &url).await?;
         body["blobId"]
             .as_str()
             .map(str::to_string)

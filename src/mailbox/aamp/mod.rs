@@ -19,7 +19,12 @@ pub mod smtp;
 pub(crate) use outlet::SYSTEM;
 pub use sender::{Sender, SentCopies};
 
-use super::*;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::config::{Account, PushTransport};
+use crate::mailbox::{Attachment, Inbound, Mail, MailboxError, Reply};
+use crate::protocol::{self, AampMessage};
 use jmap::{Email, JmapClient};
 
 /// Reading one account over JMAP.

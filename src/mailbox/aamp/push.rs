@@ -267,7 +267,7 @@ async fn run_event_source(
     stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
-    let http = super::http_client(target.insecure_tls, None)?;
+    let http = crate::mailbox::http_client(target.insecure_tls, None)?;
     let request = http
         .get(url.clone())
         .basic_auth(&target.login, Some(target.password.value()))

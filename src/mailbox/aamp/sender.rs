@@ -1,7 +1,14 @@
 //! Sending from one account over SMTP, with Sent copies kept beside the reply's path.
 
+use std::time::{Duration, SystemTime};
+
+use super::helper;
+use super::jmap::JmapClient;
 use super::smtp::SmtpSender;
-use super::*;
+use crate::config::Account;
+use crate::error::Classify as _;
+use crate::mailbox::{Attachment, MailboxError};
+use crate::protocol::{self, AampMessage};
 
 /// Sending from one account over SMTP.
 pub struct Sender {

@@ -9,8 +9,7 @@ use serde_json::{json, Value};
 use crate::config::AmpAccount;
 use crate::mailbox::MailboxError;
 
-use super::intake::COUNT_PAGE;
-use super::wire::{AmpMessage, InboxPage};
+use super::wire::{AmpMessage, InboxPage, COUNT_PAGE};
 
 /// Messages this process read, with their subjects, and the answers it tried to post: what
 /// lets a reply skip reading its thread.

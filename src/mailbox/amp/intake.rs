@@ -12,12 +12,7 @@ use crate::mailbox::intake::{self, DeliverError, Health, IntakeError, Watched};
 use crate::mailbox::Mail;
 
 use super::client::AmpClient;
-use super::wire::{answer_to, question_marked, to_inbound_within, AmpMessage};
-
-/// A page number past any inbox's end (a count without rendering).
-pub(super) const COUNT_PAGE: u64 = 1_000_000;
-/// The most messages read per page.
-pub(super) const PAGE: u64 = 100;
+use super::wire::{answer_to, question_marked, to_inbound_within, AmpMessage, PAGE};
 
 /// How far the inbox has been read: the newest `created_at` handed on, the ids at exactly that
 /// time (the broker's timestamps can tie), and the visible and unread counts then.

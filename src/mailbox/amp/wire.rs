@@ -7,6 +7,11 @@ use serde::Deserialize;
 use crate::mailbox::Inbound;
 use crate::protocol::Intent;
 
+/// A page number past any inbox's end (a count without rendering).
+pub(super) const COUNT_PAGE: u64 = 1_000_000;
+/// The most messages read per page.
+pub(super) const PAGE: u64 = 100;
+
 /// A message as the broker returns it (`MessageResponse`).
 #[derive(Clone, Debug, Deserialize)]
 pub struct AmpMessage {

@@ -172,9 +172,17 @@ struct Recent {
     read: VecDeque<(String, String, String)>,
     attempted: super::RecentIds,
     questions: super::Questions,
+    /// Every answer the server confirmed: the posted id and the bridge's Message-ID, kept on
+    /// disk, so an acked answer of ours that the bridge never saw confirmed (a crash or a
+    /// lost answer right after the send) is told apart from the ones it did.
+    sent: super::Questions,
 }
 
 const RECENT: usize = 4096;
+
+/// How far the server's clock may be behind the bridge's when an answer's send time is
+/// compared with the time it was made.
+const CLOCK_SKEW_SECS: i64 = 5;
 
 impl Recent {
     fn saw(&mut self, m: &SampMessage) {
@@ -234,6 +242,12 @@ impl SampClient {
     /// Keeps the agent's questions in `path`, so replies to them are known after a restart.
     pub fn with_questions(self, path: std::path::PathBuf) -> SampClient {
         self.recent.lock().expect("recent lock").questions = super::Questions::open(path);
+        self
+    }
+
+    /// Keeps the answers the server confirmed in the file `path`.
+    pub fn with_sent(self, path: std::path::PathBuf) -> SampClient {
+        self.recent.lock().expect("recent lock").sent = super::Questions::open(path);
         self
     }
 
@@ -579,7 +593,8 @@ async fn open(o: Opening<'_>) -> Result<(Outlet, Intake), OpenError> {
     let agent = &o.agent.name;
     let client = SampClient::new(o.config.samp_account(o.agent.mailbox_name())?)
         .map_err(|source| OpenError::mailbox(format!("agent {agent:?}: SAMP setup"), source))?
-        .with_questions(o.config.state().mailbox_file(agent, "samp", "questions"));
+        .with_questions(o.config.state().mailbox_file(agent, "samp", "questions"))
+        .with_sent(o.config.state().mailbox_file(agent, "samp", "sent"));
     let outlet = Outlet::new(SampReplies::new(client.clone()));
     let intake = Intake::new(move |r| {
         Box::pin(run_intake(
@@ -824,6 +839,14 @@ impl SampReplies {
                     }
                     return Ok(());
                 }
+                if let Some(lost) = self.lost_send(&messages, &parent, mail).await {
+                    tracing::info!(message_id = %mail.message_id, posted = %lost, "an answer of ours the server took but never confirmed is in the thread (acked, so without its content): taken as this one, not sent again");
+                    self.note_sent(&lost, &mail.message_id);
+                    if matches!(msg.body, Body::HelpNeeded(_)) {
+                        self.note_question(&lost, &mail.message_id);
+                    }
+                    return Ok(());
+                }
                 messages
                     .iter()
                     .find(|m| m["id"] == parent.as_str())
@@ -836,10 +859,53 @@ impl SampReplies {
             .client
             .send(&to, &reply_subject(&subject), &text, Some(data), &parent)
             .await?;
+        self.note_sent(&posted, &mail.message_id);
         if matches!(msg.body, Body::HelpNeeded(_)) {
             self.note_question(&posted, &mail.message_id);
         }
         Ok(())
+    }
+
+    /// An answer of ours to `parent` in the thread `messages` that the server took but the
+    /// bridge never saw confirmed: sent by this agent, in reply to `parent`, acked by its
+    /// recipient (its content, and with it the Message-ID in its `data`, cleared), not among
+    /// the answers the server confirmed, and sent no earlier than `mail` was made (so an
+    /// earlier answer of the same task, a question, is not taken for it). Its id.
+    async fn lost_send(
+        &self,
+        messages: &[Value],
+        parent: &str,
+        mail: &RenderedMail,
+    ) -> Option<String> {
+        let me = self.client.ready().await.ok()?.me;
+        let made = mail_parser::MessageParser::default()
+            .parse(&mail.bytes)?
+            .date()
+            .map(|d| d.to_timestamp())?;
+        let recent = self.client.recent.lock().expect("recent lock");
+        messages
+            .iter()
+            .filter(|m| m["from"] == me.as_str() && m["in_reply_to"] == parent)
+            .filter(|m| m["data"].is_null() && m["body"].is_null())
+            .filter(|m| {
+                m["created_at"]
+                    .as_str()
+                    .and_then(protocol::time::parse)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .is_some_and(|t| t.as_secs() as i64 >= made - CLOCK_SKEW_SECS)
+            })
+            .filter_map(|m| m["id"].as_str())
+            .find(|id| recent.sent.question(id).is_none())
+            .map(str::to_string)
+    }
+
+    fn note_sent(&self, posted: &str, message_id: &str) {
+        self.client
+            .recent
+            .lock()
+            .expect("recent lock")
+            .sent
+            .asked(posted, message_id);
     }
 
     fn note_question(&self, posted: &str, message_id: &str) {
