@@ -30,9 +30,12 @@
 //!   RFC 5322 rendering/reading (with attachments), timestamps, delivery status
 //!   notifications (`protocol::dsn`). It names no other module.
 //! - [`config`]: the config file (read, and written back by `config::render`) and the value
-//!   types it owns, among them the sender policy (`config::policy`: rules, globs, the text
-//!   form, what a refused sender hears, how a cancel is answered), and each mailbox's secret
-//!   (`config::secret`: one handle its clients share, read again at a reload or a refusal).
+//!   types it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per
+//!   mailbox system, holding only its keys and the few every mailbox has, read by `kind`;
+//!   the kinds are listed once, in `config/mailboxes.rs`), the sender policy
+//!   (`config::policy`: rules, globs, the text form, what a refused sender hears, how a
+//!   cancel is answered), and each mailbox's secret (`config::secret`: one handle its
+//!   clients share, read again at a reload or a refusal).
 //! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`,
 //!   `Mail`, `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the
 //!   back-end found about the sender). Below both `mailbox` and `dispatch`.

@@ -1,4 +1,4 @@
-//! Mailboxes resolved for use: each kind's keys checked (with the key and the fix in every
+//! Mailboxes resolved for use: each kind's values checked (with the key and the fix in every
 //! error), secrets read from 0600 files, URLs checked (plain http only to loopback unless
 //! the mailbox says so), and AAMP service registrations.
 
@@ -132,68 +132,6 @@ impl fmt::Debug for AsmtpAccount {
 }
 
 impl LoadedConfig {
-    /// The keys set on mailbox `m` that belong to other kinds than `kind`.
-    fn foreign_keys(m: &MailboxConfig, kind: MailboxKind) -> Vec<&'static str> {
-        let aamp = [
-            ("email", m.email.is_some()),
-            ("credentials_file", m.credentials_file.is_some()),
-            ("jmap_url", !m.jmap_url.is_empty()),
-            ("smtp_host", !m.smtp_host.is_empty()),
-            ("password", m.password.is_some()),
-            ("password_file", m.password_file.is_some()),
-            ("aamp_url", m.aamp_url.is_some()),
-            ("insecure_http", m.insecure_http),
-        ];
-        let amp = [
-            ("amp_url", m.amp_url.is_some()),
-            ("address", m.address.is_some()),
-            ("agent_id", m.agent_id.is_some()),
-            ("api_key_file", m.api_key_file.is_some()),
-            ("recheck_secs", m.recheck_secs.is_some()),
-            (
-                "timeout_secs",
-                m.timeout_secs.is_some()
-                    && !matches!(m.kind, MailboxKind::Asmtp | MailboxKind::Samp),
-            ),
-            // AMP and ASMTP both: said with the AMP keys when an AAMP mailbox sets it.
-            (
-                "max_message_bytes",
-                m.max_message_bytes.is_some() && m.kind == MailboxKind::Aamp,
-            ),
-        ];
-        let asmtp = [
-            ("asmtp_url", m.asmtp_url.is_some()),
-            ("handle", m.handle.is_some()),
-            ("token_file", m.token_file.is_some()),
-            ("skip_backlog", m.skip_backlog),
-            // (Shown once, with the AMP keys, when another kind sets it.)
-            (
-                "timeout_secs",
-                m.timeout_secs.is_some() && m.kind == MailboxKind::Asmtp,
-            ),
-        ];
-        let samp = [
-            ("samp_url", m.samp_url.is_some()),
-            ("key_file", m.key_file.is_some()),
-            (
-                "timeout_secs",
-                m.timeout_secs.is_some() && m.kind == MailboxKind::Samp,
-            ),
-        ];
-        let mut out = Vec::new();
-        for (owner, keys) in [
-            (MailboxKind::Aamp, &aamp[..]),
-            (MailboxKind::Amp, &amp[..]),
-            (MailboxKind::Asmtp, &asmtp[..]),
-            (MailboxKind::Samp, &samp[..]),
-        ] {
-            if owner != kind {
-                out.extend(keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k));
-            }
-        }
-        out
-    }
-
     /// Plain `http://` to a host that is not loopback sends the mailbox's password in clear:
     /// refused unless the mailbox says `insecure_http = true`.
     fn refuse_cleartext(
@@ -278,13 +216,8 @@ impl LoadedConfig {
         Ok(url)
     }
 
-    /// The named mailbox and its config key (`mailboxes.<name>`), checked to hold only keys of
-    /// `kind` (an AAMP account is also refused when the mailbox is of another kind).
-    fn mailbox_of_kind(
-        &self,
-        name: &str,
-        kind: MailboxKind,
-    ) -> Result<(String, &MailboxConfig), ConfigError> {
+    /// The named mailbox and its config key (`mailboxes.<name>`).
+    fn mailbox(&self, name: &str) -> Result<(String, &MailboxConfig), ConfigError> {
         let key = format!("mailboxes.{name}");
         let m = self.config.mailboxes.get(name).ok_or_else(|| {
             self.error(
@@ -293,43 +226,27 @@ impl LoadedConfig {
                 format!("use one of: {}", self.mailbox_names()),
             )
         })?;
-        if kind == MailboxKind::Aamp && m.kind != MailboxKind::Aamp {
-            return Err(self.error(
-                format!("{key}.kind"),
-                "an AMP, ASMTP or SAMP mailbox has no JMAP or SMTP account",
-                "this command works with AAMP mailboxes only",
-            ));
-        }
-        let foreign = Self::foreign_keys(m, kind);
-        if !foreign.is_empty() {
-            let (problem, fix) = match kind {
-                MailboxKind::Aamp => (
-                    format!("{} belong to other kinds of mailbox", foreign.join(", ")),
-                    "set kind = \"amp\", \"asmtp\" or \"samp\" for those, or drop the keys",
-                ),
-                MailboxKind::Samp => (
-                    format!("{} do not belong to kind = \"samp\"", foreign.join(", ")),
-                    "a SAMP mailbox takes samp_url and key_file (and insecure_tls, poll_interval_secs, timeout_secs)",
-                ),
-                MailboxKind::Asmtp => (
-                    format!("{} do not belong to kind = \"asmtp\"", foreign.join(", ")),
-                    "an ASMTP mailbox takes asmtp_url, handle and token_file",
-                ),
-                MailboxKind::Amp => (
-                    format!("{} do not belong to kind = \"amp\"", foreign.join(", ")),
-                    "an AMP mailbox takes amp_url, address, agent_id and api_key_file",
-                ),
-            };
-            return Err(self.error(&key, problem, fix));
-        }
         Ok((key, m))
+    }
+
+    /// The named mailbox is not of `wanted`, which the caller needs.
+    fn not_of_kind(&self, key: &str, m: &MailboxConfig, wanted: MailboxKind) -> ConfigError {
+        self.error(
+            format!("{key}.kind"),
+            format!(
+                "is kind = {:?}, and this needs a mailbox of kind = {:?}",
+                m.kind().tag(),
+                wanted.tag()
+            ),
+            format!("this works with {} mailboxes only", wanted.name()),
+        )
     }
 
     /// A mailbox's polling interval: at least a second.
     fn poll_interval(
         &self,
         key: &str,
-        m: &MailboxConfig,
+        m: &MailboxCommon,
     ) -> Result<std::time::Duration, ConfigError> {
         if m.poll_interval_secs == 0 {
             return Err(self.error(
@@ -345,10 +262,10 @@ impl LoadedConfig {
     fn call_timeout(
         &self,
         key: &str,
-        m: &MailboxConfig,
+        timeout_secs: Option<u64>,
         default_secs: u64,
     ) -> Result<std::time::Duration, ConfigError> {
-        match m.timeout_secs {
+        match timeout_secs {
             Some(0) => Err(self.error(
                 format!("{key}.timeout_secs"),
                 "must be at least 1",
@@ -358,23 +275,12 @@ impl LoadedConfig {
         }
     }
 
-    /// `replica` is refused on a mailbox whose system cannot let exactly one of several
-    /// bridges claim a message: its read marking is not conditional (`how` says whose).
-    fn single_bridge(&self, key: &str, m: &MailboxConfig, how: &str) -> Result<(), ConfigError> {
-        match &m.replica {
-            None => Ok(()),
-            Some(_) => Err(self.error(
-                format!("{key}.replica"),
-                format!("several bridges cannot share this mailbox: the {how} for whoever asks, so two bridges would both run a task"),
-                "remove replica and serve this mailbox with one bridge (replicas work on AAMP mailboxes, over JMAP)",
-            )),
-        }
-    }
-
     /// The named ASMTP mailbox with its token read and its settings checked.
     pub fn asmtp_account(&self, name: &str) -> Result<AsmtpAccount, ConfigError> {
-        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Asmtp)?;
-        self.single_bridge(&key, m, "ASMTP operator marks an envelope read")?;
+        let (key, m) = self.mailbox(name)?;
+        let MailboxConfig::Asmtp(m) = m else {
+            return Err(self.not_of_kind(&key, m, MailboxKind::Asmtp));
+        };
         let url = self.service_url(
             &format!("{key}.asmtp_url"),
             m.asmtp_url.as_ref(),
@@ -406,8 +312,8 @@ impl LoadedConfig {
             m.token_file.as_ref(),
             "the agent's bearer token",
         )?;
-        let poll_interval = self.poll_interval(&key, m)?;
-        let timeout = self.call_timeout(&key, m, 30)?;
+        let poll_interval = self.poll_interval(&key, &m.common)?;
+        let timeout = self.call_timeout(&key, m.timeout_secs, 30)?;
         Ok(AsmtpAccount {
             name: name.to_string(),
             url,
@@ -415,7 +321,7 @@ impl LoadedConfig {
             token,
             poll_interval,
             timeout,
-            insecure_tls: m.insecure_tls,
+            insecure_tls: m.common.insecure_tls,
             skip_backlog: m.skip_backlog,
             max_message_bytes: m.max_message_bytes.unwrap_or(16 << 20),
         })
@@ -423,8 +329,10 @@ impl LoadedConfig {
 
     /// The named SAMP mailbox with its key read and its settings checked.
     pub fn samp_account(&self, name: &str) -> Result<SampAccount, ConfigError> {
-        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Samp)?;
-        self.single_bridge(&key, m, "SAMP server acknowledges a message")?;
+        let (key, m) = self.mailbox(name)?;
+        let MailboxConfig::Samp(m) = m else {
+            return Err(self.not_of_kind(&key, m, MailboxKind::Samp));
+        };
         let url = self.service_url(
             &format!("{key}.samp_url"),
             m.samp_url.as_ref(),
@@ -436,22 +344,24 @@ impl LoadedConfig {
             m.key_file.as_ref(),
             "the agent's amk_ key",
         )?;
-        let poll_interval = self.poll_interval(&key, m)?;
-        let timeout = self.call_timeout(&key, m, 60)?;
+        let poll_interval = self.poll_interval(&key, &m.common)?;
+        let timeout = self.call_timeout(&key, m.timeout_secs, 60)?;
         Ok(SampAccount {
             name: name.to_string(),
             url,
             key: secret,
             poll_interval,
             timeout,
-            insecure_tls: m.insecure_tls,
+            insecure_tls: m.common.insecure_tls,
         })
     }
 
     /// The named AMP mailbox with its API key read and its settings checked.
     pub fn amp_account(&self, name: &str) -> Result<AmpAccount, ConfigError> {
-        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Amp)?;
-        self.single_bridge(&key, m, "AMP broker marks a message read")?;
+        let (key, m) = self.mailbox(name)?;
+        let MailboxConfig::Amp(m) = m else {
+            return Err(self.not_of_kind(&key, m, MailboxKind::Amp));
+        };
         let need = |field: &Option<String>, what: &str, fix: &str| {
             field
                 .clone()
@@ -486,8 +396,8 @@ impl LoadedConfig {
             m.api_key_file.as_ref(),
             "the user's amk_ API key",
         )?;
-        let poll_interval = self.poll_interval(&key, m)?;
-        let timeout = self.call_timeout(&key, m, 120)?;
+        let poll_interval = self.poll_interval(&key, &m.common)?;
+        let timeout = self.call_timeout(&key, m.timeout_secs, 120)?;
         let recheck = match m.recheck_secs.unwrap_or(300) {
             0 => None,
             secs => Some(std::time::Duration::from_secs(secs)),
@@ -501,14 +411,17 @@ impl LoadedConfig {
             poll_interval,
             timeout,
             recheck,
-            insecure_tls: m.insecure_tls,
+            insecure_tls: m.common.insecure_tls,
             max_message_bytes: m.max_message_bytes.unwrap_or(16 << 20),
         })
     }
 
     /// The named mailbox with its password read and its settings checked.
     pub fn account(&self, name: &str) -> Result<Account, ConfigError> {
-        let (key, m) = self.mailbox_of_kind(name, MailboxKind::Aamp)?;
+        let (key, m) = self.mailbox(name)?;
+        let MailboxConfig::Aamp(m) = m else {
+            return Err(self.not_of_kind(&key, m, MailboxKind::Aamp));
+        };
         let jmap_url = url::Url::parse(&m.jmap_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
@@ -601,7 +514,7 @@ impl LoadedConfig {
                 "use \"starttls\" or \"tls\"; \"plain\" is only allowed to a loopback host (127.0.0.1, ::1, localhost)",
             ));
         }
-        let poll_interval = self.poll_interval(&key, m)?;
+        let poll_interval = self.poll_interval(&key, &m.common)?;
         if m.sender_auth == SenderAuth::AuthenticationResults && m.authserv_id.is_none() {
             return Err(self.error(
                 format!("{key}.authserv_id"),
@@ -647,7 +560,7 @@ impl LoadedConfig {
             smtp_host: m.smtp_host.clone(),
             smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
             smtp_security: m.smtp_security,
-            insecure_tls: m.insecure_tls,
+            insecure_tls: m.common.insecure_tls,
             poll_interval,
             push: m.push,
             push_transport: m.push_transport,
@@ -691,7 +604,7 @@ impl LoadedConfig {
     /// The registration a mailbox still needs: it has a `credentials_file` that does not exist
     /// yet, and an `aamp_url` to register with.
     pub fn registration(&self, name: &str) -> Option<Registration> {
-        let m = self.config.mailboxes.get(name)?;
+        let m = self.config.mailboxes.get(name)?.aamp()?;
         let base = self.path.parent().unwrap_or(Path::new("."));
         let file = base.join(m.credentials_file.as_ref()?);
         if file.exists() {
@@ -705,7 +618,7 @@ impl LoadedConfig {
                 .clone()
                 .unwrap_or_else(|| format!("aamp-bridge mailbox {name}")),
             credentials_file: file,
-            insecure_tls: m.insecure_tls,
+            insecure_tls: m.common.insecure_tls,
         })
     }
 }

@@ -12,9 +12,11 @@ mod render;
 pub use render::render;
 
 mod accounts;
+mod mailboxes;
 mod schema;
 mod secret;
 pub use accounts::*;
+pub use mailboxes::*;
 pub use schema::*;
 pub use secret::*;
 
@@ -94,12 +96,15 @@ impl LoadedConfig {
             fix: fix.to_string(),
         };
         let config: Config = toml::from_str(text).map_err(|e| {
-            let key = e.span().map(|s| line_of(text, s.start)).unwrap_or_default();
-            err(
-                &key,
-                e.message().to_string(),
+            let (problem, fix) = e.message().split_once(mailboxes::FIX).unwrap_or((
+                e.message(),
                 "correct the TOML at that line; see the README's config reference",
-            )
+            ));
+            let key = e
+                .span()
+                .map(|s| error_line(text, s, problem))
+                .unwrap_or_default();
+            err(&key, problem.to_string(), fix)
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let state_dir = match &config.state_dir {
@@ -214,7 +219,11 @@ impl LoadedConfig {
                 self.account(name)?;
             }
         }
-        let inline_secret = self.config.mailboxes.values().any(|m| m.password.is_some());
+        let inline_secret = self
+            .config
+            .mailboxes
+            .values()
+            .any(|m| m.aamp().is_some_and(|m| m.password.is_some()));
         if inline_secret && !is_private(&self.path) {
             let _ = text;
             return Err(self.error(
@@ -243,7 +252,7 @@ impl LoadedConfig {
         self.config
             .mailboxes
             .get(name)
-            .is_some_and(|m| m.kind == MailboxKind::Amp)
+            .is_some_and(|m| m.kind() == MailboxKind::Amp)
     }
 
     /// Whether the named mailbox is an ASMTP mailbox.
@@ -251,7 +260,7 @@ impl LoadedConfig {
         self.config
             .mailboxes
             .get(name)
-            .is_some_and(|m| m.kind == MailboxKind::Asmtp)
+            .is_some_and(|m| m.kind() == MailboxKind::Asmtp)
     }
 
     /// Whether the named mailbox is a SAMP mailbox.
@@ -259,7 +268,7 @@ impl LoadedConfig {
         self.config
             .mailboxes
             .get(name)
-            .is_some_and(|m| m.kind == MailboxKind::Samp)
+            .is_some_and(|m| m.kind() == MailboxKind::Samp)
     }
 
     /// The named mailbox's kind (AAMP when there is no such mailbox: its errors come from
@@ -268,7 +277,7 @@ impl LoadedConfig {
         self.config
             .mailboxes
             .get(name)
-            .map(|m| m.kind)
+            .map(MailboxConfig::kind)
             .unwrap_or_default()
     }
 
@@ -396,6 +405,31 @@ fn is_private(path: &Path) -> bool {
 fn line_of(text: &str, offset: usize) -> String {
     let line = text[..offset.min(text.len())].matches('\n').count() + 1;
     format!("line {line}")
+}
+
+/// "line N" of a TOML error: its span's line, or, when the span is a table (its `[header]`
+/// or `{ ... }`) and the problem names one of the table's keys (`... .KEY: ...`, or serde's
+/// `` `KEY` ``), the line of that key.
+fn error_line(text: &str, span: std::ops::Range<usize>, problem: &str) -> String {
+    let start = span.start.min(text.len());
+    if !text[start..].starts_with(['[', '{']) {
+        return line_of(text, start);
+    }
+    let after = span.end.clamp(start, text.len());
+    let end = text[after..].find("\n[").map_or(text.len(), |i| after + i);
+    let mut offset = start;
+    for line in text[start..end].split_inclusive('\n') {
+        if let Some((key, _)) = line.split_once('=') {
+            let key = key.trim();
+            if !key.is_empty()
+                && (problem.contains(&format!(".{key}:")) || problem.contains(&format!("`{key}`")))
+            {
+                return line_of(text, offset);
+            }
+        }
+        offset += line.len();
+    }
+    line_of(text, start)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use toml::{Table, Value};
 
-use super::{AgentConfig, Config, MailboxConfig};
+use super::{AgentConfig, Config, MailboxConfig, MailboxKind};
 
 /// One comment line per key the wizard may write.
 const COMMENTS: &[(&str, &str)] = &[
@@ -124,9 +124,15 @@ pub fn render(config: &Config) -> String {
         &defaults::<Config>(""),
         &["mailboxes", "agents"],
     );
-    let mailbox_defaults = defaults::<MailboxConfig>("jmap_url = \"\"\nsmtp_host = \"\"\n");
     for (name, mailbox) in &config.mailboxes {
         out.push_str(&format!("\n[mailboxes.{}]\n", key(name)));
+        // Each key against its kind's default; `kind` itself is left out when it is the
+        // default kind.
+        let mut mailbox_defaults =
+            table_of(&MailboxConfig::new(mailbox.kind(), Default::default()));
+        if mailbox.kind() != MailboxKind::default() {
+            mailbox_defaults.remove("kind");
+        }
         write_keys(&mut out, &table_of(mailbox), &mailbox_defaults, &[]);
     }
     let agent_defaults = defaults::<AgentConfig>("name = \"\"\nprofile = \"\"\n");
@@ -186,6 +192,61 @@ mod tests {
             context_equals: k=v"""
             unknown_senders = "ignore"
             "#,
+        );
+    }
+
+    /// Each kind of mailbox is written with its `kind` (but the default one), its own keys,
+    /// and the common keys that are not at their default, in the order they always had.
+    #[test]
+    fn every_kind_of_mailbox_round_trips() {
+        let text = r#"
+            [mailboxes.a]
+            kind = "asmtp"
+            asmtp_url = "https://asmtp.test"
+            handle = "@o.a"
+            token_file = "a.token"
+            skip_backlog = true
+            poll_interval_secs = 2
+            [mailboxes.b]
+            kind = "amp"
+            amp_url = "https://amp.test"
+            address = "b@u.amp.test"
+            agent_id = "b1"
+            api_key_file = "b.key"
+            recheck_secs = 0
+            insecure_tls = true
+            [mailboxes.c]
+            kind = "samp"
+            samp_url = "https://samp.test/mcp"
+            key_file = "c.key"
+            timeout_secs = 9
+            [mailboxes.d]
+            kind = "aamp"
+            email = "d@x"
+            jmap_url = "https://x"
+            password_file = "p"
+            smtp_host = "x"
+            insecure_tls = true
+            poll_interval_secs = 3
+            replica = "h"
+            "#;
+        round_trip(text);
+        let written = render(&toml::from_str(text).unwrap());
+        assert!(
+            written.contains(
+                "[mailboxes.a]\nkind = \"asmtp\"\nasmtp_url = \"https://asmtp.test\"\nhandle = \"@o.a\"\ntoken_file = \"a.token\"\nskip_backlog = true\npoll_interval_secs = 2\n"
+            ) && written.contains("[mailboxes.c]\nkind = \"samp\"\nsamp_url = \"https://samp.test/mcp\"\nkey_file = \"c.key\"\ntimeout_secs = 9\n")
+                && written.contains("smtp_host = \"x\"")
+                && !written.contains("kind = \"aamp\""),
+            "{written}"
+        );
+        let d = &written[written.find("[mailboxes.d]").unwrap()..];
+        let at = |key: &str| d.find(key).unwrap_or_else(|| panic!("{key}: {d}"));
+        assert!(
+            at("smtp_host") < at("insecure_tls")
+                && at("insecure_tls") < at("poll_interval_secs")
+                && at("poll_interval_secs") < at("replica"),
+            "{d}"
         );
     }
 

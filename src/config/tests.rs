@@ -151,7 +151,7 @@ fn loopback_hosts() {
 
 /// Issue 22: `replica` names this bridge among several on an AAMP mailbox; a name that could
 /// not be a keyword is refused, and so is `replica` on an ASMTP or AMP mailbox, whose reads
-/// are not conditional (two bridges there would both run a task).
+/// are not conditional (two bridges there would both run a task): it is an AAMP key only.
 #[test]
 fn replicas_are_named_well_and_only_on_aamp_mailboxes() {
     let dir = tempfile::tempdir().unwrap();
@@ -193,7 +193,7 @@ allow_from = ["@owner.boss"]
 "#;
     let e = load_err(asmtp, 0o600, 0o644);
     assert!(
-        e.contains("mailboxes.coder.replica") && e.contains("one bridge"),
+        e.contains("line 7: mailboxes.coder.replica") && e.contains("AAMP mailboxes only"),
         "{e}"
     );
 }
@@ -245,4 +245,99 @@ fn recheck_secs_and_timeout_secs_of_amp_mailboxes() {
         0o644,
     );
     assert!(e.contains("recheck_secs"), "{e}");
+}
+
+/// Issue 34: each kind of mailbox reads only its own keys. A key of another kind is refused
+/// at its line, naming the mailbox, the key, the kinds it belongs to, and what this kind
+/// takes; so is a key of no kind, a value of the wrong type, and an unknown kind.
+#[test]
+fn a_key_of_another_kind_is_refused_naming_the_mailbox_the_key_and_its_kind() {
+    let with = |extra: &str| {
+        GOOD.replace(
+            "smtp_security = \"plain\"",
+            &format!("smtp_security = \"plain\"\n{extra}"),
+        )
+    };
+    let e = load_err(&with("recheck_secs = 10"), 0o600, 0o644);
+    assert!(
+        e.contains("line 9: mailboxes.coder.recheck_secs: a key of AMP mailboxes only")
+            && e.contains("kind is not set")
+            && e.contains("set kind = \"amp\"")
+            && e.contains("kind = \"aamp\" takes email, credentials_file"),
+        "{e}"
+    );
+    let e = load_err(&with("timeout_secs = 10"), 0o600, 0o644);
+    assert!(
+        e.contains("a key of AMP, ASMTP and SAMP mailboxes only")
+            && e.contains("set kind = \"amp\", \"asmtp\" or \"samp\""),
+        "{e}"
+    );
+    let samp = "\n[mailboxes.coder]\nkind = \"samp\"\nsamp_url = \"http://127.0.0.1:9/mcp\"\nkey_file = \"coder.pass\"\npoll_interval_secs = 2\nsmtp_host = \"x\"\n";
+    let e = load_err(samp, 0o600, 0o644);
+    assert!(
+        e.contains("line 7: mailboxes.coder.smtp_host: a key of AAMP mailboxes only, and this mailbox is kind = \"samp\"")
+            && e.contains("fix: drop smtp_host")
+            && e.contains("kind = \"samp\" takes samp_url, key_file, timeout_secs (and, like every mailbox, insecure_tls, poll_interval_secs)"),
+        "{e}"
+    );
+    let e = load_err(
+        &samp.replace("smtp_host = \"x\"", "samp_ulr = \"x\""),
+        0o600,
+        0o644,
+    );
+    assert!(
+        e.contains("line 7: mailboxes.coder.samp_ulr: no mailbox takes this key")
+            && e.contains("check its spelling"),
+        "{e}"
+    );
+    let e = load_err(&GOOD.replace("15587", "\"x\""), 0o600, 0o644);
+    assert!(
+        e.contains("line 7: mailboxes.coder.smtp_port: invalid type"),
+        "{e}"
+    );
+    let e = load_err(&with("kind = \"imap\""), 0o600, 0o644);
+    assert!(
+        e.contains("line 9: mailboxes.coder.kind:") && e.contains("\"asmtp\""),
+        "{e}"
+    );
+    // The same in an inline table, and with a mailbox of another kind before it.
+    let inline = format!(
+        "[mailboxes]\nme = {{ kind = \"samp\", samp_url = \"http://127.0.0.1:9/mcp\", key_file = \"coder.pass\" }}\n{}",
+        GOOD.replace("[mailboxes.coder]\n", "coder = { ")
+            .replace("\"\npassword_file", "\", password_file")
+            .replace("\"\njmap_url", "\", jmap_url")
+            .replace("\"\nsmtp_host", "\", smtp_host")
+            .replace("\"\nsmtp_port = 15587\nsmtp_security = \"plain\"", "\", smtp_port = 15587, smtp_security = \"plain\", key_file = \"k\" }")
+    );
+    let e = load_err(&inline, 0o600, 0o644);
+    assert!(
+        e.contains("line 4: mailboxes.coder.key_file: a key of SAMP mailboxes only"),
+        "{e}\n{inline}"
+    );
+}
+
+/// Every kind keeps the keys every mailbox has, and takes its own.
+#[test]
+fn each_kind_reads_its_own_keys_and_the_common_ones() {
+    let config: Config = toml::from_str(
+        "[mailboxes.a]\nkind = \"asmtp\"\nhandle = \"@o.a\"\npoll_interval_secs = 2\ninsecure_tls = true\nskip_backlog = true\n[mailboxes.b]\nemail = \"b@x\"\n",
+    )
+    .unwrap();
+    let MailboxConfig::Asmtp(a) = &config.mailboxes["a"] else {
+        panic!("{:?}", config.mailboxes["a"])
+    };
+    assert_eq!(a.handle.as_deref(), Some("@o.a"));
+    assert!(a.skip_backlog);
+    assert_eq!(
+        a.common,
+        MailboxCommon {
+            insecure_tls: true,
+            poll_interval_secs: 2
+        }
+    );
+    let b = config.mailboxes["b"].aamp().unwrap();
+    assert_eq!(b.email.as_deref(), Some("b@x"));
+    assert_eq!(b.common, MailboxCommon::default());
+    assert!(b.push && b.save_sent);
+    assert_eq!(b.lease_secs, 60);
 }

@@ -130,7 +130,7 @@ impl Context {
                 .config
                 .mailboxes
                 .get(agent.mailbox_name())
-                .map(|m| serde_json::to_value(m.kind).unwrap_or_default());
+                .map(|m| serde_json::to_value(m.kind()).unwrap_or_default());
             json["backend"] = backend.unwrap_or_default();
             json["profile"] = Value::from(agent.profile.clone());
             match self

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{AgentConfig, Config, MailboxConfig};
+use crate::config::{AampMailbox, AgentConfig, Config, MailboxConfig};
 use crate::dispatch::policy::Rule;
 
 /// Everything an import would write.
@@ -425,21 +425,20 @@ pub fn plan(from: &Path, config_path: &Path, existing: Option<Config>) -> anyhow
                 .ok()
                 .and_then(|u| u.host_str().map(str::to_string))
                 .unwrap_or_default();
-            let mut mailbox: MailboxConfig = toml::from_str(&format!(
-                "jmap_url = {}\nsmtp_host = {}\n",
-                toml_string(&format!("{host}/.well-known/jmap")),
-                toml_string(&host_name)
-            ))
-            .expect("a minimal mailbox loads");
-            mailbox.aamp_url = Some(host.clone());
-            mailbox.credentials_file = Some(PathBuf::from(format!("{name}.json")));
-            mailbox.slug = Some(
-                agent
-                    .slug
-                    .clone()
-                    .unwrap_or_else(|| format!("{}-{default_slug_suffix}", agent.name)),
-            );
-            mailbox.description = agent.description.clone();
+            let mut mailbox = AampMailbox {
+                jmap_url: format!("{host}/.well-known/jmap"),
+                smtp_host: host_name,
+                aamp_url: Some(host.clone()),
+                credentials_file: Some(PathBuf::from(format!("{name}.json"))),
+                slug: Some(
+                    agent
+                        .slug
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-{default_slug_suffix}", agent.name)),
+                ),
+                description: agent.description.clone(),
+                ..AampMailbox::default()
+            };
             match credentials {
                 Some(c) => {
                     // Their SDKs send from the address's domain, port 587.
@@ -459,7 +458,9 @@ pub fn plan(from: &Path, config_path: &Path, existing: Option<Config>) -> anyhow
                 }
                 None => plan.notes.push(format!("agent {name}: no credentials at {}; the bridge registers a new mailbox with {host} at its first start", credentials_path.display())),
             }
-            config.mailboxes.insert(name.clone(), mailbox);
+            config
+                .mailboxes
+                .insert(name.clone(), MailboxConfig::Aamp(mailbox));
             // Who may send.
             let mut agent_config: AgentConfig = toml::from_str(&format!(
                 "name = {}\nprofile = {}\n",

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{self, Config, LoadedConfig, MailboxConfig, SmtpSecurity};
+use crate::config::{self, Config, LoadedConfig, MailboxConfig, MailboxKind, SmtpSecurity};
 
 pub mod import;
 pub mod profile_maker;
@@ -314,43 +314,28 @@ fn mailbox_config(
     aamp_url: Option<&str>,
     previous: Option<&MailboxConfig>,
 ) -> anyhow::Result<MailboxConfig> {
-    let mut m = previous.cloned().unwrap_or_else(|| {
-        toml::from_str("jmap_url = \"\"\nsmtp_host = \"\"\n").expect("a minimal mailbox loads")
-    });
-    let other_kind = |m: &mut MailboxConfig| {
-        m.email = None;
-        m.credentials_file = None;
-        m.password = None;
-        m.password_file = None;
-        m.login = None;
-        m.slug = None;
-        m.description = None;
-        m.aamp_url = None;
-        m.jmap_url = String::new();
-        m.smtp_host = String::new();
-        m.smtp_port = None;
-        m.amp_url = None;
-        m.address = None;
-        m.agent_id = None;
-        m.api_key_file = None;
-        m.asmtp_url = None;
-        m.handle = None;
-        m.token_file = None;
+    // What the config had when it is of the kind answered; else a mailbox of that kind with
+    // the keys every kind has kept.
+    let common = previous.map(|m| m.common().clone()).unwrap_or_default();
+    let start = |kind: MailboxKind| match previous {
+        Some(m) if m.kind() == kind => m.clone(),
+        _ => MailboxConfig::new(kind, common.clone()),
     };
-    let servers = match answers {
+    let (mut m, servers) = match answers {
         MailboxAnswers::Asmtp {
             asmtp_url,
             handle,
             token_file,
             insecure_tls,
         } => {
-            other_kind(&mut m);
-            m.kind = config::MailboxKind::Asmtp;
+            let MailboxConfig::Asmtp(mut m) = start(MailboxKind::Asmtp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
             m.asmtp_url = Some(asmtp_url.clone());
             m.handle = Some(handle.clone());
             m.token_file = Some(token_file.clone());
-            m.insecure_tls = *insecure_tls;
-            return Ok(m);
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Asmtp(m));
         }
         MailboxAnswers::Amp {
             amp_url,
@@ -359,20 +344,18 @@ fn mailbox_config(
             api_key_file,
             insecure_tls,
         } => {
-            other_kind(&mut m);
-            m.kind = config::MailboxKind::Amp;
+            let MailboxConfig::Amp(mut m) = start(MailboxKind::Amp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
             m.amp_url = Some(amp_url.clone());
             m.address = Some(address.clone());
             m.agent_id = Some(agent_id.clone());
             m.api_key_file = Some(api_key_file.clone());
-            m.insecure_tls = *insecure_tls;
-            return Ok(m);
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Amp(m));
         }
         MailboxAnswers::Keep => {
-            if previous.is_none() {
-                bail!("agent {name}: mailbox \"keep\", but the config has no mailbox {name:?} to keep: register one or give an existing account");
-            }
-            return Ok(m);
+            return previous.cloned().with_context(|| format!("agent {name}: mailbox \"keep\", but the config has no mailbox {name:?} to keep: register one or give an existing account"));
         }
         MailboxAnswers::Register {
             slug,
@@ -382,12 +365,11 @@ fn mailbox_config(
             let Some(aamp_url) = aamp_url else {
                 bail!("agent {name}: registering a mailbox needs the AAMP service: set aamp_url in the answers");
             };
+            let MailboxConfig::Aamp(mut m) = start(MailboxKind::Aamp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
             if m.aamp_url.as_deref() != Some(aamp_url) || m.credentials_file.is_none() {
                 m.credentials_file = Some(PathBuf::from(format!("{name}.json")));
-            }
-            if m.kind != config::MailboxKind::Aamp {
-                other_kind(&mut m);
-                m.kind = config::MailboxKind::Aamp;
             }
             m.email = None;
             m.password = None;
@@ -405,7 +387,7 @@ fn mailbox_config(
                 .clone()
                 .or_else(|| service_host(aamp_url))
                 .unwrap_or_default();
-            servers
+            (m, servers)
         }
         MailboxAnswers::Existing {
             email,
@@ -414,10 +396,9 @@ fn mailbox_config(
             password_file,
             servers,
         } => {
-            if m.kind != config::MailboxKind::Aamp {
-                other_kind(&mut m);
-                m.kind = config::MailboxKind::Aamp;
-            }
+            let MailboxConfig::Aamp(mut m) = start(MailboxKind::Aamp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
             m.credentials_file = None;
             m.email = Some(email.clone());
             m.login = login.clone();
@@ -436,13 +417,13 @@ fn mailbox_config(
             if let Some(url) = aamp_url {
                 m.aamp_url = Some(url.to_string());
             }
-            servers
+            (m, servers)
         }
     };
     m.smtp_port = servers.smtp_port;
     m.smtp_security = servers.smtp_security.unwrap_or_default();
-    m.insecure_tls = servers.insecure_tls;
-    Ok(m)
+    m.common.insecure_tls = servers.insecure_tls;
+    Ok(MailboxConfig::Aamp(m))
 }
 
 /// Turns answers into the config at `path` (and its credential files), testing each mailbox
@@ -653,12 +634,14 @@ async fn set_up_mailbox(
     let entry = config
         .mailboxes
         .get_mut(mailbox_name)
-        .expect("inserted above");
-    if let Some(password) = entry.password.take() {
-        let file = PathBuf::from(format!("{mailbox_name}.password"));
-        let dir = path.parent().unwrap_or(Path::new("."));
-        secrets.push((dir.join(&file), password.into_bytes()));
-        entry.password_file = Some(file);
+        .and_then(MailboxConfig::aamp_mut);
+    if let Some(entry) = entry {
+        if let Some(password) = entry.password.take() {
+            let file = PathBuf::from(format!("{mailbox_name}.password"));
+            let dir = path.parent().unwrap_or(Path::new("."));
+            secrets.push((dir.join(&file), password.into_bytes()));
+            entry.password_file = Some(file);
+        }
     }
     Ok((email, how))
 }
@@ -761,5 +744,77 @@ pub fn print_applied(applied: &Applied) {
     }
     if let Some(service) = &applied.service {
         println!("service: {service}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mailbox(text: &str) -> MailboxConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    fn rendered(m: &MailboxConfig) -> String {
+        let mut config = empty_config();
+        config.mailboxes.insert("m".to_string(), m.clone());
+        config::render(&config)
+    }
+
+    /// Issue 34: a mailbox that changes kind is a new mailbox of that kind which keeps only
+    /// the keys every mailbox has; one that keeps its kind keeps its other keys too.
+    #[test]
+    fn a_mailbox_that_changes_kind_keeps_only_the_common_keys() {
+        let aamp = mailbox(
+            "email = \"a@x\"\njmap_url = \"https://x\"\nsmtp_host = \"x\"\npassword_file = \"p\"\npush = false\npoll_interval_secs = 7\n",
+        );
+        let asmtp = MailboxAnswers::Asmtp {
+            asmtp_url: "https://asmtp.test".to_string(),
+            handle: "@o.m".to_string(),
+            token_file: PathBuf::from("m.token"),
+            insecure_tls: true,
+        };
+        let m = mailbox_config("m", &asmtp, None, Some(&aamp)).unwrap();
+        assert_eq!(m.kind(), MailboxKind::Asmtp);
+        assert_eq!(m.common().poll_interval_secs, 7);
+        assert!(m.common().insecure_tls);
+        let text = rendered(&m);
+        assert!(
+            text.contains("kind = \"asmtp\"")
+                && text.contains("poll_interval_secs = 7")
+                && !text.contains("email")
+                && !text.contains("push"),
+            "{text}"
+        );
+
+        let mut skipping = m.clone();
+        if let MailboxConfig::Asmtp(a) = &mut skipping {
+            a.skip_backlog = true;
+        }
+        let again = mailbox_config("m", &asmtp, None, Some(&skipping)).unwrap();
+        assert!(rendered(&again).contains("skip_backlog = true"));
+
+        let existing = MailboxAnswers::Existing {
+            email: "b@x".to_string(),
+            login: None,
+            password: None,
+            password_file: Some(PathBuf::from("p")),
+            servers: Servers {
+                jmap_url: Some("https://x".to_string()),
+                smtp_host: Some("x".to_string()),
+                ..Servers::default()
+            },
+        };
+        let back = mailbox_config("m", &existing, None, Some(&again)).unwrap();
+        let text = rendered(&back);
+        assert!(
+            back.aamp().is_some()
+                && text.contains("email = \"b@x\"")
+                && text.contains("poll_interval_secs = 7")
+                && !text.contains("kind")
+                && !text.contains("asmtp")
+                && !text.contains("skip_backlog"),
+            "{text}"
+        );
     }
 }

@@ -129,9 +129,12 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     println!("Esc cancels; nothing is written until the end.\n");
 
     let spinner = Spinner::new();
-    let old_url = previous
-        .as_ref()
-        .and_then(|c| c.config.mailboxes.values().find_map(|m| m.aamp_url.clone()));
+    let old_url = previous.as_ref().and_then(|c| {
+        c.config
+            .mailboxes
+            .values()
+            .find_map(|m| m.aamp()?.aamp_url.clone())
+    });
     let mut info = None;
     let aamp_url = loop {
         let mut prompt = Text::new("AAMP service URL:").with_help_message(
@@ -589,7 +592,7 @@ async fn ask_mailbox(
             .with_default(
                 prior_email
                     .as_deref()
-                    .or(old.and_then(|m| m.email.as_deref()))
+                    .or(old.and_then(|m| m.aamp()?.email.as_deref()))
                     .unwrap_or(""),
             )
             .prompt(),
