@@ -103,6 +103,43 @@ impl fmt::Debug for SampAccount {
     }
 }
 
+/// What every kind's checked account tells, whatever the kind.
+pub trait Checked {
+    /// The address mail to the mailbox (configured as `name`) goes to.
+    fn address(&self, name: &str) -> String;
+    /// The mailbox's secret (password, key or token).
+    fn secret(&self) -> &Secret;
+}
+
+impl Checked for Account {
+    fn address(&self, _: &str) -> String {
+        self.email.clone()
+    }
+    fn secret(&self) -> &Secret {
+        &self.password
+    }
+}
+
+impl Checked for AmpAccount {
+    fn address(&self, _: &str) -> String {
+        self.address.clone()
+    }
+    fn secret(&self) -> &Secret {
+        &self.api_key
+    }
+}
+
+/// The agent's name is the server's to tell, so the address is the bridge's own name for the
+/// mailbox, `MAILBOX@HOST`.
+impl Checked for SampAccount {
+    fn address(&self, name: &str) -> String {
+        format!("{name}@{}", self.url.host_str().unwrap_or("samp"))
+    }
+    fn secret(&self) -> &Secret {
+        &self.key
+    }
+}
+
 /// An ASMTP mailbox, checked and with its token read.
 #[derive(Clone)]
 pub struct AsmtpAccount {
@@ -128,6 +165,15 @@ impl fmt::Debug for AsmtpAccount {
             .field("url", &self.url.as_str())
             .field("handle", &self.handle)
             .finish_non_exhaustive()
+    }
+}
+
+impl Checked for AsmtpAccount {
+    fn address(&self, _: &str) -> String {
+        self.handle.clone()
+    }
+    fn secret(&self) -> &Secret {
+        &self.token
     }
 }
 
@@ -590,15 +636,18 @@ impl LoadedConfig {
 
     /// The secret of mailbox `name`, whatever its kind, read from its file now.
     pub fn mailbox_secret(&self, name: &str) -> Result<Secret, ConfigError> {
-        if self.is_asmtp(name) {
-            Ok(self.asmtp_account(name)?.token)
-        } else if self.is_samp(name) {
-            Ok(self.samp_account(name)?.key)
-        } else if self.is_amp(name) {
-            Ok(self.amp_account(name)?.api_key)
-        } else {
-            Ok(self.account(name)?.password)
-        }
+        Ok(self.checked(name)?.secret().clone())
+    }
+
+    /// Mailbox `name` checked, of whichever kind: the one place in the config a kind's
+    /// checked account is chosen.
+    pub fn checked(&self, name: &str) -> Result<Box<dyn Checked>, ConfigError> {
+        Ok(match self.kind(name) {
+            MailboxKind::Aamp => Box::new(self.account(name)?),
+            MailboxKind::Amp => Box::new(self.amp_account(name)?),
+            MailboxKind::Asmtp => Box::new(self.asmtp_account(name)?),
+            MailboxKind::Samp => Box::new(self.samp_account(name)?),
+        })
     }
 
     /// The registration a mailbox still needs: it has a `credentials_file` that does not exist

@@ -209,14 +209,8 @@ impl LoadedConfig {
         }
         for name in self.config.mailboxes.keys() {
             // A mailbox the bridge will register is checked once it has its credentials.
-            if self.is_amp(name) {
-                self.amp_account(name)?;
-            } else if self.is_asmtp(name) {
-                self.asmtp_account(name)?;
-            } else if self.is_samp(name) {
-                self.samp_account(name)?;
-            } else if self.registration(name).is_none() {
-                self.account(name)?;
+            if self.kind(name) != MailboxKind::Aamp || self.registration(name).is_none() {
+                self.checked(name)?;
             }
         }
         let inline_secret = self
@@ -247,30 +241,6 @@ impl LoadedConfig {
         }
     }
 
-    /// Whether the named mailbox is an AMP mailbox.
-    pub fn is_amp(&self, name: &str) -> bool {
-        self.config
-            .mailboxes
-            .get(name)
-            .is_some_and(|m| m.kind() == MailboxKind::Amp)
-    }
-
-    /// Whether the named mailbox is an ASMTP mailbox.
-    pub fn is_asmtp(&self, name: &str) -> bool {
-        self.config
-            .mailboxes
-            .get(name)
-            .is_some_and(|m| m.kind() == MailboxKind::Asmtp)
-    }
-
-    /// Whether the named mailbox is a SAMP mailbox.
-    pub fn is_samp(&self, name: &str) -> bool {
-        self.config
-            .mailboxes
-            .get(name)
-            .is_some_and(|m| m.kind() == MailboxKind::Samp)
-    }
-
     /// The named mailbox's kind (AAMP when there is no such mailbox: its errors come from
     /// reading its account).
     pub fn kind(&self, name: &str) -> MailboxKind {
@@ -284,19 +254,7 @@ impl LoadedConfig {
     /// The address mail to the named mailbox goes to, whatever its kind (SAMP: the agent's
     /// name is the server's to tell, so the bridge's own name for it, `MAILBOX@HOST`).
     pub fn mailbox_address(&self, name: &str) -> Result<String, ConfigError> {
-        if self.is_amp(name) {
-            Ok(self.amp_account(name)?.address)
-        } else if self.is_asmtp(name) {
-            Ok(self.asmtp_account(name)?.handle)
-        } else if self.is_samp(name) {
-            let account = self.samp_account(name)?;
-            Ok(format!(
-                "{name}@{}",
-                account.url.host_str().unwrap_or("samp")
-            ))
-        } else {
-            Ok(self.account(name)?.email)
-        }
+        Ok(self.checked(name)?.address(name))
     }
 
     /// The agents to run: all of them, or those named.
