@@ -780,7 +780,7 @@ async fn two_replicas_answer_400_dispatches_once_through_2000_claims_and_renewal
         .collect();
     let env = [(
         "AAMP_BRIDGE_LOG",
-        "info,aamp_bridge::dispatch::lifecycle=debug",
+        "info,aamp_bridge::dispatch::claims=debug",
     )];
     let mut bridges: Vec<Bridge> = dirs
         .iter()

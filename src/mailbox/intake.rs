@@ -560,4 +560,123 @@ mod tests {
         };
         tokio::join!(watching, driving);
     }
+
+    /// A pushed connection that ends as scripted, noting when each attempt came; once the
+    /// script is done it stays connected until stopped.
+    struct Scripted {
+        script: std::collections::VecDeque<Result<Closed, MailboxError>>,
+        attempts: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    }
+
+    impl Pushed for Scripted {
+        fn transport(&self) -> &'static str {
+            "websocket"
+        }
+
+        async fn connect(
+            &mut self,
+            _wake: &mpsc::Sender<()>,
+            stop: &CancellationToken,
+            connected: impl FnOnce() + Send,
+        ) -> Result<Closed, MailboxError> {
+            self.attempts
+                .lock()
+                .unwrap()
+                .push(tokio::time::Instant::now());
+            match self.script.pop_front() {
+                Some(Ok(closed)) => {
+                    connected();
+                    Ok(closed)
+                }
+                Some(Err(e)) => Err(e),
+                None => {
+                    connected();
+                    stop.cancelled().await;
+                    Ok(Closed::Stopped)
+                }
+            }
+        }
+    }
+
+    fn refused() -> MailboxError {
+        MailboxError::Push {
+            detail: "HTTP error: 401 Unauthorized".into(),
+            class: ErrorClass::Auth,
+        }
+    }
+
+    /// Issue 34: the one push supervisor. ASMTP's own loop retried a refused token every
+    /// 1–60 s and never said so in the events; now every pushed back-end waits refused
+    /// credentials out ([`PUSH_REFUSED_RETRY`]), tries replaced ones at once, backs off after
+    /// a drop, and keeps the link's push state.
+    #[tokio::test(start_paused = true)]
+    async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        private(&file, "tok_old");
+        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+        let link = Link::new(dir.path().join("link.json"));
+        let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let pushed = Scripted {
+            script: [
+                Err(refused()),
+                Err(refused()),
+                Ok(Closed::ByServer(Some("1001 operator shutting down".into()))),
+            ]
+            .into(),
+            attempts: attempts.clone(),
+        };
+        let (wake, mut woken) = mpsc::channel(1);
+        let push_up = AtomicBool::new(false);
+        let stop = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let at = |n: usize| attempts.lock().unwrap().get(n).map(|t| *t - start);
+        let count = || attempts.lock().unwrap().len();
+        let supervising = supervise_push(
+            "coder",
+            &link,
+            Events::new(false),
+            &secret,
+            pushed,
+            &wake,
+            &push_up,
+            &stop,
+        );
+        let driving = async {
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            assert_eq!(
+                count(),
+                1,
+                "refused once, then waiting, not retrying every few seconds"
+            );
+            // Replaced (a reload): tried at once, refused again, waited out again.
+            private(&file, "tok_new");
+            let fresh =
+                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+            assert!(secret.replace(&fresh));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(count(), 2);
+            assert!(at(1).unwrap() < Duration::from_secs(121), "{:?}", at(1));
+            tokio::time::sleep(PUSH_REFUSED_RETRY - Duration::from_secs(1)).await;
+            assert_eq!(count(), 2);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            // The third try connects, and the operator closes it: the link says polling and
+            // push reconnects after the first backoff step, staying up this time.
+            assert!(count() >= 3);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(count(), 4);
+            assert!(push_up.load(Ordering::SeqCst));
+            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+            assert_eq!(state.push, "websocket");
+            assert!(
+                woken.try_recv().is_ok(),
+                "a connection wakes the reading loop"
+            );
+            stop.cancel();
+        };
+        tokio::join!(supervising, driving);
+        assert!(!push_up.load(Ordering::SeqCst));
+        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+        assert_eq!(state.push, "polling");
+    }
 }
