@@ -418,6 +418,8 @@ pub async fn supervise_push(
             Ok(Closed::Stopped) => return,
             Ok(Closed::Replaced) => {
                 tracing::info!("the credentials were replaced; push connects again with them");
+                // Seen here: the wait after a later refusal must not end at once for it.
+                replaced.borrow_and_update();
                 continue;
             }
             Ok(Closed::ByServer(why)) => {
@@ -584,6 +586,12 @@ mod tests {
                 .unwrap()
                 .push(tokio::time::Instant::now());
             match self.script.pop_front() {
+                Some(Ok(Closed::Replaced)) => {
+                    // Up for a while; the test replaces the credentials meanwhile.
+                    connected();
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    Ok(Closed::Replaced)
+                }
                 Some(Ok(closed)) => {
                     connected();
                     Ok(closed)
@@ -678,5 +686,53 @@ mod tests {
         assert!(!push_up.load(Ordering::SeqCst));
         let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
         assert_eq!(state.push, "polling");
+    }
+
+    /// A connection the back-end closed because its credentials were replaced has seen that
+    /// replacement: a refusal of the new ones right after is waited out, not retried at once
+    /// (the supervisor's own view of the secret went stale, so its wait ended immediately).
+    #[tokio::test(start_paused = true)]
+    async fn a_replacement_push_already_reconnected_for_does_not_cut_the_next_wait_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        private(&file, "tok_old");
+        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+        let link = Link::new(dir.path().join("link.json"));
+        let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let pushed = Scripted {
+            script: [Ok(Closed::Replaced), Err(refused())].into(),
+            attempts: attempts.clone(),
+        };
+        let (wake, _woken) = mpsc::channel(1);
+        let push_up = AtomicBool::new(false);
+        let stop = CancellationToken::new();
+        let count = || attempts.lock().unwrap().len();
+        let supervising = supervise_push(
+            "coder",
+            &link,
+            Events::new(false),
+            &secret,
+            pushed,
+            &wake,
+            &push_up,
+            &stop,
+        );
+        let driving = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            private(&file, "tok_new");
+            let fresh =
+                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+            assert!(secret.replace(&fresh));
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(
+                count(),
+                2,
+                "closed for the new key, refused with it, then waiting"
+            );
+            tokio::time::sleep(PUSH_REFUSED_RETRY).await;
+            assert_eq!(count(), 3, "tried again after the wait");
+            stop.cancel();
+        };
+        tokio::join!(supervising, driving);
     }
 }

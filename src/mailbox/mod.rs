@@ -1,6 +1,9 @@
-//! Mail in and out: the only code that knows JMAP, SMTP and the shape of a mail. It turns new
-//! Inbox mail addressed to an agent into parsed AAMP messages for `dispatch`, and sends the
-//! AAMP messages `dispatch` hands back.
+//! Mail in and out: the only code that knows a mailbox system (AAMP over JMAP and SMTP, AMP,
+//! ASMTP, SAMP over MCP) and the shape of a mail. Each system lives in its own folder and is a
+//! [`System`]: it opens an agent's mailbox as an [`Outlet`] (the outbound seam `dispatch`
+//! sends through) and an [`Intake`] (new messages for the agent, parsed into the inbound
+//! model). `kinds` chooses the system for a configured kind, one line per kind; `intake`
+//! holds what every reading loop shares (the watch loop, health, one push supervisor).
 
 pub mod aamp;
 pub mod amp;
