@@ -631,3 +631,70 @@ async fn an_answer_whose_confirmation_was_lost_is_not_sent_again_after_its_recip
     server.no_invalid_calls();
     assert!(bridge.stop().success());
 }
+
+/// `init --answers` sets up a SAMP agent as it does an ASMTP or AMP one: the mailbox is read
+/// once before anything is written (a refused key ends it with the server's words, no config
+/// written), the key stays in its file, and the agent then answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn init_from_answers_sets_up_a_samp_agent_that_answers() {
+    let server = Server::start();
+    let key = server.agent("coder").await;
+    let boss = Peer {
+        url: server.url.clone(),
+        key: server.agent("boss").await,
+    };
+    let dir = ConfigDir::empty();
+    let init = |key: &str| {
+        dir.write_private("coder.samp-key", key);
+        let answers = json!({
+            "state_dir": "state",
+            "agents": [{"name": "coder", "profile": "echo", "allow_from": ["boss@127.0.0.1"],
+                        "mailbox": {"kind": "samp", "samp_url": server.url,
+                                    "key_file": "coder.samp-key"}}]
+        });
+        dir.write("answers.json", &answers.to_string());
+        Command::new(support::bin())
+            .arg("--config")
+            .arg(dir.config())
+            .args(["init", "--non-interactive", "--json", "--answers"])
+            .arg(dir.config().with_file_name("answers.json"))
+            .output()
+            .unwrap()
+    };
+
+    let refused = init("amk_not_a_key_of_this_server");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert!(err.contains("SAMP") && err.contains("401"), "{err}");
+    assert!(
+        !dir.config().exists(),
+        "nothing written for a mailbox that does not work"
+    );
+
+    let out = init(&key);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(applied["agents"][0]["how"], "samp", "{applied}");
+    assert_eq!(applied["agents"][0]["email"], "coder", "{applied}");
+    let text = std::fs::read_to_string(dir.config()).unwrap();
+    assert!(
+        text.contains("kind = \"samp\"") && text.contains("key_file = \"coder.samp-key\""),
+        "{text}"
+    );
+    assert!(!text.contains(&key), "the key stays in its file: {text}");
+
+    let bridge = Bridge::start(&dir, 1);
+    let sent = boss.send("coder", "Greet", "say hello", None).await;
+    let replies = server
+        .replies("coder", &sent, 1, Duration::from_secs(60))
+        .await;
+    assert!(
+        replies[0]["body"].as_str().unwrap().contains("say hello"),
+        "{replies:?}"
+    );
+    assert!(bridge.stop().success());
+}

@@ -487,7 +487,8 @@ async fn the_live_view_streams_tasks_answers_questions_cancels_and_refuses_stran
     browser
         .wait_text(&format!("{card} .stream"), |t| t.contains("42."))
         .await;
-    let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/live-view.png");
+    // In cargo's scratch folder for integration tests, wherever the target dir is.
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-view.png");
     browser.screenshot(&shot).await;
     let order: Value = browser
         .execute(

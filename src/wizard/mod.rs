@@ -125,6 +125,14 @@ pub enum MailboxAnswers {
         #[serde(default)]
         insecure_tls: bool,
     },
+    /// A mailbox on a SAMP server (Agent Mailbox, over MCP); the `amk_...` key is in a file
+    /// (mode 0600) already.
+    Samp {
+        samp_url: String,
+        key_file: PathBuf,
+        #[serde(default)]
+        insecure_tls: bool,
+    },
 }
 
 /// The servers of a mailbox; for a registered one they default to the AAMP service's host.
@@ -172,7 +180,8 @@ pub struct AppliedAgent {
     pub name: String,
     pub email: String,
     pub mailbox: String,
-    /// `registered`, `reused` (registered before), `account`, `kept`, `asmtp` or `amp`.
+    /// `registered`, `reused` (registered before), `account`, `kept`, `asmtp`, `amp` or
+    /// `samp`.
     pub how: &'static str,
     pub allow_from: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -231,7 +240,7 @@ fn view(path: &Path, config: &Config) -> LoadedConfig {
 }
 
 /// Logs in over JMAP and SMTP with a mailbox of `config`, as the bridge will (or reads an
-/// ASMTP or AMP mailbox once).
+/// ASMTP, AMP or SAMP mailbox once).
 pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<String> {
     if let Some(probe) = crate::mailbox::probe(config, name).await {
         let probe = probe?;
@@ -353,6 +362,19 @@ fn mailbox_config(
             m.api_key_file = Some(api_key_file.clone());
             m.common.insecure_tls = *insecure_tls;
             return Ok(MailboxConfig::Amp(m));
+        }
+        MailboxAnswers::Samp {
+            samp_url,
+            key_file,
+            insecure_tls,
+        } => {
+            let MailboxConfig::Samp(mut m) = start(MailboxKind::Samp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            m.samp_url = Some(samp_url.clone());
+            m.key_file = Some(key_file.clone());
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Samp(m));
         }
         MailboxAnswers::Keep => {
             return previous.cloned().with_context(|| format!("agent {name}: mailbox \"keep\", but the config has no mailbox {name:?} to keep: register one or give an existing account"));
@@ -603,6 +625,7 @@ async fn set_up_mailbox(
         MailboxAnswers::Keep => "kept",
         MailboxAnswers::Asmtp { .. } => "asmtp",
         MailboxAnswers::Amp { .. } => "amp",
+        MailboxAnswers::Samp { .. } => "samp",
     };
     config.mailboxes.insert(mailbox_name.to_string(), mailbox);
     // Register now, unless a credentials file from an earlier run is there.
@@ -628,6 +651,7 @@ async fn set_up_mailbox(
     let over = match answers {
         MailboxAnswers::Asmtp { .. } => "its ASMTP operator",
         MailboxAnswers::Amp { .. } => "its AMP broker",
+        MailboxAnswers::Samp { .. } => "its SAMP server",
         _ => "JMAP and SMTP",
     };
     progress.done(&format!("{mailbox_name}: {email} answers {over}"));

@@ -324,6 +324,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             MailboxAnswers::Keep => "its current mailbox".to_string(),
             MailboxAnswers::Asmtp { handle, .. } => format!("ASMTP {handle}"),
             MailboxAnswers::Amp { address, .. } => format!("AMP {address}"),
+            MailboxAnswers::Samp { samp_url, .. } => format!("SAMP at {samp_url}"),
         };
         let who = match (a.allow_from.is_empty(), a.pair) {
             (_, true) => "whoever pairs with the code shown next".to_string(),
