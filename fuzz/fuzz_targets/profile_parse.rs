@@ -2,14 +2,7 @@
 //! an error or a value, never a panic.
 #![no_main]
 
-use aamp_bridge::config::policy::parse_text;
-use aamp_bridge::runner::Profile;
+#[path = "../checks/profile_parse.rs"]
+mod checks;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let text = String::from_utf8_lossy(data);
-    let _ = Profile::parse(&text, "fuzzed", "fuzz input");
-    if let Ok(rules) = parse_text(&text) {
-        let policy = aamp_bridge::dispatch::SenderPolicy::default().with_rules(rules);
-        let _ = policy.allows("someone@example.test");
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::check(data));

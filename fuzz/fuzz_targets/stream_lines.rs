@@ -3,26 +3,7 @@
 //! event they make turns into an AAMP stream event.
 #![no_main]
 
-use aamp_bridge::runner::stream::{StreamFormat, StreamParser};
+#[path = "../checks/stream_lines.rs"]
+mod checks;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let text = String::from_utf8_lossy(data);
-    for format in [
-        StreamFormat::Ndjson,
-        StreamFormat::Sse,
-        StreamFormat::Claude,
-        StreamFormat::Codex,
-        StreamFormat::Gemini,
-    ] {
-        let mut parser = StreamParser::with_limit(format, 256);
-        let mut events = Vec::new();
-        for line in text.split('\n') {
-            events.extend(parser.line(line));
-        }
-        events.extend(parser.finish());
-        for event in &events {
-            let (kind, payload) = event.to_aamp();
-            assert!(!kind.is_empty() && payload.is_object());
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::check(data));
