@@ -30,7 +30,9 @@ fn saved_inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     ];
     let mut inputs = Vec::new();
     for folder in folders {
-        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_file() {
@@ -61,8 +63,24 @@ impl Rng {
 
 /// Bytes the parsers treat specially: line ends, header syntax, encodings, NUL, UTF-8 starts.
 const INTERESTING: &[&[u8]] = &[
-    b"\r\n", b"\n", b":", b"=?utf-8?B?", b"?=", b"\0", b"\xe2\x80\xae", b"\xff", b"\"", b"{",
-    b"}", b"[", b"]", b",", b"X-AAMP-", b"--", b"\r\n\r\n", b"\t",
+    b"\r\n",
+    b"\n",
+    b":",
+    b"=?utf-8?B?",
+    b"?=",
+    b"\0",
+    b"\xe2\x80\xae",
+    b"\xff",
+    b"\"",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b"X-AAMP-",
+    b"--",
+    b"\r\n\r\n",
+    b"\t",
 ];
 
 fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
@@ -96,7 +114,10 @@ fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
 
 fn replay(target: &str, check: fn(&[u8])) {
     let inputs = saved_inputs(target);
-    assert!(inputs.len() >= 6, "the saved inputs are missing: {inputs:?}");
+    assert!(
+        inputs.len() >= 6,
+        "the saved inputs are missing: {inputs:?}"
+    );
     for (path, bytes) in &inputs {
         let outcome = std::panic::catch_unwind(|| check(bytes));
         assert!(outcome.is_ok(), "{target} fails on {}", path.display());
@@ -156,5 +177,8 @@ fn mutations_keep_some_mails_readable() {
                 .is_some_and(|v| aamp_bridge::protocol::AampMessage::parse(&v).is_ok())
         })
         .count();
-    assert!(readable > MUTATIONS / 10, "only {readable} of {MUTATIONS} mutations read as AAMP");
+    assert!(
+        readable > MUTATIONS / 10,
+        "only {readable} of {MUTATIONS} mutations read as AAMP"
+    );
 }

@@ -746,12 +746,13 @@ async fn a_claim_on_one_copy_of_a_dispatch_holds_every_copy() {
     );
 }
 
-/// Issue 31, at the size the issue asks: two replicas, 25 slots each, a 10 s lease renewed
-/// every 3.3 s and tasks of 15 s, answer 400 dispatches once each, which makes over 2,000
-/// claims and renewals on one mailbox of the test Cyrus (counted from the bridges' debug
-/// lines). Builds that wrote a keyword name per lease stopped after about a hundred.
+/// Issue 31: two replicas, 25 slots each, a 10 s lease renewed every 3.3 s and tasks of 15 s,
+/// answer 150 dispatches once each, which makes over 700 claims and renewals on one mailbox of
+/// the test Cyrus (counted from the bridges' debug lines; about 6 a task). Builds that wrote a
+/// keyword name per lease stopped after about a hundred, so 700 proves the point; the issue's
+/// 400 dispatches and 2,000 claims took 7 minutes of the suite (issue 44).
 #[tokio::test(flavor = "multi_thread")]
-async fn two_replicas_answer_400_dispatches_once_through_2000_claims_and_renewals() {
+async fn two_replicas_answer_150_dispatches_once_through_700_claims_and_renewals() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
     let dirs: Vec<ConfigDir> = ["r1", "r2"]
@@ -789,7 +790,7 @@ async fn two_replicas_answer_400_dispatches_once_through_2000_claims_and_renewal
     let started = std::time::Instant::now();
     let mut peer = Peer::new(boss).await;
     let mut tasks = Vec::new();
-    for n in 0..400 {
+    for n in 0..150 {
         let sent = peer
             .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a while"))
             .await;
@@ -842,11 +843,11 @@ async fn two_replicas_answer_400_dispatches_once_through_2000_claims_and_renewal
         renewals += log.lines().filter(|l| l.contains("claim renewed")).count();
     }
     eprintln!(
-        "400 dispatches in {took:?}: {claims} claims and {renewals} renewals, {:?} run per replica",
+        "150 dispatches in {took:?}: {claims} claims and {renewals} renewals, {:?} run per replica",
         ran.iter().map(HashSet::len).collect::<Vec<_>>()
     );
     assert!(
-        claims + renewals >= 2_000,
+        claims + renewals >= 700,
         "{claims} claims and {renewals} renewals"
     );
     for b in bridges {

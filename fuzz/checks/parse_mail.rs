@@ -8,7 +8,9 @@ use aamp_bridge::protocol::{parse_raw, render, AampMessage};
 
 pub fn check(data: &[u8]) {
     let Some(view) = parse_raw(data) else { return };
-    let Ok(msg) = AampMessage::parse(&view) else { return };
+    let Ok(msg) = AampMessage::parse(&view) else {
+        return;
+    };
     let _ = msg.to_json();
     let rendered = render(&msg, std::time::UNIX_EPOCH);
     let again = parse_raw(&rendered.bytes).expect("our own rendering is a mail");

@@ -38,6 +38,8 @@ use tokio_util::sync::CancellationToken;
 mod framing;
 mod fs;
 mod gate;
+mod handlers;
+mod outcome;
 mod permissions;
 mod probe;
 mod terminals;
@@ -45,6 +47,8 @@ mod updates;
 
 use framing::*;
 use fs::*;
+use handlers::{terminal_env, Guard};
+use outcome::{agent_error, not_logged_in, session_refused};
 use permissions::*;
 pub use probe::{probe, ProbeInfo};
 use updates::*;
@@ -129,102 +133,6 @@ impl Shared {
     }
 }
 
-/// An agent's request refused, in words for the agent.
-fn refused(message: String) -> agent_client_protocol::Error {
-    agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
-}
-
-/// What every action an agent asks of the bridge goes through before it is carried out: the
-/// policy's verdict ([`gate::verdict`]), and under `ask` a question to the sender.
-#[derive(Clone)]
-struct Guard {
-    shared: Arc<Shared>,
-    events: mpsc::Sender<StreamEvent>,
-    questions: Option<mpsc::Sender<crate::runner::Question>>,
-    policy: PermissionPolicy,
-    asking: bool,
-    ask_timeout: std::time::Duration,
-}
-
-impl Guard {
-    /// `Ok` when `what` ("running `make`") may be done; otherwise why not, kept for the answer
-    /// and shown in the stream as a failed tool call.
-    async fn clear(&self, act: gate::Act, what: String) -> Result<(), String> {
-        let shared = &self.shared;
-        let why = match gate::verdict(self.policy, self.asking, act) {
-            gate::Verdict::Go => return Ok(()),
-            gate::Verdict::Ask if shared.granted.always(act) => return Ok(()),
-            gate::Verdict::Ask => {
-                let questions = self.questions.as_ref().expect("ask has someone to ask");
-                let text = format!(
-                    "The agent asks to do this in its workspace: {what}. Which option do you choose?"
-                );
-                let options = vec!["Allow".into(), "Always allow".into(), "Reject".into()];
-                match ask_person(questions, text, options, self.ask_timeout, shared).await {
-                    Some(0) => return Ok(()),
-                    Some(1) => {
-                        shared.granted.set_always(act);
-                        return Ok(());
-                    }
-                    Some(_) => "the sender refused it".to_string(),
-                    None if shared.unanswered.lock().expect("unanswered lock").is_some() => {
-                        "the sender did not answer in time".to_string()
-                    }
-                    None => "nobody answered".to_string(),
-                }
-            }
-            gate::Verdict::Refuse(why) => why,
-        };
-        tracing::info!(%what, %why, "an agent's action refused");
-        if !shared.cancelling.load(Ordering::SeqCst) {
-            shared.refusals.add(format!("{what} ({why})"));
-            shared.step();
-            let id = format!("refused-{}", uuid::Uuid::new_v4().simple());
-            let _ = self
-                .events
-                .send(StreamEvent::ToolCall {
-                    id,
-                    label: what.clone(),
-                    status: ToolStatus::Failed,
-                    input: None,
-                    output: Some(format!("refused: {why}")),
-                })
-                .await;
-        }
-        Err(format!("refused: {what}: {why}"))
-    }
-}
-
-/// The environment of a command run in one of our terminals: not the bridge's own (which may
-/// hold what the agent must not see), only the basics a command needs, what the profile names
-/// for the agent, and the bridge's tags.
-fn terminal_env(
-    profile: &Profile,
-    task: &TaskInput,
-    vars: &crate::runner::template::Vars,
-) -> Vec<(String, String)> {
-    const BASICS: &[&str] = &[
-        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
-    ];
-    let mut env: Vec<(String, String)> = BASICS
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
-    env.extend(
-        profile
-            .env
-            .iter()
-            .map(|(name, value)| (name.clone(), value.render(vars))),
-    );
-    env.push(("AAMP_AGENT".into(), task.agent.clone()));
-    env.push(("AAMP_TASK_ID".into(), task.task_id.clone()));
-    if let Some(key) = &task.session_key {
-        env.push(("AAMP_SESSION_KEY".into(), key.clone()));
-    }
-    env.extend(task.env.iter().cloned());
-    env
-}
-
 /// After `session/load`, the history replay is over when no update came for this long...
 const REPLAY_QUIET: std::time::Duration = std::time::Duration::from_millis(250);
 /// ...or after this long, whatever comes.
@@ -262,248 +170,23 @@ pub async fn run_acp(
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
 
     let shared = Arc::new(Shared {
-        text: Mutex::new(String::new()),
         text_max: profile.output.max_bytes,
-        text_cut: AtomicBool::new(false),
-        titles: Mutex::new(HashMap::new()),
-        replaying: AtomicBool::new(false),
-        replayed: Notify::new(),
-        context_lost: AtomicBool::new(false),
-        answer_from: std::sync::atomic::AtomicUsize::new(0),
-        last_plan: Mutex::new(None),
-        cancelling: AtomicBool::new(false),
-        unanswered: Mutex::new(None),
-        files: Mutex::new(Vec::new()),
         terminals: Some(terminals::Terminals::new(
             workspace.clone(),
             terminal_env(profile, task, &vars),
         )),
-        meta_output: Mutex::new(HashMap::new()),
-        system_error: Mutex::new(None),
-        refusals: gate::Refusals::default(),
-        granted: gate::Granted::default(),
         workspace: workspace.clone(),
+        ..Shared::default()
     });
-    let asking = task.questions.is_some();
-    let policy = profile.permissions;
-    let on_update = {
-        let (events, shared) = (events.clone(), shared.clone());
-        async move |n: SessionNotification, _cx| {
-            if shared.replaying.load(Ordering::SeqCst) {
-                shared.replayed.notify_one();
-            } else {
-                for event in map_update(&n.update, &shared) {
-                    // A closed receiver only means nobody watches the stream.
-                    let _ = events.send(event).await;
-                }
-            }
-            Ok(())
-        }
-    };
-    let on_permission = {
-        let shared = shared.clone();
-        let events = events.clone();
-        let questions = task.questions.clone();
-        let ask_timeout = profile.ask_timeout;
-        async move |req: RequestPermissionRequest,
-                    responder: agent_client_protocol::v1::Responder<RequestPermissionResponse>,
-                    cx: ConnectionTo<Agent>| {
-            if shared.cancelling.load(Ordering::SeqCst) {
-                return responder.respond(RequestPermissionResponse::new(
-                    RequestPermissionOutcome::Cancelled,
-                ));
-            }
-            match (&questions, policy) {
-                (Some(questions), PermissionPolicy::Ask) => {
-                    // Waiting for a person inside the handler would stall the connection:
-                    // the answer is given from a task of its own.
-                    let (questions, shared, events) =
-                        (questions.clone(), shared.clone(), events.clone());
-                    cx.spawn(async move {
-                        let outcome = ask(&questions, &req, ask_timeout, &shared).await;
-                        let outcome = if shared.cancelling.load(Ordering::SeqCst) { RequestPermissionOutcome::Cancelled } else { outcome };
-                        tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by the dispatcher");
-                        let by = if shared.unanswered.lock().expect("unanswered lock").is_some() { "no answer in time" } else { "the sender's answer" };
-                        for event in settle_permission(&shared, &req, &outcome, by).into_iter().chain(unannounced_tool(&shared, &req, &outcome)) {
-                            let _ = events.send(event).await;
-                        }
-                        responder.respond(RequestPermissionResponse::new(outcome))
-                    })
-                }
-                _ => {
-                    let outcome = decide(policy, &req);
-                    tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
-                    let by = format!("permissions = \"{}\"", gate::policy_name(policy));
-                    for event in settle_permission(&shared, &req, &outcome, &by)
-                        .into_iter()
-                        .chain(unannounced_tool(&shared, &req, &outcome))
-                    {
-                        let _ = events.send(event).await;
-                    }
-                    responder.respond(RequestPermissionResponse::new(outcome))
-                }
-            }
-        }
-    };
-    // Every action below goes through the policy first (`gate`), then runs off the
-    // connection's reading loop: a person's answer, a slow file system or a command never
-    // stalls it.
+    // Every action below goes through the policy first (`Guard::clear`), then runs off the
+    // connection's reading loop (`handlers`).
     let guard = Guard {
         shared: shared.clone(),
         events: events.clone(),
         questions: task.questions.clone(),
-        policy,
-        asking,
+        policy: profile.permissions,
+        asking: task.questions.is_some(),
         ask_timeout: profile.ask_timeout,
-    };
-    let on_read = {
-        let (root, guard) = (workspace.clone(), guard.clone());
-        async move |req: ReadTextFileRequest,
-                    responder: agent_client_protocol::v1::Responder<ReadTextFileResponse>,
-                    cx: ConnectionTo<Agent>| {
-            let (root, guard) = (root.clone(), guard.clone());
-            cx.spawn(async move {
-                let what = format!(
-                    "reading {}",
-                    guard.shared.redact(&req.path.display().to_string())
-                );
-                if let Err(why) = precheck(&root, &req.path) {
-                    return responder.respond_with_error(refused(why));
-                }
-                if let Err(why) = guard.clear(gate::Act::Read, what).await {
-                    return responder.respond_with_error(refused(why));
-                }
-                match off_runtime(move || read_confined(&root, &req)).await {
-                    Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
-                    Err(message) => responder.respond_with_error(refused(message)),
-                }
-            })
-        }
-    };
-    let on_write = {
-        let (root, guard) = (workspace.clone(), guard.clone());
-        let attach = profile.attach_written_files;
-        async move |req: WriteTextFileRequest,
-                    responder: agent_client_protocol::v1::Responder<WriteTextFileResponse>,
-                    cx: ConnectionTo<Agent>| {
-            let (root, guard) = (root.clone(), guard.clone());
-            cx.spawn(async move {
-                let what = format!(
-                    "writing {}",
-                    guard.shared.redact(&req.path.display().to_string())
-                );
-                if let Err(why) = precheck(&root, &req.path) {
-                    return responder.respond_with_error(refused(why));
-                }
-                if let Err(why) = guard.clear(gate::Act::Write, what).await {
-                    return responder.respond_with_error(refused(why));
-                }
-                let path = req.path.clone();
-                match off_runtime(move || write_confined(&root, &req)).await {
-                    Ok(()) => {
-                        if attach {
-                            let mut files = guard.shared.files.lock().expect("files lock");
-                            let path = super::OutputFile::Path(path);
-                            if !files.contains(&path) {
-                                files.push(path);
-                            }
-                        }
-                        responder.respond(WriteTextFileResponse::new())
-                    }
-                    Err(message) => responder.respond_with_error(refused(message)),
-                }
-            })
-        }
-    };
-    // Terminals: each answered from the task's own terminals, refused in words when it cannot
-    // be done; waiting runs off the connection's reading loop.
-    let on_terminal_create = {
-        let guard = guard.clone();
-        async move |req: CreateTerminalRequest,
-                    responder: agent_client_protocol::v1::Responder<CreateTerminalResponse>,
-                    cx: ConnectionTo<Agent>| {
-            let guard = guard.clone();
-            let runner = cx.clone();
-            cx.spawn(async move {
-                let command = gate::command_line(&req.command, &req.args);
-                let what = format!("running `{}`", guard.shared.redact(&command));
-                let cleared = if guard.shared.granted.take_command(&command) {
-                    Ok(())
-                } else {
-                    guard.clear(gate::Act::Terminal, what).await
-                };
-                if let Err(why) = cleared {
-                    return responder.respond_with_error(refused(why));
-                }
-                let terminals = guard
-                    .shared
-                    .terminals
-                    .as_ref()
-                    .expect("a task has terminals");
-                match terminals.create(&req) {
-                    Ok((id, run)) => {
-                        runner.spawn(async move {
-                            run.await;
-                            Ok(())
-                        })?;
-                        responder.respond(CreateTerminalResponse::new(id))
-                    }
-                    Err(message) => responder.respond_with_error(refused(message)),
-                }
-            })
-        }
-    };
-    let on_terminal_output = {
-        let shared = shared.clone();
-        async move |req: TerminalOutputRequest,
-                    responder: agent_client_protocol::v1::Responder<TerminalOutputResponse>,
-                    _cx| {
-            let terminals = shared.terminals.as_ref().expect("a task has terminals");
-            match terminals.output(&req.terminal_id.0) {
-                Ok((text, truncated, exit)) => responder
-                    .respond(TerminalOutputResponse::new(text, truncated).exit_status(exit)),
-                Err(message) => responder.respond_with_error(refused(message)),
-            }
-        }
-    };
-    let on_terminal_wait = {
-        let shared = shared.clone();
-        async move |req: WaitForTerminalExitRequest,
-                    responder: agent_client_protocol::v1::Responder<WaitForTerminalExitResponse>,
-                    cx: ConnectionTo<Agent>| {
-            let shared = shared.clone();
-            cx.spawn(async move {
-                let terminals = shared.terminals.as_ref().expect("a task has terminals");
-                match terminals.wait(&req.terminal_id.0).await {
-                    Ok(status) => responder.respond(WaitForTerminalExitResponse::new(status)),
-                    Err(message) => responder.respond_with_error(refused(message)),
-                }
-            })
-        }
-    };
-    let on_terminal_kill = {
-        let shared = shared.clone();
-        async move |req: KillTerminalRequest,
-                    responder: agent_client_protocol::v1::Responder<KillTerminalResponse>,
-                    _cx| {
-            let terminals = shared.terminals.as_ref().expect("a task has terminals");
-            match terminals.kill(&req.terminal_id.0) {
-                Ok(()) => responder.respond(KillTerminalResponse::new()),
-                Err(message) => responder.respond_with_error(refused(message)),
-            }
-        }
-    };
-    let on_terminal_release = {
-        let shared = shared.clone();
-        async move |req: ReleaseTerminalRequest,
-                    responder: agent_client_protocol::v1::Responder<ReleaseTerminalResponse>,
-                    _cx| {
-            let terminals = shared.terminals.as_ref().expect("a task has terminals");
-            match terminals.release(&req.terminal_id.0) {
-                Ok(()) => responder.respond(ReleaseTerminalResponse::new()),
-                Err(message) => responder.respond_with_error(refused(message)),
-            }
-        }
     };
     let transport = Lines::new(line_sink(stdin), line_stream(stdout));
     let driver_shared = shared.clone();
@@ -512,39 +195,17 @@ pub async fn run_acp(
     // transport error that must not hide what already happened.
     let verdict: Mutex<Option<Driven>> = Mutex::new(None);
     let done = Notify::new();
-    let connection = Client
-        .v1()
-        .name("aamp-bridge")
-        .on_receive_notification(on_update, agent_client_protocol::on_receive_notification!())
-        .on_receive_request(on_permission, agent_client_protocol::on_receive_request!())
-        .on_receive_request(on_read, agent_client_protocol::on_receive_request!())
-        .on_receive_request(on_write, agent_client_protocol::on_receive_request!())
-        .on_receive_request(
-            on_terminal_create,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_output,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_wait,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_kill,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_release,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .connect_with(transport, async |cx: ConnectionTo<Agent>| {
+    let connection = handlers::serve(
+        guard,
+        profile.attach_written_files,
+        transport,
+        async |cx: ConnectionTo<Agent>| {
             let driven = drive(cx, profile, task, &workspace, cancel, &driver_shared).await;
             done.notify_one();
             *verdict.lock().expect("verdict lock") = Some(driven?);
             Ok(())
-        });
+        },
+    );
     let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
     let driven = match (verdict.into_inner().expect("verdict lock"), connection) {
         (Some(driven), _) => Ok(driven),
@@ -554,158 +215,16 @@ pub async fn run_acp(
             "the connection ended early",
         )),
     };
-    let failed = |what: String| {
-        let status = match status.and_then(|s| s.code()) {
-            Some(code) => format!("{what} (exit status {code})"),
-            None => what,
-        };
-        RunError::Failed {
+    outcome::judge(
+        driven,
+        outcome::Exit {
             status,
-            stderr: stderr_text.clone(),
-        }
-    };
-    if let Some(secs) = *shared.unanswered.lock().expect("unanswered lock") {
-        if !matches!(driven, Ok(Driven::Cancelled) | Ok(Driven::TimedOut)) {
-            return Err(RunError::Reported(format!(
-                "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
-            )));
-        }
-    }
-    match driven {
-        Ok(Driven::Stopped { stop, session_id }) => match stop {
-            StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Reported(format!(
-                "the agent's model failed: {}",
-                shared.failed().unwrap_or_default()
-            ))),
-            StopReason::EndTurn
-                if shared.refusals.summary().is_some() && shared.after_step().is_none() =>
-            {
-                // The agent stopped at what it was refused: that is the answer, with what it
-                // said before.
-                let refused = shared.refusals.summary().unwrap_or_default();
-                let said = shared.answer();
-                let said = said.trim();
-                Err(RunError::Reported(if said.is_empty() {
-                    format!("the agent ended its turn after the bridge refused: {refused}")
-                } else {
-                    format!("the agent ended its turn after the bridge refused: {refused}. Before that it said: {said}")
-                }))
-            }
-            StopReason::EndTurn => {
-                let mut text = shared.answer();
-                if let Some(refused) = shared.refusals.summary() {
-                    text = format!(
-                        "{}\n\n(aamp-bridge: refused during this task: {refused})",
-                        text.trim_end()
-                    );
-                }
-                let (output, truncated) = super::cap(
-                    clean(&text, profile.output.strip_ansi, profile.output.trim),
-                    profile.output.max_bytes,
-                );
-                let truncated = truncated || shared.text_cut.load(Ordering::SeqCst);
-                Ok(RunOutput {
-                    output,
-                    truncated,
-                    duration: started.elapsed(),
-                    session_id: Some(session_id),
-                    files: std::mem::take(&mut *shared.files.lock().expect("files lock")),
-                    context_lost: shared.context_lost.load(Ordering::SeqCst),
-                    no_resume: false,
-                })
-            }
-            StopReason::Cancelled => Err(RunError::Cancelled),
-            StopReason::Refusal => Err(RunError::Reported("the agent refused the task".into())),
-            StopReason::MaxTokens => Err(RunError::Reported(
-                "the agent reached its token limit before finishing".into(),
-            )),
-            StopReason::MaxTurnRequests => Err(RunError::Reported(
-                "the agent reached its turn limit before finishing".into(),
-            )),
-            other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
+            stderr: stderr_text,
+            started,
         },
-        Ok(Driven::NotLoggedIn(detail)) => Err(not_logged_in(&detail)),
-        Ok(Driven::SessionRefused(detail)) => Err(session_refused(&detail, profile)),
-        Ok(Driven::TimedOut) => Err(RunError::TimedOut(profile.timeout)),
-        Ok(Driven::Cancelled) => Err(RunError::Cancelled),
-        Ok(Driven::InitTimedOut) => Err(failed(format!(
-            "did not answer initialize within {}s",
-            profile.init_timeout.as_secs()
-        ))),
-        // The agent refused the task with an error of its own, still running: its words, not
-        // a broken connection and its stderr.
-        Ok(Driven::PromptFailed(e)) if status.is_none_or(|s| s.success()) => {
-            if e.code == ErrorCode::AUTH_REQUIRED {
-                Err(not_logged_in(&agent_error(&e)))
-            } else {
-                Err(RunError::Reported(agent_error(&e)))
-            }
-        }
-        Ok(Driven::PromptFailed(e)) if e.code == ErrorCode::AUTH_REQUIRED => {
-            Err(not_logged_in(&agent_error(&e)))
-        }
-        Ok(Driven::PromptFailed(e)) => {
-            Err(failed(format!("failed on the task ({})", agent_error(&e))))
-        }
-        Err(e) => Err(failed(format!("broke the ACP connection ({})", e.message))),
-    }
-}
-
-/// An agent's JSON-RPC error in words: its message, and the details adapters put in `data`
-/// (`{"details": "Claude Code process exited with code 1"}`).
-fn agent_error(e: &agent_client_protocol::Error) -> String {
-    // A stack trace in `data` (codex-acp appends one) is not a reason: its telling line is.
-    let details = e.data.as_ref().and_then(|d| match d {
-        serde_json::Value::String(s) => crate::runner::telling_line(s),
-        serde_json::Value::Object(o) => ["details", "message", "error"]
-            .iter()
-            .find_map(|k| o.get(*k).and_then(|v| v.as_str()))
-            .and_then(crate::runner::telling_line),
-        _ => None,
-    });
-    match details.filter(|d| !d.is_empty() && !e.message.contains(d.as_str())) {
-        Some(d) => format!("{}: {d}", e.message),
-        None => e.message.clone(),
-    }
-}
-
-fn not_logged_in(detail: &str) -> RunError {
-    RunError::NotLoggedIn(detail.to_string())
-}
-
-fn session_refused(detail: &str, profile: &Profile) -> RunError {
-    let hint = match refused_as_root(detail, profile) {
-        Some(value) => format!(
-            ". IS_SANDBOX is {value:?} here, so the Claude adapter asks Claude Code for its \
-             permission bypass, which Claude Code refuses to root unless IS_SANDBOX is \"1\": \
-             set IS_SANDBOX = \"1\" under [env] in the profile, or run the bridge as a normal user"
-        ),
-        None => String::new(),
-    };
-    RunError::Reported(format!(
-        "the agent could not start a session: {detail}{hint}"
-    ))
-}
-
-/// Whether a Claude adapter's refusal is Claude Code refusing root its permission bypass
-/// (`--dangerously-skip-permissions cannot be used with root/sudo privileges`, which the
-/// adapters turn into "Claude Code process exited with code 1" or "Query closed before
-/// response received" alone), and the IS_SANDBOX
-/// value that made the adapter ask: claude-agent-acp asks when IS_SANDBOX has any value,
-/// Claude Code allows it to root only with `1`.
-fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
-    let sandbox = match profile.env.iter().find(|(k, _)| k == "IS_SANDBOX") {
-        Some((_, value)) => Some(value.literal_text()),
-        None => std::env::var("IS_SANDBOX").ok(),
-    }?;
-    // claude-agent-acp says the first, Zed's claude-code-acp the second.
-    let exited = [
-        "Claude Code process exited",
-        "Query closed before response received",
-    ]
-    .iter()
-    .any(|said| detail.contains(said));
-    (exited && nix::unistd::geteuid().is_root() && sandbox != "1").then_some(sandbox)
+        &shared,
+        profile,
+    )
 }
 
 /// `initialize` with the capabilities the policy lets the agent use ([`gate::offered`]): file
