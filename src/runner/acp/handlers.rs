@@ -5,6 +5,7 @@
 //! [`Guard::clear`], the policy's verdict, first.
 
 use agent_client_protocol::v1::Responder;
+use agent_client_protocol::{on_receive_notification, on_receive_request};
 
 use super::*;
 
@@ -306,6 +307,18 @@ pub(super) fn terminal_release(
     }
 }
 
+/// A session update: a stream event, unless it replays history after `session/load`.
+async fn update(shared: &Shared, events: &mpsc::Sender<StreamEvent>, n: SessionNotification) {
+    if shared.replaying.load(Ordering::SeqCst) {
+        shared.replayed.notify_one();
+    } else {
+        for event in map_update(&n.update, shared) {
+            // A closed receiver only means nobody watches the stream.
+            let _ = events.send(event).await;
+        }
+    }
+}
+
 /// The bridge's side of the connection: every request an agent may make is answered by the
 /// handlers above, each cleared by `guard`, while `main` drives the session.
 pub(super) async fn serve(
@@ -317,14 +330,7 @@ pub(super) async fn serve(
     let on_update = {
         let (events, shared) = (guard.events.clone(), guard.shared.clone());
         async move |n: SessionNotification, _cx| {
-            if shared.replaying.load(Ordering::SeqCst) {
-                shared.replayed.notify_one();
-            } else {
-                for event in map_update(&n.update, &shared) {
-                    // A closed receiver only means nobody watches the stream.
-                    let _ = events.send(event).await;
-                }
-            }
+            update(&shared, &events, n).await;
             Ok(())
         }
     };
@@ -333,7 +339,7 @@ pub(super) async fn serve(
         async move |req: RequestPermissionRequest,
                     responder: Responder<RequestPermissionResponse>,
                     cx: ConnectionTo<Agent>| {
-            handlers::permission(&guard, req, responder, &cx).await
+            permission(&guard, req, responder, &cx).await
         }
     };
     let on_read = {
@@ -341,7 +347,7 @@ pub(super) async fn serve(
         async move |req: ReadTextFileRequest,
                     responder: Responder<ReadTextFileResponse>,
                     cx: ConnectionTo<Agent>| {
-            cx.spawn(handlers::read(root.clone(), guard.clone(), req, responder))
+            cx.spawn(read(root.clone(), guard.clone(), req, responder))
         }
     };
     let on_write = {
@@ -349,13 +355,7 @@ pub(super) async fn serve(
         async move |req: WriteTextFileRequest,
                     responder: Responder<WriteTextFileResponse>,
                     cx: ConnectionTo<Agent>| {
-            cx.spawn(handlers::write(
-                root.clone(),
-                guard.clone(),
-                attach,
-                req,
-                responder,
-            ))
+            cx.spawn(write(root.clone(), guard.clone(), attach, req, responder))
         }
     };
     let on_terminal_create = {
@@ -363,67 +363,47 @@ pub(super) async fn serve(
         async move |req: CreateTerminalRequest,
                     responder: Responder<CreateTerminalResponse>,
                     cx: ConnectionTo<Agent>| {
-            cx.spawn(handlers::terminal_create(
-                guard.clone(),
-                req,
-                responder,
-                cx.clone(),
-            ))
+            cx.spawn(terminal_create(guard.clone(), req, responder, cx.clone()))
         }
     };
     let on_terminal_output = {
         let shared = guard.shared.clone();
         async move |req: TerminalOutputRequest,
                     responder: Responder<TerminalOutputResponse>,
-                    _cx| { handlers::terminal_output(&shared, req, responder) }
+                    _cx| { terminal_output(&shared, req, responder) }
     };
     let on_terminal_wait = {
         let shared = guard.shared.clone();
         async move |req: WaitForTerminalExitRequest,
                     responder: Responder<WaitForTerminalExitResponse>,
                     cx: ConnectionTo<Agent>| {
-            cx.spawn(handlers::terminal_wait(shared.clone(), req, responder))
+            cx.spawn(terminal_wait(shared.clone(), req, responder))
         }
     };
     let on_terminal_kill = {
         let shared = guard.shared.clone();
         async move |req: KillTerminalRequest, responder: Responder<KillTerminalResponse>, _cx| {
-            handlers::terminal_kill(&shared, req, responder)
+            terminal_kill(&shared, req, responder)
         }
     };
     let on_terminal_release = {
         let shared = guard.shared.clone();
         async move |req: ReleaseTerminalRequest,
                     responder: Responder<ReleaseTerminalResponse>,
-                    _cx| { handlers::terminal_release(&shared, req, responder) }
+                    _cx| { terminal_release(&shared, req, responder) }
     };
     Client
         .v1()
         .name("aamp-bridge")
-        .on_receive_notification(on_update, agent_client_protocol::on_receive_notification!())
-        .on_receive_request(on_permission, agent_client_protocol::on_receive_request!())
-        .on_receive_request(on_read, agent_client_protocol::on_receive_request!())
-        .on_receive_request(on_write, agent_client_protocol::on_receive_request!())
-        .on_receive_request(
-            on_terminal_create,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_output,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_wait,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_kill,
-            agent_client_protocol::on_receive_request!(),
-        )
-        .on_receive_request(
-            on_terminal_release,
-            agent_client_protocol::on_receive_request!(),
-        )
+        .on_receive_notification(on_update, on_receive_notification!())
+        .on_receive_request(on_permission, on_receive_request!())
+        .on_receive_request(on_read, on_receive_request!())
+        .on_receive_request(on_write, on_receive_request!())
+        .on_receive_request(on_terminal_create, on_receive_request!())
+        .on_receive_request(on_terminal_output, on_receive_request!())
+        .on_receive_request(on_terminal_wait, on_receive_request!())
+        .on_receive_request(on_terminal_kill, on_receive_request!())
+        .on_receive_request(on_terminal_release, on_receive_request!())
         .connect_with(transport, main)
         .await
 }
