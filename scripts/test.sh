@@ -23,7 +23,7 @@ case "${1:-}" in
 esac
 
 # The fast tier's test binaries: none needs the mail host, root or the network.
-fast_tests=(fast inprocess conformance roundtrip layers fuzz_replay streams)
+fast_tests=(fast inprocess conformance roundtrip layers fuzz_replay streams docs)
 if [ "$tier" = fast ]; then
   args=(--lib)
   for t in "${fast_tests[@]}"; do args+=(--test "$t"); done
