@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs aamp-bridge from this unpacked tarball, without root: the binary, its man page,
-# shell completions and a systemd user unit, under ~/.local (or --prefix DIR). Every file is
-# checked against SHA256SUMS first; nothing is written if one differs.
+# shell completions, the manual and a systemd user unit, under ~/.local (or --prefix DIR).
+# Every file is checked against SHA256SUMS first; nothing is written if one differs.
 #
 #   ./install.sh [--prefix DIR]
 set -euo pipefail
@@ -33,8 +33,11 @@ if [ "$prefix" = "$HOME/.local" ]; then
 else
   install -Dm644 share/fish/vendor_completions.d/aamp-bridge.fish "$prefix/share/fish/vendor_completions.d/aamp-bridge.fish"
 fi
-mkdir -p "$prefix/share/aamp-bridge"
+mkdir -p "$prefix/share/aamp-bridge" "$prefix/share/doc"
 cp -r share/aamp-bridge/profiles "$prefix/share/aamp-bridge/"
+# The manual, whole: its pages link each other and docs/live-view.png.
+rm -rf "$prefix/share/doc/aamp-bridge"
+cp -r share/doc/aamp-bridge "$prefix/share/doc/"
 if [ "$prefix" = "$HOME/.local" ]; then
   install -Dm644 aamp-bridge.service "${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user/aamp-bridge.service"
 fi

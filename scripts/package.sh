@@ -6,7 +6,7 @@
 # writes into OUT_DIR
 #   - aamp-bridge_VERSION_ARCH.deb: /usr/bin/aamp-bridge, the man page, bash/zsh/fish
 #     completions, the systemd user unit in /usr/lib/systemd/user/, the built-in profiles
-#     (as examples) and the README, with a libc6 dependency from the GLIBC versions the
+#     (as examples) and the manual (README.md, CONTRIBUTING.md, docs/), with a libc6 dependency from the GLIBC versions the
 #     binary needs;
 #   - aamp-bridge-VERSION-linux-ARCH.tar.gz: the same files and install.sh, which installs
 #     them under ~/.local (or --prefix) without root after checking the tarball's checksum;
@@ -48,7 +48,13 @@ stage() {
   for p in "$repo"/profiles/*.toml; do
     install -Dm644 "$p" "$root/$prefix/share/aamp-bridge/profiles/$(basename "$p")"
   done
-  install -Dm644 "$repo/README.md" "$root/$prefix/share/doc/aamp-bridge/README.md"
+  # The manual as the source tree holds it (README.md, CONTRIBUTING.md, docs/ with its image),
+  # so every relative link of the installed pages resolves (tests/packaging.rs checks it).
+  local doc="$root/$prefix/share/doc/aamp-bridge"
+  install -Dm644 "$repo/README.md" "$doc/README.md"
+  install -Dm644 "$repo/CONTRIBUTING.md" "$doc/CONTRIBUTING.md"
+  (cd "$repo" && find docs -type f \( -name '*.md' -o -name '*.png' \) -print0) |
+    while IFS= read -r -d '' f; do install -Dm644 "$repo/$f" "$doc/$f"; done
 }
 
 # The user unit for everyone: the packaged binary, the default config, a PATH that finds

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, in three tiers:
 #   scripts/test.sh --fast   unit tests, the in-process tier, parsers, the fuzz targets' saved
-#                            inputs replayed, the layering check: no root, no mail host, no
-#                            network (under a minute after the build)
+#                            inputs replayed, the layering check, the manual's links: no root,
+#                            no mail host, no network (under a minute after the build)
 #   scripts/test.sh          everything CI runs: the fast tier plus runners, agents and end to
 #                            end over the loopback mail host. Needs root the first time: it
 #                            installs and starts the mail host (Cyrus, Postfix), tmux, Chromium
@@ -23,7 +23,7 @@ case "${1:-}" in
 esac
 
 # The fast tier's test binaries: none needs the mail host, root or the network.
-fast_tests=(fast inprocess conformance roundtrip layers sizes fuzz_replay streams)
+fast_tests=(fast inprocess conformance roundtrip layers sizes docs fuzz_replay streams)
 if [ "$tier" = fast ]; then
   args=(--lib)
   for t in "${fast_tests[@]}"; do args+=(--test "$t"); done

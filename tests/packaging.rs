@@ -19,6 +19,32 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Issue 44: the manual installed whole (README.md, CONTRIBUTING.md, docs/ with its image), so
+/// no link of an installed page points at a file that was left out.
+fn assert_manual_installed(doc: &Path) {
+    for file in [
+        "README.md",
+        "CONTRIBUTING.md",
+        "docs/configuration.md",
+        "docs/mailboxes/aamp.md",
+        "docs/live-view.png",
+    ] {
+        assert!(doc.join(file).is_file(), "{file} is installed in {doc:?}");
+    }
+    let mut pages = vec![doc.join("README.md"), doc.join("CONTRIBUTING.md")];
+    pages.extend(support::markdown_under(&doc.join("docs")));
+    let broken: Vec<String> = pages
+        .iter()
+        .flat_map(|p| support::broken_links(p))
+        .map(|b| b.to_string())
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "installed manual:\n{}",
+        broken.join("\n")
+    );
+}
+
 /// Builds the packages into `out`: (the .deb, the tarball).
 fn package(out: &Path) -> (PathBuf, PathBuf) {
     let listed = run(Command::new("bash")
@@ -89,6 +115,7 @@ fn the_deb_installs_runs_and_removes_cleanly() {
     ] {
         assert!(root.join(file).is_file(), "{file} is installed");
     }
+    assert_manual_installed(&root.join("usr/share/doc/aamp-bridge"));
     // Issue 33: one man page per subcommand, as the top page names them.
     for page in [
         "aamp-bridge-start.1.gz",
@@ -192,6 +219,7 @@ fn the_tarball_installs_without_root_and_refuses_a_changed_file() {
     assert!(prefix
         .join("share/bash-completion/completions/aamp-bridge")
         .is_file());
+    assert_manual_installed(&prefix.join("share/doc/aamp-bridge"));
 
     // A file changed after the checksums were made: nothing is installed.
     std::fs::write(tree.join("share/aamp-bridge/profiles/echo.toml"), "changed").unwrap();
@@ -269,6 +297,9 @@ fn the_source_tarball_carries_the_tests_and_scripts() {
     for file in [
         "Cargo.lock",
         "README.md",
+        "CONTRIBUTING.md",
+        "docs/configuration.md",
+        "docs/live-view.png",
         ".ci/run",
         "scripts/test.sh",
         "scripts/mailhost.sh",

@@ -101,13 +101,13 @@ mailbox_kinds! {
     /// AAMP: JMAP to read, SMTP to send, an optional AAMP service (the default).
     #[default]
     Aamp(AampMailbox) = "aamp", "AAMP";
-    /// AMP (Agent Mailer Protocol): an HTTP broker, polled (README: "AMP mailboxes").
+    /// AMP (Agent Mailer Protocol): an HTTP broker, polled (docs/mailboxes/amp.md).
     Amp(AmpMailbox) = "amp", "AMP";
-    /// ASMTP (Agent Simple Mail Transfer Protocol): an operator with push (README: "ASMTP
-    /// mailboxes").
+    /// ASMTP (Agent Simple Mail Transfer Protocol): an operator with push
+    /// (docs/mailboxes/asmtp.md).
     Asmtp(AsmtpMailbox) = "asmtp", "ASMTP";
-    /// SAMP (Agent Mailbox): an MCP server over Streamable HTTP, polled (README: "SAMP
-    /// mailboxes").
+    /// SAMP (Agent Mailbox): an MCP server over Streamable HTTP, polled
+    /// (docs/mailboxes/samp.md).
     Samp(SampMailbox) = "samp", "SAMP";
 }
 
@@ -449,7 +449,7 @@ pub struct AampMailbox {
     /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
     #[serde(default = "default_true")]
     pub save_sent: bool,
-    /// What makes a `From:` believable (see the README's security model): `auto` (the
+    /// What makes a `From:` believable (see docs/security.md): `auto` (the
     /// default: this server's authenticated submission, or `Authentication-Results` from
     /// `authserv_id` when set), `submission`, `authentication-results`, or `none`.
     #[serde(default)]
@@ -463,7 +463,7 @@ pub struct AampMailbox {
     pub reconcile_interval_secs: u64,
     /// Several bridges serve this mailbox: this one's name among them (letters, digits and
     /// `-`). Each dispatch is claimed on the mail server before it is acknowledged, and run
-    /// by the one replica that won the claim (see the README's "Several machines"). Only AAMP
+    /// by the one replica that won the claim (see docs/durability.md). Only AAMP
     /// mailboxes have it: the other systems mark a message read for whoever asks, so two
     /// bridges there would both run a task.
     #[serde(skip_serializing_if = "Option::is_none")]

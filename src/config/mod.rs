@@ -98,7 +98,7 @@ impl LoadedConfig {
         let config: Config = toml::from_str(text).map_err(|e| {
             let (problem, fix) = e.message().split_once(mailboxes::FIX).unwrap_or((
                 e.message(),
-                "correct the TOML at that line; see the README's config reference",
+                "correct the TOML at that line; see docs/configuration.md in the manual (share/doc/aamp-bridge where installed)",
             ));
             let key = e
                 .span()
@@ -280,7 +280,7 @@ impl LoadedConfig {
             return Err(self.error(
                 "agents",
                 "no agents are configured",
-                "run `aamp-bridge init` to add one, or add an [[agents]] table (see the README's \"Config reference\")",
+                "run `aamp-bridge init` to add one, or add an [[agents]] table (see docs/configuration.md in the manual, share/doc/aamp-bridge where installed)",
             ));
         }
         Ok(agents)

@@ -49,7 +49,7 @@ const COMMENTS: &[(&str, &str)] = &[
     ("save_sent", "keep a copy of what the bridge sends in Sent"),
     (
         "sender_auth",
-        "what makes a From believable (README: Security model)",
+        "what makes a From believable (docs/security.md)",
     ),
     (
         "aamp_url",
@@ -114,7 +114,7 @@ fn write_keys(out: &mut String, table: &Table, defaults: &Table, skip: &[&str]) 
 /// The config as a commented TOML file.
 pub fn render(config: &Config) -> String {
     let mut out = String::from(
-        "# aamp-bridge config (README: \"Config reference\"). `aamp-bridge init` rewrites this file\n\
+        "# aamp-bridge config (the manual's docs/configuration.md). `aamp-bridge init` rewrites this file\n\
          # when run again: your values are kept, comments you add are not.\n\n",
     );
     let top = table_of(config);
@@ -159,14 +159,21 @@ mod tests {
         assert_eq!(render(&again), written, "rendering is stable");
     }
 
+    /// The first TOML block of a page of the manual.
+    fn first_toml_block(page: &str) -> &str {
+        let begin = page.find("```toml\n").unwrap() + 8;
+        let end = page[begin..].find("```").unwrap();
+        &page[begin..begin + end]
+    }
+
+    /// The manual's example config: the bridge and its agents (docs/configuration.md) with
+    /// the AAMP mailboxes they name (docs/mailboxes/aamp.md), as one file.
     #[test]
-    fn the_readme_example_round_trips() {
-        let readme = include_str!("../../README.md");
-        let start = readme.find("## Config reference").unwrap();
-        let block = &readme[start..];
-        let begin = block.find("```toml\n").unwrap() + 8;
-        let end = block[begin..].find("```").unwrap();
-        round_trip(&block[begin..begin + end]);
+    fn the_manuals_example_round_trips() {
+        let config = include_str!("../../docs/configuration.md");
+        let aamp = include_str!("../../docs/mailboxes/aamp.md");
+        let whole = format!("{}\n{}", first_toml_block(config), first_toml_block(aamp));
+        round_trip(&whole);
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub fn render(p: &NewProfile, stream: StreamFormat) -> String {
         args = args_with_resume(&args, flag);
     }
     let mut out = format!(
-        "# Made by `aamp-bridge profile new`; the README's \"Profiles\" section lists every key.\nname = {}\ndescription = {}\n",
+        "# Made by `aamp-bridge profile new`; docs/agents.md (\"Profile keys\") lists every key.\nname = {}\ndescription = {}\n",
         quoted(&p.name),
         quoted(&p.description)
     );

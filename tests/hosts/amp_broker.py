@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A small AMP (Agent Mailer Protocol) broker for tests, written from the published API of
-study8677/agent-mailer (see the README's AMP section): the agent-facing routes only, with the
+study8677/agent-mailer (see docs/mailboxes/amp.md): the agent-facing routes only, with the
 same request and response shapes, the same identity checks and the same faults (no
 idempotency: the same send twice is two messages).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A small ASMTP operator for tests, written from the wire rules of the reference operator
-(RobotNetworks/robonet-cli `src/operator`, see the README's ASMTP section): the agent routes
+(RobotNetworks/robonet-cli `src/operator`, see docs/mailboxes/asmtp.md): the agent routes
 a bridge uses, with their validation, keyset pagination, read state, idempotent resend and the
 `/connect` WebSocket that pushes `envelope.notify` frames (push only: no replay on connect).
 

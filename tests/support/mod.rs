@@ -5,6 +5,7 @@
 mod bridge;
 mod config;
 mod fake;
+mod links;
 mod mailhost;
 mod peer;
 mod procfs;
@@ -13,6 +14,7 @@ mod servers;
 pub use bridge::*;
 pub use config::*;
 pub use fake::*;
+pub use links::*;
 pub use mailhost::*;
 pub use peer::*;
 pub use procfs::*;

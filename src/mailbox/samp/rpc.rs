@@ -6,7 +6,7 @@
 //!
 //! Not the `rmcp` crate: its Streamable HTTP client is built on reqwest 0.13 (this tree has
 //! 0.12) and takes TLS from reqwest's `rustls` feature (aws-lc-rs, a C build) or brings none;
-//! see the README's SAMP section.
+//! see docs/mailboxes/samp.md.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
