@@ -38,7 +38,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("mailbox/intake.rs::supervise_push", 103),
     ("mailbox/samp/mod.rs::submit", 136),
     ("protocol/message.rs::parse", 143),
-    ("runner/acp/mod.rs::open_session", 142),
     ("runner/acp/updates.rs::map_update", 132),
     ("runner/cli.rs::run_cli", 224),
     ("runner/login.rs::gemini", 102),

@@ -343,6 +343,36 @@ fn headless_auth_methods(methods: &[AuthMethod], chosen: Option<&str>) -> Vec<St
         .collect()
 }
 
+/// A handshake request with initialize's deadline: no answer by then ends the run as
+/// [`Driven::InitTimedOut`].
+macro_rules! within {
+    ($cx:expr, $limit:expr, $request:expr) => {
+        match tokio::time::timeout($limit, $cx.send_request($request).block_task()).await {
+            Ok(r) => r,
+            Err(_) => return Ok(Err(Driven::InitTimedOut)),
+        }
+    };
+}
+
+/// A session the agent opened, and the modes it offers, as its answer named them.
+struct Opened {
+    id: String,
+    offered: Option<Vec<String>>,
+}
+
+type Step<T> = Result<Result<T, Driven>, agent_client_protocol::Error>;
+
+fn mode_ids(
+    state: &Option<agent_client_protocol::v1::schema::SessionModeState>,
+) -> Option<Vec<String>> {
+    state.as_ref().map(|s| {
+        s.available_modes
+            .iter()
+            .map(|m| m.id.0.to_string())
+            .collect::<Vec<_>>()
+    })
+}
+
 /// Opens the session a task runs in: continues `resume_id` when the agent can resume or load
 /// it, else starts a new one, authenticating (headless methods only) when the agent asks.
 /// `Ok(Err(..))` says why there is no session.
@@ -353,140 +383,156 @@ async fn open_session(
     cwd: &Path,
     resume_id: Option<&str>,
     shared: &Shared,
-) -> Result<Result<String, Driven>, agent_client_protocol::Error> {
-    let caps = &init.agent_capabilities;
-    let limit = profile.init_timeout;
-    // Every handshake step has the same deadline as initialize.
-    macro_rules! within {
-        ($request:expr) => {
-            match tokio::time::timeout(limit, cx.send_request($request).block_task()).await {
-                Ok(r) => r,
-                Err(_) => return Ok(Err(Driven::InitTimedOut)),
-            }
-        };
-    }
-
+) -> Step<String> {
     // Continue the Session-Key's session when the agent can; otherwise start a new one.
-    let mut session_id = None;
-    // The session modes the agent offers, as its answer named them.
-    let mut offered: Option<Vec<String>> = None;
-    let ids = |state: &Option<agent_client_protocol::v1::schema::SessionModeState>| {
-        state.as_ref().map(|s| {
-            s.available_modes
-                .iter()
-                .map(|m| m.id.0.to_string())
-                .collect::<Vec<_>>()
-        })
+    let resumed = match resume_id.filter(|id| !id.is_empty()) {
+        Some(id) => match resume(cx, profile, init, cwd, id, shared).await? {
+            Ok(resumed) => resumed,
+            Err(driven) => return Ok(Err(driven)),
+        },
+        None => None,
     };
-    if let Some(id) = resume_id.filter(|id| !id.is_empty()) {
-        let resumed = if caps.session_capabilities.resume.is_some() {
-            within!(ResumeSessionRequest::new(id.to_string(), cwd)).map(|r| offered = ids(&r.modes))
-        } else if caps.load_session {
-            shared.replaying.store(true, Ordering::SeqCst);
-            let r = within!(LoadSessionRequest::new(id.to_string(), cwd))
-                .map(|r| offered = ids(&r.modes));
-            if r.is_ok() {
-                // Some agents replay after they answer (gemini --acp 0.61 does not await its
-                // replay): the history is over once the updates stop for a moment.
-                let until = tokio::time::Instant::now() + REPLAY_MAX;
-                while tokio::time::timeout_at(
-                    until.min(tokio::time::Instant::now() + REPLAY_QUIET),
-                    shared.replayed.notified(),
-                )
-                .await
-                .is_ok()
-                {}
-            }
-            shared.replaying.store(false, Ordering::SeqCst);
-            r
-        } else {
-            Err(agent_client_protocol::Error::new(
-                ErrorCode::METHOD_NOT_FOUND,
-                "the agent cannot resume or load sessions",
-            ))
-        };
-        match resumed {
-            Ok(()) => session_id = Some(id.to_string()),
-            Err(e) => {
-                shared.context_lost.store(true, Ordering::SeqCst);
-                tracing::warn!(session = id, error = %e.message, "could not continue the session; starting a new one")
-            }
-        }
-    }
-    let session_id = match session_id {
-        Some(id) => id,
-        None => match within!(NewSessionRequest::new(cwd)) {
-            Ok(r) => {
-                offered = ids(&r.modes);
-                r.session_id.0.to_string()
-            }
-            Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
-                // Authenticate only when asked, and only with a method that needs no person:
-                // the profile's auth_method, or one that uses an API key from the environment.
-                let candidates =
-                    headless_auth_methods(&init.auth_methods, profile.auth_method.as_deref());
-                let mut authenticated = false;
-                for id in &candidates {
-                    if within!(AuthenticateRequest::new(id.clone())).is_ok() {
-                        authenticated = true;
-                        break;
-                    }
-                }
-                let advice = |message: &str| {
-                    let offered: Vec<String> =
-                        init.auth_methods.iter().map(auth_method_id).collect();
-                    format!("{message}; log in with the agent's own CLI, or set auth_method in the profile to one of: {}", offered.join(", "))
-                };
-                if !authenticated {
-                    return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e)))));
-                }
-                match within!(NewSessionRequest::new(cwd)) {
-                    Ok(r) => {
-                        offered = ids(&r.modes);
-                        r.session_id.0.to_string()
-                    }
-                    Err(e) => return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e))))),
-                }
-            }
-            // Some agents put the real cause in the error's data (claude-agent-acp answers
-            // -32603 "Internal error" with the details there when it is not logged in).
-            Err(e) => {
-                let detail = agent_error(&e);
-                return Ok(Err(Driven::SessionRefused(detail)));
-            }
+    let opened = match resumed {
+        Some(opened) => opened,
+        None => match new_session(cx, profile, init, cwd).await? {
+            Ok(opened) => opened,
+            Err(driven) => return Ok(Err(driven)),
         },
     };
-    // The policy in the agent's own terms, where the profile names its mode: the task does
-    // not run in another mode.
-    if let Some(names) = profile.modes.get(&profile.permissions) {
-        let policy = gate::policy_name(profile.permissions);
-        // The first of the profile's names the agent offers (adapters name one mode
-        // differently: codex-acp's workspace-write is Zed's codex-acp's auto); an agent
-        // that names no modes is asked for the first.
-        let mode = match &offered {
-            Some(offered) if !offered.is_empty() => {
-                match names.iter().find(|n| offered.contains(n)) {
-                    Some(mode) => mode.clone(),
-                    None => {
-                        return Ok(Err(Driven::SessionRefused(format!(
-                            "it offers none of the modes the profile names for permissions = \"{policy}\" ({}); it offers: {}. Add its name for that mode under [modes] in the profile",
-                            names.join(", "),
-                            offered.join(", ")
-                        ))))
-                    }
+    if let Err(driven) = set_mode(cx, profile, &opened).await? {
+        return Ok(Err(driven));
+    }
+    Ok(Ok(opened.id))
+}
+
+/// `session/resume`, or `session/load` and its replay, of session `id`; `None` when the agent
+/// cannot continue it (the task then runs in a new session, its context told as text).
+async fn resume(
+    cx: &ConnectionTo<Agent>,
+    profile: &Profile,
+    init: &InitializeResponse,
+    cwd: &Path,
+    id: &str,
+    shared: &Shared,
+) -> Step<Option<Opened>> {
+    let caps = &init.agent_capabilities;
+    let limit = profile.init_timeout;
+    let resumed = if caps.session_capabilities.resume.is_some() {
+        within!(cx, limit, ResumeSessionRequest::new(id.to_string(), cwd))
+            .map(|r| mode_ids(&r.modes))
+    } else if caps.load_session {
+        shared.replaying.store(true, Ordering::SeqCst);
+        let r = within!(cx, limit, LoadSessionRequest::new(id.to_string(), cwd))
+            .map(|r| mode_ids(&r.modes));
+        if r.is_ok() {
+            // Some agents replay after they answer (gemini --acp 0.61 does not await its
+            // replay): the history is over once the updates stop for a moment.
+            let until = tokio::time::Instant::now() + REPLAY_MAX;
+            while tokio::time::timeout_at(
+                until.min(tokio::time::Instant::now() + REPLAY_QUIET),
+                shared.replayed.notified(),
+            )
+            .await
+            .is_ok()
+            {}
+        }
+        shared.replaying.store(false, Ordering::SeqCst);
+        r
+    } else {
+        Err(agent_client_protocol::Error::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "the agent cannot resume or load sessions",
+        ))
+    };
+    match resumed {
+        Ok(offered) => Ok(Ok(Some(Opened {
+            id: id.to_string(),
+            offered,
+        }))),
+        Err(e) => {
+            shared.context_lost.store(true, Ordering::SeqCst);
+            tracing::warn!(session = id, error = %e.message, "could not continue the session; starting a new one");
+            Ok(Ok(None))
+        }
+    }
+}
+
+/// `session/new`, authenticating first when the agent asks and a method needs no person.
+async fn new_session(
+    cx: &ConnectionTo<Agent>,
+    profile: &Profile,
+    init: &InitializeResponse,
+    cwd: &Path,
+) -> Step<Opened> {
+    let limit = profile.init_timeout;
+    let opened = |r: agent_client_protocol::v1::schema::NewSessionResponse| Opened {
+        offered: mode_ids(&r.modes),
+        id: r.session_id.0.to_string(),
+    };
+    match within!(cx, limit, NewSessionRequest::new(cwd)) {
+        Ok(r) => Ok(Ok(opened(r))),
+        Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
+            // Authenticate only when asked, and only with a method that needs no person: the
+            // profile's auth_method, or one that uses an API key from the environment.
+            let candidates =
+                headless_auth_methods(&init.auth_methods, profile.auth_method.as_deref());
+            let mut authenticated = false;
+            for id in &candidates {
+                if within!(cx, limit, AuthenticateRequest::new(id.clone())).is_ok() {
+                    authenticated = true;
+                    break;
                 }
             }
-            _ => names[0].clone(),
-        };
-        if let Err(e) = within!(SetSessionModeRequest::new(session_id.clone(), mode.clone())) {
-            return Ok(Err(Driven::SessionRefused(format!(
-                "it would not take the mode {mode:?} the profile names for permissions = \"{policy}\" ({})",
-                e.message
-            ))));
+            let advice = |message: &str| {
+                let offered: Vec<String> = init.auth_methods.iter().map(auth_method_id).collect();
+                format!("{message}; log in with the agent's own CLI, or set auth_method in the profile to one of: {}", offered.join(", "))
+            };
+            if !authenticated {
+                return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e)))));
+            }
+            match within!(cx, limit, NewSessionRequest::new(cwd)) {
+                Ok(r) => Ok(Ok(opened(r))),
+                Err(e) => Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e))))),
+            }
         }
-        tracing::info!(%mode, "the agent's session mode set for the permission policy");
+        // Some agents put the real cause in the error's data (claude-agent-acp answers
+        // -32603 "Internal error" with the details there when it is not logged in).
+        Err(e) => Ok(Err(Driven::SessionRefused(agent_error(&e)))),
     }
-    Ok(Ok(session_id))
+}
+
+/// The policy in the agent's own terms, where the profile names its mode: the task does not
+/// run in another mode.
+async fn set_mode(cx: &ConnectionTo<Agent>, profile: &Profile, opened: &Opened) -> Step<()> {
+    let Some(names) = profile.modes.get(&profile.permissions) else {
+        return Ok(Ok(()));
+    };
+    let policy = gate::policy_name(profile.permissions);
+    // The first of the profile's names the agent offers (adapters name one mode differently:
+    // codex-acp's workspace-write is Zed's codex-acp's auto); an agent that names no modes is
+    // asked for the first.
+    let mode = match &opened.offered {
+        Some(offered) if !offered.is_empty() => match names.iter().find(|n| offered.contains(n)) {
+            Some(mode) => mode.clone(),
+            None => {
+                return Ok(Err(Driven::SessionRefused(format!(
+                    "it offers none of the modes the profile names for permissions = \"{policy}\" ({}); it offers: {}. Add its name for that mode under [modes] in the profile",
+                    names.join(", "),
+                    offered.join(", ")
+                ))))
+            }
+        },
+        _ => names[0].clone(),
+    };
+    let request = SetSessionModeRequest::new(opened.id.clone(), mode.clone());
+    if let Err(e) = within!(cx, profile.init_timeout, request) {
+        return Ok(Err(Driven::SessionRefused(format!(
+            "it would not take the mode {mode:?} the profile names for permissions = \"{policy}\" ({})",
+            e.message
+        ))));
+    }
+    tracing::info!(%mode, "the agent's session mode set for the permission policy");
+    Ok(Ok(()))
 }
 
 /// initialize → session → prompt, with deadlines and cancel.
