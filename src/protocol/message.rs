@@ -1,7 +1,7 @@
 //! The typed AAMP message: what each intent carries, how it is read from a mail's headers and
 //! text body, and how it is written back into them. Pure code, no I/O.
 //!
-//! Over 600 lines on purpose: every intent is read and written here side by side, so a field
+//! Every intent is read and written here side by side, so a field
 //! cannot be added to one direction and forgotten in the other.
 
 use std::collections::BTreeMap;
@@ -10,6 +10,7 @@ use std::fmt;
 use serde_json::{json, Map, Value};
 
 use super::codec;
+use super::text::{first_line_after, marker_line, message_ids, section, strip_list_marker};
 
 /// The protocol version this crate writes, and the one assumed when a message omits it.
 pub const VERSION: &str = "1.1";
@@ -356,62 +357,8 @@ impl AampMessage {
                 reason: mail.body_text.trim().to_string(),
             },
             Intent::TaskAck => Body::Ack,
-            Intent::TaskHelpNeeded => {
-                let body = &mail.body_text;
-                let question = mail
-                    .non_empty(header::LEGACY_QUESTION)
-                    .or_else(|| {
-                        section(
-                            body,
-                            "Question:",
-                            &["Blocked reason:", "Suggested options:"],
-                        )
-                    })
-                    .unwrap_or_else(|| body.trim().to_string());
-                let blocked_reason = mail
-                    .non_empty(header::LEGACY_BLOCKED_REASON)
-                    .or_else(|| section(body, "Blocked reason:", &["Suggested options:"]))
-                    .unwrap_or_default();
-                let suggested_options = match mail.non_empty(header::SUGGESTED_OPTIONS) {
-                    Some(h) => codec::parse_options(&h),
-                    None => section(body, "Suggested options:", &[])
-                        .map(|s| s.lines().filter_map(strip_list_marker).collect())
-                        .unwrap_or_default(),
-                };
-                Body::HelpNeeded(HelpNeeded {
-                    question,
-                    blocked_reason,
-                    suggested_options,
-                })
-            }
-            Intent::TaskResult => {
-                let status = match mail.header(header::STATUS) {
-                    Some(s) if s.trim().eq_ignore_ascii_case("rejected") => Status::Rejected,
-                    _ => Status::Completed,
-                };
-                let body = &mail.body_text;
-                let error = mail
-                    .non_empty(header::ERROR_MSG)
-                    .or_else(|| first_line_after(body, "Error:"));
-                let output = mail
-                    .non_empty(header::LEGACY_OUTPUT)
-                    .or_else(|| section(body, "Output:", &["Error:"]))
-                    .unwrap_or_else(|| {
-                        if marker_line(body, "Error:").is_some() {
-                            String::new()
-                        } else {
-                            body.trim().to_string()
-                        }
-                    });
-                Body::Result(TaskResult {
-                    status,
-                    output,
-                    error,
-                    structured_result: mail
-                        .non_empty(header::STRUCTURED_RESULT)
-                        .and_then(|s| codec::decode_json(&s)),
-                })
-            }
+            Intent::TaskHelpNeeded => Body::HelpNeeded(read_help_needed(mail)),
+            Intent::TaskResult => Body::Result(read_result(mail)),
             Intent::TaskStreamOpened => Body::StreamOpened {
                 stream_id: required(header::STREAM_ID)?,
             },
@@ -441,24 +388,7 @@ impl AampMessage {
             },
         };
         Ok(AampMessage {
-            envelope: Envelope {
-                version: mail
-                    .non_empty(header::VERSION)
-                    .unwrap_or_else(|| VERSION.to_string()),
-                task_id,
-                from: address(&mail.from),
-                to: mail.to.iter().map(|a| address(a)).collect(),
-                message_id: normalize_message_id(&mail.message_id),
-                subject: mail.subject.clone(),
-                in_reply_to: mail
-                    .non_empty("In-Reply-To")
-                    .and_then(|v| message_ids(&v).pop()),
-                references: mail
-                    .header("References")
-                    .map(|v| message_ids(&v))
-                    .unwrap_or_default(),
-                received_body: Some(mail.body_text.clone()),
-            },
+            envelope: read_envelope(mail, task_id),
             body,
         })
     }
@@ -731,6 +661,88 @@ impl AampMessage {
     }
 }
 
+/// The envelope every intent has: who, to whom, which task, and the thread.
+fn read_envelope(mail: &MailView, task_id: String) -> Envelope {
+    Envelope {
+        version: mail
+            .non_empty(header::VERSION)
+            .unwrap_or_else(|| VERSION.to_string()),
+        task_id,
+        from: address(&mail.from),
+        to: mail.to.iter().map(|a| address(a)).collect(),
+        message_id: normalize_message_id(&mail.message_id),
+        subject: mail.subject.clone(),
+        in_reply_to: mail
+            .non_empty("In-Reply-To")
+            .and_then(|v| message_ids(&v).pop()),
+        references: mail
+            .header("References")
+            .map(|v| message_ids(&v))
+            .unwrap_or_default(),
+        received_body: Some(mail.body_text.clone()),
+    }
+}
+
+/// A `task.help_needed`: from its headers, or the labelled sections of its body.
+fn read_help_needed(mail: &MailView) -> HelpNeeded {
+    let body = &mail.body_text;
+    let question = mail
+        .non_empty(header::LEGACY_QUESTION)
+        .or_else(|| {
+            section(
+                body,
+                "Question:",
+                &["Blocked reason:", "Suggested options:"],
+            )
+        })
+        .unwrap_or_else(|| body.trim().to_string());
+    let blocked_reason = mail
+        .non_empty(header::LEGACY_BLOCKED_REASON)
+        .or_else(|| section(body, "Blocked reason:", &["Suggested options:"]))
+        .unwrap_or_default();
+    let suggested_options = match mail.non_empty(header::SUGGESTED_OPTIONS) {
+        Some(h) => codec::parse_options(&h),
+        None => section(body, "Suggested options:", &[])
+            .map(|s| s.lines().filter_map(strip_list_marker).collect())
+            .unwrap_or_default(),
+    };
+    HelpNeeded {
+        question,
+        blocked_reason,
+        suggested_options,
+    }
+}
+
+/// A `task.result`: its status, output and error from headers or the body's sections.
+fn read_result(mail: &MailView) -> TaskResult {
+    let status = match mail.header(header::STATUS) {
+        Some(s) if s.trim().eq_ignore_ascii_case("rejected") => Status::Rejected,
+        _ => Status::Completed,
+    };
+    let body = &mail.body_text;
+    let error = mail
+        .non_empty(header::ERROR_MSG)
+        .or_else(|| first_line_after(body, "Error:"));
+    let output = mail
+        .non_empty(header::LEGACY_OUTPUT)
+        .or_else(|| section(body, "Output:", &["Error:"]))
+        .unwrap_or_else(|| {
+            if marker_line(body, "Error:").is_some() {
+                String::new()
+            } else {
+                body.trim().to_string()
+            }
+        });
+    TaskResult {
+        status,
+        output,
+        error,
+        structured_result: mail
+            .non_empty(header::STRUCTURED_RESULT)
+            .and_then(|s| codec::decode_json(&s)),
+    }
+}
+
 /// The dispatch title: the subject without its `[AAMP Task]` tag.
 fn dispatch_title(subject: &str) -> String {
     let title = strip_prefix_ci(subject.trim(), "[AAMP Task]").trim();
@@ -741,7 +753,7 @@ fn dispatch_title(subject: &str) -> String {
     }
 }
 
-fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> &'a str {
+pub(super) fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> &'a str {
     match text.get(..prefix.len()) {
         Some(head) if head.eq_ignore_ascii_case(prefix) => &text[prefix.len()..],
         _ => text,
@@ -769,80 +781,6 @@ pub fn normalize_message_id(id: &str) -> String {
     } else {
         format!("<{id}>")
     }
-}
-
-/// The longest message id kept from a mail; longer ones are not ids anyone sends.
-const MAX_MESSAGE_ID: usize = 250;
-
-/// Every `<...>` id in an In-Reply-To or References value. A msg-id holds no white space:
-/// any inside the brackets is removed, and empty or over-long ids are dropped, so a hostile
-/// value cannot make the replies' threading headers huge.
-fn message_ids(text: &str) -> Vec<String> {
-    let ids: Vec<String> = text
-        .split('<')
-        .skip(1)
-        .filter_map(|part| part.split_once('>').map(|(id, _)| id))
-        .map(|id| id.split_whitespace().collect::<String>())
-        .filter(|id| !id.is_empty() && id.len() <= MAX_MESSAGE_ID)
-        .map(|id| format!("<{id}>"))
-        .collect();
-    if ids.is_empty() && !text.trim().is_empty() {
-        text.split_whitespace()
-            .filter(|id| id.len() <= MAX_MESSAGE_ID)
-            .map(normalize_message_id)
-            .collect()
-    } else {
-        ids
-    }
-}
-
-/// The line index and the rest of the first line whose trimmed start is `marker`.
-fn marker_line<'a>(body: &'a str, marker: &str) -> Option<(usize, &'a str)> {
-    body.lines().enumerate().find_map(|(i, line)| {
-        let rest = strip_prefix_ci(line.trim_start(), marker);
-        (rest.len() != line.trim_start().len()).then_some((i, rest))
-    })
-}
-
-/// The text after `marker` (rest of its line and the lines below), up to the first line that
-/// starts with one of `stops`; trimmed. `None` when the marker is absent.
-fn section(body: &str, marker: &str, stops: &[&str]) -> Option<String> {
-    let (index, first) = marker_line(body, marker)?;
-    let mut lines = vec![first];
-    for line in body.lines().skip(index + 1) {
-        let start = line.trim_start();
-        let starts_with = |s: &&str| {
-            start
-                .get(..s.len())
-                .is_some_and(|h| h.eq_ignore_ascii_case(s))
-        };
-        if stops.iter().any(starts_with) {
-            break;
-        }
-        lines.push(line);
-    }
-    Some(lines.join("\n").trim().to_string())
-}
-
-fn first_line_after(body: &str, marker: &str) -> Option<String> {
-    marker_line(body, marker)
-        .map(|(_, rest)| rest.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
-/// `  1. X`, `- X`, `* X` or `X` → `X`; blank lines → `None`.
-fn strip_list_marker(line: &str) -> Option<String> {
-    let line = line.trim();
-    let digits = line.bytes().take_while(u8::is_ascii_digit).count();
-    let rest = if digits > 0 && matches!(line.as_bytes().get(digits), Some(b'.') | Some(b')')) {
-        &line[digits + 1..]
-    } else if let Some(rest) = line.strip_prefix("- ").or_else(|| line.strip_prefix("* ")) {
-        rest
-    } else {
-        line
-    };
-    let rest = rest.trim();
-    (!rest.is_empty()).then(|| rest.to_string())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod dsn;
 pub mod message;
 pub mod rfc5322;
 pub mod sse;
+mod text;
 pub mod time;
 
 pub use message::{
