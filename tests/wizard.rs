@@ -682,3 +682,77 @@ fn profile_new_finds_the_stream_format_and_smoke_tests_it() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["test"]["ok"], false, "{report}");
 }
+
+/// Issue 43: `profile new` tried each resume flag with the profile's whole timeout (1800 s),
+/// silently, and once left the agent running. Each try now has a limit, says what it tries,
+/// and a try past its limit is stopped with its whole process group (the fake's `sleep`
+/// child included).
+#[test]
+fn profile_new_stops_a_resume_try_that_hangs_with_its_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "profiles_dir = \"profiles\"\n").unwrap();
+    let pids = dir.path().join("pids");
+    let started = std::time::Instant::now();
+    let out = Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "profile",
+            "new",
+            "hangs",
+            "--command",
+            "python3",
+            "--resume-try-secs",
+            "1",
+        ])
+        .arg("--arg")
+        .arg(repo().join("tests/agents/scripted_cli.py"))
+        .arg("--arg")
+        .arg(repo().join("tests/fixtures/streams/codex.jsonl"))
+        .arg("--arg=--hang-if-resumed")
+        .arg("--arg")
+        .arg(&pids)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    for flag in ["--resume", "--session", "--session-id", "-r"] {
+        assert!(
+            stderr.contains(&format!(
+                "resume check: trying `{flag} <session>` (up to 1 s)"
+            )),
+            "{stderr}"
+        );
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["resume"]["flag"].is_null(), "{report}");
+    assert!(
+        report["resume"]["tried"]
+            .to_string()
+            .contains("no answer within 1 s"),
+        "{report}"
+    );
+    // Every try's agent and its child are gone (dead, or a zombie about to be reaped).
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let all: Vec<i32> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(all.len(), 8, "{text}");
+    let alive = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    support::wait_until("the tries' processes are gone", || !all.iter().any(alive));
+}

@@ -231,6 +231,10 @@ pub enum ProfileAction {
         /// Write it without running it.
         #[arg(long)]
         no_test: bool,
+        /// How long each try of a resume flag may take (the first turn of that check: three
+        /// times this); a try past it is stopped, its whole process group killed.
+        #[arg(long, default_value_t = 20)]
+        resume_try_secs: u64,
         /// Replace a profile file of that name.
         #[arg(long)]
         force: bool,
