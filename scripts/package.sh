@@ -100,25 +100,10 @@ Description: tasks by mail for the coding agents on this machine
  The agents are not included; most install with npm and need Node.js 20 or newer (22 for
  claude-agent-acp), newer than Debian 11's nodejs package.
 EOF
-# Removing the package stops and disables the bridge every logged-in user runs from its unit
-# (it went on running from the deleted binary, still answering mail), and postrm removes the
-# enable links left pointing at the removed unit. runuser, not `systemctl --user -M`, which
-# Debian 11's systemd 247 lacks.
-cat > "$deb/DEBIAN/prerm" <<'SCRIPT'
-#!/bin/sh
-set -e
-if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
-  if command -v loginctl >/dev/null 2>&1 && command -v runuser >/dev/null 2>&1; then
-    for uid in $(loginctl list-users --no-legend 2>/dev/null | awk '{print $1}'); do
-      user=$(getent passwd "$uid" | cut -d: -f1) || continue
-      [ -d "/run/user/$uid" ] || continue
-      runuser -u "$user" -- env XDG_RUNTIME_DIR="/run/user/$uid" \
-        systemctl --user disable --now aamp-bridge.service >/dev/null 2>&1 || true
-    done
-  fi
-fi
-exit 0
-SCRIPT
+# Removing the package stops and disables the bridge of each logged-in user whose unit runs
+# the package's binary (packaging/debian/prerm says how), and postrm removes the enable links
+# left pointing at the removed unit.
+install -m755 "$repo/packaging/debian/prerm" "$deb/DEBIAN/prerm"
 cat > "$deb/DEBIAN/postrm" <<'SCRIPT'
 #!/bin/sh
 set -e
