@@ -112,24 +112,39 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
     // Issue 33: Enter alone picks the first installed agent (it used to pick nothing and end
     // the wizard, "No agent picked: nothing to do").
     tmux.answer("Which agents should answer mail?", &["Enter"]);
+    // Issue 43: an offered answer is editable text, and Ctrl-U/Ctrl-W edit it (they typed
+    // "u" and "w"): Ctrl-W takes back a word typed after it, Ctrl-U the whole line.
+    let line_is = |want: &str| {
+        wait_until(&format!("a line reads {want:?}"), || {
+            tmux.screen().lines().any(|l| l.trim_end() == want)
+        })
+    };
+    line_is("? Agent name: echo");
+    tmux.keys(&[" extra"]);
+    line_is("? Agent name: echo extra");
+    tmux.keys(&["C-w"]);
+    line_is("? Agent name: echo");
+    tmux.keys(&["C-u"]);
+    line_is("? Agent name:");
     tmux.answer("Agent name:", &["helper", "Enter"]);
+    line_is("> Agent name: helper");
     tmux.answer("Its mailbox:", &["Enter"]); // register with the service
     tmux.answer("Address prefix to ask for:", &["Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Down", "Down", "Enter"]); // plain: loopback
-    tmux.answer("SMTP port:", &[&host.smtp_port.to_string(), "Enter"]);
+    tmux.answer("SMTP port:", &["C-u", &host.smtp_port.to_string(), "Enter"]);
     tmux.answer("Who may send it tasks?", &["Enter"]); // an allow list
     tmux.answer("Addresses", &[&boss.email, "Enter"]);
     tmux.answer(
         "One line about what it does",
-        &["Echoes your task", "Enter"],
+        &["C-u", "Echoes your task", "Enter"],
     );
     // Issue 33: a mailbox of one's own to send tasks from, registered like the agent's.
     tmux.answer("A mailbox of your own", &["Enter"]); // register one
     tmux.answer("Address prefix to ask for:", &["Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Down", "Down", "Enter"]);
-    tmux.answer("SMTP port:", &[&host.smtp_port.to_string(), "Enter"]);
+    tmux.answer("SMTP port:", &["C-u", &host.smtp_port.to_string(), "Enter"]);
     tmux.expect("Summary:");
     tmux.expect("you (me) on a new mailbox from the AAMP service");
     tmux.answer("Write the config?", &["Enter"]);
@@ -219,14 +234,17 @@ async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
     );
     tmux.answer("AAMP service URL:", &["Enter"]); // none: a plain mail account
     tmux.answer("Which agents should answer mail?", &["Enter"]);
-    tmux.answer("Agent name:", &["mine", "Enter"]);
+    tmux.answer("Agent name:", &["C-u", "mine", "Enter"]);
     tmux.expect("Its mailbox: use an existing mail account");
     tmux.answer("Email address:", &[&agent.email, "Enter"]);
     tmux.answer("Password:", &[&host.password, "Enter"]);
-    tmux.answer("JMAP session URL:", &[&nothing_there, "Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("JMAP session URL:", &["C-u", &nothing_there, "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Enter"]); // starttls
-    tmux.answer("SMTP port:", &[&host.smtp_tls_port.to_string(), "Enter"]);
+    tmux.answer(
+        "SMTP port:",
+        &["C-u", &host.smtp_tls_port.to_string(), "Enter"],
+    );
     // The test runs now, and says why in plain words.
     tmux.expect("nothing listens there");
     tmux.expect("fix: check the port in jmap_url");
@@ -234,14 +252,14 @@ async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
     assert!(!screen.contains("Trust this server"), "{screen}");
     tmux.answer("The mailbox does not work yet:", &["Enter"]); // change the answers
                                                                // Each question offers what was given: Enter keeps it.
-    tmux.expect(&format!("Email address: ({})", agent.email));
+    tmux.expect(&format!("? Email address: {}", agent.email));
     tmux.answer("Email address:", &["Enter"]);
     tmux.answer("Password:", &["Enter"]); // keeps the one given
-    tmux.answer("JMAP session URL:", &[&host.jmap_url, "Enter"]);
-    tmux.expect("SMTP submission server: (127.0.0.1)");
+    tmux.answer("JMAP session URL:", &["C-u", &host.jmap_url, "Enter"]);
+    tmux.expect("? SMTP submission server: 127.0.0.1");
     tmux.answer("SMTP submission server:", &["Enter"]);
     tmux.answer("SMTP security:", &["Enter"]);
-    tmux.expect(&format!("SMTP port: ({})", host.smtp_tls_port));
+    tmux.expect(&format!("? SMTP port: {}", host.smtp_tls_port));
     tmux.answer("SMTP port:", &["Enter"]);
     // JMAP works now; the STARTTLS port has a self-signed certificate.
     tmux.expect("its TLS certificate is self-signed");
