@@ -98,7 +98,7 @@ Description: tasks by mail for the coding agents on this machine
  workflows, other agents and people can hand them work by mail and get results back.
  Run "aamp-bridge init", then "aamp-bridge start" or the systemd user service.
  The agents are not included; most install with npm and need Node.js 20 or newer (22 for
- claude-agent-acp), newer than Debian 11's nodejs package.
+ Qwen Code), newer than Debian 11's nodejs package.
 EOF
 # Removing the package stops and disables the bridge of each logged-in user whose unit runs
 # the package's binary (packaging/debian/prerm says how), and postrm removes the enable links
