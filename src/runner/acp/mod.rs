@@ -566,14 +566,14 @@ pub async fn run_acp(
     };
     if let Some(secs) = *shared.unanswered.lock().expect("unanswered lock") {
         if !matches!(driven, Ok(Driven::Cancelled) | Ok(Driven::TimedOut)) {
-            return Err(RunError::Reported(format!(
+            return Err(RunError::Stopped(format!(
                 "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
             )));
         }
     }
     match driven {
         Ok(Driven::Stopped { stop, session_id }) => match stop {
-            StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Reported(format!(
+            StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Stopped(format!(
                 "the agent's model failed: {}",
                 shared.failed().unwrap_or_default()
             ))),
@@ -585,7 +585,7 @@ pub async fn run_acp(
                 let refused = shared.refusals.summary().unwrap_or_default();
                 let said = shared.answer();
                 let said = said.trim();
-                Err(RunError::Reported(if said.is_empty() {
+                Err(RunError::Stopped(if said.is_empty() {
                     format!("the agent ended its turn after the bridge refused: {refused}")
                 } else {
                     format!("the agent ended its turn after the bridge refused: {refused}. Before that it said: {said}")
@@ -615,14 +615,14 @@ pub async fn run_acp(
                 })
             }
             StopReason::Cancelled => Err(RunError::Cancelled),
-            StopReason::Refusal => Err(RunError::Reported("the agent refused the task".into())),
-            StopReason::MaxTokens => Err(RunError::Reported(
+            StopReason::Refusal => Err(RunError::Stopped("the agent refused the task".into())),
+            StopReason::MaxTokens => Err(RunError::Stopped(
                 "the agent reached its token limit before finishing".into(),
             )),
-            StopReason::MaxTurnRequests => Err(RunError::Reported(
+            StopReason::MaxTurnRequests => Err(RunError::Stopped(
                 "the agent reached its turn limit before finishing".into(),
             )),
-            other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
+            other => Err(RunError::Stopped(format!("the agent stopped: {other:?}"))),
         },
         Ok(Driven::NotLoggedIn(detail)) => Err(not_logged_in(&detail)),
         Ok(Driven::SessionRefused(detail)) => Err(session_refused(&detail, profile)),
@@ -682,7 +682,7 @@ fn session_refused(detail: &str, profile: &Profile) -> RunError {
         ),
         None => String::new(),
     };
-    RunError::Reported(format!(
+    RunError::Stopped(format!(
         "the agent could not start a session: {detail}{hint}"
     ))
 }
