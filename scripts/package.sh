@@ -49,6 +49,10 @@ stage() {
     install -Dm644 "$p" "$root/$prefix/share/aamp-bridge/profiles/$(basename "$p")"
   done
   install -Dm644 "$repo/README.md" "$root/$prefix/share/doc/aamp-bridge/README.md"
+  # The images the README links, where its relative links find them.
+  for image in "$repo"/docs/*.png; do
+    install -Dm644 "$image" "$root/$prefix/share/doc/aamp-bridge/docs/$(basename "$image")"
+  done
 }
 
 # The user unit for everyone: the packaged binary, the default config, a PATH that finds

@@ -86,6 +86,8 @@ fn the_deb_installs_runs_and_removes_cleanly() {
         "usr/share/fish/vendor_completions.d/aamp-bridge.fish",
         "usr/share/aamp-bridge/profiles/claude.toml",
         "usr/share/doc/aamp-bridge/README.md",
+        // Issue 43: the image the README links.
+        "usr/share/doc/aamp-bridge/docs/live-view.png",
     ] {
         assert!(root.join(file).is_file(), "{file} is installed");
     }
