@@ -20,6 +20,19 @@ if ! sha256sum --quiet --check SHA256SUMS; then
   echo "install.sh: the files above do not match SHA256SUMS; download the tarball again" >&2
   exit 1
 fi
+# The binary must run here before anything is written: one built against a newer glibc than
+# this system's fails at once ("GLIBC_2.xx not found"), and installing it would leave a
+# command that cannot start.
+if ! said=$(bin/aamp-bridge --version 2>&1); then
+  need=$(grep -o 'GLIBC_[0-9.]*' <<<"$said" | sed 's/GLIBC_//' | sort -uV | tail -1 || true)
+  have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
+  echo "install.sh: nothing installed: bin/aamp-bridge does not run on this system:" >&2
+  printf '  %s\n' "$said" >&2
+  if [ -n "$need" ]; then
+    echo "install.sh: it needs glibc $need or newer; this system has ${have:-an older one}. use a system with that glibc, or build aamp-bridge here from source (cargo build --release)" >&2
+  fi
+  exit 1
+fi
 install -Dm755 bin/aamp-bridge "$prefix/bin/aamp-bridge"
 for page in share/man/man1/*.1.gz; do
   install -Dm644 "$page" "$prefix/share/man/man1/$(basename "$page")"

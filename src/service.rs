@@ -342,10 +342,27 @@ impl Service {
             )];
         };
         let mut problems = Vec::new();
+        let text = match self.kind {
+            Kind::Systemd => expand_specifiers(&text),
+            Kind::Launchd => text,
+        };
         if text != self.render() {
             let exe = self.exe.display().to_string();
             let config = self.config.display().to_string();
-            if !text.contains(&exe) {
+            let (same_exe, same_config) = match self.kind {
+                Kind::Systemd => match exec_start(&text) {
+                    Some((run, with)) => (
+                        same_path(&run, &self.exe),
+                        same_path(
+                            &with.unwrap_or_else(crate::config::default_config_path),
+                            &self.config,
+                        ),
+                    ),
+                    None => (false, false),
+                },
+                Kind::Launchd => (text.contains(&exe), text.contains(&config)),
+            };
+            if !same_exe {
                 problems.push((
                     format!(
                         "{} starts another aamp-bridge binary than {exe}",
@@ -354,13 +371,15 @@ impl Service {
                     "aamp-bridge service install (it rewrites the file for this binary)".into(),
                 ));
             }
-            if !text.contains(&config) {
+            if !same_config {
                 problems.push((
                     format!("{} uses another config than {config}", self.file.display()),
                     format!("aamp-bridge --config {config} service install"),
                 ));
             }
-            if problems.is_empty() {
+            // A packaged unit (the tarball installs one) runs the right binary with its own
+            // PATH: not a problem.
+            if problems.is_empty() && !text.contains(PACKAGED_MARK) {
                 problems.push((
                     format!(
                         "{} differs from what this version writes (PATH or settings)",
@@ -378,10 +397,10 @@ impl Service {
     /// The package's unit runs its binary with the default config: what differs from this
     /// binary and config, with the fix.
     fn packaged_problems(&self, packaged: &Path) -> Vec<(String, String)> {
-        let text = std::fs::read_to_string(packaged).unwrap_or_default();
+        let text = expand_specifiers(&std::fs::read_to_string(packaged).unwrap_or_default());
         let mut problems = Vec::new();
         let exe = self.exe.display().to_string();
-        if !text.contains(&format!("ExecStart={exe} ")) {
+        if !exec_start(&text).is_some_and(|(run, _)| same_path(&run, &self.exe)) {
             problems.push((
                 format!("the package's unit {} starts another aamp-bridge binary than {exe}", packaged.display()),
                 "aamp-bridge service install (writes a unit of your own for this binary, which systemd then uses instead)".into(),
@@ -404,6 +423,110 @@ impl Service {
             ));
         }
         problems
+    }
+}
+
+/// The header line `scripts/package.sh` writes into the units it packages (the .deb's and the
+/// tarball's).
+const PACKAGED_MARK: &str = "# aamp-bridge as a systemd user service (installed by the package)";
+
+/// A unit's text with the systemd specifiers a user unit's paths use expanded as the user
+/// manager does (`%h` home, `%u` user name, `%U` uid, `%%`), so a unit that says
+/// `%h/.local/bin/aamp-bridge` is compared as the path systemd runs.
+fn expand_specifiers(text: &str) -> String {
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_default();
+    expand_with(text, &home().display().to_string(), &user, &uid.to_string())
+}
+
+fn expand_with(text: &str, home: &str, user: &str, uid: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(home),
+            Some('u') => out.push_str(user),
+            Some('U') => out.push_str(uid),
+            Some('%') => out.push('%'),
+            // Others stay as written: they are not in the units the bridge writes.
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// The program a unit's `ExecStart=` runs and the `--config` it gives (none: the default),
+/// its words split as systemd splits them (double quotes, backslash escapes).
+fn exec_start(text: &str) -> Option<(PathBuf, Option<PathBuf>)> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ExecStart="))?;
+    let line = line.trim_start_matches(['-', '@', ':', '+', '!']);
+    let words = split_words(line);
+    let program = PathBuf::from(words.first()?);
+    let mut config = None;
+    let mut rest = words.iter().skip(1);
+    while let Some(word) = rest.next() {
+        if word == "--config" {
+            config = rest.next().map(PathBuf::from);
+        } else if let Some(value) = word.strip_prefix("--config=") {
+            config = Some(PathBuf::from(value));
+        }
+    }
+    Some((program, config))
+}
+
+fn split_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let (mut quoted, mut started) = (false, false);
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                word.extend(chars.next());
+                started = true;
+            }
+            '"' => {
+                quoted = !quoted;
+                started = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if started {
+                    words.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            c => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        words.push(word);
+    }
+    words
+}
+
+/// Whether two paths name one file (both resolved when they exist).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
 }
 
@@ -534,6 +657,28 @@ mod tests {
         assert!(
             problems[0].0.contains("another aamp-bridge binary"),
             "{problems:?}"
+        );
+    }
+
+    /// Issue 43: the tarball's unit says `%h/.local/bin/aamp-bridge start`; systemd runs
+    /// the home's binary with the default config.
+    #[test]
+    fn specifiers_are_expanded_and_exec_start_is_read_as_systemd_splits_it() {
+        assert_eq!(
+            expand_with("%h/.local/bin/x %u %U 100%% %t", "/home/a", "a", "1000"),
+            "/home/a/.local/bin/x a 1000 100% %t"
+        );
+        let unit = "[Service]\nExecStart=\"/opt/a b/aamp-bridge\" --config /c.toml start\n";
+        assert_eq!(
+            exec_start(unit),
+            Some((
+                PathBuf::from("/opt/a b/aamp-bridge"),
+                Some(PathBuf::from("/c.toml"))
+            ))
+        );
+        assert_eq!(
+            exec_start("ExecStart=/home/a/.local/bin/aamp-bridge start"),
+            Some((PathBuf::from("/home/a/.local/bin/aamp-bridge"), None))
         );
     }
 }

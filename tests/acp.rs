@@ -608,10 +608,13 @@ async fn stop_reasons_other_than_end_turn_are_rejections() {
             .await
             .0
             .unwrap_err();
+        // Issue 43: the bridge's own reason, not "the agent reported an error: ...".
         assert!(
-            matches!(&err, RunError::Reported(m) if m.contains(expected)),
+            matches!(&err, RunError::Stopped(m) if m.contains(expected)),
             "{stop}: {err}"
         );
+        assert!(err.to_string().starts_with("the agent "), "{err}");
+        assert!(!err.to_string().contains("reported an error"), "{err}");
     }
 }
 

@@ -18,6 +18,7 @@ fn agents_lists_what_is_installed_and_what_is_missing() {
     let bin = home.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     fake_bin(&bin, "claude-agent-acp", "0.49.0");
+    fake_bin(&bin, "qwen", "0.24.4");
     fake_bin(&bin, "node", "v20.20.2");
     // A user install that is not on PATH, where the scan also looks.
     let local = home.path().join(".local/bin");
@@ -80,12 +81,19 @@ fn agents_lists_what_is_installed_and_what_is_missing() {
         bin.join("claude-agent-acp").to_str().unwrap()
     );
     assert_eq!(claude["version"], "0.49.0");
+    // Issue 43: claude-agent-acp 0.49 declares no engines (its SDK: node >= 18) and runs on
+    // Node 20; Qwen Code's package says node >= 22.
     assert!(
-        claude["warnings"][0]
+        !claude["warnings"].to_string().contains("Node.js"),
+        "{claude}"
+    );
+    let qwen = get("qwen-acp");
+    assert!(
+        qwen["warnings"][0]
             .as_str()
             .unwrap()
             .contains("needs Node.js 22 or newer; found v20.20.2"),
-        "{claude}"
+        "{qwen}"
     );
     assert!(
         claude["probe"]["Err"].is_string(),

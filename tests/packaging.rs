@@ -112,6 +112,8 @@ fn the_deb_installs_runs_and_removes_cleanly() {
         "usr/share/fish/vendor_completions.d/aamp-bridge.fish",
         "usr/share/aamp-bridge/profiles/claude.toml",
         "usr/share/doc/aamp-bridge/README.md",
+        // Issue 43: the image the README links.
+        "usr/share/doc/aamp-bridge/docs/live-view.png",
     ] {
         assert!(root.join(file).is_file(), "{file} is installed");
     }
@@ -317,4 +319,172 @@ fn the_source_tarball_carries_the_tests_and_scripts() {
         );
     }
     assert!(!list.contains("/target/"), "no build output");
+}
+
+/// Stand-ins for what `prerm` asks of the machine, in `dir`: one logged-in user (this one)
+/// whose systemd shows the ExecStart of `$HOME/.config/systemd/user/aamp-bridge.service`
+/// with `%h` expanded, as systemd does; `disable` is written to `log`.
+fn prerm_stand_ins(dir: &Path, home: &Path, log: &Path) {
+    let uid = nix::unistd::getuid();
+    let runtime = dir.join("runtime");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let scripts = [
+        (
+            "loginctl",
+            format!(
+                "#!/bin/sh\ncase \"$1\" in\n  list-users) echo \"{uid} someone\" ;;\n  show-user) echo \"{}\" ;;\nesac\n",
+                runtime.display()
+            ),
+        ),
+        // runuser -u USER -- COMMAND...: runs COMMAND here.
+        (
+            "runuser",
+            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n".to_string(),
+        ),
+        (
+            "systemctl",
+            format!(
+                "#!/bin/sh\nunit=\"{home}/.config/systemd/user/aamp-bridge.service\"\ncase \" $* \" in\n  *\" show \"*)\n    line=$(sed -n 's/^ExecStart=//p' \"$unit\" | sed \"s|%h|{home}|g\")\n    set -- $line\n    echo \"{{ path=$1 ; argv[]=$line ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }}\" ;;\n  *\" disable \"*) echo \"$*\" >> \"{log}\" ;;\nesac\n",
+                home = home.display(),
+                log = log.display()
+            ),
+        ),
+    ];
+    for (name, text) in scripts {
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        run(Command::new("chmod").arg("755").arg(&file));
+    }
+}
+
+/// Issue 43: `apt-get remove aamp-bridge` stopped and disabled every logged-in user's
+/// `aamp-bridge.service`, also one that runs the tarball's binary. `prerm` touches only a
+/// unit that runs /usr/bin/aamp-bridge.
+#[test]
+fn prerm_leaves_a_unit_of_another_binary_alone() {
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("home");
+    let units = home.join(".config/systemd/user");
+    std::fs::create_dir_all(&units).unwrap();
+    let bin = work.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = work.path().join("systemctl.log");
+    prerm_stand_ins(&bin, &home, &log);
+    let prerm = support::repo().join("packaging/debian/prerm");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let remove = || {
+        run(Command::new("sh")
+            .arg(&prerm)
+            .arg("remove")
+            .env("PATH", &path))
+    };
+    // The tarball's unit: left running.
+    std::fs::write(
+        units.join("aamp-bridge.service"),
+        "[Service]\nExecStart=%h/.local/bin/aamp-bridge start\n",
+    )
+    .unwrap();
+    remove();
+    assert!(!log.exists(), "{:?}", std::fs::read_to_string(&log));
+    // The package's: stopped and disabled.
+    std::fs::write(
+        units.join("aamp-bridge.service"),
+        "[Service]\nExecStart=/usr/bin/aamp-bridge start\n",
+    )
+    .unwrap();
+    remove();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("--user disable --now aamp-bridge.service"),
+        "{said}"
+    );
+}
+
+/// Issue 43: on a system whose glibc is older than the binary needs, `install.sh` installed a
+/// binary that cannot start and said it succeeded. It runs the binary first and refuses with
+/// the reason, writing nothing.
+#[test]
+fn install_sh_refuses_a_binary_that_cannot_run_here() {
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    std::fs::copy(
+        support::repo().join("scripts/install.sh"),
+        tree.join("install.sh"),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("bin/aamp-bridge"),
+        "#!/bin/sh\necho \"bin/aamp-bridge: /lib/x86_64-linux-gnu/libc.so.6: version \\`GLIBC_2.99' not found (required by bin/aamp-bridge)\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    run(Command::new("chmod")
+        .arg("755")
+        .arg(tree.join("bin/aamp-bridge")));
+    run(Command::new("sh")
+        .arg("-c")
+        .arg("sha256sum bin/aamp-bridge > SHA256SUMS")
+        .current_dir(&tree));
+    let prefix = work.path().join("prefix");
+    let out = Command::new("bash")
+        .arg(tree.join("install.sh"))
+        .arg("--prefix")
+        .arg(&prefix)
+        .env("HOME", work.path().join("home"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("does not run on this system") && stderr.contains("needs glibc 2.99"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("installed"));
+    assert!(!prefix.exists(), "nothing is written");
+}
+
+/// Issue 43: `service status` called the tarball's own unit (`ExecStart=%h/.local/bin/...
+/// start`) "another binary" and "another config": systemd expands `%h`, and no `--config`
+/// is the default config.
+#[test]
+fn service_status_accepts_the_tarballs_own_unit() {
+    let work = tempfile::tempdir().unwrap();
+    let (_, tarball) = package(&work.path().join("dist"));
+    let unpacked = work.path().join("unpacked");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&unpacked));
+    let tree = std::fs::read_dir(&unpacked)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let home = work.path().join("home");
+    std::fs::create_dir_all(home.join(".config/aamp-bridge")).unwrap();
+    std::fs::write(home.join(".config/aamp-bridge/config.toml"), "").unwrap();
+    run(Command::new("bash")
+        .arg(tree.join("install.sh"))
+        .env("HOME", &home)
+        .env_remove("XDG_CONFIG_HOME"));
+    let unit =
+        std::fs::read_to_string(home.join(".config/systemd/user/aamp-bridge.service")).unwrap();
+    assert!(unit.contains("%h/.local/bin/aamp-bridge"), "{unit}");
+    let out = Command::new(home.join(".local/bin/aamp-bridge"))
+        .args(["service", "status", "--json"])
+        .env("HOME", &home)
+        .env_remove("XDG_CONFIG_HOME")
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let problems = status["problems"].to_string();
+    assert!(
+        !problems.contains("another") && !problems.contains("differs"),
+        "{status}"
+    );
 }

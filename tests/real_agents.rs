@@ -814,7 +814,15 @@ async fn gemini_with_its_own_approval(flags: &[&str]) {
     let mut bridge = setup.start();
     let (_, r) = setup.ask("Remember", "remember: kiwi").await;
     assert_eq!(r.status, Status::Completed, "{r:?}");
-    assert_eq!(r.output, "I remember: kiwi.");
+    // Issue 43: the sender is told the profile's flag, not the policy, held (it was only in
+    // the log).
+    assert_eq!(
+        r.output,
+        format!(
+            "I remember: kiwi.\n\n[Note from aamp-bridge: this agent's profile passes its own `{}` instead of `--approval-mode default` (permissions = \"read_only\"): what the agent's tools could do followed the profile's flag, not the sender policy.]",
+            flags.join(" ")
+        )
+    );
     bridge.take_events();
     let log = bridge.log();
     assert!(

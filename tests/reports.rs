@@ -184,3 +184,26 @@ async fn a_forged_report_does_not_end_a_waiting_dispatch() {
     assert_eq!(status.code(), Some(0), "{told:?} {rest:?}");
     assert!(bridge.stop().success());
 }
+
+/// Issue 43: `dispatch --follow` from a mailbox with no AAMP service waited for a live stream
+/// that never opens and showed nothing. It says why and how to fix it, and sends nothing.
+#[test]
+fn dispatch_follow_without_an_aamp_service_says_so_and_sends_nothing() {
+    let Some(host) = mailhost() else { return };
+    let me = host.user("follow-me");
+    let mine = ConfigDir::new(host, &host.mailbox_toml("me", &me));
+    let out = std::process::Command::new(support::bin())
+        .args(["--config", mine.config().to_str().unwrap(), "dispatch"])
+        .args(["--from", "me", "--to", "nobody@example.test", "--follow"])
+        .arg("hello")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--follow shows the agent's live stream")
+            && stderr.contains("aamp_url under [mailboxes.me]")
+            && !stderr.contains("sent task"),
+        "{stderr}"
+    );
+}

@@ -444,3 +444,20 @@ async fn resuming_uses_the_resume_arguments() {
     );
     assert_eq!(runs[1]["stdin"], "list the files");
 }
+
+/// Issue 43: under `read_only` a Codex write came back a plain "Done." (completed): a command
+/// whose output says "Read-only file system" though it exited 0, and an edit Codex did not
+/// make, are named in the answer.
+#[tokio::test]
+async fn a_quiet_codex_read_only_refusal_is_named_in_the_answer() {
+    let (_, parser) = parse(StreamFormat::Codex, "codex-readonly-quiet.jsonl");
+    assert_eq!(parser.end.refused.len(), 2, "{:?}", parser.end.refused);
+    let fx = fixture("codex-readonly-quiet.jsonl");
+    let profile = scripted("codex", &[fx.to_str().unwrap()], "");
+    let out = run(&profile, None).await.0.unwrap();
+    assert!(
+        out.output.starts_with("Done.\n\n(aamp-bridge: refused during this task: \"bash -lc 'touch notes.txt; echo done'\" (stopped by Codex's read-only sandbox); an edit of /w/src/lib.rs"),
+        "{}",
+        out.output
+    );
+}

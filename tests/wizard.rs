@@ -112,24 +112,39 @@ async fn the_wizard_in_a_terminal_sets_up_an_agent_that_answers_mail() {
     // Issue 33: Enter alone picks the first installed agent (it used to pick nothing and end
     // the wizard, "No agent picked: nothing to do").
     tmux.answer("Which agents should answer mail?", &["Enter"]);
+    // Issue 43: an offered answer is editable text, and Ctrl-U/Ctrl-W edit it (they typed
+    // "u" and "w"): Ctrl-W takes back a word typed after it, Ctrl-U the whole line.
+    let line_is = |want: &str| {
+        wait_until(&format!("a line reads {want:?}"), || {
+            tmux.screen().lines().any(|l| l.trim_end() == want)
+        })
+    };
+    line_is("? Agent name: echo");
+    tmux.keys(&[" extra"]);
+    line_is("? Agent name: echo extra");
+    tmux.keys(&["C-w"]);
+    line_is("? Agent name: echo");
+    tmux.keys(&["C-u"]);
+    line_is("? Agent name:");
     tmux.answer("Agent name:", &["helper", "Enter"]);
+    line_is("> Agent name: helper");
     tmux.answer("Its mailbox:", &["Enter"]); // register with the service
     tmux.answer("Address prefix to ask for:", &["Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Down", "Down", "Enter"]); // plain: loopback
-    tmux.answer("SMTP port:", &[&host.smtp_port.to_string(), "Enter"]);
+    tmux.answer("SMTP port:", &["C-u", &host.smtp_port.to_string(), "Enter"]);
     tmux.answer("Who may send it tasks?", &["Enter"]); // an allow list
     tmux.answer("Addresses", &[&boss.email, "Enter"]);
     tmux.answer(
         "One line about what it does",
-        &["Echoes your task", "Enter"],
+        &["C-u", "Echoes your task", "Enter"],
     );
     // Issue 33: a mailbox of one's own to send tasks from, registered like the agent's.
     tmux.answer("A mailbox of your own", &["Enter"]); // register one
     tmux.answer("Address prefix to ask for:", &["Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Down", "Down", "Enter"]);
-    tmux.answer("SMTP port:", &[&host.smtp_port.to_string(), "Enter"]);
+    tmux.answer("SMTP port:", &["C-u", &host.smtp_port.to_string(), "Enter"]);
     tmux.expect("Summary:");
     tmux.expect("you (me) on a new mailbox from the AAMP service");
     tmux.answer("Write the config?", &["Enter"]);
@@ -219,14 +234,17 @@ async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
     );
     tmux.answer("AAMP service URL:", &["Enter"]); // none: a plain mail account
     tmux.answer("Which agents should answer mail?", &["Enter"]);
-    tmux.answer("Agent name:", &["mine", "Enter"]);
+    tmux.answer("Agent name:", &["C-u", "mine", "Enter"]);
     tmux.expect("Its mailbox: use an existing mail account");
     tmux.answer("Email address:", &[&agent.email, "Enter"]);
     tmux.answer("Password:", &[&host.password, "Enter"]);
-    tmux.answer("JMAP session URL:", &[&nothing_there, "Enter"]);
-    tmux.answer("SMTP submission server:", &["127.0.0.1", "Enter"]);
+    tmux.answer("JMAP session URL:", &["C-u", &nothing_there, "Enter"]);
+    tmux.answer("SMTP submission server:", &["C-u", "127.0.0.1", "Enter"]);
     tmux.answer("SMTP security:", &["Enter"]); // starttls
-    tmux.answer("SMTP port:", &[&host.smtp_tls_port.to_string(), "Enter"]);
+    tmux.answer(
+        "SMTP port:",
+        &["C-u", &host.smtp_tls_port.to_string(), "Enter"],
+    );
     // The test runs now, and says why in plain words.
     tmux.expect("nothing listens there");
     tmux.expect("fix: check the port in jmap_url");
@@ -234,14 +252,14 @@ async fn a_failed_mailbox_is_asked_again_without_losing_answers() {
     assert!(!screen.contains("Trust this server"), "{screen}");
     tmux.answer("The mailbox does not work yet:", &["Enter"]); // change the answers
                                                                // Each question offers what was given: Enter keeps it.
-    tmux.expect(&format!("Email address: ({})", agent.email));
+    tmux.expect(&format!("? Email address: {}", agent.email));
     tmux.answer("Email address:", &["Enter"]);
     tmux.answer("Password:", &["Enter"]); // keeps the one given
-    tmux.answer("JMAP session URL:", &[&host.jmap_url, "Enter"]);
-    tmux.expect("SMTP submission server: (127.0.0.1)");
+    tmux.answer("JMAP session URL:", &["C-u", &host.jmap_url, "Enter"]);
+    tmux.expect("? SMTP submission server: 127.0.0.1");
     tmux.answer("SMTP submission server:", &["Enter"]);
     tmux.answer("SMTP security:", &["Enter"]);
-    tmux.expect(&format!("SMTP port: ({})", host.smtp_tls_port));
+    tmux.expect(&format!("? SMTP port: {}", host.smtp_tls_port));
     tmux.answer("SMTP port:", &["Enter"]);
     // JMAP works now; the STARTTLS port has a self-signed certificate.
     tmux.expect("its TLS certificate is self-signed");
@@ -681,4 +699,78 @@ fn profile_new_finds_the_stream_format_and_smoke_tests_it() {
     assert_eq!(out.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["test"]["ok"], false, "{report}");
+}
+
+/// Issue 43: `profile new` tried each resume flag with the profile's whole timeout (1800 s),
+/// silently, and once left the agent running. Each try now has a limit, says what it tries,
+/// and a try past its limit is stopped with its whole process group (the fake's `sleep`
+/// child included).
+#[test]
+fn profile_new_stops_a_resume_try_that_hangs_with_its_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "profiles_dir = \"profiles\"\n").unwrap();
+    let pids = dir.path().join("pids");
+    let started = std::time::Instant::now();
+    let out = Command::new(support::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "profile",
+            "new",
+            "hangs",
+            "--command",
+            "python3",
+            "--resume-try-secs",
+            "1",
+        ])
+        .arg("--arg")
+        .arg(repo().join("tests/agents/scripted_cli.py"))
+        .arg("--arg")
+        .arg(repo().join("tests/fixtures/streams/codex.jsonl"))
+        .arg("--arg=--hang-if-resumed")
+        .arg("--arg")
+        .arg(&pids)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    for flag in ["--resume", "--session", "--session-id", "-r"] {
+        assert!(
+            stderr.contains(&format!(
+                "resume check: trying `{flag} <session>` (up to 1 s)"
+            )),
+            "{stderr}"
+        );
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["resume"]["flag"].is_null(), "{report}");
+    assert!(
+        report["resume"]["tried"]
+            .to_string()
+            .contains("no answer within 1 s"),
+        "{report}"
+    );
+    // Every try's agent and its child are gone (dead, or a zombie about to be reaped).
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let all: Vec<i32> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(all.len(), 8, "{text}");
+    let alive = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    support::wait_until("the tries' processes are gone", || !all.iter().any(alive));
 }

@@ -6,6 +6,15 @@ use super::*;
 
 pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyhow::Result<i32> {
     let account = config.account(&args.from)?;
+    // A live stream goes through an AAMP service (the agent's bridge opens it there): with no
+    // service, --follow would wait for a stream that never opens and show nothing.
+    if args.follow && !args.no_wait && account.aamp_url.is_none() {
+        eprintln!(
+            "--follow shows the agent's live stream, which goes through an AAMP service, and the mailbox {} has none (no aamp_url): nothing would be streamed. Set aamp_url under [mailboxes.{}] to the service the agent's bridge uses, or dispatch without --follow (the answer still comes back by mail)",
+            args.from, args.from
+        );
+        return Ok(2);
+    }
     let text = if args.text == "-" {
         let mut s = String::new();
         std::io::stdin()

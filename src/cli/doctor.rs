@@ -342,6 +342,19 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                         ),
                         login_fix("log in with the agent's own CLI, or set its API key in the profile's env"),
                     ),
+                    // An agent with no login often fails its session some other way (Gemini
+                    // with a Google login not yet done waits for a browser): when the login
+                    // check already knows why, that is the warning and its fix.
+                    Err(e) if login.as_ref().is_some_and(|l| !l.logged_in) => (
+                        Verdict::Warn,
+                        format!(
+                            "{} (profile {}) is installed but not logged in: {} (the session failed: {e})",
+                            path.display(),
+                            profile.name,
+                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
+                        ),
+                        login_fix(""),
+                    ),
                     Err(e) => (
                         Verdict::Fail,
                         format!("{} (profile {}): {e}", path.display(), profile.name),

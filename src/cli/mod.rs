@@ -6,6 +6,7 @@
 mod agents;
 mod dispatch;
 mod doctor;
+mod man;
 mod policy;
 mod profile;
 mod service;
@@ -231,6 +232,10 @@ pub enum ProfileAction {
         /// Write it without running it.
         #[arg(long)]
         no_test: bool,
+        /// How long each try of a resume flag may take (the first turn of that check: three
+        /// times this); a try past it is stopped, its whole process group killed.
+        #[arg(long, default_value_t = 20)]
+        resume_try_secs: u64,
         /// Replace a profile file of that name.
         #[arg(long)]
         force: bool,
@@ -398,19 +403,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Service { action } => service::service(&config_path, action),
         Command::Man { dir } => {
             use clap::CommandFactory as _;
-            match dir {
-                Some(dir) => {
-                    std::fs::create_dir_all(&dir)
-                        .with_context(|| format!("cannot create {}", dir.display()))?;
-                    clap_mangen::generate_to(Cli::command(), &dir).with_context(|| {
-                        format!("writing the manual pages into {}", dir.display())
-                    })?;
-                }
-                None => clap_mangen::Man::new(Cli::command())
-                    .render(&mut std::io::stdout())
-                    .context("writing the manual page")?,
-            }
-            Ok(0)
+            man::man(Cli::command(), dir.as_deref())
         }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;

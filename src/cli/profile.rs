@@ -75,6 +75,7 @@ pub(super) async fn profile(
             env,
             test_prompt,
             no_test,
+            resume_try_secs,
             force,
             json,
         } => {
@@ -146,9 +147,19 @@ pub(super) async fn profile(
             // resume must know what the first was told.
             let resume = match &report {
                 Some(r) if r.ok && !new.acp && !maker::resumes_already(&new) => {
-                    spinner.step("checking whether it continues a conversation");
-                    let found = maker::find_resume_flag(&new, format).await;
                     spinner.clear();
+                    let limit = std::time::Duration::from_secs(resume_try_secs.max(1));
+                    let progress = |line: &str| eprintln!("{line}");
+                    let check = maker::find_resume_flag(&new, format, limit, &progress);
+                    // Ctrl-C drops the try, whose process group goes with it, instead of
+                    // leaving the agent running after this command is gone.
+                    let found = tokio::select! {
+                        found = check => found,
+                        _ = tokio::signal::ctrl_c() => {
+                            eprintln!("interrupted; the try was stopped and {} written without a resume flag", path.display());
+                            return Ok(130);
+                        }
+                    };
                     if let Some(flag) = &found.flag {
                         new.resume_flag = Some(flag.clone());
                         text = maker::render(&new, format);

@@ -157,6 +157,18 @@ impl<O: Backend> Engine<O> {
                 let _ = journal.note(row, "agent started", Some(&format!("process group {pgid}")));
             }))
         };
+        // A profile's own flag in place of the policy's is said where the task is looked
+        // at (its timeline, its answer), not only in the log at start.
+        let overrides = spec
+            .profile
+            .policy_overrides(resume_id.as_deref().is_some_and(|id| !id.is_empty()));
+        for o in &overrides {
+            let _ = journal.note(
+                task.row,
+                "the profile's own flag overrides the policy",
+                Some(o),
+            );
+        }
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
         // Should the agent not restore its session, the conversation's earlier turns (its
         // record in the journal) go with the request as text, unless the thread's own
@@ -290,8 +302,17 @@ impl<O: Backend> Engine<O> {
             // Reading up to 20 MiB of files is blocking work: off the runtime.
             let outcome = match outcome {
                 Ok(out) => {
-                    tokio::task::spawn_blocking(move || hand_back(out, &workspace_now, retold))
-                        .await
+                    tokio::task::spawn_blocking(move || {
+                        let mut answer = hand_back(out, &workspace_now, retold);
+                        if !overrides.is_empty() {
+                            answer.output.push_str(&format!(
+                                "\n\n[Note from aamp-bridge: this agent's profile passes its own {}: what the agent's tools could do followed the profile's flag, not the sender policy.]",
+                                overrides.join("; ")
+                            ));
+                        }
+                        answer
+                    })
+                    .await
                         .map_err(|e| {
                             runner::RunError::Prepare(format!(
                                 "the answer's files could not be read: {e}"

@@ -10,7 +10,10 @@ use std::fmt;
 use serde_json::{json, Map, Value};
 
 use super::codec;
-use super::text::{first_line_after, marker_line, message_ids, section, strip_list_marker};
+pub use super::text::normalize_message_id;
+use super::text::{
+    first_line_after, marker_line, message_ids, section, strip_list_marker, strip_prefix_ci,
+};
 
 /// The protocol version this crate writes, and the one assumed when a message omits it.
 pub const VERSION: &str = "1.1";
@@ -753,33 +756,12 @@ fn dispatch_title(subject: &str) -> String {
     }
 }
 
-pub(super) fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> &'a str {
-    match text.get(..prefix.len()) {
-        Some(head) if head.eq_ignore_ascii_case(prefix) => &text[prefix.len()..],
-        _ => text,
-    }
-}
-
 /// The bare address from `Name <a@b>`, `<a@b>` or `a@b`.
 pub fn address(text: &str) -> String {
     let text = text.trim();
     match (text.rfind('<'), text.rfind('>')) {
         (Some(open), Some(close)) if open < close => text[open + 1..close].trim().to_string(),
         _ => text.to_string(),
-    }
-}
-
-/// A Message-ID with exactly one pair of angle brackets (empty stays empty).
-pub fn normalize_message_id(id: &str) -> String {
-    let id = id
-        .trim()
-        .trim_start_matches('<')
-        .trim_end_matches('>')
-        .trim();
-    if id.is_empty() {
-        String::new()
-    } else {
-        format!("<{id}>")
     }
 }
 

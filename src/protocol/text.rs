@@ -1,8 +1,6 @@
 //! Reading the text of a mail: the `<id>`s of its threading headers, and the labelled
 //! sections the SDKs write into bodies (`Question:`, `Output:`, `Suggested options:`).
 
-use super::message::{normalize_message_id, strip_prefix_ci};
-
 /// The longest message id kept from a mail; longer ones are not ids anyone sends.
 const MAX_MESSAGE_ID: usize = 250;
 
@@ -75,4 +73,25 @@ pub(super) fn strip_list_marker(line: &str) -> Option<String> {
     };
     let rest = rest.trim();
     (!rest.is_empty()).then(|| rest.to_string())
+}
+
+/// A Message-ID with exactly one pair of angle brackets (empty stays empty).
+pub fn normalize_message_id(id: &str) -> String {
+    let id = id
+        .trim()
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .trim();
+    if id.is_empty() {
+        String::new()
+    } else {
+        format!("<{id}>")
+    }
+}
+
+pub(super) fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> &'a str {
+    match text.get(..prefix.len()) {
+        Some(head) if head.eq_ignore_ascii_case(prefix) => &text[prefix.len()..],
+        _ => text,
+    }
 }

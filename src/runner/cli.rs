@@ -165,7 +165,7 @@ pub async fn run_cli(
         .and_then(|a| *a.unanswered.lock().expect("unanswered lock"))
     {
         if !matches!(ended, Err(RunError::Cancelled) | Err(RunError::TimedOut(_))) {
-            return Err(RunError::Reported(format!(
+            return Err(RunError::Stopped(format!(
                 "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
             )));
         }

@@ -89,7 +89,8 @@ impl AgentEnv {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Family {
     Claude,
-    /// The Codex CLI itself (`codex exec` reads `CODEX_API_KEY`, never `OPENAI_API_KEY`).
+    /// The Codex CLI itself (`codex exec` reads `CODEX_API_KEY`, and `OPENAI_API_KEY` only when
+    /// a provider's `env_key` names it).
     CodexCli,
     /// Codex's ACP adapters (they take `OPENAI_API_KEY` as well).
     CodexAcp,
@@ -232,8 +233,32 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
     )
 }
 
+/// What Codex 0.171 does, read in its source (codex-rs `login/src/auth/manager.rs`
+/// `load_auth`, `core/src/model_provider_info.rs` `api_key`) and tried against a stand-in
+/// server: a provider whose `env_key` names a variable sends that variable's value and nothing
+/// else (unset, `codex exec` stops with "Missing environment variable"; CODEX_API_KEY does not
+/// stand in); otherwise `codex exec` sends CODEX_API_KEY, else the login in `auth.json`, with
+/// or without `requires_openai_auth`. OPENAI_API_KEY counts only when an `env_key` names it.
 fn codex(env: &AgentEnv, adapter: bool) -> Option<LoginState> {
     const FIX: &str = "run `codex login` (its ACP adapters use Codex's login), or set CODEX_API_KEY in the profile's env";
+    let codex_home = match env.get("CODEX_HOME") {
+        Some(h) => Some(PathBuf::from(h)),
+        None => env.home().map(|h| h.join(".codex")),
+    };
+    // A model provider of its own, named in config.toml, with the variable its key is in:
+    // the only key Codex sends then.
+    if let Some((provider, key)) = codex_home
+        .as_ref()
+        .and_then(|h| provider_key(&h.join("config.toml")))
+    {
+        if env.get(&key).is_some() {
+            return logged_in(format!("provider {provider}'s key in ${key}"));
+        }
+        return logged_out(
+            &format!("provider {provider} reads its key from ${key}, which is not set (Codex would say \"Missing environment variable: `{key}`\")"),
+            &format!("set {key} in the profile's env"),
+        );
+    }
     let vars: &[&str] = if adapter {
         &["CODEX_API_KEY", "OPENAI_API_KEY"]
     } else {
@@ -242,20 +267,7 @@ fn codex(env: &AgentEnv, adapter: bool) -> Option<LoginState> {
     if let Some(var) = env.first(vars) {
         return logged_in(format!("API key in ${var}"));
     }
-    let codex_home = match env.get("CODEX_HOME") {
-        Some(h) => PathBuf::from(h),
-        None => env.home()?.join(".codex"),
-    };
-    // A model provider of its own, named in config.toml, with the variable its key is in.
-    if let Some((provider, key)) = provider_key(&codex_home.join("config.toml")) {
-        if env.get(&key).is_some() {
-            return logged_in(format!("provider {provider}'s key in ${key}"));
-        }
-        return logged_out(
-            &format!("provider {provider} reads its key from ${key}, which is not set"),
-            &format!("set {key} in the profile's env"),
-        );
-    }
+    let codex_home = codex_home?;
     let auth = codex_home.join("auth.json");
     if json_string(&auth, "/OPENAI_API_KEY")
         || json_string(&auth, "/tokens/access_token")
@@ -265,7 +277,7 @@ fn codex(env: &AgentEnv, adapter: bool) -> Option<LoginState> {
     }
     let detail = if !adapter && env.get("OPENAI_API_KEY").is_some() {
         format!(
-            "$OPENAI_API_KEY is set, but `codex exec` reads CODEX_API_KEY; no login in {}",
+            "$OPENAI_API_KEY is set, but `codex exec` sends it only for a provider whose env_key names it; it reads CODEX_API_KEY or a login in {}",
             shown(&auth, env)
         )
     } else {
@@ -346,6 +358,9 @@ fn gemini(env: &AgentEnv) -> Option<LoginState> {
         None if truthy("GOOGLE_GENAI_USE_VERTEXAI") => "vertex-ai".into(),
         None if var("GOOGLE_GEMINI_BASE_URL").is_some() => "gateway".into(),
         None if var("GEMINI_API_KEY").is_some() => "gemini-api-key".into(),
+        None if truthy("CLOUD_SHELL") || truthy("GEMINI_CLI_USE_COMPUTE_ADC") => {
+            "compute-default-credentials".into()
+        }
         None => return logged_out(NONE, FIX),
     };
     match method.as_str() {
@@ -395,7 +410,23 @@ fn gemini(env: &AgentEnv) -> Option<LoginState> {
                 ),
             }
         }
-        other => logged_in(format!("auth method {other}")),
+        "compute-default-credentials" => {
+            logged_in("the machine's Google Cloud credentials (compute-default-credentials)".into())
+        }
+        // Gemini accepts only the methods above without a terminal: anything else, among them
+        // the "gateway" a GOOGLE_GEMINI_BASE_URL chooses when settings.json names none, ends
+        // every task with exit 41 "Invalid auth method selected".
+        other => logged_out(
+            &format!(
+                "Gemini CLI would say \"Invalid auth method selected\" (exit 41): the auth method is {other}{}",
+                if selected.is_none() {
+                    " (chosen by $GOOGLE_GEMINI_BASE_URL, as ~/.gemini/settings.json names no selectedType)"
+                } else {
+                    " (selectedType in ~/.gemini/settings.json)"
+                }
+            ),
+            "set \"selectedType\": \"gemini-api-key\" under security.auth in ~/.gemini/settings.json and GEMINI_API_KEY in the profile's env",
+        ),
     }
 }
 
@@ -580,6 +611,66 @@ mod tests {
         );
         assert!(!state(Family::Gemini, &[("HOME", hs)]).logged_in);
         assert!(state(Family::Gemini, &[("HOME", hs), ("GEMINI_API_KEY", "k")]).logged_in);
+    }
+
+    /// Issue 43: GOOGLE_GEMINI_BASE_URL with no selectedType makes Gemini choose "gateway",
+    /// which it refuses with exit 41 "Invalid auth method selected" on every task.
+    #[test]
+    fn a_gemini_base_url_without_a_selected_type_is_not_a_login() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        let env = [
+            ("HOME", hs),
+            ("GOOGLE_GEMINI_BASE_URL", "http://127.0.0.1:9/"),
+            ("GEMINI_API_KEY", "k"),
+        ];
+        let s = state(Family::Gemini, &env);
+        assert!(
+            !s.logged_in && s.detail.contains("Invalid auth method selected"),
+            "{s:?}"
+        );
+        assert!(s.fix.as_deref().unwrap().contains("selectedType"), "{s:?}");
+        write(
+            h.path(),
+            ".gemini/settings.json",
+            r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
+        );
+        assert!(state(Family::Gemini, &env).logged_in);
+        write(
+            h.path(),
+            ".gemini/settings.json",
+            r#"{"security": {"auth": {"selectedType": "gateway"}}}"#,
+        );
+        assert!(!state(Family::Gemini, &env).logged_in);
+    }
+
+    /// Codex sends only the provider's env_key when it has one (CODEX_API_KEY does not stand
+    /// in), and OPENAI_API_KEY when an env_key names it, `requires_openai_auth` or not.
+    #[test]
+    fn a_codex_provider_key_is_the_only_key_sent() {
+        let h = home();
+        let hs = h.path().to_str().unwrap();
+        write(
+            h.path(),
+            ".codex/config.toml",
+            "model_provider = \"x\"\n[model_providers.x]\nenv_key = \"FOO\"\n",
+        );
+        let s = state(Family::CodexCli, &[("HOME", hs), ("CODEX_API_KEY", "k")]);
+        assert!(!s.logged_in && s.detail.contains("FOO"), "{s:?}");
+        write(
+            h.path(),
+            ".codex/config.toml",
+            "model_provider = \"x\"\n[model_providers.x]\nenv_key = \"OPENAI_API_KEY\"\nrequires_openai_auth = true\n",
+        );
+        assert!(state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]).logged_in);
+        // Without an env_key, requires_openai_auth or not, OPENAI_API_KEY is not sent.
+        write(
+            h.path(),
+            ".codex/config.toml",
+            "model_provider = \"x\"\n[model_providers.x]\nrequires_openai_auth = true\n",
+        );
+        let s = state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
+        assert!(!s.logged_in && s.detail.contains("env_key"), "{s:?}");
     }
 
     #[test]

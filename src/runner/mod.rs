@@ -144,8 +144,13 @@ pub enum RunError {
     TimedOut(Duration),
     #[error("the agent {status}{}", stderr_suffix(.stderr))]
     Failed { status: String, stderr: String },
+    /// The agent's own words about what went wrong.
     #[error("the agent reported an error: {0}")]
     Reported(String),
+    /// Why the bridge ended the task, in its own words (a stop reason, a refused question, a
+    /// session that did not open): not prefixed as if the agent had said it.
+    #[error("{0}")]
+    Stopped(String),
     /// The agent said it has no login (an ACP agent's auth error; its words).
     #[error("the agent is installed but not logged in: {0}")]
     NotLoggedIn(String),
@@ -246,6 +251,7 @@ impl Classify for RunError {
             RunError::Spawn { .. }
             | RunError::Failed { .. }
             | RunError::Reported(_)
+            | RunError::Stopped(_)
             | RunError::NotLoggedIn(_) => ErrorClass::Permanent,
             RunError::TimedOut(_) | RunError::Io(_) | RunError::Prepare(_) => ErrorClass::Transient,
             RunError::Cancelled => ErrorClass::Cancelled,
@@ -314,7 +320,9 @@ pub async fn run(
         forward
     );
     match first {
-        Err(RunError::Failed { .. } | RunError::Reported(_)) if !said_anything => {
+        Err(RunError::Failed { .. } | RunError::Reported(_) | RunError::Stopped(_))
+            if !said_anything =>
+        {
             tracing::warn!(
                 session = resume_id,
                 "the agent could not continue its session; running the task in a new one"

@@ -17,8 +17,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::{self, Config, LoadedConfig, MailboxConfig, MailboxKind, SmtpSecurity};
 
 pub mod import;
+mod line;
 pub mod profile_maker;
 pub mod prompt;
+mod summary;
 
 /// Everything `init` asks, as a file (`init --non-interactive --answers FILE`, JSON or TOML).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -199,10 +199,22 @@ impl ResumeCheck {
 /// Flags CLI agents take to continue a session by its id.
 const RESUME_FLAGS: &[&str] = &["--resume", "--session", "--session-id", "-r"];
 
+/// How long each resume try may take by default: a flag the agent does not know usually fails
+/// at once or waits for input, and waiting the profile's own timeout (30 minutes) on each of
+/// four flags looked like a hang.
+pub const RESUME_TRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Finds the flag that makes the agent continue a session: a first turn is told a word to
 /// remember and names its session; a second, run with each candidate flag and that session,
-/// must answer with the word.
-pub async fn find_resume_flag(p: &NewProfile, format: StreamFormat) -> ResumeCheck {
+/// must answer with the word. Each second turn may take `limit` (the first, which waits for
+/// a model as the smoke test did, three times that); a try past it is dropped, which kills its
+/// whole process group. `progress` hears a line before each run.
+pub async fn find_resume_flag(
+    p: &NewProfile,
+    format: StreamFormat,
+    limit: std::time::Duration,
+    progress: &(dyn Fn(&str) + Sync),
+) -> ResumeCheck {
     let mut tried = Vec::new();
     let word = format!("w{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let profile = match runnable(p, format) {
@@ -221,9 +233,44 @@ pub async fn find_resume_flag(p: &NewProfile, format: StreamFormat) -> ResumeChe
             return ResumeCheck { flag: None, tried };
         }
     };
-    let found = resume_in(p, format, &profile, &told, &word, &workspace, &mut tried).await;
+    let tries = Tries {
+        limit,
+        progress,
+        workspace: &workspace,
+    };
+    let found = resume_in(p, format, &profile, &told, &word, &tries, &mut tried).await;
     let _ = std::fs::remove_dir_all(&workspace);
     ResumeCheck { flag: found, tried }
+}
+
+/// How [`resume_in`] runs each try.
+struct Tries<'a> {
+    limit: std::time::Duration,
+    progress: &'a (dyn Fn(&str) + Sync),
+    workspace: &'a Path,
+}
+
+impl Tries<'_> {
+    /// [`run_in`] within `limit`; past it the run is dropped, and with it the agent's process
+    /// group (`GroupChild` kills the group when dropped), so no try outlives `profile new`.
+    async fn run(
+        &self,
+        profile: &Profile,
+        prompt: &str,
+        env: &[(String, String)],
+        resume_id: Option<&str>,
+        limit: std::time::Duration,
+    ) -> anyhow::Result<(crate::runner::RunOutput, Vec<StreamEvent>)> {
+        match tokio::time::timeout(
+            limit,
+            run_in(profile, prompt, env, resume_id, self.workspace),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => anyhow::bail!("no answer within {} s; stopped", limit.as_secs()),
+        }
+    }
 }
 
 async fn resume_in(
@@ -232,10 +279,15 @@ async fn resume_in(
     profile: &Profile,
     told: &str,
     word: &str,
-    workspace: &Path,
+    tries: &Tries<'_>,
     tried: &mut Vec<String>,
 ) -> Option<String> {
-    let session = match run_in(profile, told, &p.env, None, workspace).await {
+    let first_limit = tries.limit.saturating_mul(3);
+    (tries.progress)(&format!(
+        "resume check: a first turn to remember a word (up to {} s)",
+        first_limit.as_secs()
+    ));
+    let session = match tries.run(profile, told, &p.env, None, first_limit).await {
         Ok((out, _)) => out.session_id,
         Err(e) => {
             tried.push(format!(
@@ -258,7 +310,14 @@ async fn resume_in(
             continue;
         };
         let asked = "What was the word I asked you to remember? Reply with that word only.";
-        match run_in(&profile, asked, &p.env, Some(&session), workspace).await {
+        (tries.progress)(&format!(
+            "resume check: trying `{flag} <session>` (up to {} s)",
+            tries.limit.as_secs()
+        ));
+        match tries
+            .run(&profile, asked, &p.env, Some(&session), tries.limit)
+            .await
+        {
             Ok((out, _)) if out.output.contains(word) && !out.context_lost => {
                 tried.push(format!("{flag}: worked"));
                 return Some(flag.to_string());

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use inquire::{Confirm, InquireError, MultiSelect, Password, PasswordDisplayMode, Select, Text};
+use inquire::{Confirm, InquireError, MultiSelect, Password, PasswordDisplayMode, Select};
 
 use super::{AgentAnswers, Answers, MailboxAnswers, Progress, Servers};
 use crate::config::{LoadedConfig, SmtpSecurity};
@@ -129,6 +129,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     println!("Esc cancels; nothing is written until the end.\n");
 
     let spinner = Spinner::new();
+    let known = super::summary::Known::default();
     let old_url = previous.as_ref().and_then(|c| {
         c.config
             .mailboxes
@@ -137,13 +138,11 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     });
     let mut info = None;
     let aamp_url = loop {
-        let mut prompt = Text::new("AAMP service URL:").with_help_message(
-            "its /.well-known/aamp gives mailboxes and live task streams; leave empty for a plain mail account",
-        );
-        if let Some(url) = &old_url {
-            prompt = prompt.with_default(url);
-        }
-        let url = answer(prompt.prompt())?
+        let url = answer(super::line::ask(
+            "AAMP service URL:",
+            old_url.as_deref().unwrap_or(""),
+            Some("its /.well-known/aamp gives mailboxes and live task streams; leave empty for a plain mail account"),
+        ))?
             .trim()
             .trim_end_matches('/')
             .to_string();
@@ -245,12 +244,11 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             let default = old
                 .map(|a| a.name.clone())
                 .unwrap_or_else(|| agent_name(&profile));
-            let name = answer(
-                Text::new("Agent name:")
-                    .with_default(&default)
-                    .with_help_message("lower-case letters, digits, - and _")
-                    .prompt(),
-            )?;
+            let name = answer(super::line::ask(
+                "Agent name:",
+                &default,
+                Some("lower-case letters, digits, - and _"),
+            ))?;
             if crate::config::valid_name(&name) {
                 break name;
             }
@@ -271,7 +269,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             &options,
             &aamp_url,
             previous.as_ref(),
-            &spinner,
+            (&spinner, &known),
         )
         .await?;
         let (allow_from, pair) = ask_senders(
@@ -281,14 +279,12 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         // The card is what the AAMP service's directory shows; without one there is no card
         // (and the bridge would warn about it at every start).
         let summary = match &aamp_url {
-            Some(_) => answer(
-                Text::new("One line about what it does (its card in the directory):")
-                    .with_default(
-                        &old.and_then(|a| a.summary.clone())
-                            .unwrap_or_else(|| format!("{profile} agent")),
-                    )
-                    .prompt(),
-            )?,
+            Some(_) => answer(super::line::ask(
+                "One line about what it does (its card in the directory):",
+                &old.and_then(|a| a.summary.clone())
+                    .unwrap_or_else(|| format!("{profile} agent")),
+                None,
+            ))?,
             None => String::new(),
         };
         agents.push(AgentAnswers {
@@ -307,50 +303,13 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         &aamp_url,
         previous.as_ref(),
         &agents,
-        &spinner,
+        (&spinner, &known),
     )
     .await?;
 
     println!("\nSummary:");
-    for a in &agents {
-        let mailbox = match &a.mailbox {
-            MailboxAnswers::Register { servers, .. } => format!(
-                "a new mailbox from the AAMP service{}",
-                servers_line(servers)
-            ),
-            MailboxAnswers::Existing { email, servers, .. } => {
-                format!("{email}{}", servers_line(servers))
-            }
-            MailboxAnswers::Keep => "its current mailbox".to_string(),
-            MailboxAnswers::Asmtp { handle, .. } => format!("ASMTP {handle}"),
-            MailboxAnswers::Amp { address, .. } => format!("AMP {address}"),
-            MailboxAnswers::Samp { samp_url, .. } => format!("SAMP at {samp_url}"),
-        };
-        let who = match (a.allow_from.is_empty(), a.pair) {
-            (_, true) => "whoever pairs with the code shown next".to_string(),
-            (true, false) => "nobody yet".to_string(),
-            (false, false) => a.allow_from.join(", "),
-        };
-        println!(
-            "  {} ({}) on {mailbox}; tasks from {who}",
-            a.name, a.profile
-        );
-    }
-    if let Some(own) = &own_mailbox {
-        let on = match &own.mailbox {
-            MailboxAnswers::Register { servers, .. } => format!(
-                "a new mailbox from the AAMP service{}",
-                servers_line(servers)
-            ),
-            MailboxAnswers::Existing { email, servers, .. } => {
-                format!("{email}{}", servers_line(servers))
-            }
-            _ => "its current mailbox".to_string(),
-        };
-        println!(
-            "  you ({}) on {on}; may send tasks to the agents above",
-            own.name
-        );
+    for line in super::summary::lines(&agents, own_mailbox.as_ref()) {
+        println!("{line}");
     }
     if !answer(
         Confirm::new("Write the config?")
@@ -376,7 +335,7 @@ async fn working_mailbox(
     options: &[&'static str],
     aamp_url: &Option<String>,
     previous: Option<&LoadedConfig>,
-    spinner: &Spinner,
+    (spinner, known): (&Spinner, &super::summary::Known),
 ) -> anyhow::Result<MailboxAnswers> {
     // Asked and tested until it works (or the person leaves): a failed test used to end
     // the wizard after the last question and lose every answer.
@@ -384,7 +343,7 @@ async fn working_mailbox(
     loop {
         let mailbox = match given.take() {
             Some(tested) => tested,
-            None => ask_mailbox(name, options, aamp_url, previous, None, spinner).await?,
+            None => ask_mailbox(name, options, aamp_url, previous, None, (spinner, known)).await?,
         };
         // A new mailbox is registered, and a kept one tested, when the config is written.
         if !matches!(mailbox, MailboxAnswers::Existing { .. }) {
@@ -395,6 +354,7 @@ async fn working_mailbox(
         match tested {
             Ok(email) => {
                 spinner.done(&format!("{name}: {email} answers JMAP and SMTP"));
+                known.worked(&mailbox);
                 return Ok(mailbox);
             }
             Err(e) => {
@@ -414,8 +374,15 @@ async fn working_mailbox(
                     }
                     CHANGE => {
                         given = Some(
-                            ask_mailbox(name, options, aamp_url, previous, Some(&mailbox), spinner)
-                                .await?,
+                            ask_mailbox(
+                                name,
+                                options,
+                                aamp_url,
+                                previous,
+                                Some(&mailbox),
+                                (spinner, known),
+                            )
+                            .await?,
                         );
                     }
                     _ => return Err(Cancelled.into()),
@@ -442,7 +409,7 @@ async fn ask_own_mailbox(
     aamp_url: &Option<String>,
     previous: Option<&LoadedConfig>,
     agents: &[AgentAnswers],
-    spinner: &Spinner,
+    asked: (&Spinner, &super::summary::Known),
 ) -> anyhow::Result<Option<super::OwnMailbox>> {
     // A mailbox the config has that no agent uses is the person's already.
     if let Some(c) = previous {
@@ -478,8 +445,8 @@ async fn ask_own_mailbox(
     let taken = agents.iter().any(|a| a.name == name);
     let name = if taken { "me-own" } else { name };
     let mailbox = match pick {
-        REGISTER => ask_mailbox(name, &[REGISTER], aamp_url, previous, None, spinner).await?,
-        _ => working_mailbox(path, name, &[EXISTING], aamp_url, previous, spinner).await?,
+        REGISTER => ask_mailbox(name, &[REGISTER], aamp_url, previous, None, asked).await?,
+        _ => working_mailbox(path, name, &[EXISTING], aamp_url, previous, asked).await?,
     };
     Ok(Some(super::OwnMailbox {
         name: name.to_string(),
@@ -518,26 +485,6 @@ fn trusted(mut mailbox: MailboxAnswers) -> MailboxAnswers {
     mailbox
 }
 
-/// ` (JMAP …, SMTP host:port security)` for the summary.
-fn servers_line(s: &Servers) -> String {
-    let mut parts = Vec::new();
-    if let Some(jmap) = &s.jmap_url {
-        parts.push(format!("JMAP {jmap}"));
-    }
-    if let Some(host) = &s.smtp_host {
-        let security = s.smtp_security.unwrap_or_default();
-        let port = s.smtp_port.unwrap_or(security.default_port());
-        parts.push(format!("SMTP {host}:{port} {}", security.name()));
-    }
-    if s.insecure_tls {
-        parts.push("certificates not verified".to_string());
-    }
-    match parts.is_empty() {
-        true => String::new(),
-        false => format!(" ({})", parts.join(", ")),
-    }
-}
-
 /// The mailbox questions; `prior` holds the answers given before (a failed test), shown as
 /// each question's default.
 async fn ask_mailbox(
@@ -546,7 +493,7 @@ async fn ask_mailbox(
     aamp_url: &Option<String>,
     previous: Option<&LoadedConfig>,
     prior: Option<&MailboxAnswers>,
-    spinner: &Spinner,
+    (spinner, known): (&Spinner, &super::summary::Known),
 ) -> anyhow::Result<MailboxAnswers> {
     let pick = match (prior, options) {
         (Some(MailboxAnswers::Existing { .. }), _) => EXISTING,
@@ -565,12 +512,11 @@ async fn ask_mailbox(
         .and_then(|u| url::Url::parse(u).ok())
         .and_then(|u| u.host_str().map(str::to_string));
     if pick == REGISTER {
-        let slug = answer(
-            Text::new("Address prefix to ask for:")
-                .with_default(&name.replace('_', "-"))
-                .with_help_message("the service may add a suffix")
-                .prompt(),
-        )?;
+        let slug = answer(super::line::ask(
+            "Address prefix to ask for:",
+            &name.replace('_', "-"),
+            Some("the service may add a suffix"),
+        ))?;
         let servers = ask_servers(None, host.as_deref(), None)?;
         return Ok(MailboxAnswers::Register {
             slug: Some(slug),
@@ -588,16 +534,14 @@ async fn ask_mailbox(
         _ => (None, None, None),
     };
     let old = previous.and_then(|c| c.config.mailboxes.get(name));
-    let email = answer(
-        Text::new("Email address:")
-            .with_default(
-                prior_email
-                    .as_deref()
-                    .or(old.and_then(|m| m.aamp()?.email.as_deref()))
-                    .unwrap_or(""),
-            )
-            .prompt(),
-    )?;
+    let email = answer(super::line::ask(
+        "Email address:",
+        prior_email
+            .as_deref()
+            .or(old.and_then(|m| m.aamp()?.email.as_deref()))
+            .unwrap_or(""),
+        None,
+    ))?;
     let domain = email.rsplit('@').next().unwrap_or_default().to_string();
     let mut question = Password::new("Password:")
         .without_confirmation()
@@ -611,7 +555,10 @@ async fn ask_mailbox(
         (true, Some(kept)) => kept,
         (_, _) => password,
     };
-    let servers = match prior_servers {
+    // Servers that just worked for another address on this domain come before any guess,
+    // with the certificate trusted for them still trusted.
+    let worked = known.for_address(&email);
+    let servers = match prior_servers.or(worked.as_ref()) {
         Some(servers) => ask_servers(
             servers.jmap_url.as_deref(),
             servers.smtp_host.as_deref(),
@@ -655,18 +602,18 @@ fn ask_servers(
     prior: Option<&Servers>,
 ) -> anyhow::Result<Servers> {
     let jmap_url = match jmap_default {
-        Some(default) => Some(answer(
-            Text::new("JMAP session URL:")
-                .with_default(default)
-                .prompt(),
-        )?),
+        Some(default) => Some(answer(super::line::ask(
+            "JMAP session URL:",
+            default,
+            None,
+        ))?),
         None => None,
     };
-    let smtp_host = answer(
-        Text::new("SMTP submission server:")
-            .with_default(smtp_default.unwrap_or(""))
-            .prompt(),
-    )?;
+    let smtp_host = answer(super::line::ask(
+        "SMTP submission server:",
+        smtp_default.unwrap_or(""),
+        None,
+    ))?;
     let choices = [
         SmtpSecurity::Starttls,
         SmtpSecurity::Tls,
@@ -698,11 +645,11 @@ fn ask_servers(
         .and_then(|p| p.smtp_port)
         .unwrap_or(smtp_security.default_port());
     let port = loop {
-        let text = answer(
-            Text::new("SMTP port:")
-                .with_default(&default_port.to_string())
-                .prompt(),
-        )?;
+        let text = answer(super::line::ask(
+            "SMTP port:",
+            &default_port.to_string(),
+            None,
+        ))?;
         match text.trim().parse::<u16>() {
             Ok(p) if p > 0 => break p,
             _ => println!("  a port is a number from 1 to 65535"),
@@ -742,11 +689,11 @@ fn ask_senders(old: Vec<String>, can_pair: bool) -> anyhow::Result<(Vec<String>,
     let pick = answer(Select::new("Who may send it tasks?", options).prompt())?;
     Ok(match pick {
         ALLOW => {
-            let text = answer(
-                Text::new("Addresses (comma-separated; *@domain or @domain for a whole domain):")
-                    .with_default(&old.join(", "))
-                    .prompt(),
-            )?;
+            let text = answer(super::line::ask(
+                "Addresses (comma-separated; *@domain or @domain for a whole domain):",
+                &old.join(", "),
+                None,
+            ))?;
             (list(&text), false)
         }
         PAIR => (old, true),

@@ -3,12 +3,18 @@
 prints a recorded stream, writes to stderr and exits as told. Tests use it in profiles.
 
     scripted_cli.py [FIXTURE] [--exit N] [--stderr TEXT] [--linger SECONDS] [--record FILE]
+                    [--hang-if-resumed PIDFILE]
+
+--hang-if-resumed: when run with a resume flag (--resume, --session, --session-id, -r), starts
+a child (`sleep`, in its process group, as an agent starts helpers), appends both pids to
+PIDFILE and waits forever, as an agent that does not know the flag and waits for input would.
 
 --record writes {"argv": [...], "stdin": "..."} to FILE (appending one JSON line per run).
 Any other arguments (the real CLI's flags) are accepted and recorded.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -18,7 +24,18 @@ parser.add_argument("--exit", type=int, default=0)
 parser.add_argument("--stderr", default="")
 parser.add_argument("--linger", type=float, default=0)
 parser.add_argument("--record")
+parser.add_argument("--hang-if-resumed")
 args, _unknown = parser.parse_known_args()
+
+RESUME_FLAGS = {"--resume", "--session", "--session-id", "-r"}
+if args.hang_if_resumed and RESUME_FLAGS & set(sys.argv[1:]):
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "300"])
+    with open(args.hang_if_resumed, "a") as f:
+        f.write("%d %d\n" % (os.getpid(), child.pid))
+    while True:
+        time.sleep(60)
 
 prompt = sys.stdin.read()
 if args.record:

@@ -34,7 +34,7 @@ pub(super) fn judge(
     };
     if let Some(secs) = *shared.unanswered.lock().expect("unanswered lock") {
         if !matches!(driven, Ok(Driven::Cancelled) | Ok(Driven::TimedOut)) {
-            return Err(RunError::Reported(format!(
+            return Err(RunError::Stopped(format!(
                 "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
             )));
         }
@@ -79,7 +79,7 @@ fn stopped(
     started: Instant,
 ) -> Result<RunOutput, RunError> {
     match stop {
-        StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Reported(format!(
+        StopReason::EndTurn if shared.failed().is_some() => Err(RunError::Stopped(format!(
             "the agent's model failed: {}",
             shared.failed().unwrap_or_default()
         ))),
@@ -91,7 +91,7 @@ fn stopped(
             let refused = shared.refusals.summary().unwrap_or_default();
             let said = shared.answer();
             let said = said.trim();
-            Err(RunError::Reported(if said.is_empty() {
+            Err(RunError::Stopped(if said.is_empty() {
                 format!("the agent ended its turn after the bridge refused: {refused}")
             } else {
                 format!("the agent ended its turn after the bridge refused: {refused}. Before that it said: {said}")
@@ -121,14 +121,14 @@ fn stopped(
             })
         }
         StopReason::Cancelled => Err(RunError::Cancelled),
-        StopReason::Refusal => Err(RunError::Reported("the agent refused the task".into())),
-        StopReason::MaxTokens => Err(RunError::Reported(
+        StopReason::Refusal => Err(RunError::Stopped("the agent refused the task".into())),
+        StopReason::MaxTokens => Err(RunError::Stopped(
             "the agent reached its token limit before finishing".into(),
         )),
-        StopReason::MaxTurnRequests => Err(RunError::Reported(
+        StopReason::MaxTurnRequests => Err(RunError::Stopped(
             "the agent reached its turn limit before finishing".into(),
         )),
-        other => Err(RunError::Reported(format!("the agent stopped: {other:?}"))),
+        other => Err(RunError::Stopped(format!("the agent stopped: {other:?}"))),
     }
 }
 
@@ -163,7 +163,7 @@ pub(super) fn session_refused(detail: &str, profile: &Profile) -> RunError {
         ),
         None => String::new(),
     };
-    RunError::Reported(format!(
+    RunError::Stopped(format!(
         "the agent could not start a session: {detail}{hint}"
     ))
 }

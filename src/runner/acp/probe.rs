@@ -69,7 +69,7 @@ pub async fn probe(
                             *refused.lock().expect("probe lock") = Some(match why {
                                 Driven::NotLoggedIn(d) => not_logged_in(&d),
                                 Driven::SessionRefused(d) => session_refused(&d, profile),
-                                _ => RunError::Reported(
+                                _ => RunError::Stopped(
                                     "the agent did not open a session in time".into(),
                                 ),
                             });

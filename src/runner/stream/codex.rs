@@ -64,6 +64,10 @@ impl StreamParser {
                         }]
                     }
                     "file_change" => {
+                        if done && matches!(str_of(item, &["status"]), Some("failed" | "declined"))
+                        {
+                            self.note_refused_edit(item);
+                        }
                         let paths: Vec<&str> = item["changes"]
                             .as_array()
                             .into_iter()
@@ -141,16 +145,32 @@ impl StreamParser {
         let output = str_of(item, &["aggregated_output"]).unwrap_or_default();
         let why = match str_of(item, &["status"]) {
             Some("declined") => "declined by Codex's approval policy",
-            Some("completed" | "failed")
-                if item["exit_code"].as_i64().unwrap_or(0) != 0
-                    && output.contains("Read-only file system") =>
-            {
+            // Whatever the exit status: `touch x; echo done` exits 0 with nothing made.
+            Some("completed" | "failed") if output.contains("Read-only file system") => {
                 "stopped by Codex's read-only sandbox"
             }
             _ => return,
         };
         let short: String = command.chars().take(200).collect();
-        let note = format!("\"{short}\" ({why})");
+        self.note(format!("\"{short}\" ({why})"));
+    }
+
+    /// An edit (apply_patch) Codex did not make: under `read-only` its sandbox refuses every
+    /// write, and the answer would otherwise read as if the task were done.
+    fn note_refused_edit(&mut self, item: &Value) {
+        let paths: Vec<&str> = item["changes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["path"].as_str())
+            .collect();
+        let short: String = paths.join(", ").chars().take(200).collect();
+        self.note(format!(
+            "an edit of {short} (not made: Codex's sandbox or approval policy refused it)"
+        ));
+    }
+
+    fn note(&mut self, note: String) {
         if !self.end.refused.contains(&note) && self.end.refused.len() < 20 {
             self.end.refused.push(note);
         }
