@@ -43,7 +43,9 @@ fn results_sent(bridge: &mut Bridge, task: &str) -> usize {
     bridge
         .seen
         .iter()
-        .filter(|e| e["event"] == "mail.sent" && e["taskId"] == task && e["intent"] == "task.result")
+        .filter(|e| {
+            e["event"] == "mail.sent" && e["taskId"] == task && e["intent"] == "task.result"
+        })
         .count()
 }
 
@@ -79,7 +81,11 @@ async fn a_replica_back_after_a_takeover_does_not_send_the_result_it_recorded() 
     let mut r1 = Bridge::start(&d1, 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !r1.log().contains("not sent here") {
-        assert_eq!(results_sent(&mut r1, &task), 0, "r1 sent what it no longer held");
+        assert_eq!(
+            results_sent(&mut r1, &task),
+            0,
+            "r1 sent what it no longer held"
+        );
         assert!(Instant::now() < deadline, "r1 never decided:\n{}", r1.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -25,6 +25,8 @@ mod history;
 mod outbox;
 pub use outbox::{BounceFound, Bounced};
 mod sessions;
+mod space;
+pub use space::{keep, log_kept, size_on_disk, Kept, Upkeep};
 mod turns;
 pub use turns::Turn;
 mod tasks;
@@ -461,6 +463,7 @@ impl Journal {
         }
         let conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        space::incremental_vacuum(&conn).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL")
@@ -487,31 +490,6 @@ impl Journal {
         f(&mut conn).map_err(|source| JournalError {
             path: self.path.clone(),
             source,
-        })
-    }
-
-    /// Forgets finished tasks (and their sent mails) last touched before `before`. Returns
-    /// how many tasks were removed.
-    pub fn prune(&self, before: SystemTime) -> Result<usize, JournalError> {
-        self.with(|c| {
-            let tx = c.transaction()?;
-            let n = tx.execute(
-                "DELETE FROM tasks WHERE updated_at < ?1 AND state IN ('answered', 'rejected', 'cancelled', 'expired', 'elsewhere')
-                 AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.task = tasks.id AND o.sent_at IS NULL AND o.failed_at IS NULL)",
-                params![millis(before)],
-            )?;
-            tx.execute(
-                "DELETE FROM outbox WHERE task IS NULL AND created_at < ?1 AND (sent_at IS NOT NULL OR failed_at IS NOT NULL)",
-                params![millis(before)],
-            )?;
-            tx.execute(
-                "DELETE FROM cancels WHERE created_at < ?1",
-                params![millis(before)],
-            )?;
-            tx.execute("DELETE FROM pair_codes WHERE expires_at < ?1", params![millis(before)])?;
-            tx.execute("DELETE FROM pair_failures WHERE at < ?1", params![millis(before)])?;
-            tx.commit()?;
-            Ok(n)
         })
     }
 }

@@ -445,3 +445,93 @@ fn a_task_left_to_another_replica_is_kept_and_taken_back_once() {
     assert_eq!(j.reclaim(row).unwrap(), None, "once");
     assert_eq!(j.unfinished("coder").unwrap().len(), 1);
 }
+
+/// Issue 43: the journal (7.9 KB a dispatch) was pruned only at start and never shrank. Over
+/// its size limit the oldest finished tasks go first, never one still to be answered, and
+/// the file on disk shrinks under the limit.
+#[test]
+fn upkeep_bounds_the_journal_on_disk_and_keeps_what_is_unanswered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.sqlite3");
+    let journal = Journal::open(&path).unwrap();
+    let big = format!("{{\"body\": \"{}\"}}", "x".repeat(8_000));
+    let mut first = task("<waiting>", "t-waiting", true);
+    first.mail = &big;
+    journal.record(&first, None).unwrap();
+    journal
+        .with(|c| {
+            let tx = c.transaction()?;
+            for i in 0..2_000 {
+                tx.execute(
+                    "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, received_at, updated_at)
+                     VALUES ('coder', ?1, 'a@x.test', ?1, 'answered', 1, ?2, ?3, ?3)",
+                    params![format!("<m{i}>"), big, now_ms()],
+                )?;
+            }
+            tx.commit()
+        })
+        .unwrap();
+    let before = space::size_on_disk(&path);
+    assert!(before > 16 << 20, "{before}");
+    let upkeep = Upkeep {
+        retention: Duration::from_secs(30 * 86_400),
+        max_bytes: 2 << 20,
+    };
+    let kept = journal.upkeep(&upkeep, SystemTime::now()).unwrap();
+    assert_eq!(kept.expired, 0);
+    assert!(kept.for_size > 1_500, "{kept:?}");
+    assert!(kept.bytes <= 2 << 20, "{kept:?}");
+    assert!(space::size_on_disk(&path) <= 2 << 20);
+    assert!(
+        journal.knows_message("coder", "<waiting>").unwrap(),
+        "unanswered: kept"
+    );
+    assert!(
+        journal.knows_message("coder", "<m1999>").unwrap(),
+        "newest: kept"
+    );
+    assert!(
+        !journal.knows_message("coder", "<m0>").unwrap(),
+        "oldest: gone"
+    );
+    assert_eq!(journal.unfinished("coder").unwrap().len(), 1);
+}
+
+/// Issue 43: pruned while the bridge runs, every hour (paused time), not only at start.
+#[tokio::test(start_paused = true)]
+async fn the_journal_is_pruned_every_hour_while_the_bridge_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = std::sync::Arc::new(Journal::open(&dir.path().join("j.sqlite3")).unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let upkeep = Upkeep {
+        retention: Duration::from_secs(86_400),
+        max_bytes: 1 << 30,
+    };
+    let hour = Duration::from_secs(3600);
+    let keeper = tokio::spawn(keep(journal.clone(), upkeep, hour, stop.clone()));
+    let row = journal
+        .record(&task("<old>", "t1", true), None)
+        .unwrap()
+        .unwrap();
+    journal
+        .finish("coder", row, TaskState::Answered, None, None)
+        .unwrap();
+    let two_days_ago = now_ms() - 2 * 86_400_000;
+    journal
+        .with(|c| c.execute("UPDATE tasks SET updated_at = ?1", [two_days_ago]))
+        .unwrap();
+    tokio::time::sleep(hour - Duration::from_secs(1)).await;
+    assert!(
+        journal.knows_message("coder", "<old>").unwrap(),
+        "not before the hour"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut polls = 0;
+    while journal.knows_message("coder", "<old>").unwrap() {
+        polls += 1;
+        assert!(polls < 1_000, "not pruned after the hour");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    keeper.await.unwrap();
+}
