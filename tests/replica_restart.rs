@@ -98,6 +98,11 @@ async fn a_replica_back_after_a_takeover_does_not_send_the_result_it_recorded() 
         1,
         "{intents:?}"
     );
+    // `status` shows the journal's size and its limit (issue 43, item 4).
+    let status: serde_json::Value = serde_json::from_str(&d1.run(&["status", "--json"])).unwrap();
+    assert!(status["journal"]["bytes"].as_u64().unwrap() > 0, "{status}");
+    assert_eq!(status["journal"]["maxBytes"], 1024 << 20, "{status}");
+    assert!(d1.run(&["status"]).contains("(kept under 1024 MB)"));
     let shown = d1.run(&["task", "show", &task]);
     assert!(shown.contains("left to another replica"), "{shown}");
     for b in [r1, r2] {
