@@ -20,11 +20,14 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             .into_iter()
             .map(|a| (a.json, a.link))
             .unzip();
+    let journal_bytes = crate::dispatch::journal::size_on_disk(&journal_path);
+    let max_mb = config.config.journal_max_size_mb;
     if json {
         println!(
             "{}",
             serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir,
                 "source": if live.is_some() { "daemon" } else { "state files" },
+                "journal": {"path": journal_path, "bytes": journal_bytes, "maxBytes": max_mb.saturating_mul(1 << 20)},
                 "daemon": live, "agents": agents})
         );
         return Ok(0);
@@ -46,6 +49,11 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             config.state_dir.display()
         ),
     }
+    println!(
+        "journal {}: {:.1} MB (kept under {max_mb} MB)",
+        journal_path.display(),
+        journal_bytes as f64 / f64::from(1 << 20)
+    );
     for (a, link) in agents.iter().zip(&links) {
         let reach = link
             .as_ref()

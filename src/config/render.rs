@@ -28,6 +28,10 @@ const COMMENTS: &[(&str, &str)] = &[
         "finished tasks are remembered this long",
     ),
     (
+        "journal_max_size_mb",
+        "past this size the oldest finished tasks are forgotten",
+    ),
+    (
         "email",
         "the mailbox's address: mail to it is the agent's work",
     ),

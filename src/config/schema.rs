@@ -27,6 +27,10 @@ pub struct Config {
     /// Finished tasks are kept in the journal this many days (for duplicates and history).
     #[serde(default = "default_journal_days")]
     pub journal_retention_days: u64,
+    /// The journal is kept under this size (MB): past it, the oldest finished tasks are
+    /// forgotten first (never one still to be answered), checked every hour.
+    #[serde(default = "default_journal_mb")]
+    pub journal_max_size_mb: u64,
     /// `[mailboxes.NAME]`, each read by its `kind` (see [`MailboxConfig`]).
     #[serde(default, deserialize_with = "mailboxes::deserialize_mailboxes")]
     pub mailboxes: BTreeMap<String, MailboxConfig>,
@@ -82,6 +86,10 @@ fn default_outbox_hours() -> u64 {
 
 fn default_journal_days() -> u64 {
     30
+}
+
+fn default_journal_mb() -> u64 {
+    1024
 }
 
 fn default_concurrency() -> usize {

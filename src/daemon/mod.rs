@@ -57,13 +57,9 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let _lock = StateLock::acquire(state_dir)?;
     let journal =
         Arc::new(Journal::open(&config.state().journal()).context("opening the task journal")?);
-    let retention = Duration::from_secs(config.config.journal_retention_days * 86_400);
-    match journal.prune(std::time::SystemTime::now() - retention) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            tasks = n,
-            "forgot finished tasks older than the journal's retention"
-        ),
+    let upkeep = journal_upkeep(&config);
+    match journal.upkeep(&upkeep, std::time::SystemTime::now()) {
+        Ok(kept) => crate::dispatch::journal::log_kept(&kept),
         Err(e) => tracing::warn!(error = %e, "could not prune the task journal"),
     }
     let owner_tag = state_dir
@@ -189,6 +185,13 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
 
     // Memory freed after a burst goes back to the system once no task runs.
     services.spawn(trim_when_idle(settings.slots.clone(), stop.clone()));
+    // Pruned while running too: at 3 tasks a second a month's retention is tens of GB.
+    services.spawn(crate::dispatch::journal::keep(
+        journal.clone(),
+        upkeep,
+        JOURNAL_UPKEEP_EVERY,
+        stop.clone(),
+    ));
 
     // A reload: read the config and profiles again.
     let finished = CancellationToken::new();
@@ -345,6 +348,17 @@ async fn trim_when_idle(slots: Arc<crate::dispatch::slots::Slots>, stop: Cancell
 
 /// What dispatch needs of an agent's config: its address, policy, limits and profile. (Public
 /// for the in-process tests, which run an engine from a config without a daemon.)
+/// How often the journal is pruned and its size checked while the bridge runs.
+const JOURNAL_UPKEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// How the config says the journal is kept.
+pub fn journal_upkeep(config: &LoadedConfig) -> crate::dispatch::journal::Upkeep {
+    crate::dispatch::journal::Upkeep {
+        retention: Duration::from_secs(config.config.journal_retention_days * 86_400),
+        max_bytes: config.config.journal_max_size_mb.saturating_mul(1 << 20),
+    }
+}
+
 pub fn agent_spec(
     config: &LoadedConfig,
     agent: &crate::config::AgentConfig,

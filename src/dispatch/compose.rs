@@ -75,8 +75,10 @@ impl<O: Backend> Engine<O> {
         }
     }
 
-    /// `reply` as one of several replicas sends an answer they would all give alike to mail
-    /// none of them runs (a refusal, a card): only if it wins the claim on `email_id`.
+    /// `reply` as one of several replicas sends it: only if it wins (or still holds, or
+    /// itself marked done) the claim on `email_id`. For answers they would all give alike
+    /// to mail none of them runs (a refusal, a card), and for a task's result, which must
+    /// not leave from a replica that lost the task while it was down.
     pub(super) fn once_among_replicas(&self, mut reply: Outgoing, email_id: &str) -> Outgoing {
         if self.spec().replica.is_some() {
             reply.claim = Some(email_id.to_string());

@@ -234,11 +234,22 @@ impl<O: Backend> Engine<O> {
     /// logged; the answer then goes out directly, once.
     fn finish(&self, task: &Task, state: TaskState, reason: Option<&str>, reply: Option<Outgoing>) {
         let inner = &self.inner;
+        // One of several replicas sends its answer only while it still holds the task's
+        // claim (or marked it done itself): killed between recording and sending, it may
+        // come back after another replica took the task over and answered, and its
+        // recorded answer must not leave then too (issue 43: two answers under one
+        // Message-ID). The outbox claims before it sends; a lost claim drops the mail.
+        let reply = reply.map(|r| self.once_among_replicas(r, &task.extras.email_id));
         match inner
             .journal
             .finish(&self.spec().name, task.row, state, reason, reply.as_ref())
         {
-            Ok(()) => self.wake_outbox(),
+            Ok(()) => {
+                if reply.is_some() {
+                    fault_exit_after_result();
+                }
+                self.wake_outbox()
+            }
             Err(_) if reply.is_none() => {}
             Err(e) => {
                 let reply = reply.expect("checked above");
@@ -251,5 +262,20 @@ impl<O: Backend> Engine<O> {
                 });
             }
         }
+    }
+}
+
+/// The environment variable that names a fault to inject, for tests that must stop the
+/// bridge at one exact point (no other way to hit the window between two steps
+/// deterministically from outside).
+pub const FAULT_VAR: &str = "AAMP_BRIDGE_FAULT";
+
+/// `AAMP_BRIDGE_FAULT=exit-after-result`: the process ends (as a kill -9 there would end it,
+/// without cleanup) right after a task's answer is recorded in the journal and before the
+/// outbox is woken to send it (tests/replica_restart.rs).
+fn fault_exit_after_result() {
+    if std::env::var(FAULT_VAR).is_ok_and(|v| v == "exit-after-result") {
+        tracing::warn!("{FAULT_VAR}=exit-after-result: exiting after recording the answer");
+        std::process::exit(137);
     }
 }

@@ -1,7 +1,7 @@
 //! Where each inbound message goes: a plain reply to a question, a dispatch (admitted or refused,
 //! before anything is acknowledged), a card query, a cancel; what the journal keeps of each.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde_json::json;
 use tracing::Instrument;
@@ -344,31 +344,18 @@ impl<O: Backend> Engine<O> {
         let earlier = journal.admitted_task(name, &env.from, &env.task_id)?;
         let duplicate = earlier.is_some();
         let now = SystemTime::now();
+        let recent = journal.recent_counts(
+            name,
+            &env.from,
+            dispatch.session_key.as_deref(),
+            &spec.limits,
+            now,
+        )?;
         let load = admission::Load {
             active: self.active(),
-            sender_last_hour: journal.count_admitted(
-                name,
-                Some(&env.from),
-                None,
-                now - Duration::from_secs(3600),
-            )?,
-            agent_last_day: journal.count_admitted(
-                name,
-                None,
-                None,
-                now - Duration::from_secs(86_400),
-            )?,
-            // A conversation is one sender's Session-Key: the same key from another sender
-            // is another conversation, never a reason to refuse.
-            session_turns: match &dispatch.session_key {
-                Some(k) => journal.count_admitted(
-                    name,
-                    Some(&env.from),
-                    Some(k),
-                    SystemTime::UNIX_EPOCH,
-                )?,
-                None => 0,
-            },
+            sender_last_hour: recent.sender_last_hour,
+            agent_last_day: recent.agent_last_day,
+            session_turns: recent.session_turns,
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
         let policy = self.policy(&spec)?;

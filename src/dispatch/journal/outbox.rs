@@ -92,13 +92,7 @@ impl Journal {
 
     /// Unsent mails of `agent`.
     pub fn unsent(&self, agent: &str) -> Result<u32, JournalError> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT COUNT(*) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL",
-                params![agent],
-                |r| r.get(0),
-            )
-        })
+        self.with(|c| c.query_row(UNSENT, params![agent], |r| r.get(0)))
     }
 
     /// The mail server accepted the mail; an ack moves its task from received to acked.
@@ -258,3 +252,7 @@ pub enum BounceFound {
     /// No mail this agent sent has that Message-ID.
     NotOurs,
 }
+
+/// Unsent mails of an agent. In the hot path: checked for index use in the journal's tests.
+pub(super) const UNSENT: &str =
+    "SELECT COUNT(*) FROM outbox WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL";

@@ -8,12 +8,8 @@ impl Journal {
     /// The agent's own session id for a Session-Key.
     pub fn session(&self, agent: &str, key: &str) -> Result<Option<String>, JournalError> {
         self.with(|c| {
-            c.query_row(
-                "SELECT session_id FROM sessions WHERE agent = ?1 AND key = ?2",
-                params![agent, key],
-                |r| r.get(0),
-            )
-            .optional()
+            c.query_row(SESSION, params![agent, key], |r| r.get(0))
+                .optional()
         })
     }
 
@@ -39,3 +35,6 @@ impl Journal {
         })
     }
 }
+
+/// A conversation's agent session id (every dispatch with a Session-Key). In the hot path: checked for index use in the journal's tests.
+pub(super) const SESSION: &str = "SELECT session_id FROM sessions WHERE agent = ?1 AND key = ?2";

@@ -1,26 +1,43 @@
 //! What happens to each inbound message and task: recorded once, admitted or not, run, finished;
 //! what is left unfinished at start; the counts admission reads.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, OptionalExtension};
 
 use super::{
     insert_outgoing, millis, now_ms, Journal, JournalError, NewTask, Outgoing, TaskState,
-    Unfinished, BOUND_NOT_ADMITTED, COUNT_ADMITTED, KEEP_NOT_ADMITTED,
+    Unfinished, BOUND_NOT_ADMITTED, COUNT_AGENT_RECENT, COUNT_CONVERSATION, COUNT_SENDER_RECENT,
+    KEEP_NOT_ADMITTED,
 };
+use crate::dispatch::admission::Limits;
+
+/// Whose recent admitted tasks a count is of.
+#[derive(Clone, Copy, Debug)]
+pub enum Recent<'a> {
+    /// All of the agent's.
+    Agent,
+    /// One sender's.
+    Sender(&'a str),
+    /// One sender's conversation (its Session-Key).
+    Conversation { sender: &'a str, key: &'a str },
+}
+
+/// Admission's counts of recent admitted tasks (0 for a limit not set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecentCounts {
+    pub sender_last_hour: u32,
+    pub agent_last_day: u32,
+    pub session_turns: u32,
+}
 
 impl Journal {
     /// Whether a message with this key was recorded for `agent`.
     pub fn knows_message(&self, agent: &str, message_key: &str) -> Result<bool, JournalError> {
         self.with(|c| {
-            c.query_row(
-                "SELECT 1 FROM tasks WHERE agent = ?1 AND message_key = ?2",
-                params![agent, message_key],
-                |_| Ok(()),
-            )
-            .optional()
-            .map(|r| r.is_some())
+            c.query_row(KNOWS_MESSAGE, params![agent, message_key], |_| Ok(()))
+                .optional()
+                .map(|r| r.is_some())
         })
     }
 
@@ -31,11 +48,9 @@ impl Journal {
         message_key: &str,
     ) -> Result<Option<(i64, TaskState)>, JournalError> {
         self.with(|c| {
-            c.query_row(
-                "SELECT id, state FROM tasks WHERE agent = ?1 AND message_key = ?2",
-                params![agent, message_key],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-            )
+            c.query_row(MESSAGE_ROW, params![agent, message_key], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
             .optional()
         })
         .map(|r| r.map(|(id, s)| (id, TaskState::parse(&s).unwrap_or(TaskState::Received))))
@@ -50,7 +65,7 @@ impl Journal {
     ) -> Result<Option<(i64, TaskState)>, JournalError> {
         self.with(|c| {
             c.query_row(
-                "SELECT id, state FROM tasks WHERE agent = ?1 AND sender = ?2 AND task_id = ?3 AND admitted = 1 ORDER BY id DESC LIMIT 1",
+                ADMITTED_TASK,
                 params![agent, sender.to_ascii_lowercase(), task_id],
                 |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
             )
@@ -206,27 +221,76 @@ impl Journal {
         })
     }
 
-    /// Admitted tasks of `agent` received since `since`, of one sender and/or one Session-Key
-    /// when given.
+    /// What admission's limits (`limits`) need to know about `agent`'s recent admitted tasks,
+    /// for a dispatch from `sender` in conversation `session_key`. A count whose limit is
+    /// not set is not made (0), and a count stops at its limit (the decision is only whether
+    /// the limit is reached): per dispatch, at most the limits' worth of index entries is
+    /// read, however many tasks the journal holds.
+    pub fn recent_counts(
+        &self,
+        agent: &str,
+        sender: &str,
+        session_key: Option<&str>,
+        limits: &Limits,
+        now: SystemTime,
+    ) -> Result<RecentCounts, JournalError> {
+        let hour = now - Duration::from_secs(3600);
+        let day = now - Duration::from_secs(86_400);
+        let count = |of: Recent<'_>, since: SystemTime, cap: Option<u32>| match cap {
+            Some(cap) => self.count_admitted(agent, of, since, cap),
+            None => Ok(0),
+        };
+        Ok(RecentCounts {
+            sender_last_hour: count(Recent::Sender(sender), hour, limits.per_sender_per_hour)?,
+            agent_last_day: count(Recent::Agent, day, limits.daily_budget)?,
+            // A conversation is one sender's Session-Key: the same key from another sender
+            // is another conversation.
+            session_turns: match session_key {
+                Some(key) => count(
+                    Recent::Conversation { sender, key },
+                    UNIX_EPOCH,
+                    limits.turns_per_session,
+                )?,
+                None => 0,
+            },
+        })
+    }
+
+    /// Admitted tasks of `agent` (of `of`) received since `since`, counted up to `cap`.
     pub fn count_admitted(
         &self,
         agent: &str,
-        sender: Option<&str>,
-        session_key: Option<&str>,
+        of: Recent<'_>,
         since: SystemTime,
+        cap: u32,
     ) -> Result<u32, JournalError> {
+        let (sql, sender, key) = match of {
+            Recent::Agent => (COUNT_AGENT_RECENT, None, None),
+            Recent::Sender(s) => (COUNT_SENDER_RECENT, Some(s.to_ascii_lowercase()), None),
+            Recent::Conversation { sender, key } => (
+                COUNT_CONVERSATION,
+                Some(sender.to_ascii_lowercase()),
+                Some(key),
+            ),
+        };
         self.with(|c| {
-            c.query_row(
-                COUNT_ADMITTED,
-                params![
-                    agent,
-                    millis(since),
-                    sender.map(str::to_ascii_lowercase),
-                    session_key
-                ],
-                |r| r.get(0),
-            )
+            let mut stmt = c.prepare_cached(sql)?;
+            let mut values: Vec<rusqlite::types::Value> =
+                vec![agent.to_string().into(), millis(since).into(), cap.into()];
+            values.extend(sender.map(Into::into));
+            values.extend(key.map(|k| k.to_string().into()));
+            let n = stmt.query_row(rusqlite::params_from_iter(values), |r| r.get(0));
+            let steps = stmt.get_status(rusqlite::StatementStatus::VmStep);
+            self.count_steps
+                .fetch_add(steps.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+            n
         })
+    }
+
+    /// SQLite VM steps spent counting for admission since the journal was opened: a figure
+    /// that does not depend on the machine, for tests that bound a dispatch's cost.
+    pub fn count_steps(&self) -> u64 {
+        self.count_steps.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Another replica won the task's claim (`by`, when known): the task is kept as a record
@@ -255,3 +319,12 @@ impl Journal {
         })
     }
 }
+
+/// Whether a Message-ID was recorded (every inbound mail). In the hot path: checked for index use in the journal's tests.
+pub(super) const KNOWS_MESSAGE: &str = "SELECT 1 FROM tasks WHERE agent = ?1 AND message_key = ?2";
+/// A recorded message's row and state. In the hot path: checked for index use in the journal's tests.
+pub(super) const MESSAGE_ROW: &str =
+    "SELECT id, state FROM tasks WHERE agent = ?1 AND message_key = ?2";
+/// The de-duplication of a dispatch by sender and TaskId. In the hot path: checked for index use in the journal's tests.
+pub(super) const ADMITTED_TASK: &str =
+    "SELECT id, state FROM tasks WHERE agent = ?1 AND sender = ?2 AND task_id = ?3 AND admitted = 1 ORDER BY id DESC LIMIT 1";

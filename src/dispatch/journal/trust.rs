@@ -20,15 +20,8 @@ impl Journal {
         let now = now_ms();
         self.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
-                "DELETE FROM answer_budget WHERE agent = ?1 AND kind = ?2 AND at < ?3",
-                params![agent, kind, now - 3_600_000],
-            )?;
-            let spent: u32 = tx.query_row(
-                "SELECT COUNT(*) FROM answer_budget WHERE agent = ?1 AND kind = ?2",
-                params![agent, kind],
-                |r| r.get(0),
-            )?;
+            tx.execute(SPENT_FORGET, params![agent, kind, now - 3_600_000])?;
+            let spent: u32 = tx.query_row(SPENT_COUNT, params![agent, kind], |r| r.get(0))?;
             let may = spent < per_hour;
             if may {
                 tx.execute(
@@ -83,9 +76,7 @@ impl Journal {
         JournalError,
     > {
         let rows: Vec<(String, String, String, String)> = self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT kind, sender, context, source FROM policy WHERE agent = ?1 ORDER BY id",
-            )?;
+            let mut stmt = c.prepare_cached(POLICY_RULES)?;
             let rows = stmt.query_map(params![agent], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })?;
@@ -184,7 +175,7 @@ impl Journal {
     ) -> Result<u32, JournalError> {
         self.with(|c| {
             c.query_row(
-                "SELECT COUNT(*) FROM pair_failures WHERE agent = ?1 AND at >= ?2 AND (?3 IS NULL OR sender = ?3)",
+                PAIR_FAILURES,
                 params![agent, millis(since), sender.map(str::to_ascii_lowercase)],
                 |r| r.get(0),
             )
@@ -223,7 +214,7 @@ impl Journal {
     ) -> Result<bool, JournalError> {
         self.with(|c| {
             c.query_row(
-                "SELECT 1 FROM cancels WHERE agent = ?1 AND sender = ?2 AND task_id = ?3",
+                WAS_CANCELLED,
                 params![agent, sender.to_ascii_lowercase(), task_id],
                 |_| Ok(()),
             )
@@ -232,3 +223,19 @@ impl Journal {
         })
     }
 }
+
+/// Answers to refused mail older than the budget's hour. In the hot path: checked for index use in the journal's tests.
+pub(super) const SPENT_FORGET: &str =
+    "DELETE FROM answer_budget WHERE agent = ?1 AND kind = ?2 AND at < ?3";
+/// Answers to refused mail in the budget's hour. In the hot path: checked for index use in the journal's tests.
+pub(super) const SPENT_COUNT: &str =
+    "SELECT COUNT(*) FROM answer_budget WHERE agent = ?1 AND kind = ?2";
+/// The sender rules added at run time (every dispatch's policy check). In the hot path: checked for index use in the journal's tests.
+pub(super) const POLICY_RULES: &str =
+    "SELECT kind, sender, context, source FROM policy WHERE agent = ?1 ORDER BY id";
+/// Failed pairing attempts since a time. In the hot path: checked for index use in the journal's tests.
+pub(super) const PAIR_FAILURES: &str =
+    "SELECT COUNT(*) FROM pair_failures WHERE agent = ?1 AND at >= ?2 AND (?3 IS NULL OR sender = ?3)";
+/// Whether a cancel came before its dispatch. In the hot path: checked for index use in the journal's tests.
+pub(super) const WAS_CANCELLED: &str =
+    "SELECT 1 FROM cancels WHERE agent = ?1 AND sender = ?2 AND task_id = ?3";

@@ -48,20 +48,14 @@ impl Journal {
                      ORDER BY id DESC LIMIT 1 OFFSET ?3)",
                 params![agent, key, TURNS_KEPT],
             )?;
-            c.execute(
-                "DELETE FROM turns WHERE agent = ?1 AND at < ?2",
-                params![agent, oldest],
-            )
-            .map(drop)
+            c.execute(TURNS_EXPIRE, params![agent, oldest]).map(drop)
         })
     }
 
     /// The kept turns of conversation `key`, oldest first.
     pub fn turns(&self, agent: &str, key: &str) -> Result<Vec<Turn>, JournalError> {
         self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT request, answer FROM turns WHERE agent = ?1 AND key = ?2 ORDER BY id",
-            )?;
+            let mut stmt = c.prepare_cached(TURNS_READ)?;
             let rows = stmt.query_map(params![agent, key], |r| {
                 Ok(Turn {
                     request: r.get(0)?,
@@ -72,3 +66,9 @@ impl Journal {
         })
     }
 }
+
+/// Turns older than they are kept. In the hot path: checked for index use in the journal's tests.
+pub(super) const TURNS_EXPIRE: &str = "DELETE FROM turns WHERE agent = ?1 AND at < ?2";
+/// A conversation's kept turns. In the hot path: checked for index use in the journal's tests.
+pub(super) const TURNS_READ: &str =
+    "SELECT request, answer FROM turns WHERE agent = ?1 AND key = ?2 ORDER BY id";
