@@ -2,6 +2,7 @@
 
 use super::replies::{fit_body, reply_subject};
 use super::*;
+use crate::protocol::Body;
 
 fn message() -> SampMessage {
     SampMessage {
