@@ -96,7 +96,8 @@ impl<'a> Health<'a> {
     /// key (AMP, ASMTP) can be made active again on the server, and nothing locks an account
     /// for retries with one: such back-ends ask every [`KEY_REFUSED_RETRY`], so an answer
     /// waiting for the key goes within seconds of it working again. A password login keeps
-    /// the default five minutes (servers lock accounts out for repeated failed logins).
+    /// the default five minutes (servers lock accounts out for repeated failed logins), and so
+    /// does a bearer key on a server that locks out an address after failed keys (SAMP).
     pub fn retry_refused_every(mut self, every: Duration) -> Self {
         self.refused_retry = every;
         self

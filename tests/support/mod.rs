@@ -8,6 +8,7 @@ mod fake;
 mod mailhost;
 mod peer;
 mod procfs;
+mod samp;
 mod servers;
 
 pub use bridge::*;
@@ -16,6 +17,7 @@ pub use fake::*;
 pub use mailhost::*;
 pub use peer::*;
 pub use procfs::*;
+pub use samp::{SampPeer, SampServer};
 pub use servers::*;
 
 use std::io::{BufRead, BufReader};

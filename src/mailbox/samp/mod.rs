@@ -621,8 +621,11 @@ pub async fn run_intake(
         client.account.name.clone(),
         "key_file (then `aamp-bridge reload`)",
     )
-    .with_secret(client.account.key.clone())
-    .retry_refused_every(intake::KEY_REFUSED_RETRY);
+    // A refused key is asked about again only every 5 minutes (the default), not every few
+    // seconds as AMP's and ASMTP's: the SAMP server locks out the whole address after a few
+    // failed keys (the README: a per-IP lockout), and with it every other agent of the
+    // machine. A key written to the file is still tried at once.
+    .with_secret(client.account.key.clone());
     let mut watched = SampWatched {
         client,
         deliver,
