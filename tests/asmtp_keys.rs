@@ -194,3 +194,52 @@ async fn an_answer_refused_for_a_rotated_token_goes_within_seconds_of_the_new_to
     assert!(!bridge.log().contains(&token), "never logged");
     assert!(bridge.stop().success());
 }
+
+/// Issue 43: `doctor` passed a token that belongs to another agent than the mailbox's
+/// `handle` (the bridge then reads and answers that agent's mail, as that agent). It asks the
+/// operator whose token it is (`GET /agents/me`) and fails, naming both and the fix; the
+/// right token passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_fails_a_token_of_another_agent_naming_both() {
+    let operator = Operator::start(&["@alice.coder", "@alice.boss"]);
+    let dir = config(
+        &operator,
+        "@alice.coder",
+        operator.token("@alice.boss"),
+        "@alice.boss",
+    );
+    let doctor = || {
+        let out = std::process::Command::new(support::bin())
+            .args([
+                "--config",
+                dir.config().to_str().unwrap(),
+                "doctor",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let check = report
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"].as_str().unwrap_or("").contains("mailbox coder"))
+            .unwrap_or_else(|| panic!("no mailbox check: {report}"))
+            .clone();
+        (out.status.code(), check)
+    };
+    let (code, check) = doctor();
+    assert_ne!(code, Some(0), "{check}");
+    assert_eq!(check["status"], "fail", "{check}");
+    let said = check.to_string();
+    assert!(
+        said.contains("@alice.boss")
+            && said.contains("@alice.coder")
+            && said.contains("token_file"),
+        "both names and the fix: {said}"
+    );
+    assert!(!said.contains(operator.token("@alice.boss")), "never shown");
+    dir.replace_private("asmtp.token", operator.token("@alice.coder"));
+    let (_, check) = doctor();
+    assert_eq!(check["status"], "ok", "{check}");
+}

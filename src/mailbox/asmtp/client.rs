@@ -248,6 +248,20 @@ impl AsmtpClient {
         crate::mailbox::fetch_json(request, url.as_str()).await
     }
 
+    /// The agent the token belongs to, as the operator names it (`GET /agents/me`, its
+    /// `canonical_handle`, as the reference operator answers); `None` when the operator has no
+    /// such route (404) or does not name one.
+    pub async fn token_owner(&self) -> Result<Option<String>, MailboxError> {
+        match self
+            .call(reqwest::Method::GET, "agents/me", &[], None)
+            .await
+        {
+            Ok(me) => Ok(me["canonical_handle"].as_str().map(str::to_string)),
+            Err(MailboxError::Http { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// One page of the inbound mailbox's headers (`GET /mailbox`): `newest_first` or oldest
     /// first, only unread ones when `unread`, after the keyset position `after`; and whether
     /// more follow.
