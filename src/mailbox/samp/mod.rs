@@ -432,6 +432,10 @@ struct AampData {
     task_id: Option<String>,
     session_key: Option<String>,
     hop_count: Option<u32>,
+    /// `hopCount` was given but is not a whole number of hops (a string, a fraction, less
+    /// than 0): what it was. Such a task is refused, never run as one that passed no agent
+    /// before (the loop guard counts on it).
+    bad_hop_count: Option<String>,
 }
 
 fn aamp_data(data: Option<&Value>) -> AampData {
@@ -446,6 +450,11 @@ fn aamp_data(data: Option<&Value>) -> AampData {
         task_id: text("taskId"),
         session_key: text("sessionKey"),
         hop_count: a["hopCount"].as_u64().and_then(|n| u32::try_from(n).ok()),
+        bad_hop_count: match &a["hopCount"] {
+            Value::Null => None,
+            n if n.as_u64().is_some_and(|n| u32::try_from(n).is_ok()) => None,
+            other => Some(other.to_string().chars().take(40).collect()),
+        },
     }
 }
 
@@ -480,7 +489,8 @@ pub fn to_inbound(m: &SampMessage, domain: &str) -> Option<Inbound> {
         || m.data
             .as_ref()
             .is_some_and(|d| d[super::FOREIGN_MARK]["answer"].is_string());
-    super::ForeignTask {
+    let bad_hop_count = aamp.bad_hop_count.clone();
+    let mut inbound = super::ForeignTask {
         id: &m.id,
         task_id: aamp.task_id.unwrap_or_else(|| task_id(m)),
         message_id: message_id(&m.id),
@@ -496,7 +506,13 @@ pub fn to_inbound(m: &SampMessage, domain: &str) -> Option<Inbound> {
         hop_count: aamp.hop_count,
         is_answer,
     }
-    .into_inbound()
+    .into_inbound()?;
+    if let Some(given) = bad_hop_count.filter(|_| !is_answer) {
+        inbound.refused = Some(format!(
+            "data.aamp.hopCount must be a whole number of hops (0 or more), not {given}; send it as a JSON number"
+        ));
+    }
+    Some(inbound)
 }
 
 /// The inbox for [`intake::watch`].

@@ -104,3 +104,26 @@ fn refusals_are_classed() {
         ErrorClass::Transient
     );
 }
+
+/// Issue 43: a hop count given as a string was read as none, so a relayed task looked like
+/// one that no agent passed on before. It is refused, saying why; a number is taken.
+#[test]
+fn a_hop_count_that_is_not_a_number_refuses_the_task() {
+    let mut m = message();
+    for bad in [json!("3"), json!(-1), json!(2.5), json!(u64::MAX)] {
+        m.data = Some(json!({"aamp": {"hopCount": bad}}));
+        let inbound = to_inbound(&m, "h").unwrap();
+        let why = inbound.refused.unwrap_or_default();
+        assert!(
+            why.contains("hopCount") && why.contains(&bad.to_string()),
+            "{bad}: {why}"
+        );
+    }
+    m.data = Some(json!({"aamp": {"hopCount": 2}}));
+    assert_eq!(to_inbound(&m, "h").unwrap().refused, None);
+    m.data = None;
+    assert_eq!(to_inbound(&m, "h").unwrap().refused, None);
+    // An answer is never answered, whatever it carries.
+    m.data = Some(json!({"aamp": {"intent": "task.result", "hopCount": "3"}}));
+    assert_eq!(to_inbound(&m, "h").unwrap().refused, None);
+}
