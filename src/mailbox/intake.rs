@@ -241,6 +241,10 @@ impl<'a> Health<'a> {
 impl Classify for IntakeError {
     fn class(&self) -> ErrorClass {
         match self {
+            // An answer that is not what the server's API gives (an HTML page from a proxy,
+            // cut JSON, with status 200) is a passing fault to a reader: tried again on the
+            // short schedule, not waited out a minute each time like a permanent error.
+            IntakeError::Mailbox(MailboxError::Protocol { .. }) => ErrorClass::Transient,
             IntakeError::Mailbox(e) => e.class(),
             IntakeError::Cursor(_) => ErrorClass::Permanent,
             IntakeError::Deliver(_) => ErrorClass::Transient,

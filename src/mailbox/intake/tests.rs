@@ -146,6 +146,64 @@ async fn a_send_refused_for_its_credentials_shows_in_status_and_the_file_is_watc
     tokio::join!(watching, driving);
 }
 
+/// A mailbox that answers `bad` reads with what is not JSON, then reads well; each read's
+/// time is kept.
+struct Garbled {
+    bad: usize,
+    reads: Vec<tokio::time::Instant>,
+}
+
+impl Watched for Garbled {
+    async fn read(&mut self) -> Result<usize, IntakeError> {
+        self.reads.push(tokio::time::Instant::now());
+        if self.reads.len() <= self.bad {
+            return Err(IntakeError::Mailbox(MailboxError::Protocol {
+                what: "http://broker.test/inbox".into(),
+                detail: "expected value at line 1 column 1".into(),
+            }));
+        }
+        Ok(0)
+    }
+    fn next_read(&mut self, _taken: usize) -> Duration {
+        Duration::from_secs(600)
+    }
+    fn address(&self) -> String {
+        "coder@broker.test".into()
+    }
+}
+
+/// Issue 43: two answers that were not JSON (status 200) held the next task back 120 s on
+/// AMP and ASMTP: each was taken for a permanent error and waited out a minute. They are
+/// retried on the short schedule.
+#[tokio::test(start_paused = true)]
+async fn answers_that_are_not_json_are_retried_on_the_short_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = Link::new(dir.path().join("link.json"));
+    let mut garbled = Garbled {
+        bad: 2,
+        reads: Vec::new(),
+    };
+    let stop = CancellationToken::new();
+    let health = Health::new(&link, "the AMP broker", "coder".into(), "api_key_file");
+    let start = tokio::time::Instant::now();
+    let watching = watch(
+        "coder",
+        Events::new(false),
+        health,
+        &mut garbled,
+        None,
+        &stop,
+    );
+    let stopping = async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        stop.cancel();
+    };
+    tokio::join!(watching, stopping);
+    assert_eq!(garbled.reads.len(), 3, "two bad answers, then a good read");
+    let third = garbled.reads[2] - start;
+    assert!(third <= Duration::from_secs(10), "{third:?}");
+}
+
 /// A pushed connection that ends as scripted, noting when each attempt came; once the
 /// script is done it stays connected until stopped.
 struct Scripted {
