@@ -63,6 +63,10 @@ struct Shared {
     /// One more each time the value in use works again after it was refused (a key made
     /// active again on the server).
     recoveries: tokio::sync::watch::Sender<u64>,
+    /// One more each time the value in use is refused after it worked or before it was
+    /// tried: whoever was refused (the outbox's send), the intake hears it and watches the
+    /// file for a replaced value.
+    refusals: tokio::sync::watch::Sender<u64>,
 }
 
 struct State {
@@ -124,6 +128,7 @@ impl Secret {
                 }),
                 changes: tokio::sync::watch::Sender::new(0),
                 recoveries: tokio::sync::watch::Sender::new(0),
+                refusals: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -212,16 +217,25 @@ impl Secret {
     /// The server took (`true`) or refused (`false`) the value in use. Taken after it was
     /// refused, every [`Secret::recoveries`] receiver hears it.
     pub fn worked(&self, worked: bool) {
-        let recovered = {
+        let (recovered, refused) = {
             let mut state = self.state();
             let recovered = worked && state.worked == Some(false);
+            let refused = !worked && state.worked != Some(false);
             state.worked = Some(worked);
-            recovered
+            (recovered, refused)
         };
         if recovered {
             tracing::info!("the credentials of {} work again", self.shared.mailbox);
             self.shared.recoveries.send_modify(|n| *n += 1);
         }
+        if refused {
+            self.shared.refusals.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Hears the value in use refused (by any of its users) when it was not known refused.
+    pub fn refusals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.refusals.subscribe()
     }
 
     /// Hears the value in use working again after a refusal.

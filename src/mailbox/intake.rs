@@ -96,7 +96,8 @@ impl<'a> Health<'a> {
     /// key (AMP, ASMTP) can be made active again on the server, and nothing locks an account
     /// for retries with one: such back-ends ask every [`KEY_REFUSED_RETRY`], so an answer
     /// waiting for the key goes within seconds of it working again. A password login keeps
-    /// the default five minutes (servers lock accounts out for repeated failed logins).
+    /// the default five minutes (servers lock accounts out for repeated failed logins), and so
+    /// does a bearer key on a server that locks out an address after failed keys (SAMP).
     pub fn retry_refused_every(mut self, every: Duration) -> Self {
         self.refused_retry = every;
         self
@@ -113,6 +114,37 @@ impl<'a> Health<'a> {
     /// Hears the credentials change (a reload, or a read after a refusal found others).
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.secret.as_ref().map(Secret::changes)
+    }
+
+    /// Hears the credentials refused, here or by the outbox's sends.
+    fn refusals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.secret.as_ref().map(Secret::refusals)
+    }
+
+    /// The credentials were refused elsewhere (the outbox's send of an answer) while the
+    /// reads took them (a push socket opened before a token was revoked reads nothing new
+    /// until its next catch-up): `status` shows the refusal, and the file is read again every
+    /// [`CREDENTIALS_RECHECK`] from now on, so a replaced key sends the answer within seconds,
+    /// not at the next read.
+    fn refused_elsewhere(&mut self) {
+        let Some(secret) = &self.secret else {
+            return;
+        };
+        if self.refused || secret.status().worked != Some(false) {
+            return;
+        }
+        self.refused = true;
+        self.link.credentials(secret);
+        let why = format!(
+            "{} refused the credentials of {} for a send; fix {}",
+            self.server, self.account, self.fix
+        );
+        tracing::error!(
+            "{why}; the file is read again every {}s and a replaced one is used at once",
+            CREDENTIALS_RECHECK.as_secs()
+        );
+        self.auth_reported = true;
+        self.link.mailbox(Reach::AuthFailed, Some(why));
     }
 
     /// A read begins, with the credentials in use now.
@@ -209,6 +241,10 @@ impl<'a> Health<'a> {
 impl Classify for IntakeError {
     fn class(&self) -> ErrorClass {
         match self {
+            // An answer that is not what the server's API gives (an HTML page from a proxy,
+            // cut JSON, with status 200) is a passing fault to a reader: tried again on the
+            // short schedule, not waited out a minute each time like a permanent error.
+            IntakeError::Mailbox(MailboxError::Protocol { .. }) => ErrorClass::Transient,
             IntakeError::Mailbox(e) => e.class(),
             IntakeError::Cursor(_) => ErrorClass::Permanent,
             IntakeError::Deliver(_) => ErrorClass::Transient,
@@ -241,6 +277,7 @@ pub async fn watch(
 ) {
     let mut ready = false;
     let mut changes = health.changes();
+    let mut refusals = health.refusals();
     loop {
         // A change heard before this read is the one it uses.
         if let Some(rx) = changes.as_mut() {
@@ -282,8 +319,15 @@ pub async fn watch(
                     None => std::future::pending().await,
                 }
             };
+            let refused = async {
+                match refusals.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
+                true = refused => health.refused_elsewhere(),
                 Some(()) = woken => {
                     tracing::debug!("woken by push");
                     // When the server said the mailbox changed: where a task's clock starts.
@@ -433,7 +477,7 @@ pub async fn supervise_push(
             }
             Err(e) => match e.class() {
                 ErrorClass::Auth => {
-                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused push the credentials; polling meanwhile, and trying again at once with replaced ones");
+                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused the credentials for push; polling meanwhile, and trying again at once with replaced ones");
                     PUSH_REFUSED_RETRY
                 }
                 ErrorClass::Permanent => {
@@ -465,274 +509,4 @@ pub async fn supervise_push(
 }
 
 #[cfg(test)]
-mod tests {
-    //! The reading loop's health rule over a fake mailbox.
-
-    use super::*;
-    use crate::config::Secret;
-    use crate::mailbox::link::{Link, Reach};
-
-    /// A mailbox whose server takes only the key `good`; each read's time is kept.
-    struct Keyed {
-        secret: Secret,
-        good: String,
-        reads: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
-    }
-
-    impl Watched for Keyed {
-        async fn read(&mut self) -> Result<usize, IntakeError> {
-            self.reads.lock().unwrap().push(tokio::time::Instant::now());
-            if self.secret.value() == self.good {
-                Ok(0)
-            } else {
-                Err(IntakeError::Mailbox(MailboxError::Http {
-                    url: "http://broker.test/inbox".into(),
-                    status: 401,
-                    body: String::new(),
-                }))
-            }
-        }
-        fn next_read(&mut self, _taken: usize) -> Duration {
-            Duration::from_secs(600)
-        }
-        fn address(&self) -> String {
-            "coder@broker.test".into()
-        }
-    }
-
-    fn private(path: &std::path::Path, text: &str) {
-        use std::os::unix::fs::PermissionsExt;
-        let fresh = path.with_extension("new");
-        std::fs::write(&fresh, text).unwrap();
-        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::rename(fresh, path).unwrap();
-    }
-
-    /// Issue 37: refused credentials waited 5 minutes, read once at start. A key written to
-    /// the file is tried within [`CREDENTIALS_RECHECK`]; one that works is not read again
-    /// before its interval; a key replaced by a reload (another clone of the secret) is tried
-    /// at once.
-    #[tokio::test(start_paused = true)]
-    async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        private(&file, "amk_old");
-        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        let link = Link::new(dir.path().join("link.json"));
-        let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut keyed = Keyed {
-            secret: secret.clone(),
-            good: "amk_new".into(),
-            reads: reads.clone(),
-        };
-        let stop = CancellationToken::new();
-        let health = Health::new(&link, "the AMP broker", "coder".into(), "api_key_file")
-            .with_secret(secret.clone());
-        let count = || reads.lock().unwrap().len();
-        let start = tokio::time::Instant::now();
-        let watching = watch("coder", Events::new(false), health, &mut keyed, None, &stop);
-        let driving = async {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            assert_eq!(count(), 1, "refused once, then waiting");
-            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
-            assert_eq!(state.mailbox, Reach::AuthFailed);
-            assert_eq!(state.credentials.unwrap().worked, Some(false));
-            private(&file, "amk_new\n");
-            tokio::time::sleep(CREDENTIALS_RECHECK * 2).await;
-            assert_eq!(count(), 2, "the new key tried at the next look at the file");
-            let at = reads.lock().unwrap()[1] - start;
-            assert!(
-                at <= Duration::from_secs(60) + CREDENTIALS_RECHECK,
-                "{at:?}"
-            );
-            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
-            assert_eq!(state.mailbox, Reach::Connected);
-            assert_eq!(state.credentials.unwrap().worked, Some(true));
-            // Working: the file is not looked at, nor the server asked, before the interval.
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            assert_eq!(count(), 2);
-            // A reload with another key: tried at once.
-            private(&file, "amk_other");
-            let fresh =
-                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-            assert!(secret.replace(&fresh));
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            assert_eq!(count(), 3, "read at once with the reloaded key");
-            stop.cancel();
-        };
-        tokio::join!(watching, driving);
-    }
-
-    /// A pushed connection that ends as scripted, noting when each attempt came; once the
-    /// script is done it stays connected until stopped.
-    struct Scripted {
-        script: std::collections::VecDeque<Result<Closed, MailboxError>>,
-        attempts: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
-    }
-
-    impl Pushed for Scripted {
-        fn transport(&self) -> &'static str {
-            "websocket"
-        }
-
-        async fn connect(
-            &mut self,
-            _wake: &mpsc::Sender<()>,
-            stop: &CancellationToken,
-            connected: impl FnOnce() + Send,
-        ) -> Result<Closed, MailboxError> {
-            self.attempts
-                .lock()
-                .unwrap()
-                .push(tokio::time::Instant::now());
-            match self.script.pop_front() {
-                Some(Ok(Closed::Replaced)) => {
-                    // Up for a while; the test replaces the credentials meanwhile.
-                    connected();
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    Ok(Closed::Replaced)
-                }
-                Some(Ok(closed)) => {
-                    connected();
-                    Ok(closed)
-                }
-                Some(Err(e)) => Err(e),
-                None => {
-                    connected();
-                    stop.cancelled().await;
-                    Ok(Closed::Stopped)
-                }
-            }
-        }
-    }
-
-    fn refused() -> MailboxError {
-        MailboxError::Push {
-            detail: "HTTP error: 401 Unauthorized".into(),
-            class: ErrorClass::Auth,
-        }
-    }
-
-    /// Issue 34: the one push supervisor. ASMTP's own loop retried a refused token every
-    /// 1–60 s and never said so in the events; now every pushed back-end waits refused
-    /// credentials out ([`PUSH_REFUSED_RETRY`]), tries replaced ones at once, backs off after
-    /// a drop, and keeps the link's push state.
-    #[tokio::test(start_paused = true)]
-    async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        private(&file, "tok_old");
-        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        let link = Link::new(dir.path().join("link.json"));
-        let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let pushed = Scripted {
-            script: [
-                Err(refused()),
-                Err(refused()),
-                Ok(Closed::ByServer(Some("1001 operator shutting down".into()))),
-            ]
-            .into(),
-            attempts: attempts.clone(),
-        };
-        let (wake, mut woken) = mpsc::channel(1);
-        let push_up = AtomicBool::new(false);
-        let stop = CancellationToken::new();
-        let start = tokio::time::Instant::now();
-        let at = |n: usize| attempts.lock().unwrap().get(n).map(|t| *t - start);
-        let count = || attempts.lock().unwrap().len();
-        let supervising = supervise_push(
-            "coder",
-            &link,
-            Events::new(false),
-            &secret,
-            pushed,
-            &wake,
-            &push_up,
-            &stop,
-        );
-        let driving = async {
-            tokio::time::sleep(Duration::from_secs(120)).await;
-            assert_eq!(
-                count(),
-                1,
-                "refused once, then waiting, not retrying every few seconds"
-            );
-            // Replaced (a reload): tried at once, refused again, waited out again.
-            private(&file, "tok_new");
-            let fresh =
-                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-            assert!(secret.replace(&fresh));
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            assert_eq!(count(), 2);
-            assert!(at(1).unwrap() < Duration::from_secs(121), "{:?}", at(1));
-            tokio::time::sleep(PUSH_REFUSED_RETRY - Duration::from_secs(1)).await;
-            assert_eq!(count(), 2);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            // The third try connects, and the operator closes it: the link says polling and
-            // push reconnects after the first backoff step, staying up this time.
-            assert!(count() >= 3);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            assert_eq!(count(), 4);
-            assert!(push_up.load(Ordering::SeqCst));
-            let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
-            assert_eq!(state.push, "websocket");
-            assert!(
-                woken.try_recv().is_ok(),
-                "a connection wakes the reading loop"
-            );
-            stop.cancel();
-        };
-        tokio::join!(supervising, driving);
-        assert!(!push_up.load(Ordering::SeqCst));
-        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
-        assert_eq!(state.push, "polling");
-    }
-
-    /// A connection the back-end closed because its credentials were replaced has seen that
-    /// replacement: a refusal of the new ones right after is waited out, not retried at once
-    /// (the supervisor's own view of the secret went stale, so its wait ended immediately).
-    #[tokio::test(start_paused = true)]
-    async fn a_replacement_push_already_reconnected_for_does_not_cut_the_next_wait_short() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        private(&file, "tok_old");
-        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        let link = Link::new(dir.path().join("link.json"));
-        let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let pushed = Scripted {
-            script: [Ok(Closed::Replaced), Err(refused())].into(),
-            attempts: attempts.clone(),
-        };
-        let (wake, _woken) = mpsc::channel(1);
-        let push_up = AtomicBool::new(false);
-        let stop = CancellationToken::new();
-        let count = || attempts.lock().unwrap().len();
-        let supervising = supervise_push(
-            "coder",
-            &link,
-            Events::new(false),
-            &secret,
-            pushed,
-            &wake,
-            &push_up,
-            &stop,
-        );
-        let driving = async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            private(&file, "tok_new");
-            let fresh =
-                Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-            assert!(secret.replace(&fresh));
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            assert_eq!(
-                count(),
-                2,
-                "closed for the new key, refused with it, then waiting"
-            );
-            tokio::time::sleep(PUSH_REFUSED_RETRY).await;
-            assert_eq!(count(), 3, "tried again after the wait");
-            stop.cancel();
-        };
-        tokio::join!(supervising, driving);
-    }
-}
+mod tests;

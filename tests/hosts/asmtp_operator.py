@@ -34,6 +34,7 @@ row with no `created_at`.
   POST /mailbox/read                   {ids: [...]}
   POST /files                          multipart/form-data, one `file` field -> 201 {id, ...}
   GET  /files/{id}                     the bytes (uploader, or a party to its envelope)
+  GET  /agents/me                      {canonical_handle, id, local_name, namespace, ...}
   GET|POST /agents/me/allowlist        {entries: [...]}; DELETE /agents/me/allowlist/{entry}
   POST /agents/me/blocks               {handle}
   POST /_admin/agents/{handle}/rotate-token   (Authorization: Bearer ADMIN_TOKEN) -> {token}
@@ -600,6 +601,13 @@ class Handler(BaseHTTPRequestHandler):
             if rows and len(rows) == int(limit):
                 cursor = {"created_at": rows[-1]["listed"], "envelope_id": rows[-1]["id"]}
             return 200, {"envelope_headers": items, "next_cursor": cursor}
+        if method == "GET" and path == "/agents/me":
+            # The reference's synthesizeAgentResponse (routes/self.ts), its identity fields.
+            owner, _, local = caller[1:].partition(".")
+            return 200, {"canonical_handle": caller, "id": caller, "local_name": local,
+                         "namespace": owner, "owner_label": f"@{owner}", "owner_id": owner,
+                         "owner_type": "account", "scope": "personal", "paused": False,
+                         "inactive": False, "is_online": True}
         if path == "/agents/me/allowlist" or path.startswith("/agents/me/allowlist/"):
             with lock:
                 if method == "POST":

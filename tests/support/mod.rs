@@ -9,6 +9,7 @@ mod links;
 mod mailhost;
 mod peer;
 mod procfs;
+mod samp;
 mod servers;
 
 pub use bridge::*;
@@ -18,6 +19,7 @@ pub use links::*;
 pub use mailhost::*;
 pub use peer::*;
 pub use procfs::*;
+pub use samp::{SampPeer, SampServer};
 pub use servers::*;
 
 use std::io::{BufRead, BufReader};

@@ -248,6 +248,20 @@ impl AsmtpClient {
         crate::mailbox::fetch_json(request, url.as_str()).await
     }
 
+    /// The agent the token belongs to, as the operator names it (`GET /agents/me`, its
+    /// `canonical_handle`, as the reference operator answers); `None` when the operator has no
+    /// such route (404) or does not name one.
+    pub async fn token_owner(&self) -> Result<Option<String>, MailboxError> {
+        match self
+            .call(reqwest::Method::GET, "agents/me", &[], None)
+            .await
+        {
+            Ok(me) => Ok(me["canonical_handle"].as_str().map(str::to_string)),
+            Err(MailboxError::Http { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// One page of the inbound mailbox's headers (`GET /mailbox`): `newest_first` or oldest
     /// first, only unread ones when `unread`, after the keyset position `after`; and whether
     /// more follow.
@@ -420,6 +434,7 @@ impl AsmtpClient {
         self.call(reqwest::Method::POST, "messages", &[], Some(envelope))
             .await
             .map(|_| ())
+            .map_err(|e| refused_recipient(e, envelope))
     }
 
     /// The push socket's URL (`/connect`, ws or wss).
@@ -429,5 +444,29 @@ impl AsmtpClient {
         let _ = url.set_scheme(scheme);
         url.set_path(&format!("{}/connect", url.path().trim_end_matches('/')));
         url.to_string()
+    }
+}
+
+/// A 404 to a posted envelope is the operator refusing its recipients (the reference answers
+/// every refusal with 404, never 403, so as not to tell whether a handle exists): said as
+/// that, not as a missing path, and permanent.
+pub(super) fn refused_recipient(e: MailboxError, envelope: &Value) -> MailboxError {
+    match e {
+        MailboxError::Http { status: 404, .. } => {
+            let to: Vec<&str> = ["to", "cc"]
+                .iter()
+                .filter_map(|k| envelope[k].as_array())
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            MailboxError::Service {
+                class: crate::error::ErrorClass::Permanent,
+                detail: format!(
+                    "the ASMTP operator refused the envelope to {} (HTTP 404): the recipient blocked this agent, does not list it on its allowlist, or does not exist",
+                    to.join(", ")
+                ),
+            }
+        }
+        other => other,
     }
 }

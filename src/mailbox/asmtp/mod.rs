@@ -57,15 +57,37 @@ async fn probe(config: &LoadedConfig, name: &str) -> Result<Probe, ConfigError> 
     let account = config.asmtp_account(name)?;
     let (url, address) = (account.url.clone(), account.handle.clone());
     let result = match AsmtpClient::new(account) {
-        Ok(client) => client.newest().await,
+        Ok(client) => match client.newest().await {
+            Ok(_) => owner_check(&client).await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     Ok(Probe {
         system: "ASMTP",
         address,
         result: result.map(|_| format!("read the agent's mailbox at {url}")),
-        auth_fix: "check token_file: the operator did not accept the token",
+        auth_fix: "put the token of the mailbox's handle in token_file (mode 0600): the operator refused it, or it is another agent's",
         other_fix: "check asmtp_url and that the operator is running",
+    })
+}
+
+/// The token in `token_file` must be `handle`'s: another agent's reads and answers as that
+/// agent (the operator stamps the sender from the token), so `doctor` fails it, naming both.
+async fn owner_check(client: &AsmtpClient) -> Result<(), super::MailboxError> {
+    let Some(owner) = client.token_owner().await? else {
+        return Ok(());
+    };
+    if owner.eq_ignore_ascii_case(client.handle()) {
+        return Ok(());
+    }
+    Err(super::MailboxError::Service {
+        class: crate::error::ErrorClass::Auth,
+        detail: format!(
+            "the token in token_file belongs to {owner}, not to handle {}: the bridge would read and answer {owner}'s mail as {owner}; put {}'s token in token_file, or set handle = \"{owner}\" if that agent is meant",
+            client.handle(),
+            client.handle()
+        ),
     })
 }
 

@@ -218,3 +218,23 @@ fn the_thread_map_forgets_its_older_half_when_full() {
     let last = format!("E{}", THREADS_KEPT + 9);
     assert_eq!(again.root("X", std::slice::from_ref(&last)), last);
 }
+
+/// Issue 43: a blocked recipient's 404 was explained in the log as "nothing at that path".
+#[test]
+fn a_refused_recipient_is_said_as_a_refusal_not_a_missing_path() {
+    let e = crate::mailbox::MailboxError::Http {
+        url: "http://op.test/messages".into(),
+        status: 404,
+        body: r#"{"error": {"code": "NOT_FOUND", "message": "not found"}}"#.into(),
+    };
+    let envelope = serde_json::json!({"to": ["@alice.boss"], "subject": "Re: x"});
+    let said = super::client::refused_recipient(e, &envelope);
+    let text = said.to_string();
+    assert!(
+        text.contains("@alice.boss") && text.contains("blocked") && text.contains("404"),
+        "{text}"
+    );
+    assert!(!text.contains("nothing at that path"), "{text}");
+    use crate::error::Classify as _;
+    assert_eq!(said.class(), crate::error::ErrorClass::Permanent);
+}

@@ -26,6 +26,7 @@
 //! out (`retry_after_seconds`) and tried again, `inbox_full` is retried by the outbox with
 //! backoff; `blocked` and `unknown_recipient` are permanent.
 
+mod replies;
 mod rpc;
 pub mod tools;
 
@@ -39,13 +40,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::OpenError;
 use super::intake::{self, DeliverError, Health, IntakeError, Watched};
-use super::outlet::{Answering, Intake, Opening, Outlet, Probe, System};
+use super::outlet::{Intake, Opening, Outlet, Probe, System};
 use super::{Inbound, Mail, MailboxError};
 use crate::backend::BackendError;
 use crate::config::SampAccount;
 use crate::error::{Classify, ErrorClass};
 use crate::events::Events;
-use crate::protocol::{self, AampMessage, Body, Intent, RenderedMail};
+use crate::protocol::Intent;
+pub use replies::SampReplies;
 use tools::Tools;
 
 /// Subject, body and data limits (the SAMP README).
@@ -430,6 +432,10 @@ struct AampData {
     task_id: Option<String>,
     session_key: Option<String>,
     hop_count: Option<u32>,
+    /// `hopCount` was given but is not a whole number of hops (a string, a fraction, less
+    /// than 0): what it was. Such a task is refused, never run as one that passed no agent
+    /// before (the loop guard counts on it).
+    bad_hop_count: Option<String>,
 }
 
 fn aamp_data(data: Option<&Value>) -> AampData {
@@ -444,6 +450,11 @@ fn aamp_data(data: Option<&Value>) -> AampData {
         task_id: text("taskId"),
         session_key: text("sessionKey"),
         hop_count: a["hopCount"].as_u64().and_then(|n| u32::try_from(n).ok()),
+        bad_hop_count: match &a["hopCount"] {
+            Value::Null => None,
+            n if n.as_u64().is_some_and(|n| u32::try_from(n).is_ok()) => None,
+            other => Some(other.to_string().chars().take(40).collect()),
+        },
     }
 }
 
@@ -478,7 +489,8 @@ pub fn to_inbound(m: &SampMessage, domain: &str) -> Option<Inbound> {
         || m.data
             .as_ref()
             .is_some_and(|d| d[super::FOREIGN_MARK]["answer"].is_string());
-    super::ForeignTask {
+    let bad_hop_count = aamp.bad_hop_count.clone();
+    let mut inbound = super::ForeignTask {
         id: &m.id,
         task_id: aamp.task_id.unwrap_or_else(|| task_id(m)),
         message_id: message_id(&m.id),
@@ -494,7 +506,13 @@ pub fn to_inbound(m: &SampMessage, domain: &str) -> Option<Inbound> {
         hop_count: aamp.hop_count,
         is_answer,
     }
-    .into_inbound()
+    .into_inbound()?;
+    if let Some(given) = bad_hop_count.filter(|_| !is_answer) {
+        inbound.refused = Some(format!(
+            "data.aamp.hopCount must be a whole number of hops (0 or more), not {given}; send it as a JSON number"
+        ));
+    }
+    Some(inbound)
 }
 
 /// The inbox for [`intake::watch`].
@@ -604,12 +622,6 @@ async fn open(o: Opening<'_>) -> Result<(Outlet, Intake), OpenError> {
     Ok((outlet, intake))
 }
 
-impl Answering for SampReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        SampReplies::secret(self)
-    }
-}
-
 /// Polls the inbox until `stop` (SAMP has no push the bridge uses).
 pub async fn run_intake(
     name: String,
@@ -625,8 +637,11 @@ pub async fn run_intake(
         client.account.name.clone(),
         "key_file (then `aamp-bridge reload`)",
     )
-    .with_secret(client.account.key.clone())
-    .retry_refused_every(intake::KEY_REFUSED_RETRY);
+    // A refused key is asked about again only every 5 minutes (the default), not every few
+    // seconds as AMP's and ASMTP's: the SAMP server locks out the whole address after a few
+    // failed keys (the README: a per-IP lockout), and with it every other agent of the
+    // machine. A key written to the file is still tried at once.
+    .with_secret(client.account.key.clone());
     let mut watched = SampWatched {
         client,
         deliver,
@@ -673,353 +688,5 @@ async fn probe(
     })
 }
 
-/// `Re: <subject>`, at most 200 characters.
-fn reply_subject(subject: &str) -> String {
-    let mut rest = subject.trim();
-    while rest.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("re:")) {
-        rest = rest[3..].trim_start();
-    }
-    let subject = if rest.is_empty() {
-        "Re: (no subject)".to_string()
-    } else {
-        format!("Re: {rest}")
-    };
-    subject.chars().take(SUBJECT_MAX_CHARS).collect()
-}
-
-/// `text` cut to the body limit, with a note saying so.
-fn fit_body(text: &str) -> String {
-    if text.len() <= BODY_MAX_BYTES {
-        return text.to_string();
-    }
-    let note = format!(
-        "\n\n[cut: the answer is {} bytes; a SAMP message takes {} KB. The whole answer is in the bridge's journal (`aamp-bridge tasks`).]",
-        text.len(),
-        BODY_MAX_BYTES / 1024
-    );
-    let mut end = BODY_MAX_BYTES - note.len();
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{note}", &text[..end])
-}
-
-/// Where a SAMP agent's answers go: `send_message` replies to the task message.
-#[derive(Clone)]
-pub struct SampReplies {
-    client: SampClient,
-}
-
-/// The outbound seam: answers submitted; no attachments, streams, threads or claims.
-impl crate::backend::Backend for SampReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        Ok(SampReplies::submit(self, mail).await?)
-    }
-}
-
-impl SampReplies {
-    pub fn new(client: SampClient) -> SampReplies {
-        SampReplies { client }
-    }
-
-    pub fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
-    }
-
-    /// Sends the answer in `mail` in reply to its task message, unless the thread shows it
-    /// sent already (looked for only on a retry, and findable only while the recipient has
-    /// not acked it: ack clears the data that names it).
-    pub async fn submit(&self, mail: &RenderedMail) -> Result<(), SampError> {
-        let parsed = protocol::rfc5322::parse_raw(&mail.bytes)
-            .and_then(|view| AampMessage::parse(&view).ok());
-        let Some(msg) = parsed else {
-            tracing::warn!(message_id = %mail.message_id, "not an AAMP answer; nothing to send to the SAMP server");
-            return Ok(());
-        };
-        let parent = msg
-            .envelope
-            .in_reply_to
-            .as_deref()
-            .and_then(|r| r.strip_prefix('<')?.strip_suffix("@samp>"))
-            .map(str::to_string)
-            .or_else(|| parse_task_id(msg.task_id()).map(|(_, id)| id.to_string()));
-        let Some(parent) = parent else {
-            tracing::warn!(
-                task_id = msg.task_id(),
-                "an answer to a task that did not come from SAMP; dropped"
-            );
-            return Ok(());
-        };
-        let intent = msg.intent();
-        let mut aamp = json!({
-            "intent": intent.as_str(),
-            "taskId": msg.task_id(),
-            "messageId": mail.message_id,
-        });
-        let text = match &msg.body {
-            Body::Result(r) => {
-                aamp["status"] = json!(r.status.as_str());
-                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
-                    aamp["error"] = json!(error);
-                }
-                if let Some(fields) = &r.structured_result {
-                    aamp["structuredResult"] = fields.clone();
-                }
-                let mut text = r.output.clone();
-                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
-                    if !text.is_empty() {
-                        text.push_str("\n\n");
-                    }
-                    text.push_str(&format!("{}: {error}", r.status.as_str()));
-                }
-                text
-            }
-            Body::HelpNeeded(h) => {
-                aamp["question"] = json!(h.question);
-                aamp["suggestedOptions"] = json!(h.suggested_options);
-                let mut text = format!("Question: {}", h.question);
-                for option in &h.suggested_options {
-                    text.push_str(&format!("\n- {option}"));
-                }
-                text
-            }
-            Body::CardResponse { summary, text } => format!("{summary}\n\n{text}"),
-            // Acks, stream announcements and the rest have no SAMP equivalent.
-            _ => return Ok(()),
-        };
-        let mut text = fit_body(&text);
-        let mut data = json!({ "aamp": aamp, super::FOREIGN_MARK: {"answer": intent.as_str()} });
-        if serde_json::to_vec(&data).map_or(0, |d| d.len()) > DATA_MAX_BYTES {
-            data["aamp"]
-                .as_object_mut()
-                .expect("an object")
-                .remove("structuredResult");
-            text = fit_body(&format!(
-                "{text}\n\n[the structured result was over the 64 KB SAMP data limit and is not attached]"
-            ));
-        }
-        let to = msg.envelope.to.first().cloned().unwrap_or_default();
-        // `NAME@HOST` back to the agent's name.
-        let to = to
-            .rsplit_once('@')
-            .map_or(to.as_str(), |(name, _)| name)
-            .to_string();
-        let (known, first) = {
-            let mut recent = self.client.recent.lock().expect("recent lock");
-            (
-                recent.message(&parent),
-                recent.first_attempt(&mail.message_id),
-            )
-        };
-        let subject = match known.filter(|_| first) {
-            Some((_, subject)) => subject,
-            None => {
-                // A retry, or a task read before a restart: look in the thread first.
-                let thread = match parse_task_id(msg.task_id()) {
-                    Some((thread, _)) if !thread.is_empty() => thread.to_string(),
-                    _ => String::new(),
-                };
-                let messages = if thread.is_empty() {
-                    Vec::new()
-                } else {
-                    self.client.thread(&thread).await.unwrap_or_else(|e| {
-                        tracing::debug!(error = %e, "could not read the SAMP thread before a retry");
-                        Vec::new()
-                    })
-                };
-                if let Some(posted) = messages
-                    .iter()
-                    .find(|m| m["data"]["aamp"]["messageId"] == mail.message_id.as_str())
-                {
-                    tracing::info!(message_id = %mail.message_id, "the answer is in the thread already; not sending it again");
-                    if matches!(msg.body, Body::HelpNeeded(_)) {
-                        if let Some(id) = posted["id"].as_str() {
-                            self.note_question(id, &mail.message_id);
-                        }
-                    }
-                    return Ok(());
-                }
-                if let Some(lost) = self.lost_send(&messages, &parent, mail).await {
-                    tracing::info!(message_id = %mail.message_id, posted = %lost, "an answer of ours the server took but never confirmed is in the thread (acked, so without its content): taken as this one, not sent again");
-                    self.note_sent(&lost, &mail.message_id);
-                    if matches!(msg.body, Body::HelpNeeded(_)) {
-                        self.note_question(&lost, &mail.message_id);
-                    }
-                    return Ok(());
-                }
-                messages
-                    .iter()
-                    .find(|m| m["id"] == parent.as_str())
-                    .and_then(|m| m["subject"].as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            }
-        };
-        let posted = self
-            .client
-            .send(&to, &reply_subject(&subject), &text, Some(data), &parent)
-            .await?;
-        self.note_sent(&posted, &mail.message_id);
-        if matches!(msg.body, Body::HelpNeeded(_)) {
-            self.note_question(&posted, &mail.message_id);
-        }
-        Ok(())
-    }
-
-    /// An answer of ours to `parent` in the thread `messages` that the server took but the
-    /// bridge never saw confirmed: sent by this agent, in reply to `parent`, acked by its
-    /// recipient (its content, and with it the Message-ID in its `data`, cleared), not among
-    /// the answers the server confirmed, and sent no earlier than `mail` was made (so an
-    /// earlier answer of the same task, a question, is not taken for it). Its id.
-    async fn lost_send(
-        &self,
-        messages: &[Value],
-        parent: &str,
-        mail: &RenderedMail,
-    ) -> Option<String> {
-        let me = self.client.ready().await.ok()?.me;
-        let made = mail_parser::MessageParser::default()
-            .parse(&mail.bytes)?
-            .date()
-            .map(|d| d.to_timestamp())?;
-        let recent = self.client.recent.lock().expect("recent lock");
-        messages
-            .iter()
-            .filter(|m| m["from"] == me.as_str() && m["in_reply_to"] == parent)
-            .filter(|m| m["data"].is_null() && m["body"].is_null())
-            .filter(|m| {
-                m["created_at"]
-                    .as_str()
-                    .and_then(protocol::time::parse)
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .is_some_and(|t| t.as_secs() as i64 >= made - CLOCK_SKEW_SECS)
-            })
-            .filter_map(|m| m["id"].as_str())
-            .find(|id| recent.sent.question(id).is_none())
-            .map(str::to_string)
-    }
-
-    fn note_sent(&self, posted: &str, message_id: &str) {
-        self.client
-            .recent
-            .lock()
-            .expect("recent lock")
-            .sent
-            .asked(posted, message_id);
-    }
-
-    fn note_question(&self, posted: &str, message_id: &str) {
-        self.client
-            .recent
-            .lock()
-            .expect("recent lock")
-            .questions
-            .asked(posted, message_id);
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message() -> SampMessage {
-        SampMessage {
-            id: "msg_1".into(),
-            thread_id: Some("thr_1".into()),
-            in_reply_to: None,
-            from: "boss".into(),
-            to: "coder".into(),
-            subject: Some("Fix the build".into()),
-            body: Some("It fails.".into()),
-            data: None,
-        }
-    }
-
-    #[test]
-    fn a_plain_message_is_a_task_in_its_thread() {
-        let inbound = to_inbound(&message(), "h").unwrap();
-        assert_eq!(inbound.message.task_id(), "samp:thr_1:msg_1");
-        assert_eq!(parse_task_id("samp:thr_1:msg_1"), Some(("thr_1", "msg_1")));
-        assert_eq!(inbound.message.envelope.from, "boss@h");
-        assert_eq!(inbound.message.envelope.message_id, "<msg_1@samp>");
-        match &inbound.message.body {
-            Body::Dispatch(d) => {
-                assert_eq!(d.title, "Fix the build");
-                assert_eq!(d.body_text.trim(), "It fails.");
-                assert_eq!(d.session_key.as_deref(), Some("samp:thr_1"));
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(inbound.sender_check.is_believed());
-    }
-
-    #[test]
-    fn aamp_fields_come_from_data_and_an_answer_never_starts_a_task() {
-        let mut m = message();
-        m.data = Some(
-            json!({"aamp": {"intent": "task.dispatch", "taskId": "t-9", "sessionKey": "s-1", "hopCount": 3}}),
-        );
-        let inbound = to_inbound(&m, "h").unwrap();
-        assert_eq!(inbound.message.task_id(), "t-9");
-        match &inbound.message.body {
-            Body::Dispatch(d) => {
-                assert_eq!(d.session_key.as_deref(), Some("s-1"));
-                assert_eq!(d.hop_count, Some(3));
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(inbound.view.header("Auto-Submitted"), None);
-        m.data = Some(json!({"aamp": {"intent": "task.result"}}));
-        assert_eq!(
-            to_inbound(&m, "h")
-                .unwrap()
-                .view
-                .header("Auto-Submitted")
-                .as_deref(),
-            Some("auto-replied")
-        );
-        m.data = Some(json!({"aamp": {"taskId": "a\r\nBcc: x"}}));
-        assert_eq!(
-            to_inbound(&m, "h").unwrap().message.task_id(),
-            "samp:thr_1:msg_1"
-        );
-    }
-
-    #[test]
-    fn a_long_answer_is_cut_to_the_limit_with_a_note() {
-        let long = "é".repeat(50_000);
-        let cut = fit_body(&long);
-        assert!(cut.len() <= BODY_MAX_BYTES, "{}", cut.len());
-        assert!(
-            cut.contains("100000 bytes"),
-            "the note says how long it was"
-        );
-        assert_eq!(fit_body("short"), "short");
-        assert_eq!(reply_subject(&"x".repeat(300)).chars().count(), 200);
-        assert_eq!(reply_subject("RE: re: Hi"), "Re: Hi");
-    }
-
-    #[test]
-    fn refusals_are_classed() {
-        let refused = |code: &str| SampError::Refused {
-            tool: "send_message".into(),
-            code: code.into(),
-            message: String::new(),
-            retry_after: None,
-        };
-        assert_eq!(refused("rate_limited").class(), ErrorClass::Transient);
-        assert_eq!(refused("inbox_full").class(), ErrorClass::Transient);
-        assert_eq!(refused("blocked").class(), ErrorClass::Permanent);
-        assert_eq!(refused("unknown_recipient").class(), ErrorClass::Permanent);
-        let http = SampError::Link(MailboxError::Http {
-            url: "u".into(),
-            status: 401,
-            body: String::new(),
-        });
-        assert_eq!(http.class(), ErrorClass::Auth);
-        assert_eq!(
-            MailboxError::from(refused("inbox_full")).class(),
-            ErrorClass::Transient
-        );
-    }
-}
+mod tests;
