@@ -53,6 +53,23 @@ pub enum MailboxError {
         bytes: usize,
         limit: usize,
     },
+    /// An answer, or one message in it, longer than the bridge reads: the reading stopped at
+    /// the first byte over the cap, so only a lower bound of its size is known.
+    #[error("{what} is over the {} cap: at least {at_least} bytes", cap_words(*.limit))]
+    Oversized {
+        what: String,
+        at_least: u64,
+        limit: u64,
+    },
+}
+
+/// A cap in a person's words: `16 MiB`, or its bytes when it is not a whole number of MiB.
+pub fn cap_words(limit: u64) -> String {
+    if limit >= 1 << 20 && limit % (1 << 20) == 0 {
+        format!("{} MiB", limit >> 20)
+    } else {
+        format!("{limit} bytes")
+    }
 }
 
 impl MailboxError {
@@ -299,7 +316,8 @@ impl Classify for MailboxError {
             MailboxError::Protocol { .. }
             | MailboxError::Refused { .. }
             | MailboxError::Address(_)
-            | MailboxError::TooLarge { .. } => ErrorClass::Permanent,
+            | MailboxError::TooLarge { .. }
+            | MailboxError::Oversized { .. } => ErrorClass::Permanent,
             MailboxError::Smtp { class, .. }
             | MailboxError::Push { class, .. }
             | MailboxError::Service { class, .. } => *class,

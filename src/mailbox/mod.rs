@@ -8,6 +8,7 @@
 pub mod aamp;
 pub mod amp;
 pub mod asmtp;
+pub mod body;
 pub(crate) mod error;
 pub mod intake;
 mod kinds;
@@ -193,26 +194,15 @@ pub async fn fetch_json(
 }
 
 /// Reads a JSON answer: a status other than 2xx is an `Http` error carrying the start of the
-/// body, and an answer that is not JSON a `Protocol` error.
+/// body, an answer over [`body::MAX_ANSWER`] an `Oversized` one (counted while it is read),
+/// and an answer that is not JSON a `Protocol` error.
 pub async fn read_json(
     response: reqwest::Response,
     url: &str,
 ) -> Result<serde_json::Value, MailboxError> {
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        return Err(MailboxError::Http {
-            url: url.to_string(),
-            status: status.as_u16(),
-            body: body
-                .chars()
-                .take(200)
-                .collect::<String>()
-                .trim()
-                .to_string(),
-        });
-    }
-    response.json().await.map_err(|e| MailboxError::Protocol {
+    let mut response = body::success(response, url).await?;
+    let bytes = body::read_capped(&mut response, url, body::MAX_ANSWER, |_| false).await?;
+    serde_json::from_slice(&bytes).map_err(|e| MailboxError::Protocol {
         what: url.to_string(),
         detail: e.to_string(),
     })

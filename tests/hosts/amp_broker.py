@@ -5,10 +5,12 @@ same request and response shapes, the same identity checks and the same faults (
 idempotency: the same send twice is two messages).
 
     amp_broker.py --port N --db FILE --record FILE --user NAME:KEY [--user NAME:KEY ...]
-                  [--stall-first-reply] [--render-ms-per-kb MS]
+                  [--stall-first-reply] [--render-ms-per-kb MS] [--huge-bodies]
 
 Every agent call needs `X-API-Key`; a key belongs to a user, and a user's agents are its
-tenant (mail across tenants is refused with 403). A user logs in to the console with the
+tenant (mail across tenants is refused with 403). With `--huge-bodies`, a message whose body
+is `@@HUGE:N@@` is returned by GET and PATCH with a body (and body_html) of N bytes, made as
+they are sent (a message too large to keep in a test's memory, issue 43). A user logs in to the console with the
 password `pw-NAME` and gets a session token (Bearer) for the /users and /admin routes; keys
 made there work like the ones on the command line, until deactivated. State is kept in the
 SQLite file, so the broker can be stopped and started again. Every request is appended to the
@@ -61,6 +63,8 @@ args.add_argument(
 args.add_argument("--render-ms-per-kb", type=float, default=0.0)
 # Every message whose subject is this is returned without its from_agent (issue 36).
 args.add_argument("--malformed-subject", default=None)
+# A body `@@HUGE:N@@` is returned by GET and PATCH as N bytes of "x", made while sent (issue 43).
+args.add_argument("--huge-bodies", action="store_true")
 opts = args.parse_args()
 
 lock = threading.Lock()
@@ -187,6 +191,28 @@ def message(row):
     return out
 
 
+HUGE = re.compile(rb"@@HUGE:(\d+)@@")
+BLOCK = memoryview(b"x" * (1 << 20))
+
+
+def write_answer(handler, status, content_type, parts):
+    """Sends `parts` (JSON text, then a size, then text...: HUGE.split of the answer) with each
+    size sent as that many bytes of "x", made while written: a 150 MB body is never held."""
+    length = sum(len(p) if i % 2 == 0 else int(p) for i, p in enumerate(parts))
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(length))
+    handler.end_headers()
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            handler.wfile.write(part)
+            continue
+        left = int(part)
+        while left > 0:
+            handler.wfile.write(BLOCK[: min(left, len(BLOCK))])
+            left -= len(BLOCK)
+
+
 files = {}  # uploaded files: id -> (filename, mime_type, bytes)
 
 
@@ -261,11 +287,8 @@ class Handler(BaseHTTPRequestHandler):
             threading.Event().wait()
         record(entry)
         data = json.dumps(out).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        huge = opts.huge_bodies and method in ("GET", "PATCH")
+        write_answer(self, status, "application/json", HUGE.split(data) if huge else [data])
 
     def upload(self, raw, user):
         """`POST /files/upload` as agent-mailer's routes/files.py: one multipart `file` field;

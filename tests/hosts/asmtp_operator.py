@@ -7,7 +7,7 @@ a bridge uses, with their validation, keyset pagination, read state, idempotent 
     asmtp_operator.py --port N --db FILE --record FILE --agent @owner.name:TOKEN [...]
                       [--allow @owner.name=ENTRY ...] [--open @owner.name ...]
                       [--stall-first-reply] [--frozen-clock MS] [--no-size-hint]
-                      [--admin-token TOKEN] [--malformed-subject SUBJECT]
+                      [--admin-token TOKEN] [--malformed-subject SUBJECT] [--huge-bodies]
 
 As the reference operator (3ab187e): an agent's inbound policy is `allowlist` unless made
 `open`, and an envelope is refused with 404 (never 403) unless each recipient can be reached
@@ -17,6 +17,8 @@ over 1 MiB are cut off (the connection is closed, no HTTP answer); `POST /files`
 tie (`--frozen-clock` makes every envelope tie); the push socket also carries `monitor.fact`
 frames for a sender that asked (`monitor` on the envelope), and SIGTERM closes every socket
 with code 1001. `--no-size-hint` stores rows without `size_hint` (older operators).
+`--huge-bodies`: a text part `@@HUGE:N@@` is returned by GET as N bytes, made as they are sent,
+while its row's `size_hint` is the stored part's (a hint that understates, issue 43).
 
 Every request and every push frame is appended to the record file as a JSON line; a request
 or frame that breaks the rules is recorded with "invalid" (the tests assert there are none).
@@ -70,6 +72,9 @@ args.add_argument("--frozen-clock", type=int, default=None)
 args.add_argument("--no-size-hint", action="store_true")
 args.add_argument("--admin-token", default=None)
 args.add_argument("--malformed-subject", default=None)
+# A text part `@@HUGE:N@@` is returned by GET as N bytes of "x", made while sent; its row's
+# size_hint is the stored part's, so it understates the envelope (issue 43).
+args.add_argument("--huge-bodies", action="store_true")
 opts = args.parse_args()
 
 MAX_BODY = 1 << 20
@@ -120,6 +125,10 @@ def can_initiate(initiator, peer):
     return reachable(initiator, peer) and reachable(peer, initiator)
 sockets = {}  # handle -> list of (socket, lock)
 last_ms = [0]
+
+
+HUGE = re.compile(rb"@@HUGE:(\d+)@@")
+BLOCK = memoryview(b"x" * (1 << 20))
 
 
 def record(entry):
@@ -287,11 +296,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def reply(self, status, body):
         data = json.dumps(body).encode()
+        parts = HUGE.split(data) if opts.huge_bodies and self.command == "GET" else [data]
+        # Each size in `parts` is sent as that many bytes of "x", made while written: a
+        # 30 MB envelope is never held.
+        length = sum(len(p) if i % 2 == 0 else int(p) for i, p in enumerate(parts))
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
-        self.wfile.write(data)
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                self.wfile.write(part)
+                continue
+            left = int(part)
+            while left > 0:
+                self.wfile.write(BLOCK[: min(left, len(BLOCK))])
+                left -= len(BLOCK)
 
     def handle_any(self, method):
         url = urllib.parse.urlparse(self.path)

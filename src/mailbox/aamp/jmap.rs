@@ -334,35 +334,18 @@ impl JmapClient {
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
-            if !response.status().is_success() {
-                return Err(MailboxError::Http {
-                    url: url.to_string(),
-                    status,
-                    body: String::new(),
-                });
-            }
-            if response.content_length().is_some_and(|n| n > max) {
-                return Err(protocol(
-                    url,
-                    &format!("the attachment is larger than {max} bytes"),
+            let mut response = crate::mailbox::body::success(response, url).await?;
+            // An honest length over the cap is refused before reading; a lying one (or none)
+            // is caught by the count kept while reading.
+            let cap = usize::try_from(max).unwrap_or(usize::MAX);
+            if let Some(length) = response.content_length().filter(|n| *n > max) {
+                return Err(crate::mailbox::body::oversized(
+                    url.to_string(),
+                    length,
+                    cap,
                 ));
             }
-            let mut bytes = Vec::new();
-            let mut response = response;
-            while let Some(chunk) = response
-                .chunk()
-                .await
-                .map_err(MailboxError::network(url.to_string()))?
-            {
-                bytes.extend_from_slice(&chunk);
-                if bytes.len() as u64 > max {
-                    return Err(protocol(
-                        url,
-                        &format!("the attachment is larger than {max} bytes"),
-                    ));
-                }
-            }
-            return Ok(bytes);
+            return crate::mailbox::body::read_capped(&mut response, url, cap, |_| false).await;
         }
         unreachable!("the loop returns")
     }
@@ -629,6 +612,42 @@ pub fn email_from_json(email: &Value) -> Result<Email, MailboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn client() -> JmapClient {
+        JmapClient {
+            http: reqwest::Client::new(),
+            login: "a@x".into(),
+            password: crate::config::Secret::fixed("m", "pw"),
+            session_url: Url::parse("http://127.0.0.1/.well-known/jmap").unwrap(),
+            session: None,
+        }
+    }
+
+    /// Issue 43 item 2: a blob is read with its cap counted while it is read: a server that
+    /// sends no length, and never ends, is cut at the cap; a blob of exactly the cap is read.
+    #[tokio::test]
+    async fn a_blob_download_stops_at_its_cap() {
+        let serve = crate::mailbox::body::tests::serve;
+        let url = serve(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".into(),
+            vec![b'x'; 5000],
+        )
+        .await;
+        let err = tokio::time::timeout(Duration::from_secs(10), client().download(&url, 4096))
+            .await
+            .expect("stopped at the cap, not at the end")
+            .unwrap_err();
+        assert!(
+            matches!(err, MailboxError::Oversized { at_least, limit: 4096, .. } if at_least > 4096),
+            "{err}"
+        );
+        let url = serve(
+            "HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n".into(),
+            vec![b'y'; 4096],
+        )
+        .await;
+        assert_eq!(client().download(&url, 4096).await.unwrap().len(), 4096);
+    }
 
     #[test]
     fn a_mail_without_an_id_costs_that_mail_only() {

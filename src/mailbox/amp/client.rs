@@ -10,6 +10,7 @@ use crate::config::AmpAccount;
 use crate::mailbox::MailboxError;
 
 use super::wire::{AmpMessage, InboxPage, COUNT_PAGE};
+use crate::mailbox::body::Skimmed;
 
 /// Messages this process read, with their subjects, and the answers it tried to post: what
 /// lets a reply skip reading its thread.
@@ -99,7 +100,7 @@ impl AmpClient {
         path: &str,
         query: &[(&str, &str)],
         body: Option<Value>,
-    ) -> Result<Value, MailboxError> {
+    ) -> Result<Skimmed, MailboxError> {
         let mut url = self.account.url.clone();
         {
             let mut segments = url
@@ -123,7 +124,15 @@ impl AmpClient {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        crate::mailbox::fetch_json(request, url.as_str()).await
+        // Every answer that names a message carries its body (a mark read too): each is read
+        // with the message cap counted while reading, so one message over it costs the cap,
+        // not its size (issue 43 item 2).
+        let response = request
+            .send()
+            .await
+            .map_err(MailboxError::network(url.to_string()))?;
+        let limits = crate::mailbox::body::Limits::messages(self.account.max_message_bytes);
+        crate::mailbox::body::read_json_skimmed(response, url.as_str(), limits).await
     }
 
     pub(super) fn parse<T: serde::de::DeserializeOwned>(
@@ -139,7 +148,7 @@ impl AmpClient {
     /// The agent's unread messages, oldest first.
     pub async fn unread(&self) -> Result<Vec<AmpMessage>, MailboxError> {
         let path = format!("messages/inbox/{}", self.account.address);
-        let value = self
+        let mut answer = self
             .call(
                 reqwest::Method::GET,
                 &path,
@@ -147,7 +156,7 @@ impl AmpClient {
                 None,
             )
             .await?;
-        self.each(&value, "an AMP inbox message")
+        self.each(&answer.list(""), "an AMP inbox message")
     }
 
     /// The messages of a list answer, each read on its own: one the bridge does not
@@ -191,33 +200,45 @@ impl AmpClient {
         if all {
             query.push(("all", "true"));
         }
-        let value = self.call(reqwest::Method::GET, &path, &query, None).await?;
-        let total = value["total"]
+        let mut answer = self.call(reqwest::Method::GET, &path, &query, None).await?;
+        let total = answer.value["total"]
             .as_u64()
             .ok_or_else(|| MailboxError::Protocol {
                 what: "an AMP inbox page".into(),
                 detail: "no total".into(),
             })?;
         Ok(InboxPage {
-            messages: self.each(&value["messages"], "an AMP inbox message")?,
+            messages: self.each(&answer.list("/messages"), "an AMP inbox message")?,
             total,
         })
     }
 
+    /// Marks a message read. The broker answers with the whole message, body and all:
+    /// only the status is read, so a large message costs nothing more here.
     pub async fn mark_read(&self, id: &str) -> Result<(), MailboxError> {
-        self.call(
-            reqwest::Method::PATCH,
-            &format!("messages/{id}/read"),
-            &[],
-            None,
-        )
-        .await
-        .map(|_| ())
+        let mut url = self.account.url.clone();
+        url.path_segments_mut()
+            .map_err(|()| MailboxError::Protocol {
+                what: self.account.url.to_string(),
+                detail: "the broker URL cannot take a path".into(),
+            })?
+            .pop_if_empty()
+            .extend(["messages", id, "read"]);
+        let response = self
+            .http
+            .patch(url.clone())
+            .header("X-API-Key", self.account.api_key.value())
+            .send()
+            .await
+            .map_err(MailboxError::network(url.to_string()))?;
+        crate::mailbox::body::success(response, url.as_str())
+            .await
+            .map(drop)
     }
 
     /// A thread, oldest first.
     pub async fn thread(&self, thread_id: &str) -> Result<Vec<AmpMessage>, MailboxError> {
-        let value = self
+        let mut answer = self
             .call(
                 reqwest::Method::GET,
                 &format!("messages/thread/{thread_id}"),
@@ -225,7 +246,7 @@ impl AmpClient {
                 None,
             )
             .await?;
-        self.each(&value, "an AMP thread message")
+        self.each(&answer.list(""), "an AMP thread message")
     }
 
     /// Replies to message `parent` (from `to`).
@@ -301,7 +322,8 @@ impl AmpClient {
                     "parent_id": parent,
                 })),
             )
-            .await?;
+            .await?
+            .value;
         Self::parse(value, "the AMP send answer")
     }
 }

@@ -289,6 +289,13 @@ pub(super) async fn hand_on(
             Some(parent) => question_answered(client, m, parent).await?,
             None => None,
         };
+        // Noted before it is handed on: the answer then finds its subject here rather than
+        // reading the thread again (a large message in it would be read once more).
+        client
+            .recent
+            .lock()
+            .expect("recent lock")
+            .saw(&m.id, &m.subject);
         if let Some(question) = question {
             // An answer to a question the agent asked: matched by the broker's own link.
             deliver(Mail::Reply(answer_to(m, question))).map_err(IntakeError::Deliver)?
@@ -302,11 +309,6 @@ pub(super) async fn hand_on(
                 }
             }
         }
-        client
-            .recent
-            .lock()
-            .expect("recent lock")
-            .saw(&m.id, &m.subject);
         if !m.is_read {
             client.mark_read(&m.id).await?;
             handed.marked += 1;

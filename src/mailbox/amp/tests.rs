@@ -16,6 +16,7 @@ fn message() -> AmpMessage {
         is_read: false,
         parent_id: None,
         created_at: "2026-11-30T10:00:00+00:00".into(),
+        oversized: None,
     }
 }
 

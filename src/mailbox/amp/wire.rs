@@ -31,6 +31,10 @@ pub struct AmpMessage {
     pub parent_id: Option<String>,
     #[serde(default)]
     pub created_at: String,
+    /// Set by the bridge, never the broker: the body was over the message cap, and this is
+    /// how many bytes of it were seen (see `mailbox::body::OVERSIZED`, the same name).
+    #[serde(default, rename = "aamp_bridge_oversized")]
+    pub oversized: Option<u64>,
 }
 
 /// A page of the inbox (`?page=`), newest first.
@@ -74,9 +78,10 @@ pub fn to_inbound(m: &AmpMessage) -> Option<Inbound> {
 
 /// [`to_inbound`], for a message whose body is over `limit` bytes without its body: it is
 /// answered rejected, saying why, and its text is neither kept in the journal nor given to an
-/// agent (issue 36 item 2: one message's cost is bounded past its read).
+/// agent (issue 36 item 2: one message's cost is bounded past its read). A body over the cap
+/// was never read whole (issue 43 item 2): only its size is known, at least what was seen.
 pub(super) fn to_inbound_within(m: &AmpMessage, limit: u64) -> Option<Inbound> {
-    let size = m.body.len() as u64;
+    let size = m.oversized.unwrap_or(m.body.len() as u64);
     if size <= limit {
         return to_inbound(m);
     }
@@ -85,9 +90,15 @@ pub(super) fn to_inbound_within(m: &AmpMessage, limit: u64) -> Option<Inbound> {
         body: String::new(),
         ..m.clone()
     })?;
-    inbound.refused = Some(format!(
-        "the task is {size} bytes, more than this agent reads from one AMP message ({limit} bytes, max_message_bytes): send a shorter task, or put the large content where the agent can fetch it and name it"
-    ));
+    inbound.refused = Some(match m.oversized {
+        Some(seen) => format!(
+            "the task is over the {} cap of one AMP message (max_message_bytes): at least {seen} bytes, never read whole; send a shorter task, or put the large content where the agent can fetch it and name it",
+            crate::mailbox::error::cap_words(limit)
+        ),
+        None => format!(
+            "the task is {size} bytes, more than this agent reads from one AMP message ({limit} bytes, max_message_bytes): send a shorter task, or put the large content where the agent can fetch it and name it"
+        ),
+    });
     Some(inbound)
 }
 

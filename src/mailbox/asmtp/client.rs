@@ -160,6 +160,20 @@ impl AsmtpClient {
     /// the operator's own reply link, `in_reply_to`), or else a task, in the conversation its
     /// thread belongs to.
     pub(super) fn inbound(&self, e: &AsmtpEnvelope) -> Option<Mail> {
+        if let Some(seen) = e.oversized {
+            // Its text was over the cap and never read whole (issue 43 item 2): answered
+            // rejected with the size seen, as one whose row said it was too large.
+            let limit = self.account.max_message_bytes;
+            tracing::warn!(id = %e.id, seen, limit, "an ASMTP envelope over max_message_bytes; answered rejected");
+            return self.rejected(
+                &e.id,
+                &e.from,
+                format!(
+                    "the task is over the {} cap of one ASMTP envelope (max_message_bytes): at least {seen} bytes, never read whole; send large content as a file part, which is passed on as its link",
+                    crate::mailbox::error::cap_words(limit)
+                ),
+            );
+        }
         let question = e.in_reply_to.as_deref().and_then(|parent| {
             self.questions
                 .lock()
@@ -194,22 +208,33 @@ impl AsmtpClient {
     /// The envelope of `header`, too large (`size` bytes) to fetch, as a task answered
     /// rejected, saying why; `None` when the row names no sender.
     pub(super) fn refused(&self, header: &Header, size: u64) -> Option<Mail> {
+        self.rejected(
+            &header.id,
+            header.from.as_deref()?,
+            format!(
+                "the task is about {size} bytes, more than this agent reads from one ASMTP envelope ({} bytes, max_message_bytes): send large content as a file part, which is passed on as its link",
+                self.account.max_message_bytes
+            ),
+        )
+    }
+
+    /// The envelope `id` from `from`, without its content, as a task answered rejected for
+    /// `why`.
+    fn rejected(&self, id: &str, from: &str, why: String) -> Option<Mail> {
         let envelope = AsmtpEnvelope {
-            id: header.id.clone(),
-            from: header.from.clone()?,
+            id: id.to_string(),
+            from: from.to_string(),
             to: vec![self.handle().to_string()],
             subject: None,
             in_reply_to: None,
             references: Vec::new(),
             content_parts: Vec::new(),
+            oversized: None,
         };
         let Some(Mail::Aamp(mut inbound)) = self.inbound(&envelope) else {
             return None;
         };
-        inbound.refused = Some(format!(
-            "the task is about {size} bytes, more than this agent reads from one ASMTP envelope ({} bytes, max_message_bytes): send large content as a file part, which is passed on as its link",
-            self.account.max_message_bytes
-        ));
+        inbound.refused = Some(why);
         Some(Mail::Aamp(inbound))
     }
 
@@ -228,6 +253,34 @@ impl AsmtpClient {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Value, MailboxError> {
+        let (request, url) = self.request(method, path, query, body);
+        crate::mailbox::fetch_json(request, url.as_str()).await
+    }
+
+    /// A call whose answer carries envelopes' content: each string is kept up to the
+    /// message cap, counted while it is read, and a longer one emptied and sized (issue 43
+    /// item 2: a row's `size_hint` may understate the envelope, or be missing).
+    async fn call_skimmed(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<crate::mailbox::body::Skimmed, MailboxError> {
+        let (request, url) = self.request(reqwest::Method::GET, path, query, None);
+        let response = request
+            .send()
+            .await
+            .map_err(MailboxError::network(url.to_string()))?;
+        let limits = crate::mailbox::body::Limits::messages(self.account.max_message_bytes);
+        crate::mailbox::body::read_json_skimmed(response, url.as_str(), limits).await
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> (reqwest::RequestBuilder, url::Url) {
         let mut url = self.account.url.clone();
         url.set_path(&format!(
             "{}/{}",
@@ -245,7 +298,7 @@ impl AsmtpClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        crate::mailbox::fetch_json(request, url.as_str()).await
+        (request, url)
     }
 
     /// The agent the token belongs to, as the operator names it (`GET /agents/me`, its
@@ -373,18 +426,15 @@ impl AsmtpClient {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let value = self
-            .call(
-                reqwest::Method::GET,
-                "messages",
-                &[("ids", ids.join(","))],
-                None,
-            )
+        let mut answer = self
+            .call_skimmed("messages", &[("ids", ids.join(","))])
             .await?;
         // An envelope the bridge cannot read costs that envelope only: the intake skips it
         // (its row is passed as one the operator would not return) and reports it once.
-        let (envelopes, bad) =
-            crate::mailbox::decode_each::<AsmtpEnvelope>(&value["envelopes"], "an ASMTP envelope")?;
+        let (envelopes, bad) = crate::mailbox::decode_each::<AsmtpEnvelope>(
+            &answer.list("/envelopes"),
+            "an ASMTP envelope",
+        )?;
         self.unreadable.note(bad);
         Ok(envelopes)
     }

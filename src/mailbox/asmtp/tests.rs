@@ -49,6 +49,7 @@ fn envelope() -> AsmtpEnvelope {
             json!({"type": "text", "text": "It fails."}),
             json!({"type": "data", "data": {"branch": "main"}}),
         ],
+        oversized: None,
     }
 }
 
@@ -122,6 +123,7 @@ fn an_answer_comes_back_marked_automatic_and_a_hop_count_is_read() {
         in_reply_to: posted["in_reply_to"].as_str().map(str::to_string),
         references: vec![],
         content_parts: posted["content_parts"].as_array().unwrap().clone(),
+        oversized: None,
     };
     let inbound = to_inbound(&answer, "@alice.boss").unwrap();
     assert_eq!(

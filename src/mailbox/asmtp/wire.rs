@@ -57,6 +57,10 @@ pub struct AsmtpEnvelope {
     pub references: Vec<String>,
     #[serde(default)]
     pub content_parts: Vec<Value>,
+    /// Set by the bridge, never the operator: a content part was over the message cap, and
+    /// this is how many bytes of it were seen (see `mailbox::body::OVERSIZED`, the same name).
+    #[serde(default, rename = "aamp_bridge_oversized")]
+    pub oversized: Option<u64>,
 }
 
 /// How far the mailbox has been read.

@@ -225,24 +225,12 @@ impl Rpc {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.starts_with("text/event-stream"));
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(MailboxError::network(url.clone()))?
-        {
-            if body.len() + chunk.len() > MAX_ANSWER {
-                return Err(SampError::Protocol {
-                    what: url,
-                    detail: format!("an answer over {MAX_ANSWER} bytes"),
-                });
-            }
-            body.extend_from_slice(&chunk);
-            if event_stream && id.is_some_and(|id| find_answer(&body, id).is_some()) {
-                // The answer is in: the stream may stay open for more; not waited for.
-                break;
-            }
-        }
+        // Counted while read, whatever the server says of its length (issue 43 item 2); an
+        // event stream's answer ends the reading once it is in: the stream may stay open.
+        let answered =
+            |body: &[u8]| event_stream && id.is_some_and(|id| find_answer(body, id).is_some());
+        let body =
+            crate::mailbox::body::read_capped(&mut response, &url, MAX_ANSWER, answered).await?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body);
             return Err(MailboxError::Http {
