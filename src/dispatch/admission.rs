@@ -42,13 +42,9 @@ pub struct Load {
     pub cancelled_before: bool,
 }
 
-/// Limits on how much one sender, one session or the whole agent may ask.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Limits {
-    pub per_sender_per_hour: Option<u32>,
-    pub daily_budget: Option<u32>,
-    pub turns_per_session: Option<u32>,
-}
+/// Limits on how much one sender, one session or the whole agent may ask (kept with the
+/// journal, which counts against them).
+pub use super::journal::Limits;
 
 /// The admission decision, made before anything is acknowledged.
 pub fn admit(

@@ -30,7 +30,7 @@ pub use space::{keep, log_kept, size_on_disk, Kept, Upkeep};
 mod turns;
 pub use turns::Turn;
 mod tasks;
-pub use tasks::{Recent, RecentCounts};
+pub use tasks::{Limits, Recent, RecentCounts};
 mod trust;
 
 /// Where a task is in its life. Closed: these are all the states there are.

@@ -10,7 +10,14 @@ use super::{
     Unfinished, BOUND_NOT_ADMITTED, COUNT_AGENT_RECENT, COUNT_CONVERSATION, COUNT_SENDER_RECENT,
     KEEP_NOT_ADMITTED,
 };
-use crate::dispatch::admission::Limits;
+
+/// Limits on how much one sender, one session or the whole agent may ask.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub per_sender_per_hour: Option<u32>,
+    pub daily_budget: Option<u32>,
+    pub turns_per_session: Option<u32>,
+}
 
 /// Whose recent admitted tasks a count is of.
 #[derive(Clone, Copy, Debug)]
