@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod bridge;
+mod browser;
 mod config;
 mod fake;
 mod mailhost;
@@ -11,6 +12,7 @@ mod procfs;
 mod servers;
 
 pub use bridge::*;
+pub use browser::*;
 pub use config::*;
 pub use fake::*;
 pub use mailhost::*;
