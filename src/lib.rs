@@ -96,8 +96,9 @@
 //!   operator's acts, the outbox worker) in a file of its own with its own state. It names
 //!   `runner`, `inbound` and `backend`, never `mailbox`.
 //! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one
-//!   feed of the bridge's events (the [`events::tap`]), the read model `status`, `tasks` and
-//!   `task show` share (`ui::snapshot`), and the operator's answers and cancels, taken through
+//!   feed of the bridge's events (the [`events::tap`]; its token a header, never a cookie),
+//!   the read model `status`, `tasks` and `task show` share (`ui::snapshot`), and the
+//!   operator's answers and cancels, taken through
 //!   the engines' own paths (`dispatch::operator`). It names neither `daemon` nor the
 //!   shells; the daemon starts it.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,

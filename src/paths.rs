@@ -50,6 +50,11 @@ impl StateDir {
         self.0.join("ui-address")
     }
 
+    /// The owner-only page `ui --open` opens, which sends the browser on to the link.
+    pub fn ui_opener(&self) -> PathBuf {
+        self.0.join("ui-open.html")
+    }
+
     /// The folder of one agent.
     pub fn agent(&self, name: &str) -> PathBuf {
         self.0.join("agents").join(name)

@@ -451,3 +451,49 @@ async fn a_profiles_env_file_reaches_the_agent() {
 fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
+
+/// Issue 43: a CLI profile without a stream format showed nothing while it ran. Its output
+/// lines come as events (`text.delta` on the live view) as they are written (the first while the agent still
+/// waits for the test to let it go on), `HELP:` lines are not among them, and the answer is
+/// the whole output as before.
+#[tokio::test]
+async fn plain_output_is_shown_a_line_at_a_time_as_it_comes() {
+    use aamp_bridge::runner::StreamEvent;
+    let dir = tempfile::tempdir().unwrap();
+    let go_on = dir.path().join("go-on");
+    let script = format!(
+        "printf 'first line\\n'; while [ ! -e {go} ]; do sleep 0.02; done; printf 'second \\033[1mline\\033[0m\\nno end'",
+        go = go_on.display()
+    );
+    let p = profile(&format!(
+        "command = \"sh\"\nargs = [\"-c\", {}]\ntimeout_secs = 30\n",
+        toml_str(&script)
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let cancel = CancellationToken::new();
+    let t = task(dir.path(), "go");
+    let run = tokio::spawn(async move {
+        let out = aamp_bridge::runner::run_cli(&p, &t, &cancel, &tx).await;
+        drop(tx);
+        out
+    });
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the first line is shown while the agent runs");
+    assert_eq!(first, Some(StreamEvent::Output("first line\n".into())));
+    assert!(!run.is_finished(), "the agent still waits");
+    std::fs::write(&go_on, "").unwrap();
+    let mut rest = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            StreamEvent::Output(t) => rest.push_str(&t),
+            other => panic!("only text: {other:?}"),
+        }
+    }
+    assert_eq!(
+        rest, "second line\nno end",
+        "escapes stripped, the last line too"
+    );
+    let out = run.await.unwrap().unwrap();
+    assert_eq!(out.output, "first line\nsecond line\nno end");
+}

@@ -531,7 +531,19 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
         } else {
             "xdg-open"
         };
-        if let Err(e) = std::process::Command::new(opener).arg(&link).status() {
+        // Not the link itself: a command line is readable by any local user (/proc), so the
+        // opener gets an owner-only page that sends the browser on to it.
+        let page = match crate::ui::opener_page(config, &link) {
+            Ok(page) => page,
+            Err(e) => {
+                eprintln!("{e}; open the link above yourself");
+                return Ok(1);
+            }
+        };
+        let url = url::Url::from_file_path(&page)
+            .map(String::from)
+            .unwrap_or_else(|()| format!("file://{}", page.display()));
+        if let Err(e) = std::process::Command::new(opener).arg(&url).status() {
             eprintln!("could not run {opener}: {e}; open the link above yourself");
         }
     }

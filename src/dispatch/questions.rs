@@ -68,6 +68,44 @@ pub fn choose(options: &[String], text: &str) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// Whether `c` changes how text reads without being seen: direction overrides, embeddings,
+/// isolates and marks, zero-width and other format characters, fillers, variation and tag
+/// selectors, and controls other than newline and tab (a carriage return can hide a line's
+/// start on a terminal).
+fn hidden(c: char) -> bool {
+    matches!(c,
+        '\u{0}'..='\u{8}' | '\u{b}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{ad}' | '\u{61c}'
+        | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{3164}'
+        | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
+        | '\u{e0000}'..='\u{e007f}')
+}
+
+/// `text` with every [`hidden`] character shown as `<U+XXXX>`: what a person approves reads
+/// as it is (a right-to-left override in a command would otherwise move where the command
+/// seems to end, and reverse the words after it).
+pub fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if hidden(c) {
+            out.push_str(&format!("<U+{:04X}>", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The `task.help_needed` body for a question: the agent's words, with what hides in them
+/// shown ([`visible`]).
+fn help_needed(question: &Question) -> HelpNeeded {
+    HelpNeeded {
+        question: visible(&question.text),
+        blocked_reason: visible(&question.reason),
+        suggested_options: question.options.iter().map(|o| visible(o)).collect(),
+    }
+}
+
 /// A question an agent asked and its dispatcher has not answered yet.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -103,12 +141,10 @@ impl<O: Backend> Engine<O> {
     /// answer channel until a reply comes.
     pub(super) async fn ask_dispatcher(&self, task: &Task, question: Question) {
         let inner = &self.inner;
-        let text = question.text.clone();
-        let help = HelpNeeded {
-            question: question.text,
-            blocked_reason: question.reason,
-            suggested_options: question.options.clone(),
-        };
+        // The mail, the live view and the answer's matching all see the shown form.
+        let help = help_needed(&question);
+        let text = help.question.clone();
+        let options = help.suggested_options.clone();
         let n = inner
             .journal
             .count_outgoing(task.row, "task.help_needed")
@@ -124,11 +160,11 @@ impl<O: Backend> Engine<O> {
                     "asked the dispatcher",
                     Some(&mail.mail.message_id),
                 );
-                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "from": task.env.from, "question": text, "options": question.options, "messageId": mail.mail.message_id}));
+                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "from": task.env.from, "question": text, "options": options, "messageId": mail.mail.message_id}));
                 let pending = PendingQuestion {
                     help_message_id: mail.mail.message_id.clone(),
                     text,
-                    options: question.options,
+                    options,
                     answer: question.answer,
                     task_row: task.row,
                 };
@@ -282,5 +318,45 @@ mod tests {
         assert_eq!(choose(&options, "4"), None);
         assert_eq!(choose(&options, "maybe later"), None);
         assert_eq!(choose(&options, ""), None);
+    }
+
+    /// Issue 43: a right-to-left override in a command to approve moved where the command
+    /// seemed to end; the mail the dispatcher gets shows it (and its kind) as `<U+202E>`.
+    #[test]
+    fn the_question_mail_shows_direction_marks_and_controls() {
+        let (answer, _chosen) = tokio::sync::oneshot::channel();
+        let question = Question {
+            text: "Run `ls \u{202e}gnp.exe` \u{2066}now\u{2069}?\nSure\r?".into(),
+            reason: "blocked\u{200b}".into(),
+            options: vec!["Allow \u{202d}once".into(), "Reject".into()],
+            answer,
+        };
+        let env = crate::protocol::Envelope {
+            version: "1.1".into(),
+            task_id: "t".into(),
+            from: "boss@x.test".into(),
+            to: vec!["coder@x.test".into()],
+            message_id: "<m@x.test>".into(),
+            subject: String::new(),
+            in_reply_to: None,
+            references: vec![],
+            received_body: None,
+        };
+        let body = Body::HelpNeeded(help_needed(&question));
+        let msg = crate::protocol::AampMessage::reply(&env, "coder@x.test", body);
+        let mail = crate::protocol::render(&msg, std::time::SystemTime::now());
+        let read = crate::protocol::parse_raw(&mail.bytes).expect("the mail parses");
+        let text = read.body_text;
+        assert!(
+            text.contains("Run `ls <U+202E>gnp.exe` <U+2066>now<U+2069>?\nSure<U+000D>?"),
+            "{text}"
+        );
+        assert!(text.contains("blocked<U+200B>"), "{text}");
+        assert!(text.contains("Allow <U+202D>once"), "{text}");
+        assert!(!text.chars().any(hidden), "{text:?}");
+        assert_eq!(
+            visible("plain\ttext\nnext, ÄÖ, עברית"),
+            "plain\ttext\nnext, ÄÖ, עברית"
+        );
     }
 }

@@ -396,7 +396,7 @@ impl<O: Backend> Engine<O> {
                         json!({"agent": name, "from": env.from, "taskId": env.task_id,
                         "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
                     );
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": answer}));
+                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": answer}));
                     self.wake_outbox();
                 }
             }
@@ -404,7 +404,7 @@ impl<O: Backend> Engine<O> {
                 let reply = rejected(&reason);
                 if record(state, false, Some(&reason), Some(&reply))?.is_some() {
                     tracing::info!(%reason, "dispatch refused");
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "reason": reason, "answered": true}));
+                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": true}));
                     self.wake_outbox();
                 }
             }

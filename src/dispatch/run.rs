@@ -247,7 +247,9 @@ impl<O: Backend> Engine<O> {
             while let Some(event) = rx.recv().await {
                 let (kind, payload) = event.to_aamp();
                 events.emit_detail(crate::events::Event::TaskStream, json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
-                let _ = to_stream.send((kind, payload)).await;
+                if event.for_dispatcher() {
+                    let _ = to_stream.send((kind, payload)).await;
+                }
             }
         };
         let pump = async {

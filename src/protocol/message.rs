@@ -747,7 +747,7 @@ fn read_result(mail: &MailView) -> TaskResult {
 }
 
 /// The dispatch title: the subject without its `[AAMP Task]` tag.
-fn dispatch_title(subject: &str) -> String {
+pub fn dispatch_title(subject: &str) -> String {
     let title = strip_prefix_ci(subject.trim(), "[AAMP Task]").trim();
     if title.is_empty() {
         "Untitled Task".to_string()

@@ -93,11 +93,19 @@ pub async fn run_cli(
     let stop_reading = CancellationToken::new();
     let read_stdout = async {
         if profile.stream == StreamFormat::None {
+            // Without a stream format the output's lines are shown as they come, as text.
+            let mut shown = Shown {
+                events,
+                budget: profile.output.max_bytes,
+                strip_ansi: profile.output.strip_ansi,
+                pending: Vec::new(),
+            };
             let (bytes, truncated) = read_capped(
                 stdout,
                 profile.output.max_bytes,
                 &stop_reading,
                 asker.as_ref(),
+                &mut shown,
             )
             .await?;
             Ok::<_, std::io::Error>(Stdout::Text(bytes, truncated))
@@ -389,18 +397,73 @@ pub(super) async fn read_stream(
     Ok(parser)
 }
 
-/// Reads everything, keeping the first `max` bytes.
+/// Plain output (a profile without a stream format) shown as it comes: one
+/// [`StreamEvent::Output`] (a `text.delta` on the live view) per
+/// read of the pipe, holding its whole lines, and [`SHOWN_PART`] at a time of a line that goes
+/// on without its end (progress output), up to `budget` bytes in all (what the answer keeps at
+/// most).
+pub(super) struct Shown<'a> {
+    pub events: &'a mpsc::Sender<StreamEvent>,
+    pub budget: usize,
+    pub strip_ansi: bool,
+    pub pending: Vec<u8>,
+}
+
+/// How much of a line without its end yet is shown at once.
+const SHOWN_PART: usize = 4096;
+
+impl Shown<'_> {
+    fn add(&mut self, bytes: &[u8]) {
+        let bytes = &bytes[..bytes.len().min(self.budget)];
+        self.budget -= bytes.len();
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// Adds `line[*from..]` up to its last whole UTF-8 character, when that is at least
+    /// [`SHOWN_PART`] long, and moves `from` on.
+    fn add_part(&mut self, line: &[u8], from: &mut usize) {
+        let rest = &line[*from..];
+        if rest.len() < SHOWN_PART {
+            return;
+        }
+        let whole = match std::str::from_utf8(rest) {
+            Ok(_) => rest.len(),
+            // An incomplete character at the end waits for its other bytes.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => rest.len(),
+        };
+        self.add(&rest[..whole]);
+        *from += whole;
+    }
+
+    async fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let text = clean(
+            &String::from_utf8_lossy(&std::mem::take(&mut self.pending)),
+            self.strip_ansi,
+            false,
+        );
+        let _ = self.events.send(StreamEvent::Output(text)).await;
+    }
+}
+
+/// Reads everything, keeping the first `max` bytes, and shows its lines as they come.
 pub(super) async fn read_capped(
     mut pipe: impl AsyncRead + Unpin,
     max: usize,
     stop: &CancellationToken,
     asker: Option<&Asker>,
+    shown: &mut Shown<'_>,
 ) -> std::io::Result<(Vec<u8>, bool)> {
     let mut kept = Vec::new();
     let mut truncated = false;
     let mut buf = vec![0u8; 16 * 1024];
-    // With an asker, text is looked at line by line, so `HELP:` lines can be taken out.
+    // Text is looked at line by line, so lines are shown whole and `HELP:` lines (with an
+    // asker) can be taken out; `from` is how much of the line was shown already.
     let mut line: Vec<u8> = Vec::new();
+    let mut from = 0;
     let mut keep = |bytes: &[u8], kept: &mut Vec<u8>| {
         let room = max.saturating_sub(kept.len());
         kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
@@ -410,25 +473,42 @@ pub(super) async fn read_capped(
     loop {
         let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
-            keep(&line, &mut kept);
+            if asker.is_some() {
+                keep(&line, &mut kept);
+            }
+            shown.add(&line[from.min(line.len())..]);
+            shown.flush().await;
             return Ok((kept, truncated));
         }
-        let Some(asker) = asker else {
-            keep(&buf[..n], &mut kept);
-            continue;
-        };
         for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
+            if asker.is_none() {
+                keep(chunk, &mut kept);
+            }
             if line.len() < MAX_LINE {
                 line.extend_from_slice(chunk);
             }
+            let asked = asker.filter(|_| line.starts_with(b"HELP:"));
             if chunk.last() == Some(&b'\n') {
-                if line.starts_with(b"HELP:") {
-                    asker.ask(String::from_utf8_lossy(&line).trim_end()).await;
-                } else {
-                    keep(&line, &mut kept);
+                match asked {
+                    Some(asker) => {
+                        // What came before the question is shown before it.
+                        shown.flush().await;
+                        asker.ask(String::from_utf8_lossy(&line).trim_end()).await;
+                    }
+                    None => {
+                        if asker.is_some() {
+                            keep(&line, &mut kept);
+                        }
+                        shown.add(&line[from.min(line.len())..]);
+                    }
                 }
                 line.clear();
+                from = 0;
+            } else if asked.is_none() {
+                // A `HELP:` line is never shown; a part is over 5 bytes, so `asked` knows.
+                shown.add_part(&line, &mut from);
             }
         }
+        shown.flush().await;
     }
 }

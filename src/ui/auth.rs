@@ -1,6 +1,14 @@
-//! Who may use the page: the access token (kept 0600 in the state folder; a link carries it
-//! once, then an HttpOnly SameSite=Strict cookie), the `Host` header (no DNS rebinding), and
-//! for actions the page's CSRF token and a same-origin `Origin`. Pure checks, tested here.
+//! Who may use the page: the access token (kept 0600 in the state folder), the `Host` header
+//! (no DNS rebinding), and for actions the page's CSRF token and a same-origin `Origin`. Pure
+//! checks, tested here.
+//!
+//! The token is never a cookie: a browser sends a cookie of 127.0.0.1 to every port of
+//! 127.0.0.1 (cookies ignore ports, and SameSite counts every loopback port as one site), so
+//! any local web server the operator visited would receive it. The link carries it in its
+//! fragment (`#token=`, which a browser never sends), the page keeps it in sessionStorage
+//! (one origin, port included) and sends it as `Authorization: Bearer` on each request, a
+//! header no other page can make a browser send here without a CORS preflight, which is
+//! never granted.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -103,26 +111,15 @@ impl Hosts {
     }
 }
 
-/// The cookie's name: one per port, so two bridges on one machine keep their own.
-pub fn cookie_name(port: u16) -> String {
-    format!("aamp_bridge_{port}")
+/// The token an `Authorization: Bearer TOKEN` header carries.
+pub fn bearer(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// The `Set-Cookie` value for the token: the script never sees it, and no other site's page
-/// sends it.
-pub fn set_cookie(port: u16, token: &str) -> String {
-    format!(
-        "{}={token}; Path=/; HttpOnly; SameSite=Strict",
-        cookie_name(port)
-    )
-}
-
-/// The value of cookie `name` in a `Cookie` header.
-pub fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
-    header.split(';').find_map(|pair| {
-        let (k, v) = pair.trim().split_once('=')?;
-        (k == name).then_some(v)
-    })
+/// The page's link: the token in the fragment, which the browser keeps to itself.
+pub fn link(addr: &str, token: &str) -> String {
+    format!("http://{addr}/#token={token}")
 }
 
 /// The value of `name` in a query string (no percent-decoding: the token is hex).
@@ -158,12 +155,15 @@ mod tests {
     }
 
     #[test]
-    fn cookies_queries_and_origins() {
+    fn bearers_queries_and_origins() {
+        assert_eq!(bearer("Bearer tok"), Some("tok"));
+        assert_eq!(bearer("bearer  tok "), Some("tok"));
+        assert_eq!(bearer("Basic tok"), None);
+        assert_eq!(bearer("tok"), None);
         assert_eq!(
-            cookie("a=1; aamp_bridge_80=tok; b=2", "aamp_bridge_80"),
-            Some("tok")
+            link("127.0.0.1:80", "tok"),
+            "http://127.0.0.1:80/#token=tok"
         );
-        assert_eq!(cookie("aamp_bridge_81=tok", "aamp_bridge_80"), None);
         assert_eq!(query_param("x=1&token=abc", "token"), Some("abc"));
         assert!(same_origin(Some("http://127.0.0.1:80"), "127.0.0.1:80"));
         assert!(!same_origin(Some("http://evil.example"), "127.0.0.1:80"));

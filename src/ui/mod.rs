@@ -3,7 +3,8 @@
 //! operator answers an agent's question and cancels a task.
 //!
 //! - [`server`]: the HTTP server (hyper, HTTP/1.1), its routes and its refusals;
-//! - [`auth`]: the access token, the cookie, the `Host`, `Origin` and CSRF checks;
+//! - [`auth`]: the access token (never a cookie), the `Host`, `Origin` and CSRF checks;
+//! - `conns`: the open connections, bounded, idle ones closed first to make room;
 //! - [`feed`]: one Server-Sent Events stream per open page: a snapshot, then every event
 //!   line `start --json` prints (from [`crate::events::tap`]), a fresh snapshot when the page
 //!   fell behind;
@@ -14,6 +15,7 @@
 //! a mail answer and a `task.cancel` take.
 
 pub mod auth;
+mod conns;
 mod feed;
 mod server;
 pub mod snapshot;
@@ -122,7 +124,17 @@ impl Context {
                     Vec::new()
                 }
             };
-        let mut tasks = Vec::new();
+        let names: Vec<&str> = self
+            .config
+            .config
+            .agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        let tasks = snapshot::recent_tasks(&self.journal, &names).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the live view could not read the tasks");
+            Vec::new()
+        });
         let mut active = Vec::new();
         for (json, agent) in agents.iter_mut().zip(&self.config.config.agents) {
             let backend = self
@@ -133,13 +145,6 @@ impl Context {
                 .map(|m| serde_json::to_value(m.kind()).unwrap_or_default());
             json["backend"] = backend.unwrap_or_default();
             json["profile"] = Value::from(agent.profile.clone());
-            match self
-                .journal
-                .tasks(Some(&agent.name), None, snapshot::RECENT_TASKS)
-            {
-                Ok(rows) => tasks.extend(rows),
-                Err(e) => tracing::warn!(error = %e, "the live view could not read the tasks"),
-            }
             match snapshot::active_tasks(&self.journal, &agent.name) {
                 Ok(rows) => active.extend(rows),
                 Err(e) => tracing::warn!(error = %e, "the live view could not read the queue"),
@@ -158,13 +163,34 @@ impl Context {
     }
 }
 
-/// Where the page of the bridge on this state folder is, for `aamp-bridge ui`: its address
-/// with the token, when the bridge serves one.
+/// Where the page of the bridge on this state folder is, for `aamp-bridge ui`: its link
+/// with the token (in the fragment, which the browser keeps to itself), when the bridge
+/// serves one.
 pub fn address(config: &LoadedConfig) -> Option<String> {
     let state = config.state();
     let addr = std::fs::read_to_string(state.ui_address()).ok()?;
     let token = auth::read_token(&state.ui_token())?;
-    Some(format!("http://{}/?token={token}", addr.trim()))
+    Some(auth::link(addr.trim(), &token))
+}
+
+/// A page in the state folder (owner-only) that sends the browser on to `link`: what
+/// `aamp-bridge ui --open` gives the opener, so that the token never stands in a command
+/// line (any local user reads those in /proc while the browser runs). Made anew each time.
+pub fn opener_page(config: &LoadedConfig, link: &str) -> Result<std::path::PathBuf, UiError> {
+    let path = config.state().ui_opener();
+    // The link is ours (an address and hex digits); quoted for an attribute all the same.
+    let quoted = link
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;");
+    let html = format!(
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<meta name=\"referrer\" content=\"no-referrer\">\n<meta http-equiv=\"refresh\" content=\"0; url={quoted}\">\n<title>aamp-bridge</title>\n<p><a href=\"{quoted}\">Open the live view</a></p>\n"
+    );
+    crate::fsio::write_atomic(&path, html.as_bytes(), 0o600).map_err(|source| UiError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
 }
 
 /// Binds the page's address and makes its token: `None` when the config has no `[ui]`.

@@ -1,8 +1,10 @@
-//! The live view's HTTP/1.1 server: every request's `Host` is checked first, then its token
-//! (the `?token=` link once, which sets the cookie and redirects to drop it from the address,
-//! then the cookie); actions are POSTs that also need a same-origin `Origin` and the CSRF
-//! token the page read from its feed. Connections are bounded and live on the daemon's task
-//! tracker; the bridge's stop ends them (and their feeds).
+//! The live view's HTTP/1.1 server: every request's `Host` is checked first; the page, its
+//! script and style (which hold no data) are served to anyone who passes it, everything else
+//! needs the token as `Authorization: Bearer` (the page reads it from its link's fragment;
+//! see [`super::auth`]); actions are POSTs that also need a same-origin `Origin` and the CSRF
+//! token the page read from its feed. Connections are bounded (`super::conns`: idle ones
+//! make room) and live on the daemon's task tracker; the bridge's stop ends them (and their
+//! feeds).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,6 +21,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use super::auth::{self, Hosts};
+use super::conns::{Conns, Slot};
 use super::feed::Feed;
 use super::{Context, UiError};
 use crate::config::UiConfig;
@@ -26,12 +29,10 @@ use crate::paths::StateDir;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-/// Pages (and feeds) open at once at most; more wait to be accepted.
-const CONNECTIONS: usize = 32;
 /// An action's JSON body at most.
 const MAX_BODY: usize = 16 * 1024;
-/// How long a client has to send its request's header.
-const HEADER_WAIT: Duration = Duration::from_secs(10);
+/// How long a client has to send its request's header, from its connection's start.
+const HEADER_WAIT: Duration = Duration::from_secs(5);
 /// The header the page sends its CSRF token in.
 const CSRF_HEADER: &str = "x-aamp-csrf";
 
@@ -54,7 +55,6 @@ struct Shared {
     /// Made anew at each start; the page reads it from its feed.
     csrf: Arc<str>,
     hosts: Hosts,
-    port: u16,
     stop: CancellationToken,
 }
 
@@ -106,19 +106,11 @@ impl Server {
             token: self.token,
             csrf,
             hosts: self.hosts,
-            port: self.addr.port(),
             stop: stop.clone(),
         });
         tracing::info!(address = %self.addr, "the live view is served (aamp-bridge ui prints its link)");
-        let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
+        let conns = Arc::new(Conns::default());
         loop {
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-                () = stop.cancelled() => break,
-            };
             let (stream, peer) = tokio::select! {
                 a = listener.accept() => match a {
                     Ok(a) => a,
@@ -130,37 +122,51 @@ impl Server {
                 },
                 () = stop.cancelled() => break,
             };
-            let shared = shared.clone();
-            let stop = stop.clone();
+            let Some(slot) = conns.admit(peer.ip()) else {
+                tracing::info!(%peer, "every live view connection is in use; one more was closed");
+                continue;
+            };
             tracker.spawn(
-                async move {
-                    let _permit = permit;
-                    let service = hyper::service::service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(with_headers(handle(req, &shared).await)) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(HEADER_WAIT)
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    let done = tokio::select! {
-                        done = conn.as_mut() => done,
-                        () = stop.cancelled() => {
-                            conn.as_mut().graceful_shutdown();
-                            tokio::time::timeout(Duration::from_secs(2), conn)
-                                .await
-                                .unwrap_or(Ok(()))
-                        }
-                    };
-                    if let Err(e) = done {
-                        tracing::debug!(error = %e, "a live view connection ended");
-                    }
-                }
-                .instrument(tracing::debug_span!("ui", %peer)),
+                connection(stream, slot, shared.clone())
+                    .instrument(tracing::debug_span!("ui", %peer)),
             );
         }
         let _ = std::fs::remove_file(shared.context.config.state().ui_address());
+    }
+}
+
+/// Serves one connection until it ends, the bridge stops, or it is closed for a newcomer.
+async fn connection(stream: tokio::net::TcpStream, slot: Slot, shared: Arc<Shared>) {
+    let slot = Arc::new(slot);
+    let stop = shared.stop.clone();
+    let close = slot.close.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        let slot = slot.clone();
+        async move {
+            slot.busy();
+            let (response, trusted) = handle(req, &shared).await;
+            slot.done(trusted);
+            Ok::<_, Infallible>(with_headers(response))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_WAIT)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let done = tokio::select! {
+        done = conn.as_mut() => done,
+        () = close.cancelled() => Ok(()),
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            tokio::time::timeout(Duration::from_secs(2), conn)
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    if let Err(e) = done {
+        tracing::debug!(error = %e, "a live view connection ended");
     }
 }
 
@@ -211,48 +217,53 @@ fn header_str(req: &Request<Incoming>, name: impl header::AsHeaderName) -> Optio
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
+/// The answer to one request, and whether it carried the token.
+async fn handle(req: Request<Incoming>, shared: &Shared) -> (Response<Body>, bool) {
     // DNS rebinding: a page of another site whose name now points here sends its own Host.
     let Some(host) = header_str(&req, header::HOST).filter(|h| shared.hosts.allows(Some(h))) else {
-        return refuse(
-            StatusCode::MISDIRECTED_REQUEST,
-            "this Host is not the bridge's",
+        return (
+            refuse(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this Host is not the bridge's",
+            ),
+            false,
         );
     };
     let host = host.to_string();
     let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or_default();
-    // The link `aamp-bridge ui` prints: the token becomes a cookie, and leaves the address.
-    if req.method() == Method::GET && path == "/" {
-        if let Some(token) = auth::query_param(query, "token") {
-            if !auth::same_secret(token, &shared.token) {
-                return refuse(
-                    StatusCode::UNAUTHORIZED,
-                    "wrong token: open the link `aamp-bridge ui` prints",
-                );
-            }
-            let mut response = full(StatusCode::SEE_OTHER, "text/plain", "");
-            let h = response.headers_mut();
-            h.insert(header::LOCATION, HeaderValue::from_static("/"));
-            if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(shared.port, &shared.token))
-            {
-                h.insert(header::SET_COOKIE, cookie);
-            }
-            return response;
+    // The page itself holds no data: it reads its token from its link and asks with it.
+    let page = match path.as_str() {
+        "/" => Some(("text/html; charset=utf-8", INDEX)),
+        "/app.js" => Some(("text/javascript; charset=utf-8", SCRIPT)),
+        "/style.css" => Some(("text/css; charset=utf-8", STYLE)),
+        _ => None,
+    };
+    if let Some((content_type, text)) = page {
+        if req.method() != Method::GET {
+            return (
+                refuse(StatusCode::METHOD_NOT_ALLOWED, "not with this method"),
+                false,
+            );
         }
+        return (full(StatusCode::OK, content_type, text), false);
     }
-    let cookie = header_str(&req, header::COOKIE)
-        .and_then(|c| auth::cookie(c, &auth::cookie_name(shared.port)));
-    if !cookie.is_some_and(|c| auth::same_secret(c, &shared.token)) {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "no access token: open the link `aamp-bridge ui` prints",
+    let token = header_str(&req, header::AUTHORIZATION).and_then(auth::bearer);
+    if !token.is_some_and(|t| auth::same_secret(t, &shared.token)) {
+        return (
+            refuse(
+                StatusCode::UNAUTHORIZED,
+                "no access token: open the link `aamp-bridge ui` prints",
+            ),
+            false,
         );
     }
-    match (req.method().clone(), path.as_str()) {
-        (Method::GET, "/") => full(StatusCode::OK, "text/html; charset=utf-8", INDEX),
-        (Method::GET, "/app.js") => full(StatusCode::OK, "text/javascript; charset=utf-8", SCRIPT),
-        (Method::GET, "/style.css") => full(StatusCode::OK, "text/css; charset=utf-8", STYLE),
+    (data(req, shared, &host, &path).await, true)
+}
+
+/// What only a holder of the token gets: the feed, a task, and the actions.
+async fn data(req: Request<Incoming>, shared: &Shared, host: &str, path: &str) -> Response<Body> {
+    let query = req.uri().query().unwrap_or_default();
+    match (req.method().clone(), path) {
         (Method::GET, "/events") => {
             let feed = Feed::new(
                 shared.context.clone(),
@@ -282,7 +293,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
             }
         }
         (Method::POST, "/api/answer" | "/api/cancel") => {
-            if !auth::same_origin(header_str(&req, header::ORIGIN), &host) {
+            if !auth::same_origin(header_str(&req, header::ORIGIN), host) {
                 return refuse(StatusCode::FORBIDDEN, "a cross-site request");
             }
             let csrf = header_str(&req, CSRF_HEADER).unwrap_or_default();
@@ -298,9 +309,9 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Response<Body> {
             let Ok(action) = serde_json::from_slice::<Action>(&body.to_bytes()) else {
                 return refuse(StatusCode::BAD_REQUEST, "not an action");
             };
-            act(&path, &action, shared)
+            act(path, &action, shared)
         }
-        (_, "/" | "/app.js" | "/style.css" | "/events" | "/api/task") => {
+        (_, "/events" | "/api/task") => {
             refuse(StatusCode::METHOD_NOT_ALLOWED, "not with this method")
         }
         _ => refuse(StatusCode::NOT_FOUND, "no such page"),

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::config::LoadedConfig;
 use crate::dispatch::{Journal, JournalError, TaskState};
 use crate::mailbox::link::LinkState;
+use crate::protocol::message::dispatch_title;
 
 /// One agent as `status` shows it: the JSON `status --json` prints, and its link state for
 /// the text form.
@@ -143,6 +144,33 @@ pub fn task_details(journal: &Journal, id: &str) -> Result<Vec<Value>, JournalEr
 /// How many tasks the page gets in its snapshot: enough for the charts' last hours.
 pub const RECENT_TASKS: usize = 500;
 
+/// Each agent's last [`RECENT_TASKS`] tasks, newest first by arrival whatever the agent,
+/// each with the title its mail carried.
+pub fn recent_tasks(journal: &Journal, agents: &[&str]) -> Result<Vec<Value>, JournalError> {
+    let mut rows = Vec::new();
+    for agent in agents {
+        rows.extend(journal.tasks(Some(agent), None, RECENT_TASKS)?);
+    }
+    rows.sort_by(|a, b| {
+        b.received_at_ms
+            .cmp(&a.received_at_ms)
+            .then(b.id.cmp(&a.id))
+    });
+    let subjects = journal.subjects(&rows.iter().map(|r| r.id).collect::<Vec<_>>())?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let title = subjects
+                .get(&row.id)
+                .map(|s| dispatch_title(s))
+                .unwrap_or_default();
+            let mut value = serde_json::to_value(&row).unwrap_or_default();
+            value["title"] = Value::from(title);
+            value
+        })
+        .collect())
+}
+
 /// Tasks admitted and not finished, with the title their mail carried, oldest first.
 pub fn active_tasks(journal: &Journal, agent: &str) -> Result<Vec<Value>, JournalError> {
     let rows = journal.tasks(Some(agent), None, RECENT_TASKS)?;
@@ -152,7 +180,7 @@ pub fn active_tasks(journal: &Journal, agent: &str) -> Result<Vec<Value>, Journa
         .filter_map(|u| {
             let row = rows.iter().find(|r| r.id == u.id)?;
             let mail: Value = serde_json::from_str(&u.mail).unwrap_or_default();
-            let title = mail["view"]["subject"].as_str().unwrap_or_default();
+            let title = dispatch_title(mail["view"]["subject"].as_str().unwrap_or_default());
             Some(
                 json!({"agent": agent, "row": u.id, "taskId": row.task_id, "from": row.sender,
                 "title": title, "state": u.state.as_str(), "receivedAtMs": row.received_at_ms}),

@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod bridge;
+mod browser;
 mod config;
 mod fake;
 mod links;
@@ -13,6 +14,7 @@ mod samp;
 mod servers;
 
 pub use bridge::*;
+pub use browser::*;
 pub use config::*;
 pub use fake::*;
 pub use links::*;

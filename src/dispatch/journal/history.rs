@@ -120,4 +120,33 @@ impl Journal {
             rows.collect()
         })
     }
+
+    /// The subject each of the rows `ids` carried in its mail (kept whole for a task that
+    /// ran, as a summary for one refused), by row: the page's lists show titles, not TaskIds.
+    pub fn subjects(
+        &self,
+        ids: &[i64],
+    ) -> Result<std::collections::HashMap<i64, String>, JournalError> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        // Row numbers are integers: written into the statement, they cannot be SQL.
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT id, COALESCE(json_extract(mail, '$.view.subject'),
+                                    json_extract(mail, '$.summary.subject')) FROM tasks
+                 WHERE id IN ({list}) AND json_valid(mail)"
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?))
+            })?;
+            rows.filter_map(|r| match r {
+                Ok((id, Some(title))) => Some(Ok((id, title))),
+                Ok((_, None)) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect()
+        })
+    }
 }

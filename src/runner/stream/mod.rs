@@ -70,9 +70,19 @@ pub enum StreamEvent {
         content_type: String,
         size: u64,
     },
+    /// Lines a CLI agent without a stream format printed, as they came: text for the
+    /// operator (the live view, `--json`), never put on the dispatcher's AAMP stream. That
+    /// output is the answer itself, which the result carries; a stream (and its
+    /// `task.stream.opened` mail) for every plain task would cost more than it tells.
+    Output(String),
 }
 
 impl StreamEvent {
+    /// Whether the event goes on the dispatcher's stream too (all but [`StreamEvent::Output`]).
+    pub fn for_dispatcher(&self) -> bool {
+        !matches!(self, StreamEvent::Output(_))
+    }
+
     /// The AAMP event type and payload.
     pub fn to_aamp(&self) -> (&'static str, Value) {
         match self {
@@ -86,7 +96,9 @@ impl StreamEvent {
                 serde_json::json!({"label": label, "artifactId": filename, "filename": filename,
                                    "contentType": content_type, "size": size, "kind": "file"}),
             ),
-            StreamEvent::TextDelta(text) => ("text.delta", serde_json::json!({ "text": text })),
+            StreamEvent::TextDelta(text) | StreamEvent::Output(text) => {
+                ("text.delta", serde_json::json!({ "text": text }))
+            }
             StreamEvent::ToolCall {
                 id,
                 label,

@@ -1,8 +1,29 @@
-// The live view's script: one EventSource on /events. Its first event is a snapshot (agents,
-// tasks, what is queued or running, the questions waiting, and the CSRF token actions carry);
-// then come the bridge's own events, the lines `aamp-bridge start --json` prints, in order.
-// Text from the bridge only ever goes into the page as text (textContent), never as markup.
+// The live view's script: one feed on /events, read as Server-Sent Events. Its first event is
+// a snapshot (agents, tasks, what is queued or running, the questions waiting, and the CSRF
+// token actions carry); then come the bridge's own events, the lines `aamp-bridge start
+// --json` prints, in order.
+// Text from the bridge only ever goes into the page as text (textContent), never as markup,
+// and what senders and agents wrote is isolated (<bdi>) so that its direction marks cannot
+// reorder the page's own words; in what a person approves, such marks are shown as <U+XXXX>.
+// The access token comes in the link's fragment (never sent to any server), is kept in this
+// tab's sessionStorage (this origin only, port included) and goes with each request as an
+// Authorization header: never as a cookie, which the browser would send to every port of
+// this host.
 "use strict";
+
+const TOKEN_KEY = "aamp-bridge-token";
+
+function takeToken() {
+  const found = /(?:^#|&)token=([0-9a-fA-F]{64})(?:&|$)/.exec(location.hash);
+  if (found) {
+    sessionStorage.setItem(TOKEN_KEY, found[1]);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+const TOKEN = takeToken();
+const auth = () => ({ Authorization: "Bearer " + TOKEN });
 
 const state = {
   csrf: "",
@@ -18,6 +39,15 @@ const HOURS = 3; // the charts' span
 const BUCKET_MIN = 10; // minutes per bar
 
 const $ = (id) => document.getElementById(id);
+// What a sender or an agent wrote, isolated from the words around it.
+const bdi = (text) => el("bdi", {}, text === undefined || text === null ? "" : String(text));
+
+// Marks that change how text reads without being seen (direction overrides and isolates,
+// zero-width and other format characters, controls other than newline and tab), shown as
+// <U+XXXX> in anything a person approves. The bridge shows them so too; this is the same
+// rule, for what the page itself puts together.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\u{e0000}-\u{e007f}]/gu;
+const visible = (text) => String(text || "").replace(HIDDEN, (c) => "<U+" + c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0") + ">");
 const key = (agent, taskId) => agent + "\n" + taskId;
 
 function el(tag, attrs, ...children) {
@@ -50,17 +80,59 @@ function clock(msTime) {
 
 // ---- the feed ----
 
-function connect() {
-  const feed = new EventSource("/events");
-  feed.addEventListener("snapshot", (e) => onSnapshot(JSON.parse(e.data)));
-  feed.onmessage = (e) => onEvent(JSON.parse(e.data));
-  feed.onopen = () => setLink(true);
-  feed.onerror = () => setLink(false); // EventSource tries again by itself
+// EventSource cannot send a header, so the feed is read with fetch; it is tried again two
+// seconds after it ends, as EventSource would.
+async function connect() {
+  if (!TOKEN) {
+    setLink(false, "no access token: open the link `aamp-bridge ui` prints");
+    return;
+  }
+  for (;;) {
+    try {
+      const response = await fetch("/events", { headers: auth(), cache: "no-store" });
+      if (response.status === 401) {
+        setLink(false, "wrong access token: open the link `aamp-bridge ui` prints");
+        return;
+      }
+      if (!response.ok) throw new Error(response.statusText);
+      setLink(true);
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          onFrame(buffer.slice(0, end));
+          buffer = buffer.slice(end + 2);
+        }
+      }
+    } catch (_) {
+      // Gone: tried again below.
+    }
+    setLink(false);
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
 }
 
-function setLink(up) {
+// One Server-Sent Event: `event:` names a snapshot, `data:` lines hold its JSON.
+function onFrame(frame) {
+  let name = "message";
+  const data = [];
+  for (const line of frame.split("\n")) {
+    if (line.startsWith("event: ")) name = line.slice(7);
+    else if (line.startsWith("data: ")) data.push(line.slice(6));
+  }
+  if (!data.length) return; // a keepalive comment
+  const value = JSON.parse(data.join("\n"));
+  if (name === "snapshot") onSnapshot(value);
+  else onEvent(value);
+}
+
+function setLink(up, why) {
   const link = $("link");
-  link.textContent = up ? "live" : "reconnecting…";
+  link.textContent = up ? "live" : why || "reconnecting…";
   link.className = "link " + (up ? "up" : "down");
 }
 
@@ -70,6 +142,7 @@ function onSnapshot(snap) {
   state.nowOffset = (snap.nowMs || Date.now()) - Date.now();
   state.agents = snap.agents || [];
   state.tasks = snap.tasks || [];
+  sortRecent();
   const b = snap.bridge || {};
   $("bridge").textContent = "pid " + b.pid + " · version " + b.version + " · up since " + (b.startedAt || "?");
   // Tasks under way keep the stream this page saw; the rest come from the snapshot.
@@ -143,8 +216,8 @@ function onEvent(ev) {
         drawTask(t);
       }
       state.questions.delete(k);
-      state.tasks.unshift({
-        agent: ev.agent, taskId: ev.taskId, sender: t ? t.from : "", state: ev.status === "completed" ? "answered" : (ev.error || "").startsWith("cancelled") ? "cancelled" : "rejected",
+      addRecent({
+        agent: ev.agent, taskId: ev.taskId, sender: t ? t.from : "", title: t ? t.title : "", state: ev.status === "completed" ? "answered" : (ev.error || "").startsWith("cancelled") ? "cancelled" : "rejected",
         reason: ev.error, receivedAtMs: t ? t.receivedMs : ms(ev.time) - (ev.durationMs || 0), updatedAtMs: ms(ev.time),
       });
       pruneFinished();
@@ -155,7 +228,7 @@ function onEvent(ev) {
       break;
     }
     case "task.rejected": {
-      state.tasks.unshift({ agent: ev.agent, taskId: ev.taskId, sender: ev.from, state: "rejected", reason: ev.reason, receivedAtMs: ms(ev.time), updatedAtMs: ms(ev.time) });
+      addRecent({ agent: ev.agent, taskId: ev.taskId, sender: ev.from, title: ev.title, state: "rejected", reason: ev.reason, receivedAtMs: ms(ev.time), updatedAtMs: ms(ev.time) });
       renderRecent();
       break;
     }
@@ -166,6 +239,23 @@ function onEvent(ev) {
     default:
       break;
   }
+}
+
+// A finished task into the recent list: in place of the row the snapshot had for it (its
+// row number and arrival kept), the list newest first by arrival.
+function addRecent(row) {
+  const i = state.tasks.findIndex((r) => r.agent === row.agent && r.taskId === row.taskId && r.sender === row.sender);
+  if (i >= 0) {
+    const old = state.tasks[i];
+    state.tasks[i] = Object.assign({}, old, row, { id: old.id, receivedAtMs: old.receivedAtMs, title: old.title || row.title });
+  } else {
+    state.tasks.push(row);
+  }
+  sortRecent();
+}
+
+function sortRecent() {
+  state.tasks.sort((a, b) => b.receivedAtMs - a.receivedAtMs || (b.id || Infinity) - (a.id || Infinity));
 }
 
 function pruneFinished() {
@@ -203,23 +293,23 @@ function drawStream(t) {
   box.replaceChildren(
     ...(t.missed ? [el("p", { class: "quiet" }, "(this page missed part of the stream)")] : []),
     ...t.blocks.map((b) => {
-      if (b.type === "text") return el("pre", { class: "text" }, b.text);
+      if (b.type === "text") return el("pre", { class: "text" }, bdi(b.text));
       if (b.type === "tool") {
         return el("div", { class: "tool " + (b.status || ""), "data-id": b.id || "" },
-          el("div", {}, el("b", {}, b.label || "tool"), " ", el("span", { class: "state " + (b.status || "") }, b.status || "")),
-          b.output ? el("pre", {}, b.output) : null);
+          el("div", {}, el("b", {}, bdi(b.label || "tool")), " ", el("span", { class: "state " + (b.status || "") }, b.status || "")),
+          b.output ? el("pre", {}, bdi(b.output)) : null);
       }
       if (b.type === "todo") {
-        return el("ul", { class: "todo" }, ...b.items.map((i) => el("li", { class: i.status || "" }, i.content || "")));
+        return el("ul", { class: "todo" }, ...b.items.map((i) => el("li", { class: i.status || "" }, bdi(i.content || ""))));
       }
-      return el("div", { class: "meta" }, "file " + b.filename + " (" + b.size + " bytes)");
+      return el("div", { class: "meta" }, "file ", bdi(b.filename), " (" + b.size + " bytes)");
     }),
   );
 }
 
 function drawTask(t) {
   if (!t.node) return;
-  t.node.querySelector(".title").textContent = t.title || t.taskId;
+  t.node.querySelector(".title").replaceChildren(bdi(t.title || t.taskId));
   const s = t.node.querySelector(".state");
   s.textContent = t.state;
   s.className = "state " + t.state;
@@ -227,7 +317,7 @@ function drawTask(t) {
     ? "took " + Math.round((t.durationMs || 0) / 100) / 10 + " s"
     : since(t.startedMs || t.receivedMs);
   const err = t.node.querySelector(".error");
-  err.textContent = t.error || "";
+  err.replaceChildren(bdi(t.error || ""));
   t.node.querySelector("button.cancel").hidden = t.finished;
   drawStream(t);
 }
@@ -240,7 +330,7 @@ function renderActive() {
     if (!t.node) {
       t.node = el("article", { class: "card task", "data-task": t.taskId, "data-agent": t.agent },
         el("h3", {}, el("span", { class: "title" }), " ", el("span", { class: "state" })),
-        el("div", { class: "meta" }, t.agent + " · from " + (t.from || "?") + " · ", el("span", { class: "elapsed" })),
+        el("div", { class: "meta" }, bdi(t.agent), " · from ", bdi(t.from || "?"), " · ", el("span", { class: "elapsed" })),
         el("div", { class: "error" }),
         el("button", { class: "cancel", type: "button", onclick: () => cancelTask(t) }, "Cancel"),
         el("div", { class: "stream" }));
@@ -275,18 +365,18 @@ function renderAgents() {
     const slots = a.slots || {};
     const under = [...state.active.values()].filter((t) => t.agent === a.agent && !t.finished);
     const running = under.filter((t) => t.state === "running").length;
-    const login = a.login ? (a.login.loggedIn ? "logged in" : "not logged in: " + a.login.detail) : "no check for this agent";
+    const login = a.login ? (a.login.loggedIn ? "logged in" : ["not logged in: ", bdi(a.login.detail)]) : "no check for this agent";
     return el("article", { class: "card agent", "data-agent": a.agent },
-      el("h3", {}, a.agent),
+      el("h3", {}, bdi(a.agent)),
       el("dl", {},
-        el("dt", {}, "mailbox"), el("dd", { class: "mailbox" }, a.mailbox + " (" + (a.backend || "?") + ")"),
-        el("dt", {}, "agent"), el("dd", {}, a.profile || "?"),
+        el("dt", {}, "mailbox"), el("dd", { class: "mailbox" }, bdi(a.mailbox), " (" + (a.backend || "?") + ")"),
+        el("dt", {}, "agent"), el("dd", {}, bdi(a.profile || "?")),
         el("dt", {}, "link"), el("dd", { class: "linkstate" }, (link.mailbox || "never connected") + (link.since ? " since " + link.since : "") + (a.reading ? ", push over " + a.reading : ", polling")),
-        el("dt", {}, "login"), el("dd", {}, login),
+        el("dt", {}, "login"), el("dd", {}, ...[].concat(login)),
         el("dt", {}, "slots"), el("dd", { class: "slots" }, running + " of " + (slots.maxConcurrent || "?") + " in use"),
         el("dt", {}, "queue"), el("dd", { class: "queue" }, String(under.length - running)),
         el("dt", {}, "today"), el("dd", { class: "today" }, today(a.agent)),
-        ...(link.lastError ? [el("dt", {}, "last error"), el("dd", { class: "error" }, link.lastError)] : [])));
+        ...(link.lastError ? [el("dt", {}, "last error"), el("dd", { class: "error" }, bdi(link.lastError))] : [])));
   }));
 }
 
@@ -299,9 +389,9 @@ function renderQuestions() {
     const free = el("input", { type: "text", placeholder: "or answer in your words", "aria-label": "answer" });
     const note = el("div", { class: "error" });
     return el("article", { class: "card question", "data-task": q.taskId, "data-agent": q.agent },
-      el("div", { class: "meta" }, q.agent + " · task " + q.taskId + " · from " + q.from),
-      el("p", {}, q.question || "(no question text)"),
-      ...q.options.map((o) => el("button", { class: "option", type: "button", onclick: () => answer(q, o, note) }, o)),
+      el("div", { class: "meta" }, bdi(q.agent), " · task ", bdi(q.taskId), " · from ", bdi(q.from)),
+      el("p", { class: "asked" }, bdi(q.question ? visible(q.question) : "(no question text)")),
+      ...q.options.map((o) => el("button", { class: "option", type: "button", onclick: () => answer(q, o, note) }, bdi(visible(o)))),
       el("div", {}, free, el("button", { type: "button", onclick: () => free.value.trim() && answer(q, free.value.trim(), note) }, "Send")),
       note);
   }));
@@ -312,9 +402,8 @@ function renderQuestions() {
 async function post(path, body) {
   const response = await fetch(path, {
     method: "POST",
-    headers: { "Content-Type": "application/json", "X-AAMP-CSRF": state.csrf },
+    headers: Object.assign(auth(), { "Content-Type": "application/json", "X-AAMP-CSRF": state.csrf }),
     body: JSON.stringify(body),
-    credentials: "same-origin",
   });
   const text = await response.text();
   let reply = {};
@@ -329,7 +418,7 @@ async function answer(q, text, note) {
     state.questions.delete(key(q.agent, q.taskId));
     renderQuestions();
   } catch (e) {
-    note.textContent = "not answered: " + e.message;
+    note.replaceChildren("not answered: ", bdi(e.message));
   }
 }
 
@@ -339,7 +428,7 @@ async function cancelTask(t) {
     await post("/api/cancel", { agent: t.agent, from: t.from, taskId: t.taskId });
     err.textContent = "cancelling…";
   } catch (e) {
-    err.textContent = "not cancelled: " + e.message;
+    err.replaceChildren("not cancelled: ", bdi(e.message));
   }
 }
 
@@ -350,8 +439,9 @@ function renderRecent() {
     const item = el("li", { "data-task": row.taskId },
       el("div", { class: "row" },
         el("span", { class: "state " + row.state }, row.state), " ",
-        clock(row.receivedAtMs) + " · " + row.agent + " · " + row.taskId + " · from " + row.sender),
-      row.reason && row.state !== "answered" ? el("div", { class: "error" }, row.reason) : null);
+        clock(row.receivedAtMs) + " · ", el("span", { class: "title" }, bdi(row.title || row.taskId)),
+        " · ", bdi(row.agent), " · from ", bdi(row.sender)),
+      row.reason && row.state !== "answered" ? el("div", { class: "error" }, bdi(row.reason)) : null);
     item.querySelector(".row").onclick = () => showTimeline(item, row.id || row.taskId);
     return item;
   }));
@@ -360,13 +450,13 @@ function renderRecent() {
 async function showTimeline(item, id) {
   const old = item.querySelector(".timeline");
   if (old) { old.remove(); return; }
-  const response = await fetch("/api/task?id=" + encodeURIComponent(id), { credentials: "same-origin" });
+  const response = await fetch("/api/task?id=" + encodeURIComponent(id), { headers: auth() });
   if (!response.ok) return;
   const found = await response.json();
   const steps = (found[0] && found[0].timeline) || [];
   const start = steps.length ? steps[0].atMs : 0;
-  const lines = steps.map((s) => "+" + String(s.atMs - start).padStart(7) + " ms  " + s.what + (s.detail ? ": " + s.detail : ""));
-  item.append(el("pre", { class: "timeline" }, lines.join("\n")));
+  const lines = steps.map((s) => el("div", {}, "+" + String(s.atMs - start).padStart(7) + " ms  ", bdi(s.what), s.detail ? ": " : "", s.detail ? bdi(s.detail) : null));
+  item.append(el("pre", { class: "timeline" }, ...lines));
 }
 
 // ---- charts: tasks per minute, and dispatch → result time, per agent ----
@@ -410,7 +500,7 @@ function renderCharts() {
     const peak = Math.max(...perMin);
     const slowest = Math.max(...meanSecs);
     return el("article", { class: "card chart", "data-agent": a.agent },
-      el("h3", {}, a.agent),
+      el("h3", {}, bdi(a.agent)),
       el("div", { class: "meta" }, "tasks per minute (peak " + peak.toFixed(1) + "), last " + HOURS + " h"),
       bars(perMin, "", "tasks per minute"),
       el("div", { class: "meta" }, "dispatch → result, mean per " + BUCKET_MIN + " min (longest " + slowest.toFixed(1) + " s)"),
