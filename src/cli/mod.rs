@@ -366,6 +366,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             let config = LoadedConfig::load(&config_path)?;
+            crate::telemetry::fall_back_to(config.state().log());
             let controls = daemon::Controls::default();
             let done = CancellationToken::new();
             let signals = tokio::spawn(daemon::listen_for_signals(controls.clone(), done.clone()));
