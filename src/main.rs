@@ -9,7 +9,7 @@ fn main() -> std::process::ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("aamp-bridge: cannot start the async runtime: {e}");
+            aamp_bridge::cli::error_line(format_args!("cannot start the async runtime: {e}"));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("aamp-bridge: {e:#}");
+            aamp_bridge::cli::error_line(format_args!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -109,3 +109,185 @@ async fn a_bridge_whose_output_reader_left_answers_and_stops_at_sigterm() {
     assert!(log.contains(&task_id), "{log}");
     assert!(log.contains("SIGTERM received"), "{log}");
 }
+
+/// `aamp-bridge --config CONFIG ARGS...` with its stdout on a pipe whose read end is already
+/// closed (a `| head` that has its lines): (exit code, stderr).
+fn run_with_stdout_closed(dir: &ConfigDir, args: &[&str]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(bin())
+        .arg("--config")
+        .arg(dir.config())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `aamp-bridge --config CONFIG ARGS...`: (exit code, stdout).
+fn run(dir: &ConfigDir, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(bin())
+        .arg("--config")
+        .arg(dir.config())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn every_command_ends_quietly_when_its_reader_left() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let config = support::one_agent(host, &agent, "echo", &boss.email);
+    let dir = ConfigDir::new(host, &config.text());
+    let mut panicked = Vec::new();
+    for args in [
+        &["service", "status"][..],
+        &["service", "render"],
+        &["completions", "bash"],
+        &["man"],
+        &["status"],
+        &["status", "--json"],
+        &["tasks"],
+        &["doctor"],
+        &["doctor", "--json"],
+        &["agents"],
+        &["policy", "list", "--agent", "agent"],
+        &["profile", "list"],
+        &["--help"],
+    ] {
+        let (code, stderr) = run_with_stdout_closed(&dir, args);
+        println!("{args:?}: exit {code:?}");
+        if code == Some(101) || stderr.contains("panicked") {
+            panicked.push(format!("{args:?}: exit {code:?}: {stderr}"));
+        }
+    }
+    assert!(panicked.is_empty(), "{panicked:#?}");
+}
+
+#[test]
+fn tasks_before_the_first_start_are_none_yet() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let config = support::one_agent(host, &agent, "echo", &boss.email);
+    let dir = ConfigDir::new(host, &config.text());
+    let (code, said) = run(&dir, &["tasks"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.starts_with("no tasks yet"), "{said}");
+    let (code, said) = run(&dir, &["tasks", "--json"]);
+    assert_eq!((code, said.trim()), (Some(0), "[]"));
+    assert!(
+        !dir.dir.path().join("state/journal.sqlite3").exists(),
+        "looking made no journal"
+    );
+}
+
+#[test]
+fn reload_says_what_did_not_take_effect_and_whether_new_credentials_work() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let config = support::one_agent(host, &agent, "echo", &boss.email);
+    let dir = ConfigDir::new(host, &config.text());
+    let bridge = support::Bridge::start(&dir, 1);
+
+    dir.replace_private("password", "not-the-password");
+    let (code, said) = run(&dir, &["reload"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("credentials reloaded for agent, but the server REFUSED them"),
+        "{said}"
+    );
+
+    // The bridge may have read the right password again itself before the reload: either
+    // way the reload says they work.
+    dir.replace_private("password", &host.password);
+    let (code, said) = run(&dir, &["reload"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("agent, and they work"), "{said}");
+
+    // A new agent does not start at a reload: it is said, not only logged.
+    let helper = host.user("helper");
+    let config = config.host_mailbox(host, "helper", &helper, "").agent(
+        "helper",
+        "echo",
+        &[&boss.email],
+        "",
+    );
+    dir.write_config(&config.text());
+    let (code, said) = run(&dir, &["reload"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("reloaded agents: agent"), "{said}");
+    assert!(
+        said.contains("agent helper: not started: a new agent starts at the next restart"),
+        "{said}"
+    );
+    assert!(bridge.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_checks_your_own_mailbox_and_agents_that_take_no_task() {
+    let Some(host) = mailhost() else { return };
+    let (agent, closed, boss, me) = (
+        host.user("agent"),
+        host.user("closed"),
+        host.user("boss"),
+        host.user("me"),
+    );
+    let config = support::Toml::new()
+        .host_mailbox(host, "agent", &agent, "")
+        .agent("agent", "echo", &[&boss.email], "")
+        .host_mailbox(host, "closed", &closed, "")
+        .agent("closed", "echo", &[], "")
+        .host_mailbox(host, "me", &me, "");
+    let dir = ConfigDir::new(host, &config.text());
+    // A stranger's task to `agent`, rejected: every task it had so far.
+    let bridge = support::Bridge::start(&dir, 2);
+    let mut stranger = Peer::new(host.user("stranger")).await;
+    let dispatch = stranger.dispatch_to(&agent.email, "Let me in", "Hello?");
+    let task_id = stranger.send(dispatch).await.task_id().to_string();
+    stranger.wait_for(&task_id, Intent::TaskResult).await;
+    assert!(bridge.stop().success());
+
+    let (_, said) = run(&dir, &["doctor", "--json"]);
+    let checks: Vec<serde_json::Value> = serde_json::from_str(&said).expect(&said);
+    let find = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no {name} check: {said}"))
+    };
+    assert_eq!(find("mailbox me: JMAP")["status"], "ok", "{said}");
+    assert_eq!(find("mailbox me: SMTP")["status"], "ok", "{said}");
+    let closed = find("agent closed: senders");
+    assert_eq!(closed["status"], "warn");
+    assert!(
+        closed["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no sender may dispatch to it"),
+        "{closed}"
+    );
+    let rejected = find("agent agent: senders");
+    assert_eq!(rejected["status"], "warn");
+    assert!(
+        rejected["detail"]
+            .as_str()
+            .unwrap()
+            .contains("newest tasks were all rejected"),
+        "{rejected}"
+    );
+    let echo = find("agent agent")["detail"].as_str().unwrap().to_string();
+    assert!(!echo.contains("not known"), "{echo}");
+    assert!(echo.contains("a demo agent"), "{echo}");
+}

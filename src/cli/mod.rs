@@ -3,9 +3,12 @@
 //! mail loop of `dispatch`) is its command's own; nothing another entry point needs lives
 //! here.
 
+use crate::cli::output::{errln, out, outln};
+
 mod agents;
 mod dispatch;
 mod doctor;
+pub(crate) mod output;
 mod policy;
 mod profile;
 mod service;
@@ -356,7 +359,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Start { json, agents } => {
             if let Some(why) = crate::service::launchd_start() {
-                eprintln!("aamp-bridge: {why}");
+                errln!("aamp-bridge: {why}");
                 return Ok(0);
             }
             if !config_path.exists() {
@@ -407,9 +410,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                         format!("writing the manual pages into {}", dir.display())
                     })?;
                 }
-                None => clap_mangen::Man::new(Cli::command())
-                    .render(&mut std::io::stdout())
-                    .context("writing the manual page")?,
+                None => {
+                    let mut page = Vec::new();
+                    clap_mangen::Man::new(Cli::command())
+                        .render(&mut page)
+                        .context("writing the manual page")?;
+                    out!("{}", String::from_utf8_lossy(&page));
+                }
             }
             Ok(0)
         }
@@ -418,7 +425,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "aamp-bridge", &mut script);
             let script = completion_fixes(shell, &String::from_utf8_lossy(&script));
-            print!("{script}");
+            out!("{script}");
             Ok(0)
         }
         Command::Tasks {
@@ -443,6 +450,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => policy::pair(&LoadedConfig::load(&config_path)?, &agent, ttl_secs, json),
         Command::Agents { json, probe } => agents::agents(&config_path, json, probe).await,
     }
+}
+
+/// `aamp-bridge: WHAT` on stderr, for the binary's last word; a closed stderr is ignored
+/// (`eprintln!` would panic on it).
+pub fn error_line(what: std::fmt::Arguments<'_>) {
+    output::stderr(format_args!("aamp-bridge: {what}\n"));
 }
 
 pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {
@@ -518,7 +531,7 @@ pub fn completion_fixes(shell: clap_complete::Shell, script: &str) -> String {
 /// Exit 1 when the config has no `[ui]` or no bridge serves it now.
 fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
     if config.config.ui.is_none() {
-        eprintln!(
+        errln!(
             "no live view: add to {}\n\n[ui]\nlisten = \"127.0.0.1:8765\"\n\nand restart the bridge (aamp-bridge reload does not start it)",
             config.path.display()
         );
@@ -526,13 +539,13 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
     }
     let serving = crate::fsio::StateLock::holder(&config.state_dir).is_some();
     let Some(link) = serving.then(|| crate::ui::address(config)).flatten() else {
-        eprintln!(
+        errln!(
             "the bridge on {} does not serve its live view now: start it (aamp-bridge start), and see its log if it still does not",
             config.state_dir.display()
         );
         return Ok(1);
     };
-    println!("{link}");
+    outln!("{link}");
     if open {
         let opener = if cfg!(target_os = "macos") {
             "open"
@@ -540,7 +553,7 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
             "xdg-open"
         };
         if let Err(e) = std::process::Command::new(opener).arg(&link).status() {
-            eprintln!("could not run {opener}: {e}; open the link above yourself");
+            errln!("could not run {opener}: {e}; open the link above yourself");
         }
     }
     Ok(0)
