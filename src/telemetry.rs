@@ -25,16 +25,17 @@ pub fn init(cli: &Cli) {
     let filter = std::env::var("AAMP_BRIDGE_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| default.to_string());
-    let builder = tracing_subscriber::fmt()
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new(default)))
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_target(false)
-        .log_internal_errors(false);
-    if start {
-        builder.with_writer(Background).init();
-    } else {
-        builder.with_writer(std::io::stderr).init();
-    }
+        .log_internal_errors(false)
+        .with_writer(Lines {
+            queued: start,
+            ansi,
+        })
+        .init();
 }
 
 /// Where the log goes on once stderr is closed: the state directory's log, named when the
@@ -62,25 +63,30 @@ const QUEUE: usize = 4096;
 /// (`bridge.log.1`), so it never holds more than twice this.
 const FILE_MAX: u64 = 8 << 20;
 
-/// The subscriber's writer for `start`: each formatted line (the subscriber writes a line
-/// with one call) goes to the log thread's queue.
+/// The subscriber's writer. Each event comes as one call with its whole line, which is
+/// escaped ([`escape_line`]) and, for `start`, handed to the log thread's queue; other
+/// commands write it to stderr at once. A failed write is forgotten.
 #[derive(Clone, Copy, Debug)]
-struct Background;
+struct Lines {
+    queued: bool,
+    /// The lines carry the subscriber's colours.
+    ansi: bool,
+}
 
-impl MakeWriter<'_> for Background {
-    type Writer = Background;
+impl MakeWriter<'_> for Lines {
+    type Writer = Lines;
 
-    fn make_writer(&self) -> Background {
-        Background
+    fn make_writer(&self) -> Lines {
+        *self
     }
 }
 
-impl std::io::Write for Background {
+impl std::io::Write for Lines {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        match sink() {
-            Some(sink) => sink.send(line),
-            // No thread could be made: written here, and a failure forgotten.
-            None => drop(std::io::stderr().write_all(line)),
+        let escaped = escape_line(line, self.ansi);
+        match sink().filter(|_| self.queued) {
+            Some(sink) => sink.send(&escaped),
+            None => drop(std::io::stderr().write_all(&escaped)),
         }
         Ok(line.len())
     }
@@ -218,6 +224,47 @@ fn open_private_append(path: &std::path::Path) -> std::io::Result<std::fs::File>
         .open(path)
 }
 
+/// One event's line as the log writes it: what mail and agents wrote into it (a title, a
+/// reason, an agent's words) cannot break it up or act on a terminal. Line and paragraph
+/// separators (U+2028, U+2029, NEL), line ends inside it and every other control character
+/// are written as escapes (`\n`, `\u{2028}`), so one event is one line for any reader;
+/// tabs stay, and so do the subscriber's own colour codes when it writes them (`ESC [ digits
+/// m`, nothing else of the kind).
+fn escape_line(line: &[u8], ansi: bool) -> std::borrow::Cow<'_, [u8]> {
+    let text = String::from_utf8_lossy(line);
+    let body = text.strip_suffix('\n').unwrap_or(&text);
+    let unsafe_char =
+        |c: char| c != '\t' && (c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'));
+    if !body.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut rest = body;
+    while let Some(c) = rest.chars().next() {
+        if let Some(len) = colour_code(rest).filter(|_| ansi) {
+            out.push_str(&rest[..len]);
+            rest = &rest[len..];
+            continue;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out.push('\n');
+    std::borrow::Cow::Owned(out.into_bytes())
+}
+
+/// The length of the colour code (`ESC [ digits and semicolons m`) `text` starts with.
+fn colour_code(text: &str) -> Option<usize> {
+    let params = text.strip_prefix("\x1b[")?;
+    let digits = params.find(|c: char| !(c.is_ascii_digit() || c == ';'))?;
+    params[digits..].starts_with('m').then_some(2 + digits + 1)
+}
+
 /// `line` without its terminal colours (`ESC [ ... letter`), which a file does not show.
 fn strip_ansi(line: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(line.len());
@@ -241,6 +288,29 @@ fn strip_ansi(line: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_senders_write_cannot_break_a_log_line() {
+        let line = "INFO task received title=\"one\u{2028}two\u{2029}three\u{85}four\nfive\r\x1b]0;pwned\x07\tsix\"\n";
+        let escaped = escape_line(line.as_bytes(), false);
+        let escaped = std::str::from_utf8(&escaped).unwrap();
+        assert_eq!(
+            escaped,
+            "INFO task received title=\"one\\u{2028}two\\u{2029}three\\u{85}four\\nfive\\r\\u{1b}]0;pwned\\u{7}\tsix\"\n"
+        );
+        assert_eq!(escaped.lines().count(), 1);
+        // The subscriber's colours stay on a terminal; a sender's escape does not.
+        let coloured = "\x1b[32m INFO\x1b[0m title=\x1b]8;;evil\x07\n";
+        assert_eq!(
+            std::str::from_utf8(&escape_line(coloured.as_bytes(), true)).unwrap(),
+            "\x1b[32m INFO\x1b[0m title=\\u{1b}]8;;evil\\u{7}\n"
+        );
+        // A plain line is left as it is.
+        assert!(matches!(
+            escape_line(b"INFO plain\n", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     #[test]
     fn colours_are_left_out_of_the_file() {

@@ -291,3 +291,33 @@ async fn doctor_checks_your_own_mailbox_and_agents_that_take_no_task() {
     assert!(!echo.contains("not known"), "{echo}");
     assert!(echo.contains("a demo agent"), "{echo}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_sender_writes_cannot_break_up_a_log_line() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let config = support::one_agent(host, &agent, "echo", &boss.email);
+    let dir = ConfigDir::new(host, &config.text());
+    let bridge = support::Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss).await;
+    let title = "one\u{2028}two\u{2029}three\u{85}four\u{1b}[2Jfive";
+    let dispatch = peer.dispatch_to(&agent.email, title, "six\u{2028}seven\u{b}eight");
+    let task_id = peer.send(dispatch).await.task_id().to_string();
+    peer.wait_for(&task_id, Intent::TaskResult).await;
+    let log = bridge.log();
+    assert!(bridge.stop().success());
+    let raw: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(['\u{2028}', '\u{2029}', '\u{85}', '\u{b}', '\u{1b}']))
+        .collect();
+    println!(
+        "{} log lines, {} with a raw separator or control character",
+        log.lines().count(),
+        raw.len()
+    );
+    assert!(raw.is_empty(), "{raw:#?}");
+    assert!(
+        log.contains(r"one\u{2028}two"),
+        "the title is in the log, escaped"
+    );
+}
