@@ -175,12 +175,12 @@ impl Out {
                 Err(e) => self.closed = Some(e),
             }
         }
-        self.to_file(&strip_ansi(line));
+        self.write_to_file(&strip_ansi(line));
     }
 
     /// Appends `line` to the state directory's log, opened at the first line after stderr
     /// closed (with a line saying so); dropped while the bridge has not named it.
-    fn to_file(&mut self, line: &[u8]) {
+    fn write_to_file(&mut self, line: &[u8]) {
         let Some(path) = FALLBACK.get() else { return };
         if self.file.as_ref().is_some_and(|(_, size)| *size > FILE_MAX) {
             let _ = std::fs::rename(path, path.with_extension("log.1"));
