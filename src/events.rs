@@ -245,10 +245,11 @@ fn writer() -> &'static Writer {
         std::thread::Builder::new()
             .name("events-stdout".into())
             .spawn(move || {
+                let mut open = true;
                 for line in queue {
-                    let mut out = std::io::stdout().lock();
-                    // A closed stdout only means nobody reads the events any more.
-                    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    if open {
+                        open = write_line(&line);
+                    }
                     counter.fetch_add(1, Ordering::SeqCst);
                 }
             })
@@ -260,6 +261,21 @@ fn writer() -> &'static Writer {
             dropped: AtomicU64::new(0),
         }
     })
+}
+
+/// Writes one event line to stdout; false when stdout is closed, which only means nobody
+/// reads the events any more: said once in the log, and the lines after it are not written.
+fn write_line(line: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => true,
+        // A stdout set non-blocking by someone sharing it is full, not closed.
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "stdout is closed; JSON events are no longer written");
+            false
+        }
+    }
 }
 
 /// Waits (up to `max`) until the event lines emitted so far are written, for a clean exit.

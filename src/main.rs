@@ -9,7 +9,7 @@ fn main() -> std::process::ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("aamp-bridge: cannot start the async runtime: {e}");
+            aamp_bridge::cli::error_line(format_args!("cannot start the async runtime: {e}"));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -17,10 +17,11 @@ fn main() -> std::process::ExitCode {
     // Work still running off the runtime (a file request an agent made on a file system that
     // does not answer) must not keep the process from exiting after a stop.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    aamp_bridge::telemetry::flush(std::time::Duration::from_secs(2));
     match result {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("aamp-bridge: {e:#}");
+            aamp_bridge::cli::error_line(format_args!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -6,6 +6,8 @@
 //! STATE/control.sock              the running bridge's owner-only control socket
 //! STATE/ui-token                  the live view's access token (0600), and
 //! STATE/ui-address                the address it listens on (`aamp-bridge ui` reads both)
+//! STATE/bridge.log                the running bridge's log once its stderr closed (and
+//!                                   bridge.log.1, its older part)
 //! STATE/agents/NAME/              one folder per agent: the files its mailbox back-end
 //!                                   keeps, SYSTEM-WHAT (its read position: jmap-email-state,
 //!                                   asmtp-watermark, amp-position; the ASMTP thread map,
@@ -40,6 +42,11 @@ impl StateDir {
 
     pub fn control_socket(&self) -> PathBuf {
         self.0.join("control.sock")
+    }
+
+    /// Where a running bridge's log goes on when its stderr is closed (a `tee` that ended).
+    pub fn log(&self) -> PathBuf {
+        self.0.join("bridge.log")
     }
 
     pub fn ui_token(&self) -> PathBuf {

@@ -1,5 +1,7 @@
 //! `aamp-bridge agents`: the agents found on this machine, with versions and login state.
 
+use crate::cli::output::{errln, outln};
+
 use super::*;
 
 pub(super) async fn agents(
@@ -20,7 +22,7 @@ pub(super) async fn agents(
     };
     let (profiles, errors) = Profile::all(&profile_dirs);
     for e in &errors {
-        eprintln!("warning: {e}");
+        errln!("warning: {e}");
     }
     let configured = config
         .as_ref()
@@ -41,12 +43,15 @@ pub(super) async fn agents(
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&found)?);
+        outln!("{}", serde_json::to_string_pretty(&found)?);
         return Ok(0);
     }
-    println!(
+    outln!(
         "{:<14} {:<4} {:<18} {:<10} DETAILS",
-        "PROFILE", "KIND", "COMMAND", "STATUS"
+        "PROFILE",
+        "KIND",
+        "COMMAND",
+        "STATUS"
     );
     for d in &found {
         let status = if d.path.is_some() {
@@ -80,7 +85,7 @@ pub(super) async fn agents(
         for w in &d.warnings {
             details.push(format!("warning: {w}"));
         }
-        println!(
+        outln!(
             "{:<14} {:<4} {:<18} {:<10} {}",
             d.profile,
             d.kind,

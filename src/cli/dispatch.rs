@@ -1,6 +1,8 @@
 //! `aamp-bridge dispatch`: sends a task from one of the config's mailboxes and waits for its answer
 //! (with `--follow`, its live stream).
 
+use crate::cli::output::{errln, outln};
+
 use super::stream_printer::StreamPrinter;
 use super::*;
 
@@ -9,7 +11,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     // A live stream goes through an AAMP service (the agent's bridge opens it there): with no
     // service, --follow would wait for a stream that never opens and show nothing.
     if args.follow && !args.no_wait && account.aamp_url.is_none() {
-        eprintln!(
+        errln!(
             "--follow shows the agent's live stream, which goes through an AAMP service, and the mailbox {} has none (no aamp_url): nothing would be streamed. Set aamp_url under [mailboxes.{}] to the service the agent's bridge uses, or dispatch without --follow (the answer still comes back by mail)",
             args.from, args.from
         );
@@ -51,10 +53,10 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
         },
     );
     let message_id = sender.send(&msg).await.context("sending the dispatch")?;
-    eprintln!("sent task {task_id} to {} ({message_id})", args.to);
+    errln!("sent task {task_id} to {} ({message_id})", args.to);
     if args.no_wait {
         if args.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"taskId": task_id, "messageId": message_id})
             );
@@ -95,19 +97,19 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
             let unreached = unreached(&b.notification, &args.to, &answered);
             if !of_this || unreached.is_empty() {
                 if of_this {
-                    eprintln!("ignored a delivery report naming no address that has not answered");
+                    errln!("ignored a delivery report naming no address that has not answered");
                 }
                 continue;
             }
             let failed: Vec<String> = unreached.iter().map(|r| r.describe()).collect();
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"taskId": task_id, "messageId": message_id,
                                        "undeliverable": failed})
                 );
             }
-            eprintln!("the dispatch could not be delivered: {}", failed.join("; "));
+            errln!("the dispatch could not be delivered: {}", failed.join("; "));
             return Ok(3);
         }
         for m in inbound.into_iter().filter(|m| m.task_id() == task_id) {
@@ -123,18 +125,18 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
                                     helper.follow(&stream_id, |e| printer.print(&e, json)).await;
                                 printer.end();
                                 if let Err(e) = done {
-                                    eprintln!("the live stream ended: {e}");
+                                    errln!("the live stream ended: {e}");
                                 }
                             });
                         }
                         Ok(None) => {
-                            eprintln!("no live stream: the mailbox {} has no aamp_url", args.from)
+                            errln!("no live stream: the mailbox {} has no aamp_url", args.from)
                         }
-                        Err(e) => eprintln!("no live stream: {e}"),
+                        Err(e) => errln!("no live stream: {e}"),
                     }
                 }
-                Body::Ack => eprintln!("acknowledged by {}", m.envelope.from),
-                Body::HelpNeeded(h) => eprintln!("the agent needs help: {}", h.question),
+                Body::Ack => errln!("acknowledged by {}", m.envelope.from),
+                Body::HelpNeeded(h) => errln!("the agent needs help: {}", h.question),
                 Body::Result(r) => {
                     // What the stream still has to say comes before the result.
                     if followed {
@@ -143,13 +145,13 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
                         following.abort_all();
                     }
                     if args.json && args.follow {
-                        println!("{}", crate::events::json_text(&m.to_json())?);
+                        outln!("{}", crate::events::json_text(&m.to_json())?);
                     } else if args.json {
-                        println!("{}", serde_json::to_string_pretty(&m.to_json())?);
+                        outln!("{}", serde_json::to_string_pretty(&m.to_json())?);
                     } else if r.status == Status::Completed {
-                        println!("{}", r.output);
+                        outln!("{}", r.output);
                     } else {
-                        eprintln!(
+                        errln!(
                             "rejected: {}",
                             r.error.as_deref().unwrap_or("no reason given")
                         );

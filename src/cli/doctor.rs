@@ -1,6 +1,8 @@
 //! `aamp-bridge doctor`: checks the config, each mailbox (login, push, sender evidence, transport)
 //! and each agent, with what to do about each failure.
 
+use crate::cli::output::outln;
+
 use super::*;
 
 /// How one check came out.
@@ -77,14 +79,14 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 "aamp-bridge start, or install it as a service",
             )),
         }
-        let mut mailboxes: Vec<String> = config
+        let agents_mailboxes: Vec<&str> = config
             .config
             .agents
             .iter()
-            .map(|a| a.mailbox_name().to_string())
+            .map(|a| a.mailbox_name())
             .collect();
-        mailboxes.dedup();
-        for name in mailboxes {
+        for name in mailboxes_to_check(config) {
+            let serves_agent = agents_mailboxes.contains(&name.as_str());
             spinner.step(&format!("checking mailbox {name}"));
             let what = |part: &str| format!("mailbox {name}: {part}");
             if let Some(probe) = crate::mailbox::probe(config, &name).await {
@@ -172,56 +174,10 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                             "this replica cannot claim tasks, so it runs none (they are parked): the login must be allowed to set keywords, and the mailbox must have room for 30 more keyword names (Cyrus keeps 100 per mailbox, never freed: builds before this one used one per lease; a new mailbox, or the administrator, clears them)",
                         )),
                     }
-                    match mailbox.newest_headers().await {
-                        Ok(Some(headers)) => {
-                            let ev = crate::mailbox::aamp::auth::evidence(&headers);
-                            let mut found = Vec::new();
-                            if ev.authenticated_submission {
-                                found.push("authenticated submission".to_string());
-                            }
-                            for id in &ev.authserv_ids {
-                                found.push(format!("Authentication-Results from {id}"));
-                            }
-                            let mode = account.sender_auth;
-                            if mode == crate::config::SenderAuth::None {
-                                checks.push(check(
-                                    what("sender evidence"),
-                                    Verdict::Warn,
-                                    "sender_auth = \"none\": any From is believed",
-                                    "set sender_auth = \"auto\" if the server writes evidence",
-                                ));
-                            } else if let Some(problem) = &ev.problem {
-                                checks.push(check(
-                                    what("sender evidence"),
-                                    Verdict::Warn,
-                                    format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
-                                    "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
-                                ));
-                            } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
-                                checks.push(check(what("sender evidence"), Verdict::Warn, "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id"));
-                            } else if found.is_empty() {
-                                checks.push(check(what("sender evidence"), Verdict::Warn, "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id; or sender_auth = \"none\" (not advised)"));
-                            } else {
-                                checks.push(check(
-                                    what("sender evidence"),
-                                    Verdict::Ok,
-                                    format!("the server writes: {}", found.join(", ")),
-                                    "",
-                                ));
-                            }
-                        }
-                        Ok(None) => checks.push(check(
-                            what("sender evidence"),
-                            Verdict::Warn,
-                            "no mail in the Inbox yet to look at",
-                            "run doctor again after the first dispatch",
-                        )),
-                        Err(e) => checks.push(check(
-                            what("sender evidence"),
-                            Verdict::Warn,
-                            e.to_string(),
-                            "",
-                        )),
+                    // Sender evidence matters where tasks arrive, not in the person's own
+                    // mailbox (`me`), where only answers do.
+                    if serves_agent {
+                        checks.push(sender_evidence(&what, &account, &mut mailbox).await);
                     }
                 }
                 Err(e) => {
@@ -275,6 +231,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
         for agent in &config.config.agents {
             spinner.step(&format!("checking agent {}", agent.name));
             let what = format!("agent {}", agent.name);
+            checks.extend(takes_tasks(config, agent));
             let profile = match Profile::find(&config.profile_ref(&agent.profile), &dirs) {
                 Ok(p) => p,
                 Err(e) => {
@@ -385,11 +342,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                     ),
                     None => (
                         Verdict::Ok,
-                        format!(
-                            "{} ({version}); its login is not known to the bridge: `aamp-bridge profile test {}` runs it once",
-                            path.display(),
-                            profile.name
-                        ),
+                        no_known_login(&profile, &path, &version),
                         String::new(),
                     ),
                 }
@@ -400,7 +353,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
     let failed = checks.iter().any(|c| c.status == Verdict::Fail);
     spinner.clear();
     if json {
-        println!("{}", crate::events::json_text(&checks)?);
+        outln!("{}", crate::events::json_text(&checks)?);
     } else {
         for c in &checks {
             let word = match c.status {
@@ -408,11 +361,148 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
                 Verdict::Warn => "WARN",
                 Verdict::Fail => "FAIL",
             };
-            println!("{word:<4}  {}: {}", c.check, c.detail);
+            outln!("{word:<4}  {}: {}", c.check, c.detail);
             if !c.fix.is_empty() {
-                println!("      fix: {}", c.fix);
+                outln!("      fix: {}", c.fix);
             }
         }
     }
     Ok(if failed { 1 } else { 0 })
+}
+
+/// The mailboxes `doctor` checks: each agent's, then the config's others (the person's own,
+/// `me`, which `dispatch --from` sends from), each once.
+fn mailboxes_to_check(config: &LoadedConfig) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let agents = config.config.agents.iter().map(|a| a.mailbox_name());
+    for name in agents.chain(config.config.mailboxes.keys().map(String::as_str)) {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
+/// Whether the newest mail in an agent's AAMP Inbox carries evidence of its sender that the
+/// bridge can check (`sender_auth`).
+async fn sender_evidence(
+    what: &dyn Fn(&str) -> String,
+    account: &crate::config::Account,
+    mailbox: &mut crate::mailbox::aamp::Reader,
+) -> Check {
+    let what = what("sender evidence");
+    let headers = match mailbox.newest_headers().await {
+        Ok(Some(headers)) => headers,
+        Ok(None) => {
+            return check(
+                what,
+                Verdict::Warn,
+                "no mail in the Inbox yet to look at",
+                "run doctor again after the first dispatch",
+            )
+        }
+        Err(e) => return check(what, Verdict::Warn, e.to_string(), ""),
+    };
+    let ev = crate::mailbox::aamp::auth::evidence(&headers);
+    let mut found = Vec::new();
+    if ev.authenticated_submission {
+        found.push("authenticated submission".to_string());
+    }
+    for id in &ev.authserv_ids {
+        found.push(format!("Authentication-Results from {id}"));
+    }
+    const POSTFIX_FIX: &str = "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id";
+    if account.sender_auth == crate::config::SenderAuth::None {
+        check(
+            what,
+            Verdict::Warn,
+            "sender_auth = \"none\": any From is believed",
+            "set sender_auth = \"auto\" if the server writes evidence",
+        )
+    } else if let Some(problem) = &ev.problem {
+        check(
+            what,
+            Verdict::Warn,
+            format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
+            "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
+        )
+    } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
+        check(what, Verdict::Warn, "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", POSTFIX_FIX)
+    } else if found.is_empty() {
+        check(what, Verdict::Warn, "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", format!("{POSTFIX_FIX}; or sender_auth = \"none\" (not advised)"))
+    } else {
+        check(
+            what,
+            Verdict::Ok,
+            format!("the server writes: {}", found.join(", ")),
+            "",
+        )
+    }
+}
+
+/// How many of an agent's newest tasks `doctor` looks at to see whether it takes any.
+const RECENT_TASKS: usize = 20;
+
+/// Whether an agent takes tasks at all: a WARN when no sender may dispatch to it (neither
+/// the config nor the rules kept by `policy allow` and pairing name one), or when each of its
+/// recent tasks was rejected (with the newest reason).
+fn takes_tasks(config: &LoadedConfig, agent: &crate::config::AgentConfig) -> Option<Check> {
+    use crate::dispatch::{Journal, TaskState};
+    let what = format!("agent {}: senders", agent.name);
+    let path = config.state().journal();
+    let journal = path.exists().then(|| Journal::open(&path).ok()).flatten();
+    let kept = journal
+        .as_ref()
+        .and_then(|j| j.policy(&agent.name).ok())
+        .is_some_and(|(allow, _)| !allow.is_empty());
+    if agent.sender_policy().is_empty() && !kept {
+        return Some(check(
+            what,
+            Verdict::Warn,
+            "no sender may dispatch to it: every task is rejected",
+            format!("add allow_from = [\"you@example.com\"] to the agent in the config, or `aamp-bridge policy allow --agent {0} SENDER`, or pair a sender (`aamp-bridge pair --agent {0}`)", agent.name),
+        ));
+    }
+    let recent = journal?.tasks(Some(&agent.name), None, RECENT_TASKS).ok()?;
+    let rejected = TaskState::Rejected.as_str();
+    if recent.is_empty() || recent.iter().any(|t| t.state != rejected) {
+        return None;
+    }
+    let newest = recent[0].reason.as_deref().unwrap_or("no reason recorded");
+    Some(check(
+        what,
+        Verdict::Warn,
+        format!(
+            "its {} newest tasks were all rejected; the newest because: {newest}",
+            recent.len()
+        ),
+        format!(
+            "`aamp-bridge tasks --agent {} --state rejected` lists them with their senders; allow a sender with `aamp-bridge policy allow`",
+            agent.name
+        ),
+    ))
+}
+
+/// What `doctor` says of an installed CLI agent whose login the bridge cannot read: nothing
+/// about a login for the bridge's demo agents (`echo`, `echo-prompt`: a text tool, no model),
+/// which have none.
+fn no_known_login(
+    profile: &crate::runner::Profile,
+    path: &std::path::Path,
+    version: &str,
+) -> String {
+    let demo =
+        profile.origin == "built-in" && matches!(profile.name.as_str(), "echo" | "echo-prompt");
+    if demo {
+        format!(
+            "{} ({version}): a demo agent, no model and no login",
+            path.display()
+        )
+    } else {
+        format!(
+            "{} ({version}); its login is not known to the bridge: `aamp-bridge profile test {}` runs it once",
+            path.display(),
+            profile.name
+        )
+    }
 }

@@ -3,10 +3,13 @@
 //! mail loop of `dispatch`) is its command's own; nothing another entry point needs lives
 //! here.
 
+use crate::cli::output::{errln, out, outln};
+
 mod agents;
 mod dispatch;
 mod doctor;
 mod man;
+pub(crate) mod output;
 mod policy;
 mod profile;
 mod service;
@@ -361,7 +364,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Start { json, agents } => {
             if let Some(why) = crate::service::launchd_start() {
-                eprintln!("aamp-bridge: {why}");
+                errln!("aamp-bridge: {why}");
                 return Ok(0);
             }
             if !config_path.exists() {
@@ -371,6 +374,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             let config = LoadedConfig::load(&config_path)?;
+            crate::telemetry::fall_back_to(config.state().log());
             let controls = daemon::Controls::default();
             let done = CancellationToken::new();
             let signals = tokio::spawn(daemon::listen_for_signals(controls.clone(), done.clone()));
@@ -410,7 +414,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "aamp-bridge", &mut script);
             let script = completion_fixes(shell, &String::from_utf8_lossy(&script));
-            print!("{script}");
+            out!("{script}");
             Ok(0)
         }
         Command::Tasks {
@@ -435,6 +439,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => policy::pair(&LoadedConfig::load(&config_path)?, &agent, ttl_secs, json),
         Command::Agents { json, probe } => agents::agents(&config_path, json, probe).await,
     }
+}
+
+/// `aamp-bridge: WHAT` on stderr, for the binary's last word; a closed stderr is ignored
+/// (`eprintln!` would panic on it).
+pub fn error_line(what: std::fmt::Arguments<'_>) {
+    output::stderr(format_args!("aamp-bridge: {what}\n"));
 }
 
 pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {
@@ -510,7 +520,7 @@ pub fn completion_fixes(shell: clap_complete::Shell, script: &str) -> String {
 /// Exit 1 when the config has no `[ui]` or no bridge serves it now.
 fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
     if config.config.ui.is_none() {
-        eprintln!(
+        errln!(
             "no live view: add to {}\n\n[ui]\nlisten = \"127.0.0.1:8765\"\n\nand restart the bridge (aamp-bridge reload does not start it)",
             config.path.display()
         );
@@ -518,13 +528,13 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
     }
     let serving = crate::fsio::StateLock::holder(&config.state_dir).is_some();
     let Some(link) = serving.then(|| crate::ui::address(config)).flatten() else {
-        eprintln!(
+        errln!(
             "the bridge on {} does not serve its live view now: start it (aamp-bridge start), and see its log if it still does not",
             config.state_dir.display()
         );
         return Ok(1);
     };
-    println!("{link}");
+    outln!("{link}");
     if open {
         let opener = if cfg!(target_os = "macos") {
             "open"
@@ -536,7 +546,7 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
         let page = match crate::ui::opener_page(config, &link) {
             Ok(page) => page,
             Err(e) => {
-                eprintln!("{e}; open the link above yourself");
+                errln!("{e}; open the link above yourself");
                 return Ok(1);
             }
         };
@@ -544,7 +554,7 @@ fn ui(config: &LoadedConfig, open: bool) -> anyhow::Result<i32> {
             .map(String::from)
             .unwrap_or_else(|()| format!("file://{}", page.display()));
         if let Err(e) = std::process::Command::new(opener).arg(&url).status() {
-            eprintln!("could not run {opener}: {e}; open the link above yourself");
+            errln!("could not run {opener}: {e}; open the link above yourself");
         }
     }
     Ok(0)

@@ -1,6 +1,8 @@
 //! `aamp-bridge policy` and `pair`: the sender rules kept in the state directory, and pairing
 //! codes.
 
+use crate::cli::output::outln;
+
 use super::*;
 
 pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Result<i32> {
@@ -54,12 +56,12 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
                 rows.push(serde_json::json!({"kind": "deny", "sender": pattern, "source": source}));
             }
             if json {
-                println!(
+                outln!(
                     "{}",
                     crate::events::json_text(&serde_json::Value::Array(rows))?
                 );
             } else if rows.is_empty() {
-                println!("agent {}: nobody may send tasks yet (aamp-bridge policy allow --agent {} ADDRESS)", agent.name, agent.name);
+                outln!("agent {}: nobody may send tasks yet (aamp-bridge policy allow --agent {} ADDRESS)", agent.name, agent.name);
             } else {
                 for row in rows {
                     let context = match row["context"].as_object() {
@@ -68,7 +70,7 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
                         }
                         _ => String::new(),
                     };
-                    println!(
+                    outln!(
                         "{:<5} {}{context}  ({})",
                         row["kind"].as_str().unwrap_or_default(),
                         row["sender"].as_str().unwrap_or_default(),
@@ -92,7 +94,7 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
                     .push(v.trim().to_string());
             }
             journal.add_policy(&agent.name, false, &rule, "cli")?;
-            println!(
+            outln!(
                 "agent {}: {} may send tasks",
                 agent.name,
                 normalize(&sender)
@@ -101,19 +103,19 @@ pub(super) fn policy(config: &LoadedConfig, action: PolicyAction) -> anyhow::Res
         PolicyAction::Deny { sender, .. } => {
             check_sender(&sender)?;
             journal.add_policy(&agent.name, true, &Rule::sender(&sender), "cli")?;
-            println!("agent {}: {} is refused", agent.name, normalize(&sender));
+            outln!("agent {}: {} is refused", agent.name, normalize(&sender));
         }
         PolicyAction::Remove { sender, .. } => {
             let n = journal.remove_policy(&agent.name, &sender)?;
             if n == 0 {
-                println!(
+                outln!(
                     "agent {}: no rule for {} was added here (rules in the config are changed there)",
                     agent.name,
                     normalize(&sender)
                 );
                 return Ok(1);
             }
-            println!(
+            outln!(
                 "agent {}: forgot {n} rule(s) for {}",
                 agent.name,
                 normalize(&sender)
@@ -144,7 +146,7 @@ pub(super) fn pair(
     );
     let expires_at = protocol::time::format_utc(expires);
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"agent": agent.name, "mailbox": email, "code": code, "url": url, "expiresAt": expires_at})
         );
@@ -157,10 +159,10 @@ pub(super) fn pair(
                 .build()
         })
         .unwrap_or_default();
-    println!("{qr}");
-    println!("Pair with agent {} ({email}):", agent.name);
-    println!("  {url}");
-    println!("  code {code}, valid until {expires_at} (once)");
-    println!("The bridge must be running to answer the pair request.");
+    outln!("{qr}");
+    outln!("Pair with agent {} ({email}):", agent.name);
+    outln!("  {url}");
+    outln!("  code {code}, valid until {expires_at} (once)");
+    outln!("The bridge must be running to answer the pair request.");
     Ok(0)
 }

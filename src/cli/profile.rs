@@ -1,5 +1,7 @@
 //! `aamp-bridge profile list|show|new|test`: the agent profiles.
 
+use crate::cli::output::{errln, out, outln};
+
 use super::*;
 
 pub(super) async fn profile(
@@ -16,17 +18,17 @@ pub(super) async fn profile(
         ProfileAction::List { json } => {
             let (profiles, errors) = Profile::all(&dirs);
             for e in &errors {
-                eprintln!("warning: {e}");
+                errln!("warning: {e}");
             }
             if json {
                 let list: Vec<serde_json::Value> = profiles
                     .iter()
                     .map(|p| serde_json::json!({"name": p.name, "kind": format!("{:?}", p.kind).to_lowercase(), "command": p.command.render(&Default::default()), "description": p.description, "origin": p.origin}))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 for p in &profiles {
-                    println!(
+                    outln!(
                         "{:<14} {:<4} {:<12} {}  ({})",
                         p.name,
                         format!("{:?}", p.kind).to_lowercase(),
@@ -41,7 +43,7 @@ pub(super) async fn profile(
         ProfileAction::Show { name } => {
             let p = Profile::find(&name, &dirs)?;
             match crate::runner::profile::source_text(&name, &dirs) {
-                Some(text) => print!("{text}"),
+                Some(text) => out!("{text}"),
                 None => bail!("profile {name} has no file to show ({})", p.origin),
             }
             Ok(0)
@@ -129,7 +131,7 @@ pub(super) async fn profile(
             let path = maker::target(&dirs, &name);
             maker::write_with_env(&path, &text, &new.env, force)?;
             for warning in Profile::parse(&text, &name, "the new profile")?.warnings() {
-                eprintln!("warning: {warning}");
+                errln!("warning: {warning}");
             }
             let report = if no_test {
                 None
@@ -149,14 +151,14 @@ pub(super) async fn profile(
                 Some(r) if r.ok && !new.acp && !maker::resumes_already(&new) => {
                     spinner.clear();
                     let limit = std::time::Duration::from_secs(resume_try_secs.max(1));
-                    let progress = |line: &str| eprintln!("{line}");
+                    let progress = |line: &str| errln!("{line}");
                     let check = maker::find_resume_flag(&new, format, limit, &progress);
                     // Ctrl-C drops the try, whose process group goes with it, instead of
                     // leaving the agent running after this command is gone.
                     let found = tokio::select! {
                         found = check => found,
                         _ = tokio::signal::ctrl_c() => {
-                            eprintln!("interrupted; the try was stopped and {} written without a resume flag", path.display());
+                            errln!("interrupted; the try was stopped and {} written without a resume flag", path.display());
                             return Ok(130);
                         }
                     };
@@ -170,19 +172,19 @@ pub(super) async fn profile(
                 _ => None,
             };
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"profile": name, "path": path, "stream": format.as_str(), "test": report, "resume": resume})
                 );
             } else {
-                println!("wrote {}:\n{text}", path.display());
+                outln!("wrote {}:\n{text}", path.display());
                 if let Some(r) = &report {
                     print_report(r, false)?;
                 }
                 if let Some(r) = &resume {
-                    println!("{}", r.summary());
+                    outln!("{}", r.summary());
                 }
-                println!("use it: `profile = \"{name}\"` in an [[agents]] table, or pick it in `aamp-bridge init`");
+                outln!("use it: `profile = \"{name}\"` in an [[agents]] table, or pick it in `aamp-bridge init`");
             }
             Ok(match report {
                 Some(r) if !r.ok => 1,
@@ -197,16 +199,16 @@ pub(super) fn print_report(
     json: bool,
 ) -> anyhow::Result<()> {
     if json {
-        println!("{}", crate::events::json_text(report)?);
+        outln!("{}", crate::events::json_text(report)?);
         return Ok(());
     }
     if report.ok {
-        println!("OK    answered in {} ms", report.duration_ms);
+        outln!("OK    answered in {} ms", report.duration_ms);
     } else {
-        println!("FAIL  {}", report.error.as_deref().unwrap_or("no answer"));
+        outln!("FAIL  {}", report.error.as_deref().unwrap_or("no answer"));
     }
     for (n, event) in report.stream.iter().enumerate() {
-        println!(
+        outln!(
             "{:>5}. {:<11} {}",
             n + 1,
             event["type"].as_str().unwrap_or_default(),
@@ -219,11 +221,11 @@ pub(super) fn print_report(
             .iter()
             .map(|(k, v)| format!("{k} ×{v}"))
             .collect();
-        println!("      stream events: {}", events.join(", "));
+        outln!("      stream events: {}", events.join(", "));
     }
     let shown: String = report.output.chars().take(500).collect();
     if !shown.is_empty() {
-        println!("      answer: {}", shown.trim());
+        outln!("      answer: {}", shown.trim());
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! `aamp-bridge service`: the systemd user unit or launchd agent.
 
+use crate::cli::output::{out, outln};
+
 use super::*;
 
 pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> anyhow::Result<i32> {
@@ -9,39 +11,39 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
     let launchd = matches!(action, ServiceAction::Render { launchd: true });
     let svc = Service::for_this_machine(&config.path, launchd)?;
     match action {
-        ServiceAction::Render { .. } => print!("{}", svc.render()),
+        ServiceAction::Render { .. } => out!("{}", svc.render()),
         ServiceAction::Install => {
             let changed = svc.install()?;
             if changed {
-                println!(
+                outln!(
                     "installed {} (runs {} --config {})",
                     svc.file.display(),
                     svc.exe.display(),
                     svc.config.display()
                 );
             } else {
-                println!("already installed, and enabled: {}", svc.file.display());
+                outln!("already installed, and enabled: {}", svc.file.display());
             }
             if svc.kind == Kind::Systemd {
-                println!("start it with `aamp-bridge service start`; to keep it running while you are logged out, as root: `loginctl enable-linger $USER`");
+                outln!("start it with `aamp-bridge service start`; to keep it running while you are logged out, as root: `loginctl enable-linger $USER`");
             } else {
-                println!("start it with `aamp-bridge service start`");
+                outln!("start it with `aamp-bridge service start`");
             }
         }
         ServiceAction::Uninstall => {
             if !svc.file.exists() && svc.packaged().is_some() {
                 svc.uninstall()?;
-                println!(
+                outln!(
                     "disabled and stopped the package's unit {} (it stays until the package is removed: apt-get remove aamp-bridge)",
                     svc.packaged().unwrap_or_default().display()
                 );
             } else if svc.uninstall()? {
-                println!(
+                outln!(
                     "removed {} (the config and the state directory stay)",
                     svc.file.display()
                 );
             } else {
-                println!("no service was installed");
+                outln!("no service was installed");
             }
         }
         ServiceAction::Start => svc.start()?,
@@ -54,13 +56,13 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
                     .iter()
                     .map(|(p, f)| serde_json::json!({"problem": p, "fix": f}))
                     .collect();
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"file": svc.effective_file().unwrap_or(svc.file.clone()),
                         "packaged": svc.packaged(), "ok": problems.is_empty(), "problems": list})
                 );
             } else if problems.is_empty() {
-                println!(
+                outln!(
                     "{} runs this binary with {}",
                     svc.effective_file().unwrap_or(svc.file.clone()).display(),
                     svc.config.display()
@@ -72,7 +74,7 @@ pub(super) fn service(config_path: &std::path::Path, action: ServiceAction) -> a
                 }
             } else {
                 for (problem, fix) in &problems {
-                    println!("{problem}\n  fix: {fix}");
+                    outln!("{problem}\n  fix: {fix}");
                 }
             }
             return Ok(if problems.is_empty() { 0 } else { 1 });

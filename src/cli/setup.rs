@@ -1,6 +1,8 @@
 //! `aamp-bridge init`, `import` and `inspect`: making a config, carrying over the reference
 //! bridges' files, and reading one mail as AAMP.
 
+use crate::cli::output::{errln, out, outln};
+
 use super::*;
 
 pub(super) async fn init(
@@ -26,11 +28,11 @@ pub(super) async fn init(
         _ => match prompt::ask(config_path).await {
             Ok(Some(a)) => a,
             Ok(None) => {
-                println!("Nothing was written.");
+                outln!("Nothing was written.");
                 return Ok(1);
             }
             Err(e) if e.is::<prompt::Cancelled>() => {
-                println!("{e}");
+                outln!("{e}");
                 return Ok(130);
             }
             Err(e) => return Err(e),
@@ -46,30 +48,30 @@ pub(super) async fn init(
             let dir = config_path.parent().unwrap_or(std::path::Path::new("."));
             let kept = dir.join("init-answers.json");
             let text = serde_json::to_string_pretty(&answers)?;
-            eprintln!("aamp-bridge: {e:#}");
+            errln!("aamp-bridge: {e:#}");
             match crate::fsio::write_atomic(&kept, text.as_bytes(), 0o600) {
-                Ok(()) => eprintln!(
+                Ok(()) => errln!(
                     "Nothing was written, but your answers are kept in {} (mode 0600). Once the cause is fixed, go on from them:\n  aamp-bridge --config {} init --non-interactive --answers {}\n(and delete the file afterwards)",
                     kept.display(),
                     config_path.display(),
                     kept.display()
                 ),
-                Err(w) => eprintln!("Nothing was written (and your answers could not be kept in {}: {w})", kept.display()),
+                Err(w) => errln!("Nothing was written (and your answers could not be kept in {}: {w})", kept.display()),
             }
             return Ok(1);
         }
         Err(e) => return Err(e),
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&applied)?);
+        outln!("{}", serde_json::to_string_pretty(&applied)?);
         return Ok(0);
     }
     wizard::print_applied(&applied);
     if !non_interactive {
         if let Some(done) = prompt::offer_service(config_path)? {
-            println!("service: {done}");
+            outln!("service: {done}");
         }
-        println!(
+        outln!(
             "Check everything with `aamp-bridge doctor`; see each task with `aamp-bridge tasks`."
         );
     }
@@ -101,7 +103,7 @@ pub(super) fn import(
             .iter()
             .map(|(p, _, mode)| serde_json::json!({"path": p, "mode": format!("{mode:o}")}))
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "config": config_path, "written": !dry_run, "sources": plan.sources,
@@ -112,35 +114,35 @@ pub(super) fn import(
         return Ok(0);
     }
     for source in &plan.sources {
-        println!("read {}", source.display());
+        outln!("read {}", source.display());
     }
     if dry_run {
-        println!("\nwould write {}:\n", config_path.display());
-        print!("{text}");
+        outln!("\nwould write {}:\n", config_path.display());
+        out!("{text}");
         for (path, bytes, mode) in &plan.files {
-            println!(
+            outln!(
                 "\nwould write {} (mode {mode:o}, {} bytes)",
                 path.display(),
                 bytes.len()
             );
         }
     } else {
-        println!("wrote {}", config_path.display());
+        outln!("wrote {}", config_path.display());
         for (path, _, mode) in &plan.files {
-            println!("wrote {} (mode {mode:o})", path.display());
+            outln!("wrote {} (mode {mode:o})", path.display());
         }
     }
     for (agent, _, left) in &plan.pair_codes {
-        println!(
+        outln!(
             "pairing code of {agent} carried over (valid {} more minutes)",
             left.as_secs() / 60
         );
     }
     for note in &plan.notes {
-        println!("note: {note}");
+        outln!("note: {note}");
     }
     if !dry_run {
-        println!("next: `aamp-bridge doctor`, then `aamp-bridge start`; stop the old bridges first, or both answer the same mail");
+        outln!("next: `aamp-bridge doctor`, then `aamp-bridge start`; stop the old bridges first, or both answer the same mail");
     }
     Ok(0)
 }
@@ -150,20 +152,20 @@ pub(super) fn inspect(file: &PathBuf, json: bool) -> anyhow::Result<i32> {
     let view = protocol::parse_raw(&bytes)
         .with_context(|| format!("{} is not a mail (no header found)", file.display()))?;
     match AampMessage::parse(&view) {
-        Ok(msg) if json => println!("{}", serde_json::to_string_pretty(&msg.to_json())?),
+        Ok(msg) if json => outln!("{}", serde_json::to_string_pretty(&msg.to_json())?),
         Ok(msg) => {
-            println!(
+            outln!(
                 "{} {} from {}",
                 msg.intent(),
                 msg.task_id(),
                 msg.envelope.from
             );
             for (k, v) in msg.to_json().as_object().into_iter().flatten() {
-                println!("  {k}: {v}");
+                outln!("  {k}: {v}");
             }
         }
         Err(reason) => {
-            println!("not AAMP: {reason}");
+            outln!("not AAMP: {reason}");
             return Ok(1);
         }
     }

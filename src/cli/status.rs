@@ -1,6 +1,8 @@
 //! `aamp-bridge status`: each agent's link, queue, running tasks and unsent answers (from the
 //! running bridge's control socket, else the state files).
 
+use crate::cli::output::outln;
+
 use super::*;
 
 pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
@@ -23,7 +25,7 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
     let journal_bytes = crate::dispatch::journal::size_on_disk(&journal_path);
     let max_mb = config.config.journal_max_size_mb;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"running": running.is_some(), "pid": running, "stateDir": config.state_dir,
                 "source": if live.is_some() { "daemon" } else { "state files" },
@@ -33,7 +35,7 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         return Ok(0);
     }
     match &running {
-        Some(pid) => println!(
+        Some(pid) => outln!(
             "aamp-bridge is running (pid {pid}{}), state in {}",
             live.as_ref()
                 .map(|l| format!(
@@ -44,12 +46,12 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
                 .unwrap_or_default(),
             config.state_dir.display()
         ),
-        None => println!(
+        None => outln!(
             "aamp-bridge is not running (state in {}); what it last knew:",
             config.state_dir.display()
         ),
     }
-    println!(
+    outln!(
         "journal {}: {:.1} MB (kept under {max_mb} MB)",
         journal_path.display(),
         journal_bytes as f64 / f64::from(1 << 20)
@@ -58,7 +60,7 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         let reach = link
             .as_ref()
             .map_or("never connected", |l| l.mailbox.as_str());
-        println!(
+        outln!(
             "{}  <{}>  mailbox {reach} since {}, {}",
             a["agent"].as_str().unwrap_or_default(),
             a["mailbox"].as_str().unwrap_or_default(),
@@ -70,17 +72,17 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
             }
         );
         if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
-            println!("    last error: {error}");
+            outln!("    last error: {error}");
         }
         if a["login"]["loggedIn"] == false {
-            println!(
+            outln!(
                 "    the agent is not logged in: {}; fix: {}",
                 a["login"]["detail"].as_str().unwrap_or_default(),
                 a["login"]["fix"].as_str().unwrap_or_default()
             );
         }
         if let Some(c) = link.as_ref().and_then(|l| l.credentials.as_ref()) {
-            println!(
+            outln!(
                 "    credentials {}, read {}{}",
                 match c.worked {
                     Some(true) => "work",
@@ -97,21 +99,21 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
                 }
             );
         }
-        println!(
+        outln!(
             "    {} queued, {} running, {} answers waiting to be sent",
             a["queued"],
             a["running"].as_array().map_or(0, Vec::len),
             a["unsent"]
         );
         if a["parked"].as_u64().unwrap_or(0) > 0 {
-            println!(
+            outln!(
                 "    {} tasks parked, not run or answered here: {} (tried again at the next start; aamp-bridge tasks --state parked)",
                 a["parked"],
                 a["parkedReason"].as_str().unwrap_or("the server refused their claims")
             );
         }
         if a["undelivered"].as_u64().unwrap_or(0) > 0 {
-            println!(
+            outln!(
                 "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",
                 a["undelivered"]
             );
@@ -135,14 +137,14 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
                 .collect();
             match (seen.is_null(), held.is_empty()) {
                 (true, _) => {
-                    println!("    replica {me}; the claims on the server could not be read")
+                    outln!("    replica {me}; the claims on the server could not be read")
                 }
-                (false, true) => println!("    replica {me}; no replica holds a task now"),
-                (false, false) => println!("    replica {me}; claims: {}", held.join("; ")),
+                (false, true) => outln!("    replica {me}; no replica holds a task now"),
+                (false, false) => outln!("    replica {me}; claims: {}", held.join("; ")),
             }
         }
         for t in a["running"].as_array().into_iter().flatten() {
-            println!(
+            outln!(
                 "    - {} ({}, {} s, from {})",
                 t["taskId"].as_str().unwrap_or_default(),
                 t["state"].as_str().unwrap_or_default(),
@@ -160,9 +162,9 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
 pub(super) fn reload(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let Some(pid) = crate::fsio::StateLock::holder(&config.state_dir) else {
         if json {
-            println!("{}", serde_json::json!({"running": false}));
+            outln!("{}", serde_json::json!({"running": false}));
         } else {
-            println!(
+            outln!(
                 "aamp-bridge is not running (state in {}); nothing to reload",
                 config.state_dir.display()
             );
@@ -173,31 +175,71 @@ pub(super) fn reload(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
         anyhow::bail!("the bridge (pid {pid}) did not answer on its control socket; send it SIGHUP (kill -HUP {pid})");
     };
     if json {
-        println!("{done}");
+        outln!("{done}");
     } else {
-        if let Some(error) = done["error"].as_str() {
-            println!("the config was not reloaded: {error}");
-        }
-        let names = |key: &str| -> Vec<String> {
-            done[key]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        };
-        let (agents, changed) = (names("agents"), names("credentialsChanged"));
-        if !agents.is_empty() {
-            println!("reloaded agents: {}", agents.join(", "));
-        }
-        if changed.is_empty() {
-            println!("no credentials changed");
+        print_reload(&done);
+    }
+    Ok(if reload_worked(&done) { 0 } else { 1 })
+}
+
+/// Whether everything a reload was to do took effect: the config read, every agent's
+/// settings taken, and every changed credential tried and working.
+fn reload_worked(done: &serde_json::Value) -> bool {
+    let none = |key: &str| done[key].as_array().is_none_or(|a| a.is_empty());
+    let credentials_work = done["credentials"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|c| c["works"] == true);
+    done["error"].is_null() && none("failed") && credentials_work
+}
+
+/// What a reload did, for a person: what was reloaded, what was not and why, and whether the
+/// new credentials work.
+fn print_reload(done: &serde_json::Value) {
+    let list = |key: &str| done[key].as_array().cloned().unwrap_or_default();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    if let Some(error) = done["error"].as_str() {
+        outln!("the config was not reloaded: {error}");
+    }
+    let agents: Vec<String> = list("agents").iter().map(text).collect();
+    if !agents.is_empty() {
+        outln!("reloaded agents: {}", agents.join(", "));
+    }
+    for failed in list("failed") {
+        outln!(
+            "agent {}: {}",
+            text(&failed["agent"]),
+            text(&failed["error"])
+        );
+    }
+    let changed = list("credentialsChanged");
+    let tried = list("credentials");
+    if changed.is_empty() && tried.is_empty() {
+        outln!("no credentials changed");
+    }
+    for mailbox in &tried {
+        let name = text(&mailbox["mailbox"]);
+        let what = if changed.contains(&mailbox["mailbox"]) {
+            format!("credentials reloaded for {name}")
         } else {
-            println!(
-                "credentials reloaded for {} (retried now; `aamp-bridge status` shows whether they work)",
-                changed.join(", ")
+            format!("credentials of {name} unchanged")
+        };
+        let detail = text(&mailbox["detail"]);
+        match mailbox["works"].as_bool() {
+            Some(true) => outln!("{what}, and they work: {detail}"),
+            Some(false) => outln!("{what}, but the server REFUSED them: {detail}"),
+            None => outln!(
+                "{what}, but they could not be tried: {detail} (`aamp-bridge status` shows whether they work)"
+            ),
+        }
+    }
+    // A bridge from before reloads tried credentials says only which changed.
+    if tried.is_empty() {
+        for name in changed.iter().map(text) {
+            outln!(
+                "credentials reloaded for {name} (retried now; `aamp-bridge status` shows whether they work)"
             );
         }
     }
-    Ok(if done["error"].is_null() { 0 } else { 1 })
 }

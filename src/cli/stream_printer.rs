@@ -1,5 +1,7 @@
 //! How `dispatch --follow` and `profile test --events` print a task's live stream.
 
+use crate::cli::output::{out, outln};
+
 /// Prints a task's live stream for a person (or as JSON lines).
 #[derive(Default)]
 pub(super) struct StreamPrinter {
@@ -10,16 +12,15 @@ pub(super) struct StreamPrinter {
 impl StreamPrinter {
     pub(super) fn line(&mut self, text: &str) {
         if self.mid_line {
-            println!();
+            outln!();
             self.mid_line = false;
         }
-        println!("{text}");
+        outln!("{text}");
     }
 
     pub(super) fn print(&mut self, event: &serde_json::Value, json: bool) {
-        use std::io::Write as _;
         if json {
-            println!("{event}");
+            outln!("{event}");
             return;
         }
         let payload = &event["payload"];
@@ -27,8 +28,7 @@ impl StreamPrinter {
         match event["type"].as_str().unwrap_or_default() {
             "text.delta" => {
                 let t = text(&payload["text"]);
-                print!("{t}");
-                let _ = std::io::stdout().flush();
+                out!("{t}");
                 self.mid_line = !t.ends_with('\n');
             }
             "tool_call" => self.line(&format!(
@@ -53,7 +53,7 @@ impl StreamPrinter {
 
     pub(super) fn end(&mut self) {
         if self.mid_line {
-            println!();
+            outln!();
             self.mid_line = false;
         }
     }

@@ -1,5 +1,7 @@
 //! `aamp-bridge tasks` and `task show`: the journal's read model for a person.
 
+use crate::cli::output::{errln, outln};
+
 use super::*;
 
 pub(super) fn tasks(
@@ -10,6 +12,18 @@ pub(super) fn tasks(
     json: bool,
 ) -> anyhow::Result<i32> {
     use crate::dispatch::TaskState;
+    if !config.state().journal().exists() {
+        // Before the first start there is no journal, and no task: nothing went wrong.
+        if json {
+            outln!("[]");
+        } else {
+            outln!(
+                "no tasks yet: the bridge has not run with the state directory {} (aamp-bridge start)",
+                config.state_dir.display()
+            );
+        }
+        return Ok(0);
+    }
     let journal = open_journal(config)?;
     let rows = match state.as_deref() {
         // Not a state of its own: tasks whose answer the server refused for good.
@@ -26,14 +40,14 @@ pub(super) fn tasks(
         None => journal.tasks(agent.as_deref(), None, limit)?,
     };
     if json {
-        println!("{}", crate::events::json_text(&rows)?);
+        outln!("{}", crate::events::json_text(&rows)?);
         return Ok(0);
     }
     if rows.is_empty() {
-        println!("no tasks");
+        outln!("no tasks");
     }
     for t in rows {
-        println!(
+        outln!(
             "{:>5}  {}  {:<10} {:<11} {}  from {}{}{}",
             t.id,
             ms_time(t.received_at_ms),
@@ -56,14 +70,14 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
     let journal = open_journal(config)?;
     let shown = crate::ui::snapshot::task_details(&journal, id)?;
     if shown.is_empty() {
-        eprintln!(
+        errln!(
             "no task {id:?} in {} (aamp-bridge tasks lists them)",
             journal.path().display()
         );
         return Ok(1);
     }
     if json {
-        println!(
+        outln!(
             "{}",
             crate::events::json_text(&serde_json::Value::Array(shown))?
         );
@@ -71,32 +85,32 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
     }
     for item in shown {
         let t = &item["task"];
-        println!(
+        outln!(
             "task {} (journal row {})",
             t["taskId"].as_str().unwrap_or_default(),
             t["id"]
         );
-        println!("  agent       {}", t["agent"].as_str().unwrap_or_default());
-        println!("  from        {}", t["sender"].as_str().unwrap_or_default());
-        println!(
+        outln!("  agent       {}", t["agent"].as_str().unwrap_or_default());
+        outln!("  from        {}", t["sender"].as_str().unwrap_or_default());
+        outln!(
             "  message id  {}",
             t["messageId"].as_str().unwrap_or_default()
         );
-        println!(
+        outln!(
             "  state       {} after {} run(s)",
             t["state"].as_str().unwrap_or_default(),
             t["runs"]
         );
         if let Some(reason) = t["reason"].as_str() {
-            println!("  reason      {reason}");
+            outln!("  reason      {reason}");
         }
         if let Some(why) = t["undelivered"].as_str() {
-            println!("  delivery    UNDELIVERED: the server refused the answer ({why})");
+            outln!("  delivery    UNDELIVERED: the server refused the answer ({why})");
         }
         let start = item["timeline"][0]["atMs"].as_i64().unwrap_or(0);
         for step in item["timeline"].as_array().into_iter().flatten() {
             let at = step["atMs"].as_i64().unwrap_or(0);
-            println!(
+            outln!(
                 "  {}  +{:>7} ms  {}{}",
                 ms_time(at),
                 at - start,

@@ -462,49 +462,117 @@ async fn reload_config(
         }
     };
     let mut reloaded = Vec::new();
+    // What did not take effect, and why: the person who asked for the reload is told, not
+    // only the log.
+    let mut failed = Vec::new();
+    let bin_dirs = runner::scan::bin_dirs().await;
     for engine in engines {
         let name = engine.name();
         let Some(agent) = config.config.agents.iter().find(|a| a.name == name) else {
             tracing::warn!(agent = %name, "the agent is no longer in the config; it stops at the next restart");
+            failed.push(json!({"agent": name, "error": "no longer in the config, but it runs until the next restart"}));
             continue;
         };
-        // Credentials first: the mailbox is retried at once when they changed, and left
-        // alone when not.
-        let secret = engine.outbox().secret();
-        match config.mailbox_secret(secret.mailbox()) {
-            Ok(fresh) => {
-                if secret.replace(&fresh) {
-                    changed.push(secret.mailbox().to_string());
-                }
-            }
-            Err(e) => tracing::error!(
-                agent = %name,
-                "the credentials of {} were not reloaded: {e}",
-                secret.mailbox()
-            ),
-        }
-        match agent_spec(&config, agent) {
-            Ok(spec) => {
-                engine.reload(spec);
-                engine.outbox().republish(&config, agent, events).await;
-                reloaded.push(name);
-            }
-            Err(e) => tracing::error!(agent = %name, "the agent keeps its old settings: {e:#}"),
+        match reload_agent(&config, engine, agent, (&bin_dirs, events), &mut changed).await {
+            Ok(()) => reloaded.push(name),
+            Err(e) => failed.push(json!({"agent": name, "error": e})),
         }
     }
-    let added: Vec<&str> = config
+    for added in config
         .config
         .agents
         .iter()
         .filter(|a| !engines.iter().any(|d| d.name() == a.name))
-        .map(|a| a.name.as_str())
-        .collect();
-    if !added.is_empty() {
-        tracing::warn!(?added, "new agents start at the next restart");
+    {
+        tracing::warn!(agent = %added.name, "a new agent starts at the next restart, not at a reload");
+        failed.push(json!({"agent": added.name, "error": "not started: a new agent starts at the next restart (aamp-bridge service restart, or stop and start the bridge), not at a reload"}));
     }
-    let done = json!({"agents": reloaded, "credentialsChanged": changed});
+    // Every mailbox's, not only those that changed here: the bridge may have read a new
+    // file itself already (after a refusal), and credentials revoked on the server are no
+    // change of the file.
+    let mut mailboxes: Vec<String> = Vec::new();
+    for engine in engines {
+        let name = engine.outbox().secret().mailbox().to_string();
+        if !mailboxes.contains(&name) {
+            mailboxes.push(name);
+        }
+    }
+    let credentials = try_credentials(&config, &mailboxes).await;
+    let done = json!({"agents": reloaded, "credentialsChanged": changed, "failed": failed, "credentials": credentials});
     events.emit(crate::events::Event::BridgeReloaded, done.clone());
     done
+}
+
+/// Reloads one agent: its mailbox's credentials (their mailbox noted in `changed` when they
+/// changed) and its settings. What did not take effect is the error, in words for the person
+/// who asked (the log says it too); an agent whose new profile cannot run keeps its old one.
+async fn reload_agent(
+    config: &LoadedConfig,
+    engine: &Engine<Outlet>,
+    agent: &crate::config::AgentConfig,
+    (bin_dirs, events): (&[std::path::PathBuf], Events),
+    changed: &mut Vec<String>,
+) -> Result<(), String> {
+    let name = &agent.name;
+    // Credentials first: the mailbox is retried at once when they changed, and left alone
+    // when not.
+    let secret = engine.outbox().secret();
+    let credentials = match config.mailbox_secret(secret.mailbox()) {
+        Ok(fresh) => {
+            if secret.replace(&fresh) {
+                changed.push(secret.mailbox().to_string());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let e = format!(
+                "the credentials of {} were not reloaded: {e}",
+                secret.mailbox()
+            );
+            tracing::error!(agent = %name, "{e}");
+            Err(e)
+        }
+    };
+    let spec = agent_spec(config, agent)
+        .map_err(|e| format!("not reloaded, it keeps its old settings: {e:#}"))
+        .and_then(|spec| {
+            let command = spec.profile.command.render(&Default::default());
+            match runner::scan::find(&command, bin_dirs) {
+                Some(_) => Ok(spec),
+                None => Err(format!("not reloaded, it keeps its old settings: {command:?} (profile {}) is not installed", spec.profile.name)),
+            }
+        });
+    let spec = spec.inspect_err(|e| tracing::error!(agent = %name, "{e}"))?;
+    let waits = engine.reload(spec);
+    engine.outbox().republish(config, agent, events).await;
+    if let Some(waits) = waits {
+        return Err(format!("reloaded, but {waits}"));
+    }
+    credentials
+}
+
+/// How long trying a mailbox's new credentials may take before `reload` answers without.
+const LOGIN_TRY: Duration = Duration::from_secs(10);
+
+/// Tries each mailbox's new credentials once, all at once: `[{"mailbox", "works", "detail"}]`
+/// (`works` null when they could not be tried), so `reload` says whether they work.
+async fn try_credentials(config: &LoadedConfig, mailboxes: &[String]) -> Vec<serde_json::Value> {
+    use crate::mailbox::LoginTried;
+    let tries = mailboxes.iter().map(|name| async move {
+        let tried = tokio::time::timeout(LOGIN_TRY, crate::mailbox::try_login(config, name))
+            .await
+            .unwrap_or_else(|_| {
+                LoginTried::Untried(format!("no answer within {} s", LOGIN_TRY.as_secs()))
+            });
+        let (works, detail) = match tried {
+            LoginTried::Works(read) => (Some(true), read),
+            LoginTried::Refused(why) => (Some(false), why),
+            LoginTried::Untried(why) => (None, why),
+        };
+        tracing::info!(mailbox = %name, ?works, %detail, "tried the reloaded credentials");
+        json!({"mailbox": name, "works": works, "detail": detail})
+    });
+    futures::future::join_all(tries).await
 }
 
 /// How long the outbox may try to send at a stop before leaving the rest for the next start.

@@ -243,11 +243,14 @@ impl<O: Backend> Engine<O> {
 
     /// Takes a reloaded config for this agent: its sender policy, profile and queue bound
     /// apply to tasks admitted from now on; tasks under way keep what they started with.
-    /// The agent's name, address and concurrency stay as they were (say so, and restart).
-    pub fn reload(&self, new: AgentSpec) {
+    /// The agent's name, address and concurrency stay as they were: what of the new config
+    /// waits for a restart is returned, so the person who reloaded hears it.
+    pub fn reload(&self, new: AgentSpec) -> Option<&'static str> {
         let old = self.spec();
-        if new.email != old.email || new.max_concurrent != old.max_concurrent {
-            tracing::warn!(agent = %old.name, "the mailbox address and max_concurrent_tasks change at the next start, not on reload");
+        let waits = (new.email != old.email || new.max_concurrent != old.max_concurrent)
+            .then_some("its mailbox address and max_concurrent_tasks change at the next restart, not at a reload");
+        if let Some(waits) = waits {
+            tracing::warn!(agent = %old.name, "{waits}");
         }
         let spec = AgentSpec {
             name: old.name.clone(),
@@ -258,6 +261,7 @@ impl<O: Backend> Engine<O> {
         };
         *self.inner.spec.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(spec);
         tracing::info!(agent = %old.name, "config reloaded");
+        waits
     }
 
     /// Notes a step in the task's timeline (a failure to note is only logged).

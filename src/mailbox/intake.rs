@@ -477,7 +477,7 @@ pub async fn supervise_push(
             }
             Err(e) => match e.class() {
                 ErrorClass::Auth => {
-                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused the credentials for push; polling meanwhile, and trying again at once with replaced ones");
+                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused the credentials for push; polling meanwhile, and trying push again at once with replaced ones");
                     PUSH_REFUSED_RETRY
                 }
                 ErrorClass::Permanent => {

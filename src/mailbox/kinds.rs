@@ -46,3 +46,39 @@ pub async fn open(
     })
     .await
 }
+
+/// What trying a mailbox's credentials found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoginTried {
+    /// They work: what was read with them.
+    Works(String),
+    /// The server refused them.
+    Refused(String),
+    /// They could not be tried (the server did not answer, the settings do not hold).
+    Untried(String),
+}
+
+/// Tries the named mailbox's credentials as they are on disk now, with one read: its
+/// system's probe, or an AAMP mailbox's JMAP login. What `reload` says of new credentials.
+pub async fn try_login(config: &LoadedConfig, name: &str) -> LoginTried {
+    use crate::error::{Classify as _, ErrorClass};
+    let result = match probe(config, name).await {
+        Some(Ok(probe)) => probe.result,
+        Some(Err(e)) => return LoginTried::Untried(e.problem),
+        None => match config.account(name) {
+            Ok(account) => match aamp::Reader::new(account) {
+                Ok(mut reader) => reader
+                    .connect()
+                    .await
+                    .map(|()| "logged in over JMAP".to_string()),
+                Err(e) => Err(e),
+            },
+            Err(e) => return LoginTried::Untried(e.problem),
+        },
+    };
+    match result {
+        Ok(read) => LoginTried::Works(read),
+        Err(e) if e.class() == ErrorClass::Auth => LoginTried::Refused(e.to_string()),
+        Err(e) => LoginTried::Untried(e.to_string()),
+    }
+}

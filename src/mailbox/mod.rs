@@ -16,7 +16,7 @@ pub mod link;
 pub mod outlet;
 pub mod samp;
 
-pub use kinds::{open, probe, system};
+pub use kinds::{open, probe, system, try_login, LoginTried};
 pub use outlet::{Answering, Intake, Outlet, Probe, System};
 
 use std::path::PathBuf;

@@ -8,6 +8,8 @@
 //!
 //! Just over 600 lines: the answers' model and their one application belong together.
 
+use crate::cli::output::outln;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -731,7 +733,7 @@ fn install_service(config: &LoadedConfig) -> String {
 
 /// Prints what apply did, for a person.
 pub fn print_applied(applied: &Applied) {
-    println!(
+    outln!(
         "{} {}",
         if applied.written {
             "wrote"
@@ -747,29 +749,30 @@ pub fn print_applied(applied: &Applied) {
             "account" => "your account",
             _ => "mailbox kept",
         };
-        println!("  agent {}: {} ({how})", agent.name, agent.email);
+        outln!("  agent {}: {} ({how})", agent.name, agent.email);
         if agent.allow_from.is_empty() && agent.pairing.is_none() {
-            println!(
+            outln!(
                 "    nobody may send it tasks yet: `aamp-bridge policy allow --agent {} ADDRESS` or `aamp-bridge pair --agent {}`",
                 agent.name, agent.name
             );
         } else if !agent.allow_from.is_empty() {
-            println!("    tasks accepted from: {}", agent.allow_from.join(", "));
+            outln!("    tasks accepted from: {}", agent.allow_from.join(", "));
         }
         if let Some(p) = &agent.pairing {
-            println!("{}", qr(&p.url));
-            println!("    pair with it: {}", p.url);
-            println!(
+            outln!("{}", qr(&p.url));
+            outln!("    pair with it: {}", p.url);
+            outln!(
                 "    code {}, valid until {} (once; the bridge must be running)",
-                p.code, p.expires_at
+                p.code,
+                p.expires_at
             );
         }
     }
     if let Some((name, email)) = &applied.own_mailbox {
-        println!("  your mailbox {name}: {email} (send a task: `aamp-bridge dispatch --from {name} --to AGENT-ADDRESS \"...\"`)");
+        outln!("  your mailbox {name}: {email} (send a task: `aamp-bridge dispatch --from {name} --to AGENT-ADDRESS \"...\"`)");
     }
     if let Some(service) = &applied.service {
-        println!("service: {service}");
+        outln!("service: {service}");
     }
 }
 

@@ -1,6 +1,8 @@
 //! The questions `aamp-bridge init` asks in a terminal (inquire), and the spinner shown while
 //! it waits. The only code in the crate that prompts. The answers go to [`super::apply`].
 
+use crate::cli::output::{errln, outln};
+
 use std::io::IsTerminal as _;
 use std::path::Path;
 use std::sync::Mutex;
@@ -57,7 +59,7 @@ impl Progress for Spinner {
     fn done(&self, what: &str) {
         match self.bar.lock().expect("spinner lock").take() {
             Some(bar) => bar.finish_with_message(format!("✓ {what}")),
-            None if self.tty => eprintln!("✓ {what}"),
+            None if self.tty => errln!("✓ {what}"),
             None => {}
         }
     }
@@ -119,14 +121,14 @@ impl std::fmt::Display for Choice {
 /// person declined to write.
 pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     let previous = super::existing(path)?;
-    println!(
+    outln!(
         "aamp-bridge init: which agents answer mail, their mailboxes, and who may send them tasks."
     );
     match &previous {
-        Some(_) => println!("Editing {} (your other settings stay).", path.display()),
-        None => println!("Writing {}.", path.display()),
+        Some(_) => outln!("Editing {} (your other settings stay).", path.display()),
+        None => outln!("Writing {}.", path.display()),
     }
-    println!("Esc cancels; nothing is written until the end.\n");
+    outln!("Esc cancels; nothing is written until the end.\n");
 
     let spinner = Spinner::new();
     let known = super::summary::Known::default();
@@ -150,7 +152,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             break None;
         }
         let Ok(parsed) = url::Url::parse(&url) else {
-            println!("  {url:?} is not a URL (like https://aamp.example.com)");
+            outln!("  {url:?} is not a URL (like https://aamp.example.com)");
             continue;
         };
         spinner.step(&format!("asking {url}/.well-known/aamp"));
@@ -162,7 +164,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             }
             Err(e) => {
                 spinner.done(&format!("{url} did not answer as an AAMP service"));
-                println!("  {e}");
+                outln!("  {e}");
                 if answer(Confirm::new("Use it anyway?").with_default(false).prompt())? {
                     break Some(url);
                 }
@@ -226,7 +228,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
         if !picked.is_empty() {
             break picked;
         }
-        println!("No agent picked: pick at least one with Space, then Enter (Esc leaves).");
+        outln!("No agent picked: pick at least one with Space, then Enter (Esc leaves).");
     };
 
     let mut agents = Vec::new();
@@ -239,7 +241,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
                     .unwrap_or(false)
             })
         });
-        println!("\n— {profile} —");
+        outln!("\n— {profile} —");
         let name = loop {
             let default = old
                 .map(|a| a.name.clone())
@@ -252,7 +254,7 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
             if crate::config::valid_name(&name) {
                 break name;
             }
-            println!("  use lower-case letters, digits, - and _");
+            outln!("  use lower-case letters, digits, - and _");
         };
         let can_register = aamp_url.is_some() && info.as_ref().is_none_or(|i| i.registration);
         let mut options = Vec::new();
@@ -307,9 +309,9 @@ pub async fn ask(path: &Path) -> anyhow::Result<Option<Answers>> {
     )
     .await?;
 
-    println!("\nSummary:");
+    outln!("\nSummary:");
     for line in super::summary::lines(&agents, own_mailbox.as_ref()) {
-        println!("{line}");
+        outln!("{line}");
     }
     if !answer(
         Confirm::new("Write the config?")
@@ -359,7 +361,7 @@ async fn working_mailbox(
             }
             Err(e) => {
                 spinner.clear();
-                println!("✗ {e:#}");
+                outln!("✗ {e:#}");
                 let certificate = e
                     .downcast_ref::<super::MailboxTestFailed>()
                     .is_some_and(|f| f.error.certificate_refused());
@@ -420,11 +422,11 @@ async fn ask_own_mailbox(
             .keys()
             .find(|m| !used.contains(&m.as_str()))
         {
-            println!("\nYour own mailbox: {name} (kept; `aamp-bridge dispatch --from {name}` sends from it)");
+            outln!("\nYour own mailbox: {name} (kept; `aamp-bridge dispatch --from {name}` sends from it)");
             return Ok(None);
         }
     }
-    println!();
+    outln!();
     let mut options = Vec::new();
     if can_register {
         options.push(REGISTER);
@@ -499,7 +501,7 @@ async fn ask_mailbox(
         (Some(MailboxAnswers::Existing { .. }), _) => EXISTING,
         // One way only: no menu of one.
         (_, [only]) => {
-            println!("Its mailbox: {}", only.to_lowercase());
+            outln!("Its mailbox: {}", only.to_lowercase());
             only
         }
         _ => answer(Select::new("Its mailbox:", options.to_vec()).prompt())?,
@@ -652,7 +654,7 @@ fn ask_servers(
         ))?;
         match text.trim().parse::<u16>() {
             Ok(p) if p > 0 => break p,
-            _ => println!("  a port is a number from 1 to 65535"),
+            _ => outln!("  a port is a number from 1 to 65535"),
         }
     };
     // Kept when the same servers are asked again; a changed host must be trusted anew.
@@ -706,7 +708,7 @@ fn ask_senders(old: Vec<String>, can_pair: bool) -> anyhow::Result<(Vec<String>,
 pub fn offer_service(config: &Path) -> anyhow::Result<Option<String>> {
     let service = crate::service::Service::for_this_machine(config, false)?;
     if !service.available() {
-        println!(
+        outln!(
             "\nNo systemd user manager here: run `aamp-bridge --config {} start` (in tmux or screen to keep it running).",
             config.display()
         );
@@ -718,7 +720,7 @@ pub fn offer_service(config: &Path) -> anyhow::Result<Option<String>> {
             .prompt(),
     )?;
     if !go {
-        println!("Later: `aamp-bridge service install && aamp-bridge service start`, or `aamp-bridge start`.");
+        outln!("Later: `aamp-bridge service install && aamp-bridge service start`, or `aamp-bridge start`.");
         return Ok(None);
     }
     service.install().context("installing the service")?;
