@@ -65,7 +65,7 @@ pub enum MailboxError {
 
 /// A cap in a person's words: `16 MiB`, or its bytes when it is not a whole number of MiB.
 pub fn cap_words(limit: u64) -> String {
-    if limit >= 1 << 20 && limit % (1 << 20) == 0 {
+    if limit >= 1 << 20 && limit.is_multiple_of(1 << 20) {
         format!("{} MiB", limit >> 20)
     } else {
         format!("{limit} bytes")
