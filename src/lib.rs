@@ -106,7 +106,8 @@
 //!   (no arm per kind of mailbox); stop, abort and reload from its caller
 //!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
 //!   `status` asks.
-//! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (the commands; `init`, its
+//! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (printing that a closed
+//!   stdout or stderr never turns into a panic, `output`, which `cli` and `wizard` share; the commands; `init`, its
 //!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,
 //!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd
 //!   agent; logging).
@@ -122,6 +123,7 @@ pub mod events;
 pub mod fsio;
 pub mod inbound;
 pub mod mailbox;
+pub(crate) mod output;
 pub mod paths;
 pub mod protocol;
 pub mod runner;

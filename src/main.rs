@@ -2,7 +2,8 @@ use clap::Parser as _;
 
 fn main() -> std::process::ExitCode {
     let cli = aamp_bridge::cli::Cli::parse();
-    aamp_bridge::telemetry::init(&cli);
+    let start = matches!(cli.command, aamp_bridge::cli::Command::Start { .. });
+    aamp_bridge::telemetry::init(start);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

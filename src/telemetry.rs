@@ -17,10 +17,9 @@ use std::time::Duration;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{Cli, Command};
-
-pub fn init(cli: &Cli) {
-    let start = matches!(cli.command, Command::Start { .. });
+/// Sets up logging; `start` is the bridge itself (`info` by default, lines written from a
+/// thread of their own), any other command logs warnings only.
+pub fn init(start: bool) {
     let default = if start { "info" } else { "warn" };
     let filter = std::env::var("AAMP_BRIDGE_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))

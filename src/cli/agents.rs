@@ -1,6 +1,6 @@
 //! `aamp-bridge agents`: the agents found on this machine, with versions and login state.
 
-use crate::cli::output::{errln, outln};
+use crate::output::{errln, outln};
 
 use super::*;
 

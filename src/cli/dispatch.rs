@@ -1,7 +1,7 @@
 //! `aamp-bridge dispatch`: sends a task from one of the config's mailboxes and waits for its answer
 //! (with `--follow`, its live stream).
 
-use crate::cli::output::{errln, outln};
+use crate::output::{errln, outln};
 
 use super::stream_printer::StreamPrinter;
 use super::*;

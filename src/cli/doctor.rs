@@ -1,7 +1,7 @@
 //! `aamp-bridge doctor`: checks the config, each mailbox (login, push, sender evidence, transport)
 //! and each agent, with what to do about each failure.
 
-use crate::cli::output::outln;
+use crate::output::outln;
 
 use super::*;
 

@@ -3,13 +3,12 @@
 //! mail loop of `dispatch`) is its command's own; nothing another entry point needs lives
 //! here.
 
-use crate::cli::output::{errln, out, outln};
+use crate::output::{errln, out, outln};
 
 mod agents;
 mod dispatch;
 mod doctor;
 mod man;
-pub(crate) mod output;
 mod policy;
 mod profile;
 mod service;
@@ -236,8 +235,9 @@ pub enum ProfileAction {
         #[arg(long)]
         no_test: bool,
         /// How long each try of a resume flag may take (the first turn of that check: three
-        /// times this); a try past it is stopped, its whole process group killed.
-        #[arg(long, default_value_t = 20)]
+        /// times this; a real agent's turn on a busy machine takes tens of seconds); a try past
+        /// it is stopped, its whole process group killed.
+        #[arg(long, default_value_t = 60)]
         resume_try_secs: u64,
         /// Replace a profile file of that name.
         #[arg(long)]
@@ -444,7 +444,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 /// `aamp-bridge: WHAT` on stderr, for the binary's last word; a closed stderr is ignored
 /// (`eprintln!` would panic on it).
 pub fn error_line(what: std::fmt::Arguments<'_>) {
-    output::stderr(format_args!("aamp-bridge: {what}\n"));
+    crate::output::stderr(format_args!("aamp-bridge: {what}\n"));
 }
 
 pub(super) fn open_journal(config: &LoadedConfig) -> anyhow::Result<crate::dispatch::Journal> {

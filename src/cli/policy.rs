@@ -1,7 +1,7 @@
 //! `aamp-bridge policy` and `pair`: the sender rules kept in the state directory, and pairing
 //! codes.
 
-use crate::cli::output::outln;
+use crate::output::outln;
 
 use super::*;
 

@@ -1,6 +1,6 @@
 //! `aamp-bridge profile list|show|new|test`: the agent profiles.
 
-use crate::cli::output::{errln, out, outln};
+use crate::output::{errln, out, outln};
 
 use super::*;
 

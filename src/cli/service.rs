@@ -1,6 +1,6 @@
 //! `aamp-bridge service`: the systemd user unit or launchd agent.
 
-use crate::cli::output::{out, outln};
+use crate::output::{out, outln};
 
 use super::*;
 

@@ -1,7 +1,7 @@
 //! `aamp-bridge init`, `import` and `inspect`: making a config, carrying over the reference
 //! bridges' files, and reading one mail as AAMP.
 
-use crate::cli::output::{errln, out, outln};
+use crate::output::{errln, out, outln};
 
 use super::*;
 

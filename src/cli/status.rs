@@ -1,7 +1,7 @@
 //! `aamp-bridge status`: each agent's link, queue, running tasks and unsent answers (from the
 //! running bridge's control socket, else the state files).
 
-use crate::cli::output::outln;
+use crate::output::outln;
 
 use super::*;
 

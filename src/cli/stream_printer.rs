@@ -1,6 +1,6 @@
 //! How `dispatch --follow` and `profile test --events` print a task's live stream.
 
-use crate::cli::output::{out, outln};
+use crate::output::{out, outln};
 
 /// Prints a task's live stream for a person (or as JSON lines).
 #[derive(Default)]

@@ -1,6 +1,6 @@
 //! `aamp-bridge tasks` and `task show`: the journal's read model for a person.
 
-use crate::cli::output::{errln, outln};
+use crate::output::{errln, outln};
 
 use super::*;
 

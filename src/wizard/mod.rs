@@ -8,7 +8,7 @@
 //!
 //! Just over 600 lines: the answers' model and their one application belong together.
 
-use crate::cli::output::outln;
+use crate::output::outln;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

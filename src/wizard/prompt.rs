@@ -1,7 +1,7 @@
 //! The questions `aamp-bridge init` asks in a terminal (inquire), and the spinner shown while
 //! it waits. The only code in the crate that prompts. The answers go to [`super::apply`].
 
-use crate::cli::output::{errln, outln};
+use crate::output::{errln, outln};
 
 use std::io::IsTerminal as _;
 use std::path::Path;

@@ -27,27 +27,27 @@ pub fn stderr(args: std::fmt::Arguments<'_>) {
 /// `println!` that a closed stdout does not panic ([`stdout`]).
 macro_rules! outln {
     () => {
-        $crate::cli::output::stdout(format_args!("\n"))
+        $crate::output::stdout(format_args!("\n"))
     };
     ($($arg:tt)*) => {
-        $crate::cli::output::stdout(format_args!("{}\n", format_args!($($arg)*)))
+        $crate::output::stdout(format_args!("{}\n", format_args!($($arg)*)))
     };
 }
 
 /// `print!` that a closed stdout does not panic ([`stdout`]).
 macro_rules! out {
     ($($arg:tt)*) => {
-        $crate::cli::output::stdout(format_args!($($arg)*))
+        $crate::output::stdout(format_args!($($arg)*))
     };
 }
 
 /// `eprintln!` that a closed stderr does not panic ([`stderr`]).
 macro_rules! errln {
     () => {
-        $crate::cli::output::stderr(format_args!("\n"))
+        $crate::output::stderr(format_args!("\n"))
     };
     ($($arg:tt)*) => {
-        $crate::cli::output::stderr(format_args!("{}\n", format_args!($($arg)*)))
+        $crate::output::stderr(format_args!("{}\n", format_args!($($arg)*)))
     };
 }
 
