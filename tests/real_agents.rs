@@ -154,6 +154,9 @@ fn gemini_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)>
     ]
 }
 
+/// How long one real agent's turn may take before a test gives up on it.
+const REAL_TURN: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Sends `texts` as one conversation (Session-Key `talk-1`) and returns the answers in order.
 async fn conversation(peer: &mut Peer, to: &str, texts: &[&str]) -> Vec<String> {
     let mut answers = Vec::new();
@@ -163,7 +166,11 @@ async fn conversation(peer: &mut Peer, to: &str, texts: &[&str]) -> Vec<String> 
             d.session_key = Some("talk-1".into());
         }
         let sent = peer.send(dispatch).await;
-        let result = peer.wait_for(sent.task_id(), Intent::TaskResult).await;
+        // A real agent's turn (a Node CLI starting, then the model stand-in) takes tens of
+        // seconds while the suite's other lanes load the machine.
+        let result = peer
+            .wait_for_within(sent.task_id(), Intent::TaskResult, REAL_TURN)
+            .await;
         let Body::Result(r) = &result.message.body else {
             panic!("not a result")
         };
@@ -224,7 +231,10 @@ impl Setup {
             .send(self.peer.dispatch_to(&self.agent.email, title, text))
             .await;
         let task_id = sent.task_id().to_string();
-        let result = self.peer.wait_for(&task_id, Intent::TaskResult).await;
+        let result = self
+            .peer
+            .wait_for_within(&task_id, Intent::TaskResult, REAL_TURN)
+            .await;
         let Body::Result(r) = result.message.body else {
             panic!("not a result")
         };
