@@ -1,0 +1,220 @@
+//! An agent's mailbox answers as the `[mailboxes.NAME]` entry of the config.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+
+use super::MailboxAnswers;
+use crate::config::{MailboxConfig, MailboxKind};
+
+fn service_host(aamp_url: &str) -> Option<String> {
+    url::Url::parse(aamp_url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+}
+
+/// The mailbox config for an agent's answers, starting from what the config had.
+pub(super) fn mailbox_config(
+    name: &str,
+    answers: &MailboxAnswers,
+    aamp_url: Option<&str>,
+    previous: Option<&MailboxConfig>,
+) -> anyhow::Result<MailboxConfig> {
+    // What the config had when it is of the kind answered; else a mailbox of that kind with
+    // the keys every kind has kept.
+    let common = previous.map(|m| m.common().clone()).unwrap_or_default();
+    let start = |kind: MailboxKind| match previous {
+        Some(m) if m.kind() == kind => m.clone(),
+        _ => MailboxConfig::new(kind, common.clone()),
+    };
+    let (mut m, servers) = match answers {
+        MailboxAnswers::Asmtp {
+            asmtp_url,
+            handle,
+            token_file,
+            insecure_tls,
+        } => {
+            let MailboxConfig::Asmtp(mut m) = start(MailboxKind::Asmtp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            m.asmtp_url = Some(asmtp_url.clone());
+            m.handle = Some(handle.clone());
+            m.token_file = Some(token_file.clone());
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Asmtp(m));
+        }
+        MailboxAnswers::Amp {
+            amp_url,
+            address,
+            agent_id,
+            api_key_file,
+            insecure_tls,
+        } => {
+            let MailboxConfig::Amp(mut m) = start(MailboxKind::Amp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            m.amp_url = Some(amp_url.clone());
+            m.address = Some(address.clone());
+            m.agent_id = Some(agent_id.clone());
+            m.api_key_file = Some(api_key_file.clone());
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Amp(m));
+        }
+        MailboxAnswers::Samp {
+            samp_url,
+            key_file,
+            insecure_tls,
+        } => {
+            let MailboxConfig::Samp(mut m) = start(MailboxKind::Samp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            m.samp_url = Some(samp_url.clone());
+            m.key_file = Some(key_file.clone());
+            m.common.insecure_tls = *insecure_tls;
+            return Ok(MailboxConfig::Samp(m));
+        }
+        MailboxAnswers::Keep => {
+            return previous.cloned().with_context(|| format!("agent {name}: mailbox \"keep\", but the config has no mailbox {name:?} to keep: register one or give an existing account"));
+        }
+        MailboxAnswers::Register {
+            slug,
+            description,
+            servers,
+        } => {
+            let Some(aamp_url) = aamp_url else {
+                bail!("agent {name}: registering a mailbox needs the AAMP service: set aamp_url in the answers");
+            };
+            let MailboxConfig::Aamp(mut m) = start(MailboxKind::Aamp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            if m.aamp_url.as_deref() != Some(aamp_url) || m.credentials_file.is_none() {
+                m.credentials_file = Some(PathBuf::from(format!("{name}.json")));
+            }
+            m.email = None;
+            m.password = None;
+            m.password_file = None;
+            m.login = None;
+            m.slug = slug.clone().or(m.slug);
+            m.description = description.clone().or(m.description);
+            m.aamp_url = Some(aamp_url.to_string());
+            m.jmap_url = servers
+                .jmap_url
+                .clone()
+                .unwrap_or_else(|| format!("{}/.well-known/jmap", aamp_url.trim_end_matches('/')));
+            m.smtp_host = servers
+                .smtp_host
+                .clone()
+                .or_else(|| service_host(aamp_url))
+                .unwrap_or_default();
+            (m, servers)
+        }
+        MailboxAnswers::Existing {
+            email,
+            login,
+            password,
+            password_file,
+            servers,
+        } => {
+            let MailboxConfig::Aamp(mut m) = start(MailboxKind::Aamp) else {
+                unreachable!("a mailbox of the kind asked for")
+            };
+            m.credentials_file = None;
+            m.email = Some(email.clone());
+            m.login = login.clone();
+            // A password given here stays in memory until the account passed its test; then
+            // it goes into `<name>.password` (see `apply`).
+            (m.password, m.password_file) = match (password, password_file) {
+                (_, Some(file)) => (None, Some(file.clone())),
+                (Some(p), None) => (Some(p.clone()), None),
+                (None, None) => bail!("agent {name}: an existing account needs its password (password or password_file)"),
+            };
+            let (Some(jmap), Some(smtp)) = (&servers.jmap_url, &servers.smtp_host) else {
+                bail!("agent {name}: an existing account needs jmap_url and smtp_host");
+            };
+            m.jmap_url = jmap.clone();
+            m.smtp_host = smtp.clone();
+            if let Some(url) = aamp_url {
+                m.aamp_url = Some(url.to_string());
+            }
+            (m, servers)
+        }
+    };
+    m.smtp_port = servers.smtp_port;
+    m.smtp_security = servers.smtp_security.unwrap_or_default();
+    m.common.insecure_tls = servers.insecure_tls;
+    Ok(MailboxConfig::Aamp(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::wizard::{empty_config, Servers};
+
+    fn mailbox(text: &str) -> MailboxConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    fn rendered(m: &MailboxConfig) -> String {
+        let mut config = empty_config();
+        config.mailboxes.insert("m".to_string(), m.clone());
+        config::render(&config)
+    }
+
+    /// Issue 34: a mailbox that changes kind is a new mailbox of that kind which keeps only
+    /// the keys every mailbox has; one that keeps its kind keeps its other keys too.
+    #[test]
+    fn a_mailbox_that_changes_kind_keeps_only_the_common_keys() {
+        let aamp = mailbox(
+            "email = \"a@x\"\njmap_url = \"https://x\"\nsmtp_host = \"x\"\npassword_file = \"p\"\npush = false\npoll_interval_secs = 7\n",
+        );
+        let asmtp = MailboxAnswers::Asmtp {
+            asmtp_url: "https://asmtp.test".to_string(),
+            handle: "@o.m".to_string(),
+            token_file: PathBuf::from("m.token"),
+            insecure_tls: true,
+        };
+        let m = mailbox_config("m", &asmtp, None, Some(&aamp)).unwrap();
+        assert_eq!(m.kind(), MailboxKind::Asmtp);
+        assert_eq!(m.common().poll_interval_secs, 7);
+        assert!(m.common().insecure_tls);
+        let text = rendered(&m);
+        assert!(
+            text.contains("kind = \"asmtp\"")
+                && text.contains("poll_interval_secs = 7")
+                && !text.contains("email")
+                && !text.contains("push"),
+            "{text}"
+        );
+
+        let mut skipping = m.clone();
+        if let MailboxConfig::Asmtp(a) = &mut skipping {
+            a.skip_backlog = true;
+        }
+        let again = mailbox_config("m", &asmtp, None, Some(&skipping)).unwrap();
+        assert!(rendered(&again).contains("skip_backlog = true"));
+
+        let existing = MailboxAnswers::Existing {
+            email: "b@x".to_string(),
+            login: None,
+            password: None,
+            password_file: Some(PathBuf::from("p")),
+            servers: Servers {
+                jmap_url: Some("https://x".to_string()),
+                smtp_host: Some("x".to_string()),
+                ..Servers::default()
+            },
+        };
+        let back = mailbox_config("m", &existing, None, Some(&again)).unwrap();
+        let text = rendered(&back);
+        assert!(
+            back.aamp().is_some()
+                && text.contains("email = \"b@x\"")
+                && text.contains("poll_interval_secs = 7")
+                && !text.contains("kind")
+                && !text.contains("asmtp")
+                && !text.contains("skip_backlog"),
+            "{text}"
+        );
+    }
+}
