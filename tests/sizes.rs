@@ -39,10 +39,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("runner/stream/claude.rs::claude", 123),
     ("runner/stream/codex.rs::codex", 132),
     ("wizard/import.rs::plan", 256),
-    ("wizard/apply.rs::apply", 147),
-    ("wizard/mailbox_config.rs::mailbox_config", 130),
-    ("wizard/prompt.rs::ask", 250),
-    ("wizard/prompt.rs::ask_mailbox", 108),
 ];
 
 fn src() -> PathBuf {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use crate::config::SmtpSecurity;
+use crate::config::{MailboxKind, SmtpSecurity};
 
 /// Everything `init` asks, as a file (`init --non-interactive --answers FILE`, JSON or TOML).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -136,6 +136,21 @@ pub struct Servers {
     pub smtp_security: Option<SmtpSecurity>,
     #[serde(default)]
     pub insecure_tls: bool,
+}
+
+impl MailboxAnswers {
+    /// The kind of mailbox these answers make; `None` for the one the config has already.
+    pub fn kind(&self) -> Option<MailboxKind> {
+        match self {
+            MailboxAnswers::Keep => None,
+            MailboxAnswers::Register { .. } | MailboxAnswers::Existing { .. } => {
+                Some(MailboxKind::Aamp)
+            }
+            MailboxAnswers::Asmtp { .. } => Some(MailboxKind::Asmtp),
+            MailboxAnswers::Amp { .. } => Some(MailboxKind::Amp),
+            MailboxAnswers::Samp { .. } => Some(MailboxKind::Samp),
+        }
+    }
 }
 
 impl Answers {
