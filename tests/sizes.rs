@@ -38,7 +38,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("runner/profile.rs::parse", 112),
     ("runner/stream/claude.rs::claude", 123),
     ("runner/stream/codex.rs::codex", 132),
-    ("wizard/import.rs::plan", 256),
 ];
 
 fn src() -> PathBuf {

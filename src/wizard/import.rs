@@ -289,260 +289,374 @@ fn acp_profile(command: &str) -> Option<String> {
 /// Reads the reference bridges under `from` (normally `~/.aamp`) into a plan for the config
 /// at `config_path`, merged into `existing` (its agents win).
 pub fn plan(from: &Path, config_path: &Path, existing: Option<Config>) -> anyhow::Result<Plan> {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| from.parent().unwrap_or(Path::new("/")).to_path_buf());
-    let dir = config_path.parent().unwrap_or(Path::new("."));
-    let mut plan = Plan::default();
-    let mut config = existing.unwrap_or_else(super::empty_config);
-    let mut custom_profiles = false;
-    for (kind, default_slug_suffix) in [("acp-bridge", "bridge"), ("cli-bridge", "cli-bridge")] {
+    let mut import = Import {
+        home: std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| from.parent().unwrap_or(Path::new("/")).to_path_buf()),
+        dir: config_path.parent().unwrap_or(Path::new(".")),
+        config_path,
+        plan: Plan::default(),
+        config: existing.unwrap_or_else(super::empty_config),
+        custom_profiles: false,
+    };
+    for (kind, slug_suffix) in [("acp-bridge", "bridge"), ("cli-bridge", "cli-bridge")] {
+        let Some(source) = Source::read(from, kind, slug_suffix)? else {
+            continue;
+        };
+        import.plan.sources.push(source.file.clone());
+        if source.bridge.reject_unauthorized != Some(true) {
+            import.plan.notes.push(format!("{}: TLS certificates were not checked there (rejectUnauthorized is false or unset); here they are. If {} has a self-signed certificate, set insecure_tls = true on its mailboxes.", source.file.display(), source.host));
+        }
+        for agent in &source.bridge.agents {
+            import.agent(&source, agent)?;
+        }
+    }
+    if import.plan.sources.is_empty() {
+        anyhow::bail!(
+            "no reference bridge config under {} (looked for acp-bridge/config.json and cli-bridge/config.json); pass --from DIR if they live elsewhere",
+            from.display()
+        );
+    }
+    if import.custom_profiles && import.config.profiles_dir.is_none() {
+        import.config.profiles_dir = Some(PathBuf::from("profiles"));
+    }
+    import.plan.config = Some(import.config);
+    Ok(import.plan)
+}
+
+/// One reference bridge: its folder, its config and the AAMP service it used.
+struct Source {
+    /// `acp-bridge` or `cli-bridge`.
+    kind: &'static str,
+    /// What their slugs default to after the agent's name.
+    slug_suffix: &'static str,
+    root: PathBuf,
+    file: PathBuf,
+    bridge: BridgeConfig,
+    host: String,
+}
+
+impl Source {
+    fn read(
+        from: &Path,
+        kind: &'static str,
+        slug_suffix: &'static str,
+    ) -> anyhow::Result<Option<Source>> {
         let root = from.join(kind);
         let file = root.join("config.json");
         let Some(bridge) = read_json::<BridgeConfig>(&file)? else {
-            continue;
+            return Ok(None);
         };
-        plan.sources.push(file.clone());
         let host = bridge
             .aamp_host
             .clone()
             .unwrap_or_else(|| "https://meshmail.ai".into())
             .trim_end_matches('/')
             .to_string();
-        if bridge.reject_unauthorized != Some(true) {
-            plan.notes.push(format!("{}: TLS certificates were not checked there (rejectUnauthorized is false or unset); here they are. If {host} has a self-signed certificate, set insecure_tls = true on its mailboxes.", file.display()));
+        Ok(Some(Source {
+            kind,
+            slug_suffix,
+            root,
+            file,
+            bridge,
+            host,
+        }))
+    }
+
+    /// An agent's file of theirs: the one its config names, else `<folder>/<agent>.json`.
+    fn agent_file(&self, named: Option<&str>, home: &Path, folder: &str, agent: &str) -> PathBuf {
+        named
+            .map(|f| their_path(f, home, &self.root))
+            .unwrap_or_else(|| self.root.join(folder).join(format!("{agent}.json")))
+    }
+}
+
+/// An import under way: the plan and config so far, and where its files go.
+struct Import<'a> {
+    home: PathBuf,
+    /// The config's folder.
+    dir: &'a Path,
+    config_path: &'a Path,
+    plan: Plan,
+    config: Config,
+    /// Whether a profile file of theirs is written (the config then needs `profiles_dir`).
+    custom_profiles: bool,
+}
+
+impl Import<'_> {
+    /// One agent of theirs as an agent of ours: its profile, mailbox, senders, pairing code
+    /// and card. An agent that cannot be carried over is skipped with a note.
+    fn agent(&mut self, source: &Source, agent: &BridgeAgent) -> anyhow::Result<()> {
+        let Some(name) = self.name(source, agent) else {
+            return Ok(());
+        };
+        let Some(profile) = self.profile(source, agent, &name)? else {
+            return Ok(());
+        };
+        self.mailbox(source, agent, &name)?;
+        let mut agent_config = self.senders(source, agent, &name, &profile)?;
+        self.pair_code(source, agent, &name)?;
+        agent_config.summary = agent.summary.clone();
+        agent_config.card = agent.card_text.clone();
+        agent_config.card_file = agent
+            .card_file
+            .as_deref()
+            .map(|f| their_path(f, &self.home, &source.root));
+        if let Some(n) = agent.task_dispatch_concurrency {
+            agent_config.max_concurrent_tasks = n.max(1);
         }
-        for agent in &bridge.agents {
-            let mut name = agent.name.to_ascii_lowercase().replace(
-                |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-                "-",
-            );
-            if config.agents.iter().any(|a| a.name == name) {
-                if plan.sources.len() == 1 || kind == "acp-bridge" {
-                    plan.notes.push(format!(
-                        "agent {name}: already in {}; kept as it is",
-                        config_path.display()
-                    ));
-                    continue;
-                }
-                name = format!("{name}-cli");
-            }
-            if !crate::config::valid_name(&name) {
-                plan.notes.push(format!(
-                    "agent {:?}: not a usable name; skipped",
-                    agent.name
+        self.config.agents.push(agent_config);
+        Ok(())
+    }
+
+    /// The agent's name here; `None` (with a note) when it is not usable or already taken.
+    fn name(&mut self, source: &Source, agent: &BridgeAgent) -> Option<String> {
+        let mut name = agent.name.to_ascii_lowercase().replace(
+            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "-",
+        );
+        if self.config.agents.iter().any(|a| a.name == name) {
+            if self.plan.sources.len() == 1 || source.kind == "acp-bridge" {
+                self.plan.notes.push(format!(
+                    "agent {name}: already in {}; kept as it is",
+                    self.config_path.display()
                 ));
-                continue;
+                return None;
             }
-            // The profile.
-            let profile = if let Some(command) = &agent.acp_command {
-                match acp_profile(command) {
-                    Some(p) => p,
-                    None => {
-                        let mut words = command.split_whitespace();
-                        let program = words.next().unwrap_or_default();
-                        let args: Vec<String> = words.map(toml_string).collect();
-                        let text = format!(
-                            "# Imported from aamp-acp-bridge: acpCommand {}.\nname = {}\nkind = \"acp\"\ncommand = {}\nargs = [{}]\n",
-                            toml_string(command),
-                            toml_string(&format!("{name}-imported")),
-                            toml_string(program),
-                            args.join(", ")
-                        );
-                        // Named apart from the built-ins, which a same-named file would replace.
-                        let label = format!("{name}-imported");
-                        plan.files.push((
-                            dir.join("profiles").join(format!("{label}.toml")),
-                            text.into_bytes(),
-                            0o644,
-                        ));
-                        custom_profiles = true;
-                        label
-                    }
+            name = format!("{name}-cli");
+        }
+        if !crate::config::valid_name(&name) {
+            self.plan.notes.push(format!(
+                "agent {:?}: not a usable name; skipped",
+                agent.name
+            ));
+            return None;
+        }
+        Some(name)
+    }
+
+    /// The agent's profile here (a built-in, or a file of theirs carried over); `None` (with a
+    /// note) when it has none that can be.
+    fn profile(
+        &mut self,
+        source: &Source,
+        agent: &BridgeAgent,
+        name: &str,
+    ) -> anyhow::Result<Option<String>> {
+        if let Some(command) = &agent.acp_command {
+            return Ok(Some(self.acp_command(command, name)));
+        }
+        let Some((label, profile)) = self.cli_profile(source, agent, name)? else {
+            return Ok(None);
+        };
+        if let Some(p) = profile {
+            let text = profile_toml(&label, &p, &mut self.plan.notes);
+            let path = self.dir.join("profiles").join(format!("{label}.toml"));
+            if !self.plan.files.iter().any(|(f, _, _)| *f == path) {
+                self.plan.files.push((path, text.into_bytes(), 0o644));
+            }
+            self.custom_profiles = true;
+        }
+        Ok(Some(label))
+    }
+
+    /// An `acpCommand` as one of our ACP profiles, or else as a profile file of its own.
+    fn acp_command(&mut self, command: &str, name: &str) -> String {
+        if let Some(p) = acp_profile(command) {
+            return p;
+        }
+        let mut words = command.split_whitespace();
+        let program = words.next().unwrap_or_default();
+        let args: Vec<String> = words.map(toml_string).collect();
+        let text = format!(
+            "# Imported from aamp-acp-bridge: acpCommand {}.\nname = {}\nkind = \"acp\"\ncommand = {}\nargs = [{}]\n",
+            toml_string(command),
+            toml_string(&format!("{name}-imported")),
+            toml_string(program),
+            args.join(", ")
+        );
+        // Named apart from the built-ins, which a same-named file would replace.
+        let label = format!("{name}-imported");
+        self.plan.files.push((
+            self.dir.join("profiles").join(format!("{label}.toml")),
+            text.into_bytes(),
+            0o644,
+        ));
+        self.custom_profiles = true;
+        label
+    }
+
+    /// A `cliProfile`: its name here, and their profile when it is to be carried over as a
+    /// file (`None` for one of our built-ins). `None` (with a note) when it is not found.
+    fn cli_profile(
+        &mut self,
+        source: &Source,
+        agent: &BridgeAgent,
+        name: &str,
+    ) -> anyhow::Result<Option<(String, Option<CliProfile>)>> {
+        let p = match &agent.cli_profile {
+            Some(Value::String(p)) => p,
+            Some(inline @ Value::Object(_)) => {
+                let profile = serde_json::from_value::<CliProfile>(inline.clone())
+                    .with_context(|| format!("agent {name}: the inline cliProfile"))?;
+                return Ok(Some((name.to_string(), Some(profile))));
+            }
+            _ => {
+                self.plan.notes.push(format!(
+                    "agent {name}: neither acpCommand nor cliProfile; skipped"
+                ));
+                return Ok(None);
+            }
+        };
+        let found = source.bridge.profiles.get(p).cloned().map(Ok).or_else(|| {
+            read_json::<CliProfile>(&source.root.join("profiles").join(format!("{p}.json")))
+                .transpose()
+        });
+        Ok(match found.transpose()? {
+            Some(profile) => Some((p.clone(), Some(profile))),
+            None if ["claude", "codex", "gemini"].contains(&p.as_str()) => {
+                self.plan.notes.push(format!("agent {name}: profile {p:?} becomes the built-in {p:?}, which reads the CLI's JSON stream (live progress) instead of plain text"));
+                Some((p.clone(), None))
+            }
+            None => match their_builtin(p) {
+                Some(profile) => Some((p.clone(), Some(profile))),
+                None => {
+                    self.plan.notes.push(format!("agent {name}: profile {p:?} not found in {} or its profiles folder; skipped", source.file.display()));
+                    None
+                }
+            },
+        })
+    }
+
+    /// The agent's mailbox on their AAMP service, with its credentials carried over when
+    /// there are any (else it registers at the bridge's first start).
+    fn mailbox(&mut self, source: &Source, agent: &BridgeAgent, name: &str) -> anyhow::Result<()> {
+        let host = &source.host;
+        let credentials_path = source.agent_file(
+            agent.credentials_file.as_deref(),
+            &self.home,
+            "credentials",
+            &agent.name,
+        );
+        let credentials = read_json::<Credentials>(&credentials_path)?;
+        let mut mailbox = AampMailbox {
+            jmap_url: format!("{host}/.well-known/jmap"),
+            smtp_host: super::mailbox_config::service_host(host).unwrap_or_default(),
+            aamp_url: Some(host.clone()),
+            credentials_file: Some(PathBuf::from(format!("{name}.json"))),
+            slug: Some(
+                agent
+                    .slug
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{}", agent.name, source.slug_suffix)),
+            ),
+            description: agent.description.clone(),
+            ..AampMailbox::default()
+        };
+        match credentials {
+            Some(c) => {
+                // Their SDKs send from the address's domain, port 587.
+                if let Some(domain) = c.email.rsplit_once('@').map(|(_, d)| d.to_string()) {
+                    mailbox.smtp_host = domain;
+                }
+                let ours = crate::config::Credentials {
+                    email: c.email.clone(),
+                    mailbox_token: c.mailbox_token.clone().unwrap_or_else(|| {
+                        use base64::Engine as _;
+                        base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.email, c.smtp_password))
+                    }),
+                    smtp_password: c.smtp_password.clone(),
+                };
+                let bytes = serde_json::to_vec_pretty(&ours).expect("credentials serialize");
+                self.plan.files.push((self.dir.join(format!("{name}.json")), bytes, 0o600));
+            }
+            None => self.plan.notes.push(format!("agent {name}: no credentials at {}; the bridge registers a new mailbox with {host} at its first start", credentials_path.display())),
+        }
+        self.config
+            .mailboxes
+            .insert(name.to_string(), MailboxConfig::Aamp(mailbox));
+        Ok(())
+    }
+
+    /// The agent's entry with who may send it tasks: their sender policies (given and paired)
+    /// and whitelist.
+    fn senders(
+        &mut self,
+        source: &Source,
+        agent: &BridgeAgent,
+        name: &str,
+        profile: &str,
+    ) -> anyhow::Result<AgentConfig> {
+        let mut agent_config: AgentConfig = toml::from_str(&format!(
+            "name = {}\nprofile = {}\n",
+            toml_string(name),
+            toml_string(profile)
+        ))
+        .expect("a minimal agent loads");
+        let paired_file = source.agent_file(
+            agent.sender_policies_file.as_deref(),
+            &self.home,
+            "sender-policies",
+            &agent.name,
+        );
+        let paired = read_json::<Vec<Policy>>(&paired_file)?.unwrap_or_default();
+        for policy in agent.sender_policies.iter().chain(paired.iter()) {
+            let context: BTreeMap<String, Vec<String>> = policy
+                .dispatch_context_rules
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if context.is_empty() {
+                if !agent_config.allow_from.contains(&policy.sender) {
+                    agent_config.allow_from.push(policy.sender.clone());
                 }
             } else {
-                let (label, profile) = match &agent.cli_profile {
-                    Some(Value::String(p)) => {
-                        let found = bridge.profiles.get(p).cloned().map(Ok).or_else(|| {
-                            read_json::<CliProfile>(
-                                &root.join("profiles").join(format!("{p}.json")),
-                            )
-                            .transpose()
-                        });
-                        match found.transpose()? {
-                            Some(profile) => (p.clone(), Some(profile)),
-                            None if ["claude", "codex", "gemini"].contains(&p.as_str()) => {
-                                plan.notes.push(format!("agent {name}: profile {p:?} becomes the built-in {p:?}, which reads the CLI's JSON stream (live progress) instead of plain text"));
-                                (p.clone(), None)
-                            }
-                            None => match their_builtin(p) {
-                                Some(profile) => (p.clone(), Some(profile)),
-                                None => {
-                                    plan.notes.push(format!("agent {name}: profile {p:?} not found in {} or its profiles folder; skipped", file.display()));
-                                    continue;
-                                }
-                            },
-                        }
-                    }
-                    Some(inline @ Value::Object(_)) => (
-                        name.clone(),
-                        Some(
-                            serde_json::from_value::<CliProfile>(inline.clone())
-                                .with_context(|| format!("agent {name}: the inline cliProfile"))?,
-                        ),
-                    ),
-                    _ => {
-                        plan.notes.push(format!(
-                            "agent {name}: neither acpCommand nor cliProfile; skipped"
-                        ));
-                        continue;
-                    }
-                };
-                match profile {
-                    None => label,
-                    Some(p) => {
-                        let text = profile_toml(&label, &p, &mut plan.notes);
-                        let path = dir.join("profiles").join(format!("{label}.toml"));
-                        if !plan.files.iter().any(|(f, _, _)| *f == path) {
-                            plan.files.push((path, text.into_bytes(), 0o644));
-                        }
-                        custom_profiles = true;
-                        label
-                    }
-                }
-            };
-            // The mailbox.
-            let credentials_path = agent
-                .credentials_file
-                .as_deref()
-                .map(|f| their_path(f, &home, &root))
-                .unwrap_or_else(|| {
-                    root.join("credentials")
-                        .join(format!("{}.json", agent.name))
+                agent_config.senders.push(Rule {
+                    sender: policy.sender.clone(),
+                    context,
                 });
-            let credentials = read_json::<Credentials>(&credentials_path)?;
-            let host_name = url::Url::parse(&host)
-                .ok()
-                .and_then(|u| u.host_str().map(str::to_string))
-                .unwrap_or_default();
-            let mut mailbox = AampMailbox {
-                jmap_url: format!("{host}/.well-known/jmap"),
-                smtp_host: host_name,
-                aamp_url: Some(host.clone()),
-                credentials_file: Some(PathBuf::from(format!("{name}.json"))),
-                slug: Some(
-                    agent
-                        .slug
-                        .clone()
-                        .unwrap_or_else(|| format!("{}-{default_slug_suffix}", agent.name)),
-                ),
-                description: agent.description.clone(),
-                ..AampMailbox::default()
-            };
-            match credentials {
-                Some(c) => {
-                    // Their SDKs send from the address's domain, port 587.
-                    if let Some(domain) = c.email.rsplit_once('@').map(|(_, d)| d.to_string()) {
-                        mailbox.smtp_host = domain;
-                    }
-                    let ours = crate::config::Credentials {
-                        email: c.email.clone(),
-                        mailbox_token: c.mailbox_token.clone().unwrap_or_else(|| {
-                            use base64::Engine as _;
-                            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.email, c.smtp_password))
-                        }),
-                        smtp_password: c.smtp_password.clone(),
-                    };
-                    let bytes = serde_json::to_vec_pretty(&ours).expect("credentials serialize");
-                    plan.files.push((dir.join(format!("{name}.json")), bytes, 0o600));
-                }
-                None => plan.notes.push(format!("agent {name}: no credentials at {}; the bridge registers a new mailbox with {host} at its first start", credentials_path.display())),
             }
-            config
-                .mailboxes
-                .insert(name.clone(), MailboxConfig::Aamp(mailbox));
-            // Who may send.
-            let mut agent_config: AgentConfig = toml::from_str(&format!(
-                "name = {}\nprofile = {}\n",
-                toml_string(&name),
-                toml_string(&profile)
-            ))
-            .expect("a minimal agent loads");
-            let paired_file = agent
-                .sender_policies_file
-                .as_deref()
-                .map(|f| their_path(f, &home, &root))
-                .unwrap_or_else(|| {
-                    root.join("sender-policies")
-                        .join(format!("{}.json", agent.name))
-                });
-            let paired = read_json::<Vec<Policy>>(&paired_file)?.unwrap_or_default();
-            for policy in agent.sender_policies.iter().chain(paired.iter()) {
-                let context: BTreeMap<String, Vec<String>> = policy
-                    .dispatch_context_rules
-                    .iter()
-                    .filter(|(_, v)| !v.is_empty())
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                if context.is_empty() {
-                    if !agent_config.allow_from.contains(&policy.sender) {
-                        agent_config.allow_from.push(policy.sender.clone());
-                    }
-                } else {
-                    agent_config.senders.push(Rule {
-                        sender: policy.sender.clone(),
-                        context,
-                    });
-                }
-            }
-            for sender in &agent.sender_whitelist {
-                if !agent_config.allow_from.contains(sender) {
-                    agent_config.allow_from.push(sender.clone());
-                }
-            }
-            if agent_config.allow_from.is_empty() && agent_config.senders.is_empty() {
-                plan.notes.push(format!("agent {name}: no sender policy: nobody may send it tasks until `aamp-bridge policy allow` or `aamp-bridge pair`"));
-            }
-            let pairing_file = agent
-                .pairing_file
-                .as_deref()
-                .map(|f| their_path(f, &home, &root))
-                .unwrap_or_else(|| root.join("pairing").join(format!("{}.json", agent.name)));
-            if let Some(p) = read_json::<PairingFile>(&pairing_file)? {
-                let left = p
-                    .expires_at
-                    .as_deref()
-                    .and_then(crate::protocol::time::parse)
-                    .and_then(|t| t.duration_since(SystemTime::now()).ok());
-                if let (Some(code), None, Some(left)) =
-                    (p.pair_code.filter(|c| !c.is_empty()), p.consumed_at, left)
-                {
-                    plan.pair_codes.push((name.clone(), code, left));
-                }
-            }
-            agent_config.summary = agent.summary.clone();
-            agent_config.card = agent.card_text.clone();
-            agent_config.card_file = agent
-                .card_file
-                .as_deref()
-                .map(|f| their_path(f, &home, &root));
-            if let Some(n) = agent.task_dispatch_concurrency {
-                agent_config.max_concurrent_tasks = n.max(1);
-            }
-            config.agents.push(agent_config);
         }
+        for sender in &agent.sender_whitelist {
+            if !agent_config.allow_from.contains(sender) {
+                agent_config.allow_from.push(sender.clone());
+            }
+        }
+        if agent_config.allow_from.is_empty() && agent_config.senders.is_empty() {
+            self.plan.notes.push(format!("agent {name}: no sender policy: nobody may send it tasks until `aamp-bridge policy allow` or `aamp-bridge pair`"));
+        }
+        Ok(agent_config)
     }
-    if plan.sources.is_empty() {
-        anyhow::bail!(
-            "no reference bridge config under {} (looked for acp-bridge/config.json and cli-bridge/config.json); pass --from DIR if they live elsewhere",
-            from.display()
+
+    /// Their pairing code for the agent, when it is still valid and unused.
+    fn pair_code(
+        &mut self,
+        source: &Source,
+        agent: &BridgeAgent,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        let pairing_file = source.agent_file(
+            agent.pairing_file.as_deref(),
+            &self.home,
+            "pairing",
+            &agent.name,
         );
+        let Some(p) = read_json::<PairingFile>(&pairing_file)? else {
+            return Ok(());
+        };
+        let left = p
+            .expires_at
+            .as_deref()
+            .and_then(crate::protocol::time::parse)
+            .and_then(|t| t.duration_since(SystemTime::now()).ok());
+        if let (Some(code), None, Some(left)) =
+            (p.pair_code.filter(|c| !c.is_empty()), p.consumed_at, left)
+        {
+            self.plan.pair_codes.push((name.to_string(), code, left));
+        }
+        Ok(())
     }
-    if custom_profiles && config.profiles_dir.is_none() {
-        config.profiles_dir = Some(PathBuf::from("profiles"));
-    }
-    plan.config = Some(config);
-    Ok(plan)
 }
 
 /// Writes a plan: the files, then the config (checked by loading it), then the pairing codes.

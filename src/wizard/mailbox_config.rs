@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use super::{MailboxAnswers, Servers};
 use crate::config::{AampMailbox, MailboxConfig, MailboxKind};
 
-fn service_host(aamp_url: &str) -> Option<String> {
+pub(super) fn service_host(aamp_url: &str) -> Option<String> {
     url::Url::parse(aamp_url)
         .ok()
         .and_then(|u| u.host_str().map(str::to_string))
