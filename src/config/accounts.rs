@@ -208,6 +208,7 @@ impl LoadedConfig {
         key: &str,
         file: Option<&PathBuf>,
         what: &str,
+        form: SecretForm,
     ) -> Result<Secret, ConfigError> {
         let file = file.ok_or_else(|| {
             self.error(
@@ -217,7 +218,7 @@ impl LoadedConfig {
             )
         })?;
         let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
-        Secret::from_file(mailbox, &file, SecretForm::Trimmed).map_err(|e| match e {
+        Secret::from_file(mailbox, &file, form).map_err(|e| match e {
             SecretError::NotPrivate(_) => self.error(
                 key,
                 format!("{} can be read by other users", file.display()),
@@ -242,16 +243,7 @@ impl LoadedConfig {
         let text = text
             .filter(|t| !t.trim().is_empty())
             .ok_or_else(|| self.error(key, "missing", format!("set it, e.g. {example}")))?;
-        let url = url::Url::parse(text)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
-            .ok_or_else(|| {
-                self.error(
-                    key,
-                    format!("{text:?} is not an http(s) URL"),
-                    format!("write e.g. {example}"),
-                )
-            })?;
+        let url = self.http_url(key, text, example)?;
         if url.scheme() == "http" && !url.host_str().is_some_and(is_loopback) {
             return Err(self.error(
                 key,
@@ -357,6 +349,7 @@ impl LoadedConfig {
             &format!("{key}.token_file"),
             m.token_file.as_ref(),
             "the agent's bearer token",
+            SecretForm::Trimmed,
         )?;
         let poll_interval = self.poll_interval(&key, &m.common)?;
         let timeout = self.call_timeout(&key, m.timeout_secs, 30)?;
@@ -389,6 +382,7 @@ impl LoadedConfig {
             &format!("{key}.key_file"),
             m.key_file.as_ref(),
             "the agent's amk_ key",
+            SecretForm::Trimmed,
         )?;
         let poll_interval = self.poll_interval(&key, &m.common)?;
         let timeout = self.call_timeout(&key, m.timeout_secs, 60)?;
@@ -441,6 +435,7 @@ impl LoadedConfig {
             &format!("{key}.api_key_file"),
             m.api_key_file.as_ref(),
             "the user's amk_ API key",
+            SecretForm::Trimmed,
         )?;
         let poll_interval = self.poll_interval(&key, &m.common)?;
         let timeout = self.call_timeout(&key, m.timeout_secs, 120)?;
@@ -468,84 +463,127 @@ impl LoadedConfig {
         let MailboxConfig::Aamp(m) = m else {
             return Err(self.not_of_kind(&key, m, MailboxKind::Aamp));
         };
-        let jmap_url = url::Url::parse(&m.jmap_url)
+        let jmap_url = self.http_url(
+            &format!("{key}.jmap_url"),
+            &m.jmap_url,
+            "https://mail.example.com/.well-known/jmap",
+        )?;
+        self.refuse_cleartext(&key, "jmap_url", &jmap_url, m.insecure_http)?;
+        let (email, password) = self.aamp_login(name, &key, m)?;
+        self.check_sending(&key, m, &email)?;
+        let poll_interval = self.poll_interval(&key, &m.common)?;
+        self.check_sender_auth(&key, m)?;
+        let replica = self.replica(&key, m)?;
+        let aamp_url = match &m.aamp_url {
+            None => None,
+            Some(text) => {
+                let url =
+                    self.http_url(&format!("{key}.aamp_url"), text, "https://aamp.example.com")?;
+                self.refuse_cleartext(&key, "aamp_url", &url, m.insecure_http)?;
+                Some(url)
+            }
+        };
+        Ok(Account {
+            replica,
+            sender_auth: m.sender_auth,
+            authserv_id: m.authserv_id.clone(),
+            name: name.to_string(),
+            login: m.login.clone().unwrap_or_else(|| email.clone()),
+            email,
+            jmap_url,
+            password,
+            smtp_host: m.smtp_host.clone(),
+            smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
+            smtp_security: m.smtp_security,
+            insecure_tls: m.common.insecure_tls,
+            poll_interval,
+            push: m.push,
+            push_transport: m.push_transport,
+            save_sent: m.save_sent,
+            aamp_url,
+            reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
+        })
+    }
+
+    /// An http(s) URL with a host, or the error naming `key`.
+    fn http_url(&self, key: &str, text: &str, example: &str) -> Result<url::Url, ConfigError> {
+        url::Url::parse(text)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
             .ok_or_else(|| {
                 self.error(
-                    format!("{key}.jmap_url"),
-                    format!("{:?} is not an http(s) URL", m.jmap_url),
-                    "write e.g. https://mail.example.com/.well-known/jmap",
+                    key,
+                    format!("{text:?} is not an http(s) URL"),
+                    format!("write e.g. {example}"),
+                )
+            })
+    }
+
+    /// An AAMP mailbox's address and password: from its credentials file, or from `email`
+    /// and one of `password` and `password_file`.
+    fn aamp_login(
+        &self,
+        name: &str,
+        key: &str,
+        m: &AampMailbox,
+    ) -> Result<(String, Secret), ConfigError> {
+        let Some(file) = &m.credentials_file else {
+            let email = m.email.clone().ok_or_else(|| {
+                self.error(
+                    key,
+                    "no email",
+                    "set email = \"<the mailbox's address>\", or credentials_file",
                 )
             })?;
-        self.refuse_cleartext(&key, "jmap_url", &jmap_url, m.insecure_http)?;
-        let base = self.path.parent().unwrap_or(Path::new("."));
-        let (email, password) = match &m.credentials_file {
-            Some(file) => {
-                if m.email.is_some() || m.password.is_some() || m.password_file.is_some() {
-                    return Err(self.error(
-                        &key,
-                        "credentials_file is set together with email or a password",
-                        "keep credentials_file alone, or drop it and give email and password_file",
-                    ));
-                }
-                let file = base.join(file);
-                let creds = read_credentials(&file).map_err(|(problem, fix)| {
-                    self.error(format!("{key}.credentials_file"), problem, fix)
-                })?;
-                let password =
-                    Secret::from_file(name, &file, SecretForm::Credentials).map_err(|e| {
-                        self.error(
-                            format!("{key}.credentials_file"),
-                            e.to_string(),
-                            "it holds {\"email\", \"mailboxToken\", \"smtpPassword\"}",
-                        )
-                    })?;
-                (creds.email, password)
-            }
-            None => {
-                let email = m.email.clone().ok_or_else(|| {
-                    self.error(
-                        &key,
-                        "no email",
-                        "set email = \"<the mailbox's address>\", or credentials_file",
-                    )
-                })?;
-                let password = match (&m.password, &m.password_file) {
-                    (Some(_), Some(_)) => {
-                        return Err(self.error(
-                            &key,
-                            "both password and password_file are set",
-                            "keep one of them (password_file is safer)",
-                        ))
-                    }
-                    (None, None) => {
-                        return Err(self.error(
-                            &key,
-                            "no password",
-                            "set password_file = \"<file holding the password>\" (mode 0600)",
-                        ))
-                    }
-                    (Some(p), None) => Secret::fixed(name, p.clone()),
-                    (None, Some(file)) => {
-                        let file = base.join(file);
-                        Secret::from_file(name, &file, SecretForm::Line).map_err(|e| match e {
-                            SecretError::NotPrivate(_) => self.error(
-                                format!("{key}.password_file"),
-                                format!("{} can be read by other users", file.display()),
-                                format!("run `chmod 600 {}`", file.display()),
-                            ),
-                            e => self.error(
-                                format!("{key}.password_file"),
-                                e.to_string(),
-                                "point it at a readable file that holds only the password",
-                            ),
-                        })?
-                    }
-                };
-                (email, password)
-            }
+            return Ok((email, self.aamp_password(name, key, m)?));
         };
+        if m.email.is_some() || m.password.is_some() || m.password_file.is_some() {
+            return Err(self.error(
+                key,
+                "credentials_file is set together with email or a password",
+                "keep credentials_file alone, or drop it and give email and password_file",
+            ));
+        }
+        let field = format!("{key}.credentials_file");
+        let file = self.path.parent().unwrap_or(Path::new(".")).join(file);
+        let creds =
+            read_credentials(&file).map_err(|(problem, fix)| self.error(&field, problem, fix))?;
+        let password = Secret::from_file(name, &file, SecretForm::Credentials).map_err(|e| {
+            self.error(
+                &field,
+                e.to_string(),
+                "it holds {\"email\", \"mailboxToken\", \"smtpPassword\"}",
+            )
+        })?;
+        Ok((creds.email, password))
+    }
+
+    /// The password of an AAMP mailbox without a credentials file: inline or in a file.
+    fn aamp_password(&self, name: &str, key: &str, m: &AampMailbox) -> Result<Secret, ConfigError> {
+        match (&m.password, &m.password_file) {
+            (Some(_), Some(_)) => Err(self.error(
+                key,
+                "both password and password_file are set",
+                "keep one of them (password_file is safer)",
+            )),
+            (None, None) => Err(self.error(
+                key,
+                "no password",
+                "set password_file = \"<file holding the password>\" (mode 0600)",
+            )),
+            (Some(p), None) => Ok(Secret::fixed(name, p.clone())),
+            (None, Some(file)) => self.secret_file(
+                name,
+                &format!("{key}.password_file"),
+                Some(file),
+                "the password",
+                SecretForm::Line,
+            ),
+        }
+    }
+
+    /// The address is one, and plain-text SMTP only goes to a loopback host.
+    fn check_sending(&self, key: &str, m: &AampMailbox, email: &str) -> Result<(), ConfigError> {
         if !email.contains('@') || email.trim() != email {
             return Err(self.error(
                 format!("{key}.email"),
@@ -560,7 +598,11 @@ impl LoadedConfig {
                 "use \"starttls\" or \"tls\"; \"plain\" is only allowed to a loopback host (127.0.0.1, ::1, localhost)",
             ));
         }
-        let poll_interval = self.poll_interval(&key, &m.common)?;
+        Ok(())
+    }
+
+    /// Believing `Authentication-Results` needs to know whose to believe.
+    fn check_sender_auth(&self, key: &str, m: &AampMailbox) -> Result<(), ConfigError> {
         if m.sender_auth == SenderAuth::AuthenticationResults && m.authserv_id.is_none() {
             return Err(self.error(
                 format!("{key}.authserv_id"),
@@ -568,70 +610,35 @@ impl LoadedConfig {
                 "set authserv_id to the name your mail server writes first in its Authentication-Results headers",
             ));
         }
-        let replica = match &m.replica {
-            None => None,
-            Some(name) => {
-                let ok = !name.is_empty()
-                    && name.len() <= 32
-                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-                if !ok {
-                    return Err(self.error(
-                        format!("{key}.replica"),
-                        format!("{name:?} is not a replica name"),
-                        "use up to 32 letters, digits and '-' (the machine's name, say), different on each machine",
-                    ));
-                }
-                if m.lease_secs < 10 {
-                    return Err(self.error(
-                        format!("{key}.lease_secs"),
-                        format!("a lease of {}s is renewed too often", m.lease_secs),
-                        "use at least 10 (the default is 60)",
-                    ));
-                }
-                Some(Replica {
-                    name: name.to_ascii_lowercase(),
-                    lease: std::time::Duration::from_secs(m.lease_secs),
-                })
-            }
+        Ok(())
+    }
+
+    /// This bridge as one of the mailbox's replicas, when it is one.
+    fn replica(&self, key: &str, m: &AampMailbox) -> Result<Option<Replica>, ConfigError> {
+        let Some(name) = &m.replica else {
+            return Ok(None);
         };
-        Ok(Account {
-            replica,
-            sender_auth: m.sender_auth,
-            authserv_id: m.authserv_id.clone(),
-            name: name.to_string(),
-            email: email.clone(),
-            jmap_url,
-            login: m.login.clone().unwrap_or_else(|| email.clone()),
-            password,
-            smtp_host: m.smtp_host.clone(),
-            smtp_port: m.smtp_port.unwrap_or(m.smtp_security.default_port()),
-            smtp_security: m.smtp_security,
-            insecure_tls: m.common.insecure_tls,
-            poll_interval,
-            push: m.push,
-            push_transport: m.push_transport,
-            save_sent: m.save_sent,
-            aamp_url: match &m.aamp_url {
-                None => None,
-                Some(u) => Some(
-                    url::Url::parse(u)
-                        .ok()
-                        .filter(|u| matches!(u.scheme(), "http" | "https"))
-                        .ok_or_else(|| {
-                            self.error(
-                                format!("{key}.aamp_url"),
-                                format!("{u:?} is not an http(s) URL"),
-                                "write e.g. https://aamp.example.com",
-                            )
-                        })
-                        .and_then(|u| {
-                            self.refuse_cleartext(&key, "aamp_url", &u, m.insecure_http)?;
-                            Ok(u)
-                        })?,
-                ),
-            },
-            reconcile_interval: std::time::Duration::from_secs(m.reconcile_interval_secs.max(1)),
-        })
+        let ok = !name.is_empty()
+            && name.len() <= 32
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !ok {
+            return Err(self.error(
+                format!("{key}.replica"),
+                format!("{name:?} is not a replica name"),
+                "use up to 32 letters, digits and '-' (the machine's name, say), different on each machine",
+            ));
+        }
+        if m.lease_secs < 10 {
+            return Err(self.error(
+                format!("{key}.lease_secs"),
+                format!("a lease of {}s is renewed too often", m.lease_secs),
+                "use at least 10 (the default is 60)",
+            ));
+        }
+        Ok(Some(Replica {
+            name: name.to_ascii_lowercase(),
+            lease: std::time::Duration::from_secs(m.lease_secs),
+        }))
     }
 
     /// The secret of mailbox `name`, whatever its kind, read from its file now.

@@ -116,30 +116,15 @@ impl LoadedConfig {
             config,
             state_dir,
         };
-        loaded.validate(text)?;
+        loaded.validate()?;
         Ok(loaded)
     }
 
-    fn validate(&self, text: &str) -> Result<(), ConfigError> {
-        if let Some(ui) = &self.config.ui {
-            if !ui.listen.ip().is_loopback() && !ui.allow_remote {
-                return Err(self.error(
-                    "ui.listen",
-                    format!("{} is not a loopback address; the live view answers questions and cancels tasks", ui.listen),
-                    "listen on 127.0.0.1 (reach it over an SSH tunnel), or set allow_remote = true to mean it",
-                ));
-            }
-        }
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.check_ui()?;
         let mut names = BTreeSet::new();
         for (i, agent) in self.config.agents.iter().enumerate() {
             let key = format!("agents[{i}]");
-            if !valid_name(&agent.name) {
-                return Err(self.error(
-                    format!("{key}.name"),
-                    format!("{:?} is not a valid agent name", agent.name),
-                    "use lower-case letters, digits, '-' and '_'",
-                ));
-            }
             if !names.insert(agent.name.clone()) {
                 return Err(self.error(
                     format!("{key}.name"),
@@ -147,65 +132,7 @@ impl LoadedConfig {
                     "give each agent its own name",
                 ));
             }
-            let mailbox = agent.mailbox_name().to_string();
-            if !self.config.mailboxes.contains_key(&mailbox) {
-                return Err(self.error(
-                    format!("{key}.mailbox"),
-                    format!("no mailbox named {mailbox:?}"),
-                    format!("add a [mailboxes.{mailbox}] table, or set mailbox = \"<name>\" to one of: {}", self.mailbox_names()),
-                ));
-            }
-            if agent.max_queued_tasks < agent.max_concurrent_tasks {
-                return Err(self.error(
-                    format!("{key}.max_queued_tasks"),
-                    "is smaller than max_concurrent_tasks",
-                    "set it to at least max_concurrent_tasks",
-                ));
-            }
-            if agent.max_concurrent_tasks == 0 {
-                return Err(self.error(
-                    format!("{key}.max_concurrent_tasks"),
-                    "must be at least 1",
-                    "set it to 1 or more",
-                ));
-            }
-            let patterns = agent
-                .allow_from
-                .iter()
-                .enumerate()
-                .map(|(j, p)| (format!("{key}.allow_from[{j}]"), p))
-                .chain(
-                    agent
-                        .deny_from
-                        .iter()
-                        .enumerate()
-                        .map(|(j, p)| (format!("{key}.deny_from[{j}]"), p)),
-                )
-                .chain(
-                    agent
-                        .senders
-                        .iter()
-                        .enumerate()
-                        .map(|(j, r)| (format!("{key}.senders[{j}].sender"), &r.sender)),
-                );
-            for (k, pattern) in patterns {
-                if !pattern.contains('@') {
-                    return Err(self.error(
-                        k,
-                        format!("{pattern:?} is not an address or a pattern"),
-                        "write an address (a@b.com), a glob ('disp-*@b.com', '*@b.com') or '@b.com'",
-                    ));
-                }
-            }
-            if let Some(text) = &agent.sender_policy {
-                if let Err(e) = policy::parse_text(text) {
-                    return Err(self.error(
-                        format!("{key}.sender_policy"),
-                        e,
-                        "write `allow_from: a@x, *@y` lines, each optionally followed by `context_equals: key=value, ...` lines",
-                    ));
-                }
-            }
+            self.check_agent(&key, agent)?;
         }
         for name in self.config.mailboxes.keys() {
             // A mailbox the bridge will register is checked once it has its credentials.
@@ -213,13 +140,106 @@ impl LoadedConfig {
                 self.checked(name)?;
             }
         }
+        self.check_inline_secret()
+    }
+
+    /// The live view answers questions and cancels tasks: loopback unless said otherwise.
+    fn check_ui(&self) -> Result<(), ConfigError> {
+        match &self.config.ui {
+            Some(ui) if !ui.listen.ip().is_loopback() && !ui.allow_remote => Err(self.error(
+                "ui.listen",
+                format!("{} is not a loopback address; the live view answers questions and cancels tasks", ui.listen),
+                "listen on 127.0.0.1 (reach it over an SSH tunnel), or set allow_remote = true to mean it",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// One `[[agents]]` table (`key`), but for its name being taken twice.
+    fn check_agent(&self, key: &str, agent: &AgentConfig) -> Result<(), ConfigError> {
+        if !valid_name(&agent.name) {
+            return Err(self.error(
+                format!("{key}.name"),
+                format!("{:?} is not a valid agent name", agent.name),
+                "use lower-case letters, digits, '-' and '_'",
+            ));
+        }
+        let mailbox = agent.mailbox_name().to_string();
+        if !self.config.mailboxes.contains_key(&mailbox) {
+            return Err(self.error(
+                format!("{key}.mailbox"),
+                format!("no mailbox named {mailbox:?}"),
+                format!(
+                    "add a [mailboxes.{mailbox}] table, or set mailbox = \"<name>\" to one of: {}",
+                    self.mailbox_names()
+                ),
+            ));
+        }
+        if agent.max_queued_tasks < agent.max_concurrent_tasks {
+            return Err(self.error(
+                format!("{key}.max_queued_tasks"),
+                "is smaller than max_concurrent_tasks",
+                "set it to at least max_concurrent_tasks",
+            ));
+        }
+        if agent.max_concurrent_tasks == 0 {
+            return Err(self.error(
+                format!("{key}.max_concurrent_tasks"),
+                "must be at least 1",
+                "set it to 1 or more",
+            ));
+        }
+        self.check_senders(key, agent)
+    }
+
+    /// An agent's sender patterns and its sender policy.
+    fn check_senders(&self, key: &str, agent: &AgentConfig) -> Result<(), ConfigError> {
+        let patterns = agent
+            .allow_from
+            .iter()
+            .enumerate()
+            .map(|(j, p)| (format!("{key}.allow_from[{j}]"), p))
+            .chain(
+                agent
+                    .deny_from
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| (format!("{key}.deny_from[{j}]"), p)),
+            )
+            .chain(
+                agent
+                    .senders
+                    .iter()
+                    .enumerate()
+                    .map(|(j, r)| (format!("{key}.senders[{j}].sender"), &r.sender)),
+            );
+        for (k, pattern) in patterns {
+            if !pattern.contains('@') {
+                return Err(self.error(
+                    k,
+                    format!("{pattern:?} is not an address or a pattern"),
+                    "write an address (a@b.com), a glob ('disp-*@b.com', '*@b.com') or '@b.com'",
+                ));
+            }
+        }
+        match agent.sender_policy.as_deref().map(policy::parse_text) {
+            Some(Err(e)) => Err(self.error(
+                format!("{key}.sender_policy"),
+                e,
+                "write `allow_from: a@x, *@y` lines, each optionally followed by `context_equals: key=value, ...` lines",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A password written in the config file keeps the file private.
+    fn check_inline_secret(&self) -> Result<(), ConfigError> {
         let inline_secret = self
             .config
             .mailboxes
             .values()
             .any(|m| m.aamp().is_some_and(|m| m.password.is_some()));
         if inline_secret && !is_private(&self.path) {
-            let _ = text;
             return Err(self.error(
                 "mailboxes.*.password",
                 "the file holds a password but other users can read it",
@@ -286,13 +306,13 @@ impl LoadedConfig {
         Ok(agents)
     }
 
-    /// An agent's `profile` value as `runner::Profile::find` takes it: a path (anything with
-    /// a `/` or ending in `.toml`) is made relative to the config file's folder.
     /// The state directory's layout.
     pub fn state(&self) -> crate::paths::StateDir {
         crate::paths::StateDir::new(&self.state_dir)
     }
 
+    /// An agent's `profile` value as `runner::Profile::find` takes it: a path (anything with
+    /// a `/` or ending in `.toml`) is made relative to the config file's folder.
     pub fn profile_ref(&self, profile: &str) -> String {
         if profile.contains('/') || profile.ends_with(".toml") {
             let base = self.path.parent().unwrap_or(Path::new("."));

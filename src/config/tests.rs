@@ -83,59 +83,51 @@ fn plain_http_to_another_host_is_refused_unless_the_mailbox_says_so() {
 
 #[test]
 fn errors_name_the_key_and_the_fix() {
-    let e = load_err(
-        &GOOD.replace("127.0.0.1\"\nsmtp_port", "mail.example.com\"\nsmtp_port"),
-        0o600,
-        0o644,
-    );
-    assert!(
-        e.contains("mailboxes.coder.smtp_security") && e.contains("loopback"),
-        "{e}"
-    );
-    let e = load_err(GOOD, 0o644, 0o644);
-    assert!(
-        e.contains("password_file") && e.contains("chmod 600"),
-        "{e}"
-    );
-    let e = load_err(
-        &GOOD.replace("password_file = \"coder.pass\"", "password = \"x\""),
-        0o600,
-        0o644,
-    );
-    assert!(e.contains("chmod 600") && e.contains("config.toml"), "{e}");
-    let e = load_err(
-        &GOOD.replace("name = \"coder\"", "name = \"Coder!\""),
-        0o600,
-        0o644,
-    );
-    assert!(e.contains("agents[0].name"), "{e}");
-    let e = load_err(
-        &GOOD.replace(
-            "profile = \"echo\"",
-            "profile = \"echo\"\nmailbox = \"nope\"",
+    let edit = |from: &str, to: &str| GOOD.replace(from, to);
+    // (the config, the password file's mode, what the error says)
+    let cases: [(String, u32, &[&str]); 7] = [
+        (
+            edit("127.0.0.1\"\nsmtp_port", "mail.example.com\"\nsmtp_port"),
+            0o600,
+            &["mailboxes.coder.smtp_security", "loopback"],
         ),
-        0o600,
-        0o644,
-    );
-    assert!(
-        e.contains("agents[0].mailbox") && e.contains("coder"),
-        "{e}"
-    );
-    let e = load_err(
-        &GOOD.replace("smtp_port = 15587", "smtp_prot = 15587"),
-        0o600,
-        0o644,
-    );
-    assert!(e.contains("line 7") && e.contains("smtp_prot"), "{e}");
-    let e = load_err(
-        &GOOD.replace(
-            "allow_from = [\"*@example.test\"]",
-            "allow_from = [\"everyone\"]",
+        (GOOD.to_string(), 0o644, &["password_file", "chmod 600"]),
+        (
+            edit("password_file = \"coder.pass\"", "password = \"x\""),
+            0o600,
+            &["chmod 600", "config.toml"],
         ),
-        0o600,
-        0o644,
-    );
-    assert!(e.contains("allow_from[0]"), "{e}");
+        (
+            edit("name = \"coder\"", "name = \"Coder!\""),
+            0o600,
+            &["agents[0].name"],
+        ),
+        (
+            edit(
+                "profile = \"echo\"",
+                "profile = \"echo\"\nmailbox = \"nope\"",
+            ),
+            0o600,
+            &["agents[0].mailbox", "coder"],
+        ),
+        (
+            edit("smtp_port = 15587", "smtp_prot = 15587"),
+            0o600,
+            &["line 7", "smtp_prot"],
+        ),
+        (
+            edit(
+                "allow_from = [\"*@example.test\"]",
+                "allow_from = [\"everyone\"]",
+            ),
+            0o600,
+            &["allow_from[0]"],
+        ),
+    ];
+    for (config, pass_mode, says) in cases {
+        let e = load_err(&config, pass_mode, 0o644);
+        assert!(says.iter().all(|s| e.contains(s)), "{says:?}: {e}");
+    }
 }
 
 #[test]

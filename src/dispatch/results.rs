@@ -225,105 +225,126 @@ pub fn gather(workspace: &Path, refs: &[FileRef], caps: Caps) -> (Vec<Attached>,
             )
         }
     };
-    let mut attached: Vec<Attached> = Vec::new();
-    let mut refused = Vec::new();
-    let mut seen: HashSet<PathBuf> = HashSet::new();
-    let mut names: HashSet<String> = HashSet::new();
-    let mut total = 0u64;
+    let mut gathering = Gathering {
+        root,
+        caps,
+        seen: HashSet::new(),
+        names: HashSet::new(),
+        total: 0,
+    };
+    let (mut attached, mut refused) = (Vec::new(), Vec::new());
     for r in refs {
-        let given = Path::new(r.path.trim());
-        let joined = lexical(&if given.is_absolute() {
-            given.to_path_buf()
-        } else {
-            root.join(given)
-        });
-        // Outside by its very words (`..`, an absolute path elsewhere): refused before
-        // anything is looked up there.
-        if !joined.starts_with(&root) {
-            refused.push(format!(
-                "{}: outside the task's workspace (only files the agent made there are sent)",
-                r.path
-            ));
-            continue;
+        match gathering.take(r) {
+            Ok(Some(file)) => attached.push(file),
+            Ok(None) => {}
+            Err(why) => refused.push(format!("{}: {why}", r.path)),
         }
-        let resolved = match joined.canonicalize() {
-            Ok(p) => p,
-            Err(_) => {
-                refused.push(format!("{}: not found", r.path));
-                continue;
-            }
-        };
-        if !resolved.starts_with(&root) {
-            refused.push(format!(
-                "{}: outside the task's workspace (only files the agent made there are sent)",
-                r.path
-            ));
-            continue;
+    }
+    (attached, refused)
+}
+
+/// What [`gather`] has taken so far from the workspace at `root`.
+struct Gathering {
+    root: PathBuf,
+    caps: Caps,
+    /// The files read, by their resolved paths: a file named twice is attached once.
+    seen: HashSet<PathBuf>,
+    /// The attachments' names.
+    names: HashSet<String>,
+    /// The bytes read.
+    total: u64,
+}
+
+const OUTSIDE: &str = "outside the task's workspace (only files the agent made there are sent)";
+
+impl Gathering {
+    /// The file `r` names, read and named; `None` when it is attached already; `Err` says
+    /// why it is not.
+    fn take(&mut self, r: &FileRef) -> Result<Option<Attached>, String> {
+        let resolved = self.resolve(&r.path)?;
+        if !self.seen.insert(resolved.clone()) {
+            return Ok(None);
         }
-        if !seen.insert(resolved.clone()) {
-            continue;
-        }
-        // Opened as the agent's own file reads are: no link followed, no blocking on a FIFO
-        // or a device, one name only (a hard link the agent made in its workspace to the
-        // bridge's password would be mailed to the sender), and checked as opened.
-        let file = match crate::fsio::open_inside(&root, &resolved, OpenOptions::new().read(true)) {
-            Ok(f) => f,
-            Err(e) => {
-                refused.push(format!("{}: {}", r.path, unsafe_why(e)));
-                continue;
-            }
-        };
-        let len = match file.metadata() {
-            Ok(m) => m.len(),
-            Err(e) => {
-                refused.push(format!("{}: {e}", r.path));
-                continue;
-            }
-        };
-        if len > caps.per_file {
-            refused.push(format!(
-                "{}: {} bytes, more than the {} a file may have",
-                r.path, len, caps.per_file
-            ));
-            continue;
-        }
-        if total + len > caps.total {
-            refused.push(format!(
-                "{}: the result's files would pass {} bytes in all",
-                r.path, caps.total
-            ));
-            continue;
-        }
-        let mut bytes = Vec::with_capacity(len as usize);
-        // No more than was checked, should the file grow meanwhile.
-        if let Err(e) = file
-            .take(caps.per_file.min(caps.total - total))
-            .read_to_end(&mut bytes)
-        {
-            refused.push(format!("{}: {e}", r.path));
-            continue;
-        }
-        total += bytes.len() as u64;
+        let bytes = self.read(&resolved)?;
+        self.total += bytes.len() as u64;
         let base = r.filename.clone().unwrap_or_else(|| {
             resolved
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "file".into())
         });
-        let filename =
-            super::workspace::unique_name(&super::workspace::safe_file_name(&base), &mut names);
-        let content_type = r
-            .content_type
-            .clone()
-            .filter(|t| t.contains('/') && !t.chars().any(|c| c.is_control()))
-            .unwrap_or_else(|| content_type(&filename, &bytes));
-        attached.push(Attached {
+        let filename = super::workspace::unique_name(
+            &super::workspace::safe_file_name(&base),
+            &mut self.names,
+        );
+        let content_type = stated_or_guessed(r.content_type.clone(), &filename, &bytes);
+        Ok(Some(Attached {
             filename,
             content_type,
             bytes,
-        });
+        }))
     }
-    (attached, refused)
+
+    /// `path` as the file it names, links followed, when that is inside the workspace.
+    fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+        let given = Path::new(path.trim());
+        let joined = lexical(&if given.is_absolute() {
+            given.to_path_buf()
+        } else {
+            self.root.join(given)
+        });
+        // Outside by its very words (`..`, an absolute path elsewhere): refused before
+        // anything is looked up there.
+        if !joined.starts_with(&self.root) {
+            return Err(OUTSIDE.into());
+        }
+        let resolved = joined.canonicalize().map_err(|_| "not found".to_string())?;
+        if !resolved.starts_with(&self.root) {
+            return Err(OUTSIDE.into());
+        }
+        Ok(resolved)
+    }
+
+    /// The bytes of the file at `resolved`, within the caps.
+    fn read(&self, resolved: &Path) -> Result<Vec<u8>, String> {
+        // Opened as the agent's own file reads are: no link followed, no blocking on a FIFO
+        // or a device, one name only (a hard link the agent made in its workspace to the
+        // bridge's password would be mailed to the sender), and checked as opened.
+        let file = crate::fsio::open_inside(&self.root, resolved, OpenOptions::new().read(true))
+            .map_err(unsafe_why)?;
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        within_caps(len, self.total, self.caps)?;
+        let mut bytes = Vec::with_capacity(len as usize);
+        // No more than was checked, should the file grow meanwhile.
+        file.take(self.caps.per_file.min(self.caps.total - self.total))
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        Ok(bytes)
+    }
+}
+
+/// A file of `size` bytes may be added to `total` bytes already attached.
+fn within_caps(size: u64, total: u64, caps: Caps) -> Result<(), String> {
+    if size > caps.per_file {
+        return Err(format!(
+            "{size} bytes, more than the {} a file may have",
+            caps.per_file
+        ));
+    }
+    if total + size > caps.total {
+        return Err(format!(
+            "the result's files would pass {} bytes in all",
+            caps.total
+        ));
+    }
+    Ok(())
+}
+
+/// The content type the agent gave when it looks like one, else one from the name or bytes.
+fn stated_or_guessed(stated: Option<String>, filename: &str, bytes: &[u8]) -> String {
+    stated
+        .filter(|t| t.contains('/') && !t.chars().any(|c| c.is_control()))
+        .unwrap_or_else(|| content_type(filename, bytes))
 }
 
 /// `path` with `.` and `..` taken out by their words alone (no link is followed).
@@ -353,27 +374,14 @@ pub fn attach_inline(
     caps: Caps,
 ) {
     let total: u64 = files.iter().map(|f| f.bytes.len() as u64).sum();
-    let size = bytes.len() as u64;
-    if size > caps.per_file {
-        refused.push(format!(
-            "{name}: {size} bytes, more than the {} a file may have",
-            caps.per_file
-        ));
-        return;
-    }
-    if total + size > caps.total {
-        refused.push(format!(
-            "{name}: the result's files would pass {} bytes in all",
-            caps.total
-        ));
+    if let Err(why) = within_caps(bytes.len() as u64, total, caps) {
+        refused.push(format!("{name}: {why}"));
         return;
     }
     let mut taken: HashSet<String> = files.iter().map(|f| f.filename.clone()).collect();
     let filename =
         super::workspace::unique_name(&super::workspace::safe_file_name(name), &mut taken);
-    let content_type = content_type
-        .filter(|t| t.contains('/') && !t.chars().any(|c| c.is_control()))
-        .unwrap_or_else(|| self::content_type(&filename, &bytes));
+    let content_type = stated_or_guessed(content_type, &filename, &bytes);
     files.push(Attached {
         filename,
         content_type,

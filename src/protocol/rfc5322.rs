@@ -1,7 +1,7 @@
 //! AAMP messages as RFC 5322 bytes: rendering an outgoing mail, and reading a raw mail into a
 //! [`MailView`]. Pure code, no I/O.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use base64::Engine as _;
 
@@ -219,41 +219,9 @@ fn normalize_newlines(text: &str) -> String {
 
 /// `Sun, 29 Nov 2026 10:02:18 +0000`.
 pub fn rfc5322_date(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    format!(
-        "{}, {:02} {} {} {:02}:{:02}:{:02} +0000",
-        WEEKDAYS[days.rem_euclid(7) as usize],
-        day,
-        MONTHS[(month - 1) as usize],
-        year,
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    super::time::timestamp(time)
+        .strftime("%a, %d %b %Y %H:%M:%S +0000")
+        .to_string()
 }
 
 /// Reads a raw RFC 5322 mail. `None` only when the bytes hold no header at all.
@@ -315,13 +283,15 @@ mod tests {
     }
 
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn dates_are_rfc5322() {
         let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_946_538);
         assert_eq!(rfc5322_date(t), "Sun, 29 Nov 2026 10:02:18 +0000");
         assert_eq!(rfc5322_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 +0000");
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        let leap_day = UNIX_EPOCH + std::time::Duration::from_secs(951_825_599);
+        assert_eq!(rfc5322_date(leap_day), "Tue, 29 Feb 2000 11:59:59 +0000");
     }
 
     #[test]

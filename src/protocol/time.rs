@@ -1,8 +1,14 @@
-//! RFC 3339 timestamps (`X-AAMP-Expires-At`, JMAP's `receivedAt`). Pure code.
+//! RFC 3339 timestamps (`X-AAMP-Expires-At`, JMAP's `receivedAt`). Pure code; the calendar
+//! is jiff's.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Parses `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`; `None` for anything else.
+use jiff::{civil::DateTime, tz::Offset, SignedDuration, Timestamp};
+
+/// Parses `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`; `None` for anything else. The shape is read
+/// here rather than by jiff's parser, which also takes what peers never send and this parser
+/// always refused (`+0100`, no seconds, `[zone]` annotations), and refuses a fraction longer
+/// than nine digits, which this parser always cut to nine.
 pub fn parse(text: &str) -> Option<SystemTime> {
     let t = text.trim();
     let b = t.as_bytes();
@@ -15,86 +21,89 @@ pub fn parse(text: &str) -> Option<SystemTime> {
     {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || min > 59 || sec > 60 {
+    let two = |at: usize| i8::try_from(digits(&b[at..at + 2])?).ok();
+    let second = two(17).filter(|s| *s <= 60)?;
+    let (nanos, rest) = fraction(&t[19..])?;
+    // A leap second (`:60`) is read as the first second of the next minute.
+    let civil = DateTime::new(
+        digits(&b[0..4])?,
+        two(5)?,
+        two(8)?,
+        two(11)?,
+        two(14)?,
+        second.min(59),
+        nanos,
+    )
+    .ok()?;
+    let stamp = offset(rest)?.to_timestamp(civil).ok()?;
+    let stamp = stamp
+        .checked_add(SignedDuration::from_secs(i64::from(
+            second - second.min(59),
+        )))
+        .ok()?;
+    SystemTime::try_from(stamp).ok()
+}
+
+/// The value of a run of ASCII digits; `None` when a byte is not one.
+fn digits(bytes: &[u8]) -> Option<i16> {
+    bytes.iter().try_fold(0i16, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + i16::from(d - b'0'))
+    })
+}
+
+/// An optional `.fraction` at the start of `rest`, as nanoseconds (its first nine digits,
+/// padded), and what follows it.
+fn fraction(rest: &str) -> Option<(i32, &str)> {
+    let Some(frac) = rest.strip_prefix('.') else {
+        return Some((0, rest));
+    };
+    let count = frac.bytes().take_while(u8::is_ascii_digit).count();
+    if count == 0 {
         return None;
     }
-    let mut rest = &t[19..];
-    let mut nanos = 0u32;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        // The fraction to nanoseconds: its first nine digits, padded.
-        nanos = frac[..digits.min(9)]
-            .bytes()
-            .chain(std::iter::repeat(b'0'))
-            .take(9)
-            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
-        rest = &frac[digits..];
+    let nanos = frac[..count.min(9)]
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0i32, |n, d| n * 10 + i32::from(d - b'0'));
+    Some((nanos, &frac[count..]))
+}
+
+/// `Z` or `±HH:MM`, and nothing after it.
+fn offset(rest: &str) -> Option<Offset> {
+    let b = rest.as_bytes();
+    if matches!(rest, "Z" | "z") {
+        return Some(Offset::UTC);
     }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
-                return None;
-            }
-            sign * (rest.get(1..3)?.parse::<i64>().ok()? * 3600
-                + rest.get(4..6)?.parse::<i64>().ok()? * 60)
-        }
+    let sign = match b.first()? {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
     };
-    let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + min * 60 + sec - offset;
-    let whole = if secs >= 0 {
-        Some(UNIX_EPOCH + Duration::from_secs(secs as u64))
-    } else {
-        UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
-    }?;
-    whole.checked_add(Duration::from_nanos(u64::from(nanos)))
+    if b.len() != 6 || b[3] != b':' {
+        return None;
+    }
+    let minutes = i32::from(digits(&b[1..3])?) * 60 + i32::from(digits(&b[4..6])?);
+    Offset::from_seconds(sign * minutes * 60).ok()
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a time (milliseconds, UTC): for events and timelines.
 pub fn format_utc_ms(time: SystemTime) -> String {
-    let ms = time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_millis())
-        .unwrap_or(0);
-    let whole = format_utc(time);
-    format!("{}.{ms:03}Z", whole.trim_end_matches('Z'))
+    format!("{:.3}", timestamp(time))
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a time (whole seconds, UTC).
 pub fn format_utc(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (y, m, d) = super::rfc5322::civil_from_days(secs.div_euclid(86_400));
-    let r = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        r / 3600,
-        r % 3600 / 60,
-        r % 60
-    )
+    format!("{:.0}", timestamp(time))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// jiff's timestamp for a time: a time before 1970 as 1970 (as these formats always wrote
+/// it), one past jiff's year 9999 as its last instant.
+pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
+    if time < UNIX_EPOCH {
+        return Timestamp::UNIX_EPOCH;
+    }
+    Timestamp::try_from(time).unwrap_or(Timestamp::MAX)
 }
 
 #[cfg(test)]
@@ -149,8 +158,28 @@ mod tests {
             "2026-11-29T10:02:18.Z",
             "2026-11-29T10:02:18+0100",
             "２０２６-11-29T10:02:18Z",
+            "2026-11-29T1x:02:18Z",
+            "2026-11-29T10:02:61Z",
+            "2026-11-29T10:02:18+01",
+            "2026-11-29T10:02Z",
+            "2026-02-30T00:00:00Z",
         ] {
             assert!(parse(bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn leap_seconds_and_milliseconds_are_read_as_before() {
+        assert_eq!(parse("2016-12-31T23:59:60Z"), parse("2017-01-01T00:00:00Z"));
+        let t = UNIX_EPOCH + std::time::Duration::from_nanos(1_795_946_538_999_999_999);
+        assert_eq!(format_utc_ms(t), "2026-11-29T10:02:18.999Z");
+        assert_eq!(format_utc(t), "2026-11-29T10:02:18Z");
+        let before = UNIX_EPOCH - std::time::Duration::from_secs(5);
+        assert_eq!(format_utc_ms(before), "1970-01-01T00:00:00.000Z");
+        assert_eq!(parse("2026-11-29 10:02:18z"), parse("2026-11-29T10:02:18Z"));
+        assert_eq!(
+            parse("2026-11-29t11:32:18+01:30"),
+            parse("2026-11-29T10:02:18Z")
+        );
     }
 }

@@ -461,7 +461,7 @@ impl Journal {
                 .mode(0o600)
                 .open(path);
         }
-        let conn = Connection::open(path).map_err(err)?;
+        let mut conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
         space::incremental_vacuum(&conn).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -470,7 +470,13 @@ impl Journal {
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
-        migrate(&conn).map_err(err)?;
+        // One transaction: a crash mid-way leaves the journal as it was, and a new journal's
+        // two dozen tables and indexes cost one WAL sync instead of one each. Immediate, so
+        // a bridge writing meanwhile makes this wait (busy_timeout), not fail.
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(err)?;
+        migrate(&tx).and_then(|()| tx.commit()).map_err(err)?;
         Ok(Journal {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),

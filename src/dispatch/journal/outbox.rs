@@ -133,13 +133,7 @@ impl Journal {
     /// Every unsent mail of `agent` waiting for a later retry is due now (its credentials
     /// were replaced); how many.
     pub fn retry_now(&self, agent: &str) -> Result<usize, JournalError> {
-        let now = now_ms();
-        self.with(|c| {
-            c.execute(
-                "UPDATE outbox SET next_at = ?2 WHERE agent = ?1 AND sent_at IS NULL AND failed_at IS NULL AND next_at > ?2",
-                params![agent, now],
-            )
-        })
+        self.resume(agent)
     }
 
     /// Another replica won the claim this mail waited on, and answers in its place: the

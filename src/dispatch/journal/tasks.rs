@@ -128,24 +128,21 @@ impl Journal {
 
     /// Moves a task to `state` (not touching finished tasks).
     pub fn set_state(&self, id: i64, state: TaskState) -> Result<(), JournalError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
-                params![id, state.as_str(), now_ms()],
-            )
-            .map(drop)
-        })
+        self.update_unfinished(id, "state = ?2", state.as_str())
+    }
+
+    /// Sets `set` (whose `?2` is `value`) on task `id` unless it is finished: a finished task
+    /// keeps the state it was answered in.
+    fn update_unfinished(&self, id: i64, set: &str, value: &str) -> Result<(), JournalError> {
+        let sql = format!(
+            "UPDATE tasks SET {set}, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')"
+        );
+        self.with(|c| c.execute(&sql, params![id, value, now_ms()]).map(drop))
     }
 
     /// Sets the task aside, unanswered, with why (see [`TaskState::Parked`]).
     pub fn park(&self, id: i64, reason: &str) -> Result<(), JournalError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE tasks SET state = 'parked', reason = ?2, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
-                params![id, reason, now_ms()],
-            )
-            .map(drop)
-        })
+        self.update_unfinished(id, "state = 'parked', reason = ?2", reason)
     }
 
     /// The task starts a run: `running`, one more run counted, no process group yet.
@@ -303,13 +300,7 @@ impl Journal {
     /// Another replica won the task's claim (`by`, when known): the task is kept as a record
     /// ([`TaskState::Elsewhere`]), so de-duplication here sees a second delivery of it.
     pub fn elsewhere(&self, row: i64, by: &str) -> Result<(), JournalError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE tasks SET state = 'elsewhere', reason = ?2, pgid = NULL, updated_at = ?3 WHERE id = ?1 AND state NOT IN ('answered', 'rejected', 'cancelled', 'expired')",
-                params![row, by, now_ms()],
-            )
-            .map(drop)
-        })
+        self.update_unfinished(row, "state = 'elsewhere', reason = ?2, pgid = NULL", by)
     }
 
     /// A task another replica held comes back to be claimed here (a delivery of it again,

@@ -2,13 +2,26 @@
 
 use super::*;
 
+/// A new journal in a folder of its own (dropped with the folder).
+fn fresh() -> (tempfile::TempDir, Journal) {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    (dir, journal)
+}
+
+/// Task `t1` (Message-ID `<m1>`) recorded with its ack `<a1>` waiting; its row, or `None`
+/// for a duplicate.
+fn t1_with_ack(j: &Journal) -> Option<i64> {
+    j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
+        .unwrap()
+}
+
 /// The statements run for every dispatch, answer and conversation turn: each must search an
 /// index, never scan a table (a scan of a journal with a month of history would make every
 /// task cost more as the journal grows), and admission's counts must read their index alone.
 #[test]
 fn the_queries_run_for_every_task_use_indexes_not_scans() {
-    let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let (_dir, journal) = fresh();
     let conn = journal.conn.lock().unwrap();
     for (name, sql) in [
         ("COUNT_OUTGOING", COUNT_OUTGOING),
@@ -63,8 +76,7 @@ fn the_queries_run_for_every_task_use_indexes_not_scans() {
 /// day. A count whose limit is not set is not made, and one that is stops at its limit.
 #[test]
 fn admission_counts_cost_no_more_than_their_limits_however_large_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let (_dir, journal) = fresh();
     let now = now_ms();
     journal
         .with(|c| {
@@ -112,8 +124,7 @@ fn admission_counts_cost_no_more_than_their_limits_however_large_the_journal() {
 
 #[test]
 fn mail_not_admitted_is_bounded_per_agent_and_pending_answers_stay() {
-    let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let (_dir, journal) = fresh();
     let keys: Vec<String> = (0..30).map(|i| format!("<r{i}>")).collect();
     for key in &keys {
         let mut t = task(key, key, false);
@@ -167,20 +178,11 @@ fn mail(intent: &str, id: &str) -> Outgoing {
 
 #[test]
 fn a_message_is_recorded_once_and_its_task_key_held_only_when_admitted() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
-    let id = j
-        .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
-        .unwrap()
-        .expect("recorded");
+    let (_dir, j) = fresh();
+    let id = t1_with_ack(&j).expect("recorded");
     assert!(j.knows_message("coder", "<m1>").unwrap());
     assert!(!j.knows_message("other", "<m1>").unwrap());
-    assert_eq!(
-        j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
-            .unwrap(),
-        None,
-        "a second delivery is a duplicate"
-    );
+    assert_eq!(t1_with_ack(&j), None, "a second delivery is a duplicate");
     assert_eq!(
         j.admitted_task("coder", "a@X.test", "t1").unwrap(),
         Some((id, TaskState::Received))
@@ -196,12 +198,8 @@ fn a_message_is_recorded_once_and_its_task_key_held_only_when_admitted() {
 
 #[test]
 fn the_outbox_sends_a_tasks_mails_in_order_and_marks_the_ack() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
-    let id = j
-        .record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
-        .unwrap()
-        .unwrap();
+    let (_dir, j) = fresh();
+    let id = t1_with_ack(&j).unwrap();
     j.finish(
         "coder",
         id,
@@ -328,8 +326,7 @@ fn a_journal_of_schema_4_gets_the_outbox_claim() {
 
 #[test]
 fn pruning_keeps_unfinished_tasks_and_unsent_mail() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let (_dir, j) = fresh();
     let done = j.record(&task("<m1>", "t1", true), None).unwrap().unwrap();
     j.finish("coder", done, TaskState::Answered, None, None)
         .unwrap();
@@ -352,8 +349,7 @@ fn pruning_keeps_unfinished_tasks_and_unsent_mail() {
 
 #[test]
 fn a_conversations_turns_are_kept_in_order_bounded_and_cut() {
-    let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let (_dir, journal) = fresh();
     for n in 0..(turns::TURNS_KEPT + 3) {
         journal
             .add_turn("a", "k1", &format!("ask {n}"), &format!("answer {n}"))
@@ -380,10 +376,8 @@ fn a_conversations_turns_are_kept_in_order_bounded_and_cut() {
 /// was sent to (issue 31: a forged one stopped an answer waiting in the outbox for good).
 #[test]
 fn a_report_marks_only_a_sent_mail_to_an_address_it_was_sent_to() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
-    j.record(&task("<m1>", "t1", true), Some(&mail("task.ack", "<a1>")))
-        .unwrap();
+    let (_dir, j) = fresh();
+    t1_with_ack(&j);
     let to = ["A@X.test".to_string()];
     assert!(matches!(
         j.bounced("coder", "<a1>", &to, "bounced").unwrap(),
@@ -412,8 +406,7 @@ fn a_report_marks_only_a_sent_mail_to_an_address_it_was_sent_to() {
 /// it comes back as a task once, for one caller.
 #[test]
 fn a_task_left_to_another_replica_is_kept_and_taken_back_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("journal.sqlite3")).unwrap();
+    let (_dir, j) = fresh();
     let row = j
         .record(&task("<m1>", "t1", true), None)
         .unwrap()
