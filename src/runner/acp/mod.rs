@@ -57,8 +57,8 @@ use super::process::GroupChild;
 use super::profile::PermissionPolicy;
 use super::stream::{StreamEvent, TodoItem, ToolStatus};
 use super::{
-    agent_cwd, clean, read_tail, spawn_agent, vars_for, Profile, RunError, RunOutput, TaskInput,
-    GRACE, STDERR_TAIL,
+    clean, read_tail, spawn_agent, start_for_task, Profile, RunError, RunOutput, Started,
+    TaskInput, GRACE, STDERR_TAIL,
 };
 
 /// Longest JSON-RPC line accepted from an agent; a longer one is skipped whole.
@@ -150,23 +150,14 @@ pub async fn run_acp(
     events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
     let started = Instant::now();
-    let vars = vars_for(task);
-    let program = profile.command.render(&vars);
-    let cwd = agent_cwd(profile, task, &vars);
-    let mut child = spawn_agent(
-        profile,
-        Some(task),
-        &program,
-        &profile.args,
-        &vars,
-        &cwd,
-        true,
-    )?;
+    let Started {
+        mut child,
+        vars,
+        cwd,
+    } = start_for_task(profile, task, &profile.args, true)?;
     let stdin = child.child.stdin.take().expect("stdin is piped");
     let stdout = child.child.stdout.take().expect("stdout is piped");
     let stderr = child.child.stderr.take().expect("stderr is piped");
-    tracing::Span::current().record("pid", child.pid());
-    task.spawned(child.pid());
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
 
     let shared = Arc::new(Shared {
