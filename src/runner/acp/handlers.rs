@@ -31,6 +31,18 @@ pub(super) struct Guard {
 impl Guard {
     /// `Ok` when `what` ("running `make`") may be done; otherwise why not, kept for the answer
     /// and shown in the stream as a failed tool call.
+    /// A file the agent reads or writes: inside the workspace (`precheck`), then cleared.
+    async fn clear_file(&self, root: &Path, path: &Path, act: gate::Act) -> Result<(), String> {
+        let verb = if matches!(act, gate::Act::Write) {
+            "writing"
+        } else {
+            "reading"
+        };
+        let what = format!("{verb} {}", self.shared.redact(&path.display().to_string()));
+        precheck(root, path)?;
+        self.clear(act, what).await
+    }
+
     pub(super) async fn clear(&self, act: gate::Act, what: String) -> Result<(), String> {
         let shared = &self.shared;
         let why = match gate::verdict(self.policy, self.asking, act) {
@@ -177,14 +189,7 @@ pub(super) async fn read(
     req: ReadTextFileRequest,
     responder: Responder<ReadTextFileResponse>,
 ) -> Answered {
-    let what = format!(
-        "reading {}",
-        guard.shared.redact(&req.path.display().to_string())
-    );
-    if let Err(why) = precheck(&root, &req.path) {
-        return responder.respond_with_error(refused(why));
-    }
-    if let Err(why) = guard.clear(gate::Act::Read, what).await {
+    if let Err(why) = guard.clear_file(&root, &req.path, gate::Act::Read).await {
         return responder.respond_with_error(refused(why));
     }
     match off_runtime(move || read_confined(&root, &req)).await {
@@ -202,14 +207,7 @@ pub(super) async fn write(
     req: WriteTextFileRequest,
     responder: Responder<WriteTextFileResponse>,
 ) -> Answered {
-    let what = format!(
-        "writing {}",
-        guard.shared.redact(&req.path.display().to_string())
-    );
-    if let Err(why) = precheck(&root, &req.path) {
-        return responder.respond_with_error(refused(why));
-    }
-    if let Err(why) = guard.clear(gate::Act::Write, what).await {
+    if let Err(why) = guard.clear_file(&root, &req.path, gate::Act::Write).await {
         return responder.respond_with_error(refused(why));
     }
     let path = req.path.clone();
