@@ -168,13 +168,28 @@ fn shown(path: &Path, env: &AgentEnv) -> String {
     }
 }
 
+/// The variables Claude Code takes a key or token from.
+const CLAUDE_KEYS: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+];
+
+/// Claude Code takes a stored login only with a token and the inference scope.
+fn claude_oauth(credentials: &Path) -> bool {
+    read_json(credentials).is_some_and(|v| {
+        v.pointer("/claudeAiOauth/accessToken")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| !t.trim().is_empty())
+            && v.pointer("/claudeAiOauth/scopes")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| s.iter().any(|x| x == "user:inference"))
+    })
+}
+
 fn claude(env: &AgentEnv) -> Option<LoginState> {
     const FIX: &str = "run `claude auth login` (its ACP adapters use Claude Code's login), or `claude setup-token` and set CLAUDE_CODE_OAUTH_TOKEN, or set ANTHROPIC_API_KEY in the profile's env";
-    if let Some(var) = env.first(&[
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN",
-        "CLAUDE_CODE_OAUTH_TOKEN",
-    ]) {
+    if let Some(var) = env.first(CLAUDE_KEYS) {
         return logged_in(format!("API key in ${var}"));
     }
     for (var, cloud) in [
@@ -195,16 +210,7 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
         }
     };
     let credentials = dir.join(".credentials.json");
-    // Claude Code takes a stored login only with a token and the inference scope.
-    let oauth = read_json(&credentials).is_some_and(|v| {
-        v.pointer("/claudeAiOauth/accessToken")
-            .and_then(|t| t.as_str())
-            .is_some_and(|t| !t.trim().is_empty())
-            && v.pointer("/claudeAiOauth/scopes")
-                .and_then(|s| s.as_array())
-                .is_some_and(|s| s.iter().any(|x| x == "user:inference"))
-    });
-    if oauth {
+    if claude_oauth(&credentials) {
         return logged_in(shown(&credentials, env));
     }
     if json_string(&json, "/primaryApiKey") {
@@ -214,13 +220,9 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
     if json_string(&settings, "/apiKeyHelper") {
         return logged_in(format!("{} (apiKeyHelper)", shown(&settings, env)));
     }
-    if let Some(var) = [
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN",
-        "CLAUDE_CODE_OAUTH_TOKEN",
-    ]
-    .into_iter()
-    .find(|v| json_string(&settings, &format!("/env/{v}")))
+    if let Some(var) = CLAUDE_KEYS
+        .iter()
+        .find(|v| json_string(&settings, &format!("/env/{v}")))
     {
         return logged_in(format!("{var} in {}", shown(&settings, env)));
     }
