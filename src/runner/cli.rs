@@ -38,12 +38,8 @@ pub async fn run_cli(
         mut child, vars, ..
     } = start_for_task(profile, task, &profile.args_for(resuming), stdin_piped)?;
     tracing::debug!("agent started");
-
+    let (stdin, stdout, stderr) = child.pipes();
     let stdin_text = profile.stdin.as_ref().map(|t| t.render(&vars));
-    let stdin = child.child.stdin.take();
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
-
     // Feed stdin, drain stdout and stderr, and wait, all at once: doing them in turn can
     // deadlock on a full pipe.
     // With `help_lines`, stdin stays open after the prompt: each answer to a `HELP:` line goes
@@ -383,67 +379,84 @@ pub(super) async fn read_stream(
     asker: Option<&Asker>,
 ) -> std::io::Result<StreamParser> {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut line: Vec<u8> = Vec::new();
-    let mut skipping = false;
+    let mut line = Gathered::default();
     let mut signalled = false;
     let mut drained = 0;
-    let take_line =
-        |line: &[u8], parser: &mut StreamParser| parser.line(&String::from_utf8_lossy(line));
     loop {
         let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
             break;
         }
         for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
-            let complete = chunk.last() == Some(&b'\n');
-            let data = if complete {
-                &chunk[..chunk.len() - 1]
-            } else {
-                chunk
+            let Some(data) = chunk.strip_suffix(b"\n") else {
+                line.add(chunk);
+                continue;
             };
-            if !skipping {
-                if line.len() + data.len() > MAX_LINE {
-                    tracing::warn!(
-                        limit = MAX_LINE,
-                        "a stream line from the agent is too long; skipping it"
-                    );
-                    skipping = true;
-                    line.clear();
-                } else {
-                    line.extend_from_slice(data);
+            line.add(data);
+            match (line.whole(), asker) {
+                (Some(whole), Some(asker)) if whole.starts_with(b"HELP:") => {
+                    asker.ask(&String::from_utf8_lossy(whole)).await;
                 }
-            }
-            if complete {
-                if let (Some(asker), false) = (asker, skipping) {
-                    if line.starts_with(b"HELP:") {
-                        asker.ask(&String::from_utf8_lossy(&line)).await;
-                        line.clear();
-                        continue;
-                    }
-                }
-                if !skipping {
-                    for event in take_line(&line, &mut parser) {
-                        let _ = events.send(event).await;
-                    }
+                (Some(whole), _) => {
+                    send_all(events, parser.line(&String::from_utf8_lossy(whole))).await;
                     if parser.end.finished && !signalled {
                         signalled = true;
                         finished.notify_one();
                     }
                 }
-                line.clear();
-                skipping = false;
+                (None, _) => {}
             }
+            line.clear();
         }
     }
-    if !line.is_empty() && !skipping {
-        for event in take_line(&line, &mut parser) {
-            let _ = events.send(event).await;
+    if let Some(whole) = line.whole().filter(|l| !l.is_empty()) {
+        send_all(events, parser.line(&String::from_utf8_lossy(whole))).await;
+    }
+    send_all(events, parser.finish()).await;
+    Ok(parser)
+}
+
+/// A stream line being read: skipped whole once it is longer than [`MAX_LINE`].
+#[derive(Default)]
+struct Gathered {
+    line: Vec<u8>,
+    skipping: bool,
+}
+
+impl Gathered {
+    fn add(&mut self, data: &[u8]) {
+        if self.skipping {
+            return;
+        }
+        if self.line.len() + data.len() > MAX_LINE {
+            tracing::warn!(
+                limit = MAX_LINE,
+                "a stream line from the agent is too long; skipping it"
+            );
+            self.skipping = true;
+            self.line.clear();
+        } else {
+            self.line.extend_from_slice(data);
         }
     }
-    for event in parser.finish() {
+
+    /// The line so far, unless it is being skipped.
+    fn whole(&self) -> Option<&[u8]> {
+        (!self.skipping).then_some(self.line.as_slice())
+    }
+
+    /// For the next line.
+    fn clear(&mut self) {
+        self.line.clear();
+        self.skipping = false;
+    }
+}
+
+/// Sends each event on; a closed channel (nobody watching any more) is not the run's concern.
+async fn send_all(events: &mpsc::Sender<StreamEvent>, sent: Vec<StreamEvent>) {
+    for event in sent {
         let _ = events.send(event).await;
     }
-    Ok(parser)
 }
 
 /// Plain output (a profile without a stream format) shown as it comes: one
