@@ -28,12 +28,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("mailbox/amp/replies.rs::submit", 103),
     ("mailbox/asmtp/intake.rs::catch_up", 152),
     ("mailbox/intake.rs::supervise_push", 103),
-    ("runner/acp/updates.rs::map_update", 132),
-    ("runner/cli.rs::run_cli", 232),
-    ("runner/login.rs::gemini", 121),
-    ("runner/profile.rs::parse", 112),
-    ("runner/stream/claude.rs::claude", 123),
-    ("runner/stream/codex.rs::codex", 132),
 ];
 
 fn src() -> PathBuf {

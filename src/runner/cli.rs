@@ -30,187 +30,180 @@ pub async fn run_cli(
     events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
     let started = Instant::now();
-    let vars = vars_for(task);
-    let program = profile.command.render(&vars);
     // The permission policy in the CLI's own terms, first (before any subcommand), unless
     // the profile passes that option itself.
     let resuming = task.resume_id.as_deref().is_some_and(|id| !id.is_empty());
-    let args = profile.args_for(resuming);
-    let args = &args;
-    let cwd = agent_cwd(profile, task, &vars);
     let stdin_piped = profile.stdin.is_some() || profile.help_lines;
-    let mut child = spawn_agent(
-        profile,
-        Some(task),
-        &program,
-        args,
-        &vars,
-        &cwd,
-        stdin_piped,
-    )?;
-    tracing::Span::current().record("pid", child.pid());
-    task.spawned(child.pid());
+    let Started {
+        mut child, vars, ..
+    } = start_for_task(profile, task, &profile.args_for(resuming), stdin_piped)?;
     tracing::debug!("agent started");
-
+    let (stdin, stdout, stderr) = child.pipes();
     let stdin_text = profile.stdin.as_ref().map(|t| t.render(&vars));
-    let stdin = child.child.stdin.take();
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
-
     // Feed stdin, drain stdout and stderr, and wait, all at once: doing them in turn can
     // deadlock on a full pipe.
     // With `help_lines`, stdin stays open after the prompt: each answer to a `HELP:` line goes
     // in as one line.
-    let (answers_tx, mut answers_rx) = mpsc::channel::<String>(1);
-    let asker = profile.help_lines.then(|| Asker {
-        questions: task.questions.clone(),
-        answers: std::sync::Mutex::new(Some(answers_tx)),
-        wait: profile.ask_timeout,
-        unanswered: std::sync::Mutex::new(None),
-    });
-    let help_lines = profile.help_lines;
-    let feed = async move {
-        let Some(mut pipe) = stdin else { return };
-        // An agent that exits without reading all of its input is not an error here.
-        if let Some(text) = stdin_text {
-            let _ = pipe.write_all(text.as_bytes()).await;
-            if help_lines && !text.ends_with('\n') {
-                let _ = pipe.write_all(b"\n").await;
-            }
-        }
-        if help_lines {
-            while let Some(line) = answers_rx.recv().await {
-                let _ = pipe.write_all(format!("{line}\n").as_bytes()).await;
-                let _ = pipe.flush().await;
-            }
-        }
-        let _ = pipe.shutdown().await;
-    };
+    let (answers_tx, answers_rx) = mpsc::channel::<String>(1);
+    let asker = profile
+        .help_lines
+        .then(|| Asker::new(task.questions.clone(), answers_tx, profile.ask_timeout));
+    let feeding = feed(stdin, stdin_text, profile.help_lines, answers_rx);
     let finished = Notify::new();
     // Once the agent has exited or been stopped, its pipes get GRACE to reach their end; a
     // process that escaped its group (`setsid cmd &`) may hold them open forever.
     let ended = Notify::new();
     let stop_reading = CancellationToken::new();
-    let read_stdout = async {
-        if profile.stream == StreamFormat::None {
-            // Without a stream format the output's lines are shown as they come, as text.
-            let mut shown = Shown {
-                events,
-                budget: profile.output.max_bytes,
-                strip_ansi: profile.output.strip_ansi,
-                pending: Vec::new(),
-            };
-            let (bytes, truncated) = read_capped(
-                stdout,
-                profile.output.max_bytes,
-                &stop_reading,
-                asker.as_ref(),
-                &mut shown,
-            )
-            .await?;
-            Ok::<_, std::io::Error>(Stdout::Text(bytes, truncated))
-        } else {
-            let parser = read_stream(
-                stdout,
-                StreamParser::with_limit(profile.stream, profile.output.max_bytes),
-                events,
-                &finished,
-                &stop_reading,
-                asker.as_ref(),
-            )
-            .await?;
-            Ok(Stdout::Stream(Box::new(parser)))
-        }
-    };
-    let reads = drain_until_stopped(
-        async { tokio::join!(read_stdout, read_tail(stderr, STDERR_TAIL, &stop_reading)) },
-        &ended,
-        &stop_reading,
-    );
-    let waiting = async {
-        let lingered = async {
-            finished.notified().await;
-            tokio::time::sleep(profile.linger).await;
-        };
-        let outcome = tokio::select! {
-            status = child.child.wait() => status.map(Ended::Exited).map_err(RunError::from),
-            _ = lingered => Ok(Ended::Lingered),
-            _ = tokio::time::sleep(profile.timeout) => Err(RunError::TimedOut(profile.timeout)),
-            _ = cancel.cancelled() => Err(RunError::Cancelled),
-        };
-        let outcome = match outcome {
-            Ok(Ended::Exited(status)) => {
-                child.reap_group(GRACE).await;
-                Ok(Ended::Exited(status))
-            }
-            Ok(Ended::Lingered) => {
-                tracing::info!("the agent finished its answer but did not exit; stopping it");
-                child
-                    .terminate(GRACE)
-                    .await
-                    .map(|_| Ended::Lingered)
-                    .map_err(RunError::from)
-            }
-            Err(e) => match child.terminate(GRACE).await {
-                Ok(_) => Err(e),
-                Err(io) => Err(io.into()),
-            },
-        };
-        ended.notify_one();
-        outcome
-    };
     let reads = async {
-        let out = reads.await;
+        let stdout = read_stdout(profile, stdout, events, &finished, &stop_reading, &asker);
+        let stderr = read_tail(stderr, STDERR_TAIL, &stop_reading);
+        let out = drain_until_stopped(
+            async { tokio::join!(stdout, stderr) },
+            &ended,
+            &stop_reading,
+        )
+        .await;
         // No more questions: the answers channel closes, and with it the agent's stdin.
         if let Some(asker) = &asker {
             asker.close();
         }
         out
     };
-    let ((), (out, err), ended) = tokio::join!(feed, reads, waiting);
-    if let Some(secs) = asker
-        .as_ref()
-        .and_then(|a| *a.unanswered.lock().expect("unanswered lock"))
-    {
-        if !matches!(ended, Err(RunError::Cancelled) | Err(RunError::TimedOut(_))) {
-            return Err(RunError::Stopped(format!(
-                "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
-            )));
-        }
+    let waiting = async {
+        let outcome = wait_for(&mut child, profile, &finished, cancel).await;
+        ended.notify_one();
+        outcome
+    };
+    let ((), (out, err), ended) = tokio::join!(feeding, reads, waiting);
+    if let Some(asker) = &asker {
+        asker.check_answered(&ended)?;
     }
     let ended = ended?;
     let stdout = out?;
     let stderr_text = clean(&String::from_utf8_lossy(&err?), true, true);
-    let exit_failure = match &ended {
-        Ended::Exited(status)
-            if !status
-                .code()
-                .is_some_and(|c| profile.success_exit_codes.contains(&c)) =>
-        {
-            Some(match status.code() {
-                Some(c) => format!("exited with status {c}"),
-                None => {
-                    use std::os::unix::process::ExitStatusExt;
-                    format!("was killed by signal {}", status.signal().unwrap_or(0))
-                }
-            })
+    judge(profile, &ended, stdout, stderr_text, started)
+}
+
+/// Writes the prompt (when the profile gives one on stdin) and then, with `help_lines`, each
+/// answer as one line, until the answers end; then closes stdin.
+async fn feed(
+    pipe: Option<tokio::process::ChildStdin>,
+    text: Option<String>,
+    help_lines: bool,
+    mut answers: mpsc::Receiver<String>,
+) {
+    let Some(mut pipe) = pipe else { return };
+    if let Err(e) = write_input(&mut pipe, text, help_lines, &mut answers).await {
+        // An agent that exits without reading all of its input is not an error here: the
+        // closed pipe ends the feeding, and the exit status says how the run went.
+        tracing::debug!(error = %e, "the agent's stdin closed before all input was written");
+    }
+    let _ = pipe.shutdown().await;
+}
+
+async fn write_input(
+    pipe: &mut tokio::process::ChildStdin,
+    text: Option<String>,
+    help_lines: bool,
+    answers: &mut mpsc::Receiver<String>,
+) -> std::io::Result<()> {
+    if let Some(text) = text {
+        pipe.write_all(text.as_bytes()).await?;
+        if help_lines && !text.ends_with('\n') {
+            pipe.write_all(b"\n").await?;
         }
-        _ => None,
+    }
+    if help_lines {
+        while let Some(line) = answers.recv().await {
+            pipe.write_all(format!("{line}\n").as_bytes()).await?;
+            pipe.flush().await?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads stdout to its end: as text shown line by line without a stream format, else through
+/// the profile's stream parser (which signals `finished` at the stream's final event).
+async fn read_stdout(
+    profile: &Profile,
+    stdout: impl AsyncRead + Unpin,
+    events: &mpsc::Sender<StreamEvent>,
+    finished: &Notify,
+    stop: &CancellationToken,
+    asker: &Option<Asker>,
+) -> std::io::Result<Stdout> {
+    let max = profile.output.max_bytes;
+    if profile.stream == StreamFormat::None {
+        let mut shown = Shown {
+            events,
+            budget: max,
+            strip_ansi: profile.output.strip_ansi,
+            pending: Vec::new(),
+        };
+        let (bytes, truncated) = read_capped(stdout, max, stop, asker.as_ref(), &mut shown).await?;
+        return Ok(Stdout::Text(bytes, truncated));
+    }
+    let parser = StreamParser::with_limit(profile.stream, max);
+    let parser = read_stream(stdout, parser, events, finished, stop, asker.as_ref()).await?;
+    Ok(Stdout::Stream(Box::new(parser)))
+}
+
+/// Waits for the agent to exit, or stops its group: after the stream's final event and the
+/// profile's linger time, at the timeout, or when the task is cancelled.
+async fn wait_for(
+    child: &mut GroupChild,
+    profile: &Profile,
+    finished: &Notify,
+    cancel: &CancellationToken,
+) -> Result<Ended, RunError> {
+    let lingered = async {
+        finished.notified().await;
+        tokio::time::sleep(profile.linger).await;
     };
+    let outcome = tokio::select! {
+        status = child.child.wait() => status.map(Ended::Exited).map_err(RunError::from),
+        _ = lingered => Ok(Ended::Lingered),
+        _ = tokio::time::sleep(profile.timeout) => Err(RunError::TimedOut(profile.timeout)),
+        _ = cancel.cancelled() => Err(RunError::Cancelled),
+    };
+    match outcome {
+        Ok(Ended::Exited(status)) => {
+            child.reap_group(GRACE).await;
+            Ok(Ended::Exited(status))
+        }
+        Ok(Ended::Lingered) => {
+            tracing::info!("the agent finished its answer but did not exit; stopping it");
+            child.terminate(GRACE).await?;
+            Ok(Ended::Lingered)
+        }
+        Err(e) => {
+            child.terminate(GRACE).await?;
+            Err(e)
+        }
+    }
+}
+
+/// The run's answer from how the agent ended and what it wrote, or why it failed.
+fn judge(
+    profile: &Profile,
+    ended: &Ended,
+    stdout: Stdout,
+    stderr_text: String,
+    started: Instant,
+) -> Result<RunOutput, RunError> {
     let opts = &profile.output;
+    let failed = |status| RunError::Failed {
+        status,
+        stderr: stderr_text.clone(),
+    };
+    let exit_failure = exit_failure(profile, ended);
     let (mut output, truncated, session_id) = match stdout {
         Stdout::Text(bytes, truncated) => {
             if let Some(status) = exit_failure {
-                return Err(RunError::Failed {
-                    status,
-                    stderr: stderr_text,
-                });
+                return Err(failed(status));
             }
-            (
-                clean(&String::from_utf8_lossy(&bytes), opts.strip_ansi, opts.trim),
-                truncated,
-                None,
-            )
+            let text = clean(&String::from_utf8_lossy(&bytes), opts.strip_ansi, opts.trim);
+            (text, truncated, None)
         }
         Stdout::Stream(parser) => {
             // The stream's own error says most; then the exit status with stderr.
@@ -218,25 +211,10 @@ pub async fn run_cli(
                 return Err(RunError::Reported(error));
             }
             if let Some(status) = exit_failure {
-                return Err(RunError::Failed {
-                    status,
-                    stderr: stderr_text,
-                });
+                return Err(failed(status));
             }
-            let mut text = clean(
-                parser.end.final_text.as_deref().unwrap_or_default(),
-                opts.strip_ansi,
-                opts.trim,
-            );
-            if !parser.end.refused.is_empty() {
-                text = format!(
-                    "{}\n\n(aamp-bridge: refused during this task: {})",
-                    text.trim_end(),
-                    parser.end.refused.join("; ")
-                );
-            }
-            let (text, truncated) = cap(text, opts.max_bytes);
-            (text, truncated || parser.text_cut, parser.session_id)
+            let (text, truncated) = stream_answer(&parser, opts);
+            (text, truncated, parser.session_id)
         }
     };
     if opts.include_stderr && !stderr_text.is_empty() {
@@ -256,6 +234,46 @@ pub async fn run_cli(
     })
 }
 
+/// How the agent's exit failed, in words, when its status is not one the profile counts as
+/// success (a lingering agent stopped after its answer did not fail).
+fn exit_failure(profile: &Profile, ended: &Ended) -> Option<String> {
+    let Ended::Exited(status) = ended else {
+        return None;
+    };
+    if status
+        .code()
+        .is_some_and(|c| profile.success_exit_codes.contains(&c))
+    {
+        return None;
+    }
+    Some(match status.code() {
+        Some(c) => format!("exited with status {c}"),
+        None => {
+            use std::os::unix::process::ExitStatusExt;
+            format!("was killed by signal {}", status.signal().unwrap_or(0))
+        }
+    })
+}
+
+/// The stream's final text, cleaned, with what was refused during the task said after it,
+/// capped at the profile's output limit.
+fn stream_answer(parser: &StreamParser, opts: &profile::OutputOptions) -> (String, bool) {
+    let mut text = clean(
+        parser.end.final_text.as_deref().unwrap_or_default(),
+        opts.strip_ansi,
+        opts.trim,
+    );
+    if !parser.end.refused.is_empty() {
+        text = format!(
+            "{}\n\n(aamp-bridge: refused during this task: {})",
+            text.trim_end(),
+            parser.end.refused.join("; ")
+        );
+    }
+    let (text, truncated) = cap(text, opts.max_bytes);
+    (text, truncated || parser.text_cut)
+}
+
 /// Longest stream line accepted; a longer one is skipped whole.
 pub(super) const MAX_LINE: usize = 8 << 20;
 
@@ -270,6 +288,33 @@ pub(super) struct Asker {
 }
 
 impl Asker {
+    fn new(
+        questions: Option<mpsc::Sender<Question>>,
+        answers: mpsc::Sender<String>,
+        wait: Duration,
+    ) -> Asker {
+        Asker {
+            questions,
+            answers: std::sync::Mutex::new(Some(answers)),
+            wait,
+            unanswered: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A question that went unanswered refuses the run, unless the run ended for a reason of
+    /// its own (cancelled, timed out), which then says more.
+    fn check_answered(&self, ended: &Result<Ended, RunError>) -> Result<(), RunError> {
+        let unanswered = *self.unanswered.lock().expect("unanswered lock");
+        match unanswered {
+            Some(secs) if !matches!(ended, Err(RunError::Cancelled) | Err(RunError::TimedOut(_))) => {
+                Err(RunError::Stopped(format!(
+                    "the agent's question got no answer within {secs}s (ask_timeout_secs), so it was refused"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `HELP: question | option | option`: asks, waits, and writes the answer (the option's
     /// name, or the free text on one line; an empty line when none came) to the agent.
     async fn ask(&self, line: &str) {
@@ -334,67 +379,84 @@ pub(super) async fn read_stream(
     asker: Option<&Asker>,
 ) -> std::io::Result<StreamParser> {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut line: Vec<u8> = Vec::new();
-    let mut skipping = false;
+    let mut line = Gathered::default();
     let mut signalled = false;
     let mut drained = 0;
-    let take_line =
-        |line: &[u8], parser: &mut StreamParser| parser.line(&String::from_utf8_lossy(line));
     loop {
         let n = read_or_stop(&mut pipe, &mut buf, stop, &mut drained).await?;
         if n == 0 {
             break;
         }
         for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
-            let complete = chunk.last() == Some(&b'\n');
-            let data = if complete {
-                &chunk[..chunk.len() - 1]
-            } else {
-                chunk
+            let Some(data) = chunk.strip_suffix(b"\n") else {
+                line.add(chunk);
+                continue;
             };
-            if !skipping {
-                if line.len() + data.len() > MAX_LINE {
-                    tracing::warn!(
-                        limit = MAX_LINE,
-                        "a stream line from the agent is too long; skipping it"
-                    );
-                    skipping = true;
-                    line.clear();
-                } else {
-                    line.extend_from_slice(data);
+            line.add(data);
+            match (line.whole(), asker) {
+                (Some(whole), Some(asker)) if whole.starts_with(b"HELP:") => {
+                    asker.ask(&String::from_utf8_lossy(whole)).await;
                 }
-            }
-            if complete {
-                if let (Some(asker), false) = (asker, skipping) {
-                    if line.starts_with(b"HELP:") {
-                        asker.ask(&String::from_utf8_lossy(&line)).await;
-                        line.clear();
-                        continue;
-                    }
-                }
-                if !skipping {
-                    for event in take_line(&line, &mut parser) {
-                        let _ = events.send(event).await;
-                    }
+                (Some(whole), _) => {
+                    send_all(events, parser.line(&String::from_utf8_lossy(whole))).await;
                     if parser.end.finished && !signalled {
                         signalled = true;
                         finished.notify_one();
                     }
                 }
-                line.clear();
-                skipping = false;
+                (None, _) => {}
             }
+            line.clear();
         }
     }
-    if !line.is_empty() && !skipping {
-        for event in take_line(&line, &mut parser) {
-            let _ = events.send(event).await;
+    if let Some(whole) = line.whole().filter(|l| !l.is_empty()) {
+        send_all(events, parser.line(&String::from_utf8_lossy(whole))).await;
+    }
+    send_all(events, parser.finish()).await;
+    Ok(parser)
+}
+
+/// A stream line being read: skipped whole once it is longer than [`MAX_LINE`].
+#[derive(Default)]
+struct Gathered {
+    line: Vec<u8>,
+    skipping: bool,
+}
+
+impl Gathered {
+    fn add(&mut self, data: &[u8]) {
+        if self.skipping {
+            return;
+        }
+        if self.line.len() + data.len() > MAX_LINE {
+            tracing::warn!(
+                limit = MAX_LINE,
+                "a stream line from the agent is too long; skipping it"
+            );
+            self.skipping = true;
+            self.line.clear();
+        } else {
+            self.line.extend_from_slice(data);
         }
     }
-    for event in parser.finish() {
+
+    /// The line so far, unless it is being skipped.
+    fn whole(&self) -> Option<&[u8]> {
+        (!self.skipping).then_some(self.line.as_slice())
+    }
+
+    /// For the next line.
+    fn clear(&mut self) {
+        self.line.clear();
+        self.skipping = false;
+    }
+}
+
+/// Sends each event on; a closed channel (nobody watching any more) is not the run's concern.
+async fn send_all(events: &mpsc::Sender<StreamEvent>, sent: Vec<StreamEvent>) {
+    for event in sent {
         let _ = events.send(event).await;
     }
-    Ok(parser)
 }
 
 /// Plain output (a profile without a stream format) shown as it comes: one

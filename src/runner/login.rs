@@ -168,13 +168,28 @@ fn shown(path: &Path, env: &AgentEnv) -> String {
     }
 }
 
+/// The variables Claude Code takes a key or token from.
+const CLAUDE_KEYS: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+];
+
+/// Claude Code takes a stored login only with a token and the inference scope.
+fn claude_oauth(credentials: &Path) -> bool {
+    read_json(credentials).is_some_and(|v| {
+        v.pointer("/claudeAiOauth/accessToken")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| !t.trim().is_empty())
+            && v.pointer("/claudeAiOauth/scopes")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| s.iter().any(|x| x == "user:inference"))
+    })
+}
+
 fn claude(env: &AgentEnv) -> Option<LoginState> {
     const FIX: &str = "run `claude auth login` (its ACP adapters use Claude Code's login), or `claude setup-token` and set CLAUDE_CODE_OAUTH_TOKEN, or set ANTHROPIC_API_KEY in the profile's env";
-    if let Some(var) = env.first(&[
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN",
-        "CLAUDE_CODE_OAUTH_TOKEN",
-    ]) {
+    if let Some(var) = env.first(CLAUDE_KEYS) {
         return logged_in(format!("API key in ${var}"));
     }
     for (var, cloud) in [
@@ -195,16 +210,7 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
         }
     };
     let credentials = dir.join(".credentials.json");
-    // Claude Code takes a stored login only with a token and the inference scope.
-    let oauth = read_json(&credentials).is_some_and(|v| {
-        v.pointer("/claudeAiOauth/accessToken")
-            .and_then(|t| t.as_str())
-            .is_some_and(|t| !t.trim().is_empty())
-            && v.pointer("/claudeAiOauth/scopes")
-                .and_then(|s| s.as_array())
-                .is_some_and(|s| s.iter().any(|x| x == "user:inference"))
-    });
-    if oauth {
+    if claude_oauth(&credentials) {
         return logged_in(shown(&credentials, env));
     }
     if json_string(&json, "/primaryApiKey") {
@@ -214,13 +220,9 @@ fn claude(env: &AgentEnv) -> Option<LoginState> {
     if json_string(&settings, "/apiKeyHelper") {
         return logged_in(format!("{} (apiKeyHelper)", shown(&settings, env)));
     }
-    if let Some(var) = [
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN",
-        "CLAUDE_CODE_OAUTH_TOKEN",
-    ]
-    .into_iter()
-    .find(|v| json_string(&settings, &format!("/env/{v}")))
+    if let Some(var) = CLAUDE_KEYS
+        .iter()
+        .find(|v| json_string(&settings, &format!("/env/{v}")))
     {
         return logged_in(format!("{var} in {}", shown(&settings, env)));
     }
@@ -308,108 +310,101 @@ fn dotenv(path: &Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-fn gemini(env: &AgentEnv) -> Option<LoginState> {
-    // Gemini's own words when it has no auth method (it exits 41).
-    const NONE: &str = "Gemini CLI would say \"Please set an Auth method in your ~/.gemini/settings.json or specify one of the following environment variables before running: GEMINI_API_KEY, GOOGLE_GENAI_USE_VERTEXAI, GOOGLE_GENAI_USE_GCA\"";
-    const FIX: &str = "run `gemini` once and log in, or set GEMINI_API_KEY in the profile's env (with a custom base URL, also set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)";
-    let home = env.home();
-    // Variables it also reads from a dotenv file: ~/.gemini/.env (in a trusted folder), else
-    // ~/.env; the environment wins.
-    let dot_env: Vec<(String, String)> = home
-        .as_ref()
-        .map(|h| {
-            let own = dotenv(&h.join(".gemini/.env"));
-            if own.is_empty() {
-                dotenv(&h.join(".env"))
-            } else {
-                own
-            }
-        })
-        .unwrap_or_default();
-    let var = |name: &str| -> Option<String> {
-        env.get(name).map(str::to_string).or_else(|| {
-            dot_env
+/// What Gemini CLI reads its login from: the environment, and the variables it also reads
+/// from a dotenv file (~/.gemini/.env in a trusted folder, else ~/.env); the environment wins.
+struct GeminiEnv<'a> {
+    env: &'a AgentEnv,
+    home: Option<PathBuf>,
+    dot_env: Vec<(String, String)>,
+}
+
+impl GeminiEnv<'_> {
+    fn of(env: &AgentEnv) -> GeminiEnv<'_> {
+        let home = env.home();
+        let dot_env = home
+            .as_ref()
+            .map(|h| {
+                let own = dotenv(&h.join(".gemini/.env"));
+                if own.is_empty() {
+                    dotenv(&h.join(".env"))
+                } else {
+                    own
+                }
+            })
+            .unwrap_or_default();
+        GeminiEnv { env, home, dot_env }
+    }
+
+    fn var(&self, name: &str) -> Option<String> {
+        self.env.get(name).map(str::to_string).or_else(|| {
+            self.dot_env
                 .iter()
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         })
-    };
-    let from = |name: &str| {
-        if env.get(name).is_some() {
+    }
+
+    /// Where a variable was found, for the detail.
+    fn from(&self, name: &str) -> String {
+        if self.env.get(name).is_some() {
             format!("${name}")
         } else {
             format!("{name} in a .env file")
         }
-    };
-    let truthy = |name: &str| {
-        var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
-    };
-    let selected = home
-        .as_ref()
-        .and_then(|h| read_json(&h.join(".gemini/settings.json")))
-        .and_then(|v| {
-            v.pointer("/security/auth/selectedType")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-        });
-    let method = match selected.as_deref() {
-        Some(m) => m.to_string(),
-        None if truthy("GOOGLE_GENAI_USE_GCA") => "oauth-personal".into(),
-        None if truthy("GOOGLE_GENAI_USE_VERTEXAI") => "vertex-ai".into(),
-        None if var("GOOGLE_GEMINI_BASE_URL").is_some() => "gateway".into(),
-        None if var("GEMINI_API_KEY").is_some() => "gemini-api-key".into(),
-        None if truthy("CLOUD_SHELL") || truthy("GEMINI_CLI_USE_COMPUTE_ADC") => {
-            "compute-default-credentials".into()
-        }
-        None => return logged_out(NONE, FIX),
+    }
+
+    fn truthy(&self, name: &str) -> bool {
+        self.var(name)
+            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"))
+    }
+
+    /// `security.auth.selectedType` in ~/.gemini/settings.json.
+    fn selected(&self) -> Option<String> {
+        self.home
+            .as_ref()
+            .and_then(|h| read_json(&h.join(".gemini/settings.json")))
+            .and_then(|v| {
+                v.pointer("/security/auth/selectedType")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+            })
+    }
+
+    /// The auth method Gemini uses: the selected one, else the one its variables choose.
+    fn method(&self, selected: Option<&str>) -> Option<String> {
+        Some(match selected {
+            Some(m) => m.to_string(),
+            None if self.truthy("GOOGLE_GENAI_USE_GCA") => "oauth-personal".into(),
+            None if self.truthy("GOOGLE_GENAI_USE_VERTEXAI") => "vertex-ai".into(),
+            None if self.var("GOOGLE_GEMINI_BASE_URL").is_some() => "gateway".into(),
+            None if self.var("GEMINI_API_KEY").is_some() => "gemini-api-key".into(),
+            None if self.truthy("CLOUD_SHELL") || self.truthy("GEMINI_CLI_USE_COMPUTE_ADC") => {
+                "compute-default-credentials".into()
+            }
+            None => return None,
+        })
+    }
+}
+
+fn gemini(env: &AgentEnv) -> Option<LoginState> {
+    // Gemini's own words when it has no auth method (it exits 41).
+    const NONE: &str = "Gemini CLI would say \"Please set an Auth method in your ~/.gemini/settings.json or specify one of the following environment variables before running: GEMINI_API_KEY, GOOGLE_GENAI_USE_VERTEXAI, GOOGLE_GENAI_USE_GCA\"";
+    const FIX: &str = "run `gemini` once and log in, or set GEMINI_API_KEY in the profile's env (with a custom base URL, also set \"selectedType\": \"gemini-api-key\" in ~/.gemini/settings.json, or it exits 41)";
+    let gemini = GeminiEnv::of(env);
+    let selected = gemini.selected();
+    let Some(method) = gemini.method(selected.as_deref()) else {
+        return logged_out(NONE, FIX);
     };
     match method.as_str() {
-        "gemini-api-key" => match var("GEMINI_API_KEY") {
-            Some(_) => logged_in(format!("API key {}", from("GEMINI_API_KEY"))),
+        "gemini-api-key" => match gemini.var("GEMINI_API_KEY") {
+            Some(_) => logged_in(format!("API key {}", gemini.from("GEMINI_API_KEY"))),
             None => logged_out(
                 "Gemini CLI would say \"When using Gemini API, you must specify the GEMINI_API_KEY environment variable\"",
                 "set GEMINI_API_KEY in the profile's env",
             ),
         },
-        "vertex-ai" => {
-            if var("GOOGLE_API_KEY").is_some() {
-                return logged_in(format!("Vertex AI, API key {}", from("GOOGLE_API_KEY")));
-            }
-            if var("GOOGLE_CLOUD_PROJECT").is_none() || var("GOOGLE_CLOUD_LOCATION").is_none() {
-                return logged_out(
-                    "Vertex AI is chosen without GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION (or GOOGLE_API_KEY)",
-                    "set GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION in the profile's env",
-                );
-            }
-            let adc = var("GOOGLE_APPLICATION_CREDENTIALS")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    home.as_ref()
-                        .map(|h| h.join(".config/gcloud/application_default_credentials.json"))
-                });
-            match adc.filter(|p| p.is_file()) {
-                Some(adc) => logged_in(format!(
-                    "Vertex AI, application default credentials in {}",
-                    shown(&adc, env)
-                )),
-                None => logged_out(
-                    "Vertex AI is chosen with no application default credentials (Gemini would say \"Could not load the default credentials\")",
-                    "run `gcloud auth application-default login`, or set GOOGLE_API_KEY in the profile's env",
-                ),
-            }
-        }
-        "oauth-personal" => {
-            let creds = home.as_ref().map(|h| h.join(".gemini/oauth_creds.json"));
-            match creds
-                .filter(|c| json_string(c, "/refresh_token") || json_string(c, "/access_token"))
-            {
-                Some(c) => logged_in(format!("Google login in {}", shown(&c, env))),
-                None => logged_out(
-                    "a Google login is chosen but none is kept in ~/.gemini/oauth_creds.json (Gemini would say \"Manual authorization is required but the current session is non-interactive\")",
-                    "run `gemini` in a terminal and log in, or set GEMINI_API_KEY in the profile's env",
-                ),
-            }
-        }
+        "vertex-ai" => gemini_vertex(&gemini),
+        "oauth-personal" => gemini_oauth(&gemini),
         "compute-default-credentials" => {
             logged_in("the machine's Google Cloud credentials (compute-default-credentials)".into())
         }
@@ -426,6 +421,57 @@ fn gemini(env: &AgentEnv) -> Option<LoginState> {
                 }
             ),
             "set \"selectedType\": \"gemini-api-key\" under security.auth in ~/.gemini/settings.json and GEMINI_API_KEY in the profile's env",
+        ),
+    }
+}
+
+/// Vertex AI: an API key, or a project and location with application default credentials.
+fn gemini_vertex(gemini: &GeminiEnv) -> Option<LoginState> {
+    if gemini.var("GOOGLE_API_KEY").is_some() {
+        return logged_in(format!(
+            "Vertex AI, API key {}",
+            gemini.from("GOOGLE_API_KEY")
+        ));
+    }
+    if gemini.var("GOOGLE_CLOUD_PROJECT").is_none() || gemini.var("GOOGLE_CLOUD_LOCATION").is_none()
+    {
+        return logged_out(
+            "Vertex AI is chosen without GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION (or GOOGLE_API_KEY)",
+            "set GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION in the profile's env",
+        );
+    }
+    let adc = gemini
+        .var("GOOGLE_APPLICATION_CREDENTIALS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            gemini
+                .home
+                .as_ref()
+                .map(|h| h.join(".config/gcloud/application_default_credentials.json"))
+        });
+    match adc.filter(|p| p.is_file()) {
+        Some(adc) => logged_in(format!(
+            "Vertex AI, application default credentials in {}",
+            shown(&adc, gemini.env)
+        )),
+        None => logged_out(
+            "Vertex AI is chosen with no application default credentials (Gemini would say \"Could not load the default credentials\")",
+            "run `gcloud auth application-default login`, or set GOOGLE_API_KEY in the profile's env",
+        ),
+    }
+}
+
+/// A Google login kept in ~/.gemini/oauth_creds.json.
+fn gemini_oauth(gemini: &GeminiEnv) -> Option<LoginState> {
+    let creds = gemini
+        .home
+        .as_ref()
+        .map(|h| h.join(".gemini/oauth_creds.json"));
+    match creds.filter(|c| json_string(c, "/refresh_token") || json_string(c, "/access_token")) {
+        Some(c) => logged_in(format!("Google login in {}", shown(&c, gemini.env))),
+        None => logged_out(
+            "a Google login is chosen but none is kept in ~/.gemini/oauth_creds.json (Gemini would say \"Manual authorization is required but the current session is non-interactive\")",
+            "run `gemini` in a terminal and log in, or set GEMINI_API_KEY in the profile's env",
         ),
     }
 }

@@ -368,6 +368,31 @@ fn agent_cwd(profile: &Profile, task: &TaskInput, vars: &Vars) -> PathBuf {
     }
 }
 
+/// An agent started for a task: its process group, the task's template variables, and the
+/// agent's working directory.
+struct Started {
+    child: GroupChild,
+    vars: Vars,
+    cwd: PathBuf,
+}
+
+/// Starts the profile's command for `task` with `args` (see [`spawn_agent`]) and tells the
+/// run's span and the task's spawn hook its process group.
+fn start_for_task(
+    profile: &Profile,
+    task: &TaskInput,
+    args: &[template::Template],
+    stdin: bool,
+) -> Result<Started, RunError> {
+    let vars = vars_for(task);
+    let program = profile.command.render(&vars);
+    let cwd = agent_cwd(profile, task, &vars);
+    let child = spawn_agent(profile, Some(task), &program, args, &vars, &cwd, stdin)?;
+    tracing::Span::current().record("pid", child.pid());
+    task.spawned(child.pid());
+    Ok(Started { child, vars, cwd })
+}
+
 /// The one way an agent process starts, for both kinds of profile: `program` with `args`
 /// rendered, in `cwd`, in a process group of its own, stdout and stderr piped and stdin piped
 /// when `stdin` (else closed); with the profile's `env` rendered and, for a task (not a

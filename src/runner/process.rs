@@ -42,6 +42,19 @@ impl GroupChild {
         })
     }
 
+    /// The child's pipes: stdin when it was piped, stdout and stderr (an agent's always are).
+    pub fn pipes(
+        &mut self,
+    ) -> (
+        Option<tokio::process::ChildStdin>,
+        tokio::process::ChildStdout,
+        tokio::process::ChildStderr,
+    ) {
+        let stdout = self.child.stdout.take().expect("stdout is piped");
+        let stderr = self.child.stderr.take().expect("stderr is piped");
+        (self.child.stdin.take(), stdout, stderr)
+    }
+
     pub fn pid(&self) -> i32 {
         self.pgid.as_raw()
     }

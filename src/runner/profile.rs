@@ -274,101 +274,121 @@ pub struct Profile {
     pub prompt_in_args: bool,
 }
 
-impl Profile {
-    pub fn parse(text: &str, fallback_name: &str, origin: &str) -> Result<Profile, ProfileError> {
-        let invalid = |message: String| ProfileError::Invalid {
-            origin: origin.to_string(),
+/// Parsing one profile file: its errors name where it came from.
+struct Parsing<'a> {
+    origin: &'a str,
+}
+
+impl Parsing<'_> {
+    fn invalid(&self, message: String) -> ProfileError {
+        ProfileError::Invalid {
+            origin: self.origin.to_string(),
             message,
-        };
-        let file: ProfileFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
-        let parse =
-            |field: &str, t: &str| Template::parse(t).map_err(|e| invalid(format!("{field}: {e}")));
+        }
+    }
+
+    /// What the file says that its types do not.
+    fn check(&self, file: &ProfileFile) -> Result<(), ProfileError> {
         if file.command.trim().is_empty() {
-            return Err(invalid("command is empty".into()));
+            return Err(self.invalid("command is empty".into()));
         }
         if file.kind == ProfileKind::Acp
             && (file.stdin.is_some() || file.stream != StreamFormat::None)
         {
-            return Err(invalid(
-                "an acp profile talks ACP on stdio: remove stdin and stream".into(),
-            ));
+            return Err(
+                self.invalid("an acp profile talks ACP on stdio: remove stdin and stream".into())
+            );
         }
         if file.timeout_secs == 0 {
-            return Err(invalid("timeout_secs must be at least 1".into()));
+            return Err(self.invalid("timeout_secs must be at least 1".into()));
         }
+        Ok(())
+    }
+
+    fn one(&self, field: &str, text: &str) -> Result<Template, ProfileError> {
+        Template::parse(text).map_err(|e| self.invalid(format!("{field}: {e}")))
+    }
+
+    /// A list of templates, each named `field[i]` in errors.
+    fn list(&self, field: &str, texts: &[String]) -> Result<Vec<Template>, ProfileError> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| self.one(&format!("{field}[{i}]"), t))
+            .collect()
+    }
+
+    /// Each policy's mode names (one or a list, never none).
+    fn modes(
+        &self,
+        modes: BTreeMap<PermissionPolicy, ModeNames>,
+    ) -> Result<BTreeMap<PermissionPolicy, Vec<String>>, ProfileError> {
+        modes
+            .into_iter()
+            .map(|(policy, names)| {
+                let names = match names {
+                    ModeNames::One(name) => vec![name],
+                    ModeNames::Many(names) => names,
+                };
+                if names.is_empty() {
+                    return Err(
+                        self.invalid(format!("modes.{} names no mode", policy_word(policy)))
+                    );
+                }
+                Ok((policy, names))
+            })
+            .collect()
+    }
+}
+
+/// `env_file` as a path: a relative one is beside the profile file it is named in.
+fn env_file_path(origin: &str, file: &str) -> PathBuf {
+    let file = Path::new(file);
+    match Path::new(origin).parent() {
+        Some(dir) if file.is_relative() && origin.ends_with(".toml") => dir.join(file),
+        _ => file.to_path_buf(),
+    }
+}
+
+impl Profile {
+    pub fn parse(text: &str, fallback_name: &str, origin: &str) -> Result<Profile, ProfileError> {
+        let p = Parsing { origin };
+        let file: ProfileFile = toml::from_str(text).map_err(|e| p.invalid(e.to_string()))?;
+        p.check(&file)?;
         Ok(Profile {
             name: file.name.unwrap_or_else(|| fallback_name.to_string()),
             description: file.description,
-            command: parse("command", &file.command)?,
-            args: file
-                .args
-                .iter()
-                .enumerate()
-                .map(|(i, a)| parse(&format!("args[{i}]"), a))
-                .collect::<Result<_, _>>()?,
+            command: p.one("command", &file.command)?,
+            args: p.list("args", &file.args)?,
             stdin: file
                 .stdin
                 .as_deref()
-                .map(|s| parse("stdin", s))
+                .map(|s| p.one("stdin", s))
                 .transpose()?,
             env: file
                 .env
                 .iter()
-                .map(|(k, v)| Ok((k.clone(), parse(&format!("env.{k}"), v)?)))
+                .map(|(k, v)| Ok((k.clone(), p.one(&format!("env.{k}"), v)?)))
                 .collect::<Result<_, ProfileError>>()?,
-            env_file: file.env_file.as_deref().map(|f| {
-                let f = Path::new(f);
-                match Path::new(origin).parent() {
-                    Some(dir) if f.is_relative() && origin.ends_with(".toml") => dir.join(f),
-                    _ => f.to_path_buf(),
-                }
-            }),
-            cwd: file.cwd.as_deref().map(|c| parse("cwd", c)).transpose()?,
+            env_file: file.env_file.as_deref().map(|f| env_file_path(origin, f)),
+            cwd: file.cwd.as_deref().map(|c| p.one("cwd", c)).transpose()?,
             timeout: Duration::from_secs(file.timeout_secs),
             success_exit_codes: file.success_exit_codes,
             output: file.output,
             stream: file.stream,
             args_when_resuming: file
                 .args_when_resuming
-                .as_ref()
-                .map(|args| {
-                    args.iter()
-                        .enumerate()
-                        .map(|(i, a)| parse(&format!("args_when_resuming[{i}]"), a))
-                        .collect::<Result<Vec<_>, _>>()
-                })
+                .as_deref()
+                .map(|args| p.list("args_when_resuming", args))
                 .transpose()?,
             linger: Duration::from_secs(file.linger_secs),
             kind: file.kind,
             permissions: file.permissions,
-            modes: file
-                .modes
-                .into_iter()
-                .map(|(policy, names)| {
-                    let names = match names {
-                        ModeNames::One(name) => vec![name],
-                        ModeNames::Many(names) => names,
-                    };
-                    if names.is_empty() {
-                        return Err(invalid(format!(
-                            "modes.{} names no mode",
-                            policy_word(policy)
-                        )));
-                    }
-                    Ok((policy, names))
-                })
-                .collect::<Result<_, ProfileError>>()?,
+            modes: p.modes(file.modes)?,
             permission_args: file
                 .permission_args
                 .iter()
-                .map(|(policy, args)| {
-                    let args = args
-                        .iter()
-                        .enumerate()
-                        .map(|(i, a)| parse(&format!("permission_args[{i}]"), a))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok((*policy, args))
-                })
+                .map(|(policy, args)| Ok((*policy, p.list("permission_args", args)?)))
                 .collect::<Result<_, ProfileError>>()?,
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
@@ -393,6 +413,13 @@ impl Profile {
     /// profile's own wins: two values of one flag make some CLIs refuse to start, as Gemini
     /// does with `--approval-mode default,yolo`), then the profile's own.
     pub fn args_for(&self, resuming: bool) -> Vec<Template> {
+        let (own, policy) = self.own_and_policy_args(resuming);
+        let (kept, _) = merge_policy_args(policy, own);
+        kept.into_iter().chain(own.iter().cloned()).collect()
+    }
+
+    /// The profile's own arguments for a run (resuming or not), and the policy's.
+    fn own_and_policy_args(&self, resuming: bool) -> (&[Template], &[Template]) {
         let own = match (&self.args_when_resuming, resuming) {
             (Some(args), true) => args,
             _ => &self.args,
@@ -402,8 +429,7 @@ impl Profile {
             .get(&self.permissions)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (kept, _) = merge_policy_args(policy, own);
-        kept.into_iter().chain(own.iter().cloned()).collect()
+        (own, policy)
     }
 
     /// The variables in `env_file` (none without one).
@@ -445,15 +471,7 @@ impl Profile {
         if self.kind != ProfileKind::Cli {
             return Vec::new();
         }
-        let own = match (&self.args_when_resuming, resuming) {
-            (Some(args), true) => args,
-            _ => &self.args,
-        };
-        let policy = self
-            .permission_args
-            .get(&self.permissions)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let (own, policy) = self.own_and_policy_args(resuming);
         merge_policy_args(policy, own)
             .1
             .into_iter()

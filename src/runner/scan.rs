@@ -185,22 +185,7 @@ pub async fn scan(
             Some(VersionProbe::Printed(v)) => Some(v.clone()),
             _ => None,
         };
-        let mut warnings = Vec::new();
-        if let (Some(_), Some(required)) = (&path, profile.requires_node) {
-            match &node {
-                Some((major, text)) if *major < required => {
-                    warnings.push(format!("needs Node.js {required} or newer; found {text}"))
-                }
-                None => warnings.push(format!("needs Node.js {required} or newer; no node found")),
-                _ => {}
-            }
-        }
-        if probe == Some(VersionProbe::NoAnswer) {
-            warnings.push(format!(
-                "`--version` gave no answer within {}s (a busy machine, or the agent waits for input: run `{command} --version` by hand)",
-                VERSION_TIMEOUT.as_secs()
-            ));
-        }
+        let warnings = warnings(profile, path.is_some(), &node, &probe, &command);
         let login = path.as_ref().and_then(|_| super::login::check(profile));
         out.push(Detected {
             profile: profile.name.clone(),
@@ -224,6 +209,34 @@ pub async fn scan(
         });
     }
     out
+}
+
+/// What stands in the way of a found agent: a Node.js too old for it, a `--version` that
+/// gave no answer.
+fn warnings(
+    profile: &Profile,
+    found: bool,
+    node: &Option<(u32, String)>,
+    probe: &Option<VersionProbe>,
+    command: &str,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let (true, Some(required)) = (found, profile.requires_node) {
+        match node {
+            Some((major, text)) if *major < required => {
+                warnings.push(format!("needs Node.js {required} or newer; found {text}"))
+            }
+            None => warnings.push(format!("needs Node.js {required} or newer; no node found")),
+            _ => {}
+        }
+    }
+    if *probe == Some(VersionProbe::NoAnswer) {
+        warnings.push(format!(
+            "`--version` gave no answer within {}s (a busy machine, or the agent waits for input: run `{command} --version` by hand)",
+            VERSION_TIMEOUT.as_secs()
+        ));
+    }
+    warnings
 }
 
 /// Each agent of `config` with the name of the profile it runs (its `profile` value when

@@ -16,6 +16,15 @@ pub(super) fn refused(message: String) -> agent_client_protocol::Error {
     agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
 }
 
+/// Answers a request with what was done, or its refusal in words for the agent.
+fn answer<T, R: agent_client_protocol::JsonRpcResponse>(
+    responder: Responder<R>,
+    done: Result<T, String>,
+    response: impl FnOnce(T) -> R,
+) -> Answered {
+    responder.respond_with_result(done.map(response).map_err(refused))
+}
+
 /// What every action an agent asks of the bridge goes through before it is carried out: the
 /// policy's verdict ([`gate::verdict`]), and under `ask` a question to the sender.
 #[derive(Clone)]
@@ -31,6 +40,18 @@ pub(super) struct Guard {
 impl Guard {
     /// `Ok` when `what` ("running `make`") may be done; otherwise why not, kept for the answer
     /// and shown in the stream as a failed tool call.
+    /// A file the agent reads or writes: inside the workspace (`precheck`), then cleared.
+    async fn clear_file(&self, root: &Path, path: &Path, act: gate::Act) -> Result<(), String> {
+        let verb = if matches!(act, gate::Act::Write) {
+            "writing"
+        } else {
+            "reading"
+        };
+        let what = format!("{verb} {}", self.shared.redact(&path.display().to_string()));
+        precheck(root, path)?;
+        self.clear(act, what).await
+    }
+
     pub(super) async fn clear(&self, act: gate::Act, what: String) -> Result<(), String> {
         let shared = &self.shared;
         let why = match gate::verdict(self.policy, self.asking, act) {
@@ -146,28 +167,35 @@ pub(super) async fn permission(
                 } else {
                     "the sender's answer"
                 };
-                for event in settle_permission(&shared, &req, &outcome, by)
-                    .into_iter()
-                    .chain(unannounced_tool(&shared, &req, &outcome))
-                {
-                    let _ = events.send(event).await;
-                }
-                responder.respond(RequestPermissionResponse::new(outcome))
+                answer_permission(&shared, &events, &req, outcome, by, responder).await
             })
         }
         _ => {
             let outcome = decide(policy, &req);
             tracing::info!(tool = ?req.tool_call.fields.title, ?outcome, "permission request answered by policy");
             let by = format!("permissions = \"{}\"", gate::policy_name(policy));
-            for event in settle_permission(shared, &req, &outcome, &by)
-                .into_iter()
-                .chain(unannounced_tool(shared, &req, &outcome))
-            {
-                let _ = events.send(event).await;
-            }
-            responder.respond(RequestPermissionResponse::new(outcome))
+            answer_permission(shared, events, &req, outcome, &by, responder).await
         }
     }
+}
+
+/// Settles a permission request answered `by` a person or the policy (what it grants, or its
+/// refusal in the stream), then gives the agent its answer.
+async fn answer_permission(
+    shared: &Shared,
+    events: &mpsc::Sender<StreamEvent>,
+    req: &RequestPermissionRequest,
+    outcome: RequestPermissionOutcome,
+    by: &str,
+    responder: Responder<RequestPermissionResponse>,
+) -> Answered {
+    for event in settle_permission(shared, req, &outcome, by)
+        .into_iter()
+        .chain(unannounced_tool(shared, req, &outcome))
+    {
+        let _ = events.send(event).await;
+    }
+    responder.respond(RequestPermissionResponse::new(outcome))
 }
 
 /// `fs/read_text_file`, inside the workspace.
@@ -177,20 +205,11 @@ pub(super) async fn read(
     req: ReadTextFileRequest,
     responder: Responder<ReadTextFileResponse>,
 ) -> Answered {
-    let what = format!(
-        "reading {}",
-        guard.shared.redact(&req.path.display().to_string())
-    );
-    if let Err(why) = precheck(&root, &req.path) {
+    if let Err(why) = guard.clear_file(&root, &req.path, gate::Act::Read).await {
         return responder.respond_with_error(refused(why));
     }
-    if let Err(why) = guard.clear(gate::Act::Read, what).await {
-        return responder.respond_with_error(refused(why));
-    }
-    match off_runtime(move || read_confined(&root, &req)).await {
-        Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
-        Err(message) => responder.respond_with_error(refused(message)),
-    }
+    let read = off_runtime(move || read_confined(&root, &req)).await;
+    answer(responder, read, ReadTextFileResponse::new)
 }
 
 /// `fs/write_text_file`, inside the workspace; the file is handed over with the answer when
@@ -202,14 +221,7 @@ pub(super) async fn write(
     req: WriteTextFileRequest,
     responder: Responder<WriteTextFileResponse>,
 ) -> Answered {
-    let what = format!(
-        "writing {}",
-        guard.shared.redact(&req.path.display().to_string())
-    );
-    if let Err(why) = precheck(&root, &req.path) {
-        return responder.respond_with_error(refused(why));
-    }
-    if let Err(why) = guard.clear(gate::Act::Write, what).await {
+    if let Err(why) = guard.clear_file(&root, &req.path, gate::Act::Write).await {
         return responder.respond_with_error(refused(why));
     }
     let path = req.path.clone();
@@ -266,12 +278,10 @@ pub(super) fn terminal_output(
     req: TerminalOutputRequest,
     responder: Responder<TerminalOutputResponse>,
 ) -> Answered {
-    match terminals(shared).output(&req.terminal_id.0) {
-        Ok((text, truncated, exit)) => {
-            responder.respond(TerminalOutputResponse::new(text, truncated).exit_status(exit))
-        }
-        Err(message) => responder.respond_with_error(refused(message)),
-    }
+    let output = terminals(shared).output(&req.terminal_id.0);
+    answer(responder, output, |(text, truncated, exit)| {
+        TerminalOutputResponse::new(text, truncated).exit_status(exit)
+    })
 }
 
 pub(super) async fn terminal_wait(
@@ -279,10 +289,8 @@ pub(super) async fn terminal_wait(
     req: WaitForTerminalExitRequest,
     responder: Responder<WaitForTerminalExitResponse>,
 ) -> Answered {
-    match terminals(&shared).wait(&req.terminal_id.0).await {
-        Ok(status) => responder.respond(WaitForTerminalExitResponse::new(status)),
-        Err(message) => responder.respond_with_error(refused(message)),
-    }
+    let status = terminals(&shared).wait(&req.terminal_id.0).await;
+    answer(responder, status, WaitForTerminalExitResponse::new)
 }
 
 pub(super) fn terminal_kill(
@@ -290,10 +298,8 @@ pub(super) fn terminal_kill(
     req: KillTerminalRequest,
     responder: Responder<KillTerminalResponse>,
 ) -> Answered {
-    match terminals(shared).kill(&req.terminal_id.0) {
-        Ok(()) => responder.respond(KillTerminalResponse::new()),
-        Err(message) => responder.respond_with_error(refused(message)),
-    }
+    let killed = terminals(shared).kill(&req.terminal_id.0);
+    answer(responder, killed, |()| KillTerminalResponse::new())
 }
 
 pub(super) fn terminal_release(
@@ -301,10 +307,8 @@ pub(super) fn terminal_release(
     req: ReleaseTerminalRequest,
     responder: Responder<ReleaseTerminalResponse>,
 ) -> Answered {
-    match terminals(shared).release(&req.terminal_id.0) {
-        Ok(()) => responder.respond(ReleaseTerminalResponse::new()),
-        Err(message) => responder.respond_with_error(refused(message)),
-    }
+    let released = terminals(shared).release(&req.terminal_id.0);
+    answer(responder, released, |()| ReleaseTerminalResponse::new())
 }
 
 /// A session update: a stream event, unless it replays history after `session/load`.

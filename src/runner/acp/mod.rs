@@ -57,8 +57,8 @@ use super::process::GroupChild;
 use super::profile::PermissionPolicy;
 use super::stream::{StreamEvent, TodoItem, ToolStatus};
 use super::{
-    agent_cwd, clean, read_tail, spawn_agent, vars_for, Profile, RunError, RunOutput, TaskInput,
-    GRACE, STDERR_TAIL,
+    clean, read_tail, spawn_agent, start_for_task, Profile, RunError, RunOutput, Started,
+    TaskInput, GRACE, STDERR_TAIL,
 };
 
 /// Longest JSON-RPC line accepted from an agent; a longer one is skipped whole.
@@ -150,44 +150,15 @@ pub async fn run_acp(
     events: &mpsc::Sender<StreamEvent>,
 ) -> Result<RunOutput, RunError> {
     let started = Instant::now();
-    let vars = vars_for(task);
-    let program = profile.command.render(&vars);
-    let cwd = agent_cwd(profile, task, &vars);
-    let mut child = spawn_agent(
-        profile,
-        Some(task),
-        &program,
-        &profile.args,
-        &vars,
-        &cwd,
-        true,
-    )?;
-    let stdin = child.child.stdin.take().expect("stdin is piped");
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
-    tracing::Span::current().record("pid", child.pid());
-    task.spawned(child.pid());
+    let Started {
+        mut child,
+        vars,
+        cwd,
+    } = start_for_task(profile, task, &profile.args, true)?;
+    let (stdin, stdout, stderr) = child.pipes();
+    let stdin = stdin.expect("stdin is piped");
     let workspace = cwd.canonicalize().unwrap_or(cwd.clone());
-
-    let shared = Arc::new(Shared {
-        text_max: profile.output.max_bytes,
-        terminals: Some(terminals::Terminals::new(
-            workspace.clone(),
-            terminal_env(profile, task, &vars),
-        )),
-        workspace: workspace.clone(),
-        ..Shared::default()
-    });
-    // Every action below goes through the policy first (`Guard::clear`), then runs off the
-    // connection's reading loop (`handlers`).
-    let guard = Guard {
-        shared: shared.clone(),
-        events: events.clone(),
-        questions: task.questions.clone(),
-        policy: profile.permissions,
-        asking: task.questions.is_some(),
-        ask_timeout: profile.ask_timeout,
-    };
+    let (shared, guard) = task_state(profile, task, &vars, &workspace, events);
     let transport = Lines::new(line_sink(stdin), line_stream(stdout));
     let driver_shared = shared.clone();
     // The driver's verdict is kept here, not only in the connection's result: an agent that
@@ -225,6 +196,36 @@ pub async fn run_acp(
         &shared,
         profile,
     )
+}
+
+/// What a task's requests and updates share, and the guard every action the agent asks for
+/// goes through first (`Guard::clear`), then runs off the connection's reading loop
+/// (`handlers`).
+fn task_state(
+    profile: &Profile,
+    task: &TaskInput,
+    vars: &super::template::Vars,
+    workspace: &Path,
+    events: &mpsc::Sender<StreamEvent>,
+) -> (Arc<Shared>, Guard) {
+    let shared = Arc::new(Shared {
+        text_max: profile.output.max_bytes,
+        terminals: Some(terminals::Terminals::new(
+            workspace.to_path_buf(),
+            terminal_env(profile, task, vars),
+        )),
+        workspace: workspace.to_path_buf(),
+        ..Shared::default()
+    });
+    let guard = Guard {
+        shared: shared.clone(),
+        events: events.clone(),
+        questions: task.questions.clone(),
+        policy: profile.permissions,
+        asking: task.questions.is_some(),
+        ask_timeout: profile.ask_timeout,
+    };
+    (shared, guard)
 }
 
 /// `initialize` with the capabilities the policy lets the agent use ([`gate::offered`]): file

@@ -46,12 +46,7 @@ pub(super) async fn ask(
     wait: std::time::Duration,
     shared: &Shared,
 ) -> RequestPermissionOutcome {
-    let title = req
-        .tool_call
-        .fields
-        .title
-        .clone()
-        .unwrap_or_else(|| "a tool".into());
+    let title = title_of(req, "a tool");
     let kind = req
         .tool_call
         .fields
@@ -104,12 +99,7 @@ pub(super) fn settle_permission(
     outcome: &RequestPermissionOutcome,
     by: &str,
 ) -> Option<crate::runner::StreamEvent> {
-    let title = req
-        .tool_call
-        .fields
-        .title
-        .clone()
-        .unwrap_or_else(|| "a tool".into());
+    let title = title_of(req, "a tool");
     if !refuses(req, outcome) {
         let always = matches!(outcome, RequestPermissionOutcome::Selected(s)
             if req.options.iter().any(|o| o.option_id == s.option_id && o.kind == PermissionOptionKind::AllowAlways));
@@ -139,13 +129,35 @@ pub(super) fn settle_permission(
     // A tool announced before its request: its refusal in the stream (one first seen in the
     // request is told by `unannounced_tool`).
     let announced = shared.titles.lock().expect("titles lock").contains_key(&id);
-    announced.then(|| crate::runner::StreamEvent::ToolCall {
-        id,
-        label: title,
-        status: crate::runner::stream::ToolStatus::Failed,
-        input: super::updates::json_text(&req.tool_call.fields.raw_input),
-        output: Some(format!("refused: the permission was not given ({by})")),
+    announced.then(|| {
+        let output = format!("refused: the permission was not given ({by})");
+        tool_event(req, title, ToolStatus::Failed, Some(output))
     })
+}
+
+/// The tool's title in `req`, or `fallback` when it names none.
+fn title_of(req: &RequestPermissionRequest, fallback: &str) -> String {
+    req.tool_call
+        .fields
+        .title
+        .clone()
+        .unwrap_or_else(|| fallback.into())
+}
+
+/// The tool of `req` as a `tool_call` event.
+fn tool_event(
+    req: &RequestPermissionRequest,
+    label: String,
+    status: ToolStatus,
+    output: Option<String>,
+) -> crate::runner::StreamEvent {
+    crate::runner::StreamEvent::ToolCall {
+        id: req.tool_call.tool_call_id.0.to_string(),
+        label,
+        status,
+        input: super::updates::json_text(&req.tool_call.fields.raw_input),
+        output,
+    }
 }
 
 /// The option to pick for a permission request under `policy`, chosen by kind. `ask` without
@@ -191,12 +203,7 @@ pub(super) fn unannounced_tool(
     outcome: &RequestPermissionOutcome,
 ) -> Option<crate::runner::StreamEvent> {
     let id = req.tool_call.tool_call_id.0.to_string();
-    let title = req
-        .tool_call
-        .fields
-        .title
-        .clone()
-        .unwrap_or_else(|| "tool".into());
+    let title = title_of(req, "tool");
     {
         let mut titles = shared.titles.lock().expect("titles lock");
         if titles.contains_key(&id) {
@@ -207,15 +214,11 @@ pub(super) fn unannounced_tool(
     // A tool call first seen here is a step, as any tool call.
     shared.step();
     let refused = refuses(req, outcome);
-    Some(crate::runner::StreamEvent::ToolCall {
-        id,
-        label: title,
-        status: if refused {
-            crate::runner::stream::ToolStatus::Failed
-        } else {
-            crate::runner::stream::ToolStatus::Running
-        },
-        input: super::updates::json_text(&req.tool_call.fields.raw_input),
-        output: refused.then(|| "refused: the permission was not given".to_string()),
-    })
+    let status = if refused {
+        ToolStatus::Failed
+    } else {
+        ToolStatus::Running
+    };
+    let output = refused.then(|| "refused: the permission was not given".to_string());
+    Some(tool_event(req, title, status, output))
 }

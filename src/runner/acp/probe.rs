@@ -27,9 +27,8 @@ pub async fn probe(
     let vars = crate::runner::template::Vars::default();
     let program = profile.command.render(&vars);
     let mut child = spawn_agent(profile, None, &program, &profile.args, &vars, cwd, true)?;
-    let stdin = child.child.stdin.take().expect("stdin is piped");
-    let stdout = child.child.stdout.take().expect("stdout is piped");
-    let stderr = child.child.stderr.take().expect("stderr is piped");
+    let (stdin, stdout, stderr) = child.pipes();
+    let stdin = stdin.expect("stdin is piped");
     let info: Mutex<Option<ProbeInfo>> = Mutex::new(None);
     let refused: Mutex<Option<RunError>> = Mutex::new(None);
     let done = Notify::new();
@@ -47,32 +46,13 @@ pub async fn probe(
                 .await;
                 let Ok(reply) = reply else { return Ok(()) };
                 let init = reply?;
-                let mut found = ProbeInfo {
-                    agent: init
-                        .agent_info
-                        .as_ref()
-                        .map(|i| format!("{} {}", i.name, i.version)),
-                    auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
-                    load_session: init.agent_capabilities.load_session,
-                    resume_session: init
-                        .agent_capabilities
-                        .session_capabilities
-                        .resume
-                        .is_some(),
-                    session_id: None,
-                };
+                let mut found = ProbeInfo::of(&init);
                 if open_session_too {
                     let shared = Shared::default();
                     match open_session(&cx, profile, &init, cwd, None, &shared).await? {
                         Ok(id) => found.session_id = Some(id),
                         Err(why) => {
-                            *refused.lock().expect("probe lock") = Some(match why {
-                                Driven::NotLoggedIn(d) => not_logged_in(&d),
-                                Driven::SessionRefused(d) => session_refused(&d, profile),
-                                _ => RunError::Stopped(
-                                    "the agent did not open a session in time".into(),
-                                ),
-                            });
+                            *refused.lock().expect("probe lock") = Some(not_opened(why, profile));
                             return Ok(());
                         }
                     }
@@ -89,24 +69,58 @@ pub async fn probe(
     if let Some(why) = refused.into_inner().expect("probe lock") {
         return Err(why);
     }
-    match (info.into_inner().expect("probe lock"), connection) {
-        (Some(info), _) => Ok(info),
-        (None, result) => {
-            let what = match result {
-                Err(e) => format!("did not answer initialize ({})", e.message),
-                Ok(()) => format!(
-                    "did not answer initialize within {}s",
-                    profile.init_timeout.as_secs()
-                ),
-            };
-            let status = match status.and_then(|s| s.code()) {
-                Some(code) => format!("{what} (exit status {code})"),
-                None => what,
-            };
-            Err(RunError::Failed {
-                status,
-                stderr: stderr_text,
-            })
+    match info.into_inner().expect("probe lock") {
+        Some(info) => Ok(info),
+        None => Err(no_answer(profile, connection, status, stderr_text)),
+    }
+}
+
+impl ProbeInfo {
+    fn of(init: &InitializeResponse) -> ProbeInfo {
+        ProbeInfo {
+            agent: init
+                .agent_info
+                .as_ref()
+                .map(|i| format!("{} {}", i.name, i.version)),
+            auth_methods: init.auth_methods.iter().map(auth_method_id).collect(),
+            load_session: init.agent_capabilities.load_session,
+            resume_session: init
+                .agent_capabilities
+                .session_capabilities
+                .resume
+                .is_some(),
+            session_id: None,
         }
     }
+}
+
+/// Why the agent opened no session, as the task would say it.
+fn not_opened(why: Driven, profile: &Profile) -> RunError {
+    match why {
+        Driven::NotLoggedIn(d) => not_logged_in(&d),
+        Driven::SessionRefused(d) => session_refused(&d, profile),
+        _ => RunError::Stopped("the agent did not open a session in time".into()),
+    }
+}
+
+/// The agent gave no answer to `initialize`: the connection's error or the wait, with its exit
+/// status and stderr.
+fn no_answer(
+    profile: &Profile,
+    connection: Result<(), agent_client_protocol::Error>,
+    status: Option<std::process::ExitStatus>,
+    stderr: String,
+) -> RunError {
+    let what = match connection {
+        Err(e) => format!("did not answer initialize ({})", e.message),
+        Ok(()) => format!(
+            "did not answer initialize within {}s",
+            profile.init_timeout.as_secs()
+        ),
+    };
+    let status = match status.and_then(|s| s.code()) {
+        Some(code) => format!("{what} (exit status {code})"),
+        None => what,
+    };
+    RunError::Failed { status, stderr }
 }

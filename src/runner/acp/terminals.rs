@@ -68,6 +68,59 @@ impl Drop for Terminals {
     }
 }
 
+/// Reads a terminal's output and waits for its command (stopping its group on `kill`), then
+/// tells its exit status.
+async fn run(
+    mut child: GroupChild,
+    output: Arc<Mutex<Output>>,
+    kill: CancellationToken,
+    exit_tx: watch::Sender<Option<TerminalExitStatus>>,
+) {
+    let (stdout, stderr) = (child.child.stdout.take(), child.child.stderr.take());
+    let reads = futures::future::join(
+        read_into(stdout.map(|p| Box::new(p) as _), &output),
+        read_into(stderr.map(|p| Box::new(p) as _), &output),
+    );
+    let waited = async {
+        tokio::select! {
+            status = child.child.wait() => status,
+            _ = kill.cancelled() => child.terminate(GRACE).await,
+        }
+    };
+    let (status, _) = tokio::join!(waited, reads);
+    let _ = exit_tx.send(Some(exit_status(status)));
+}
+
+async fn read_into(
+    pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+    output: &Mutex<Output>,
+) {
+    let Some(mut pipe) = pipe else { return };
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        output.lock().expect("output lock").push(&buf[..n]);
+    }
+}
+
+/// An exit status in ACP's terms: the code, or the signal's name.
+fn exit_status(status: std::io::Result<std::process::ExitStatus>) -> TerminalExitStatus {
+    match status {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            TerminalExitStatus::new()
+                .exit_code(status.code().map(|c| c as u32))
+                .signal(status.signal().map(|s| {
+                    nix::sys::signal::Signal::try_from(s)
+                        .map_or_else(|_| s.to_string(), |sig| sig.as_str().to_string())
+                }))
+        }
+        Err(_) => TerminalExitStatus::new(),
+    }
+}
+
 /// Why a terminal request is refused, in words for the agent.
 pub type Refusal = String;
 
@@ -127,17 +180,7 @@ impl Terminals {
             ));
         }
         let cwd = self.folder(req.cwd.as_deref())?;
-        let mut cmd = tokio::process::Command::new(&req.command);
-        cmd.args(&req.args)
-            .current_dir(&cwd)
-            .env_clear()
-            .envs(req.env.iter().map(|v| (v.name.clone(), v.value.clone())))
-            .envs(self.env.iter().cloned())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = GroupChild::spawn(&mut cmd)
-            .map_err(|e| format!("cannot run {:?}: {e}", req.command))?;
+        let child = self.spawn(req, &cwd)?;
         let limit = req
             .output_byte_limit
             .map_or(MAX_OUTPUT, |l| (l as usize).min(MAX_OUTPUT));
@@ -157,47 +200,22 @@ impl Terminals {
             },
         );
         tracing::info!(terminal = %id, command = %req.command, pgid = child.pid(), "terminal started");
-        let (stdout, stderr) = (child.child.stdout.take(), child.child.stderr.take());
-        let run = async move {
-            let read = |pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
-                let output = output.clone();
-                async move {
-                    let Some(mut pipe) = pipe else { return };
-                    let mut buf = [0u8; 8192];
-                    while let Ok(n) = pipe.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        output.lock().expect("output lock").push(&buf[..n]);
-                    }
-                }
-            };
-            let reads = futures::future::join(
-                read(stdout.map(|p| Box::new(p) as _)),
-                read(stderr.map(|p| Box::new(p) as _)),
-            );
-            let waited = async {
-                tokio::select! {
-                    status = child.child.wait() => status,
-                    _ = kill.cancelled() => child.terminate(GRACE).await,
-                }
-            };
-            let (status, _) = tokio::join!(waited, reads);
-            let status = match status {
-                Ok(status) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    TerminalExitStatus::new()
-                        .exit_code(status.code().map(|c| c as u32))
-                        .signal(status.signal().map(|s| {
-                            nix::sys::signal::Signal::try_from(s)
-                                .map_or_else(|_| s.to_string(), |sig| sig.as_str().to_string())
-                        }))
-                }
-                Err(_) => TerminalExitStatus::new(),
-            };
-            let _ = exit_tx.send(Some(status));
-        };
-        Ok((id, run))
+        Ok((id, run(child, output, kill, exit_tx)))
+    }
+
+    /// The command in `cwd`, in a process group of its own, with only the agent's variables
+    /// and the terminals' own environment.
+    fn spawn(&self, req: &CreateTerminalRequest, cwd: &Path) -> Result<GroupChild, Refusal> {
+        let mut cmd = tokio::process::Command::new(&req.command);
+        cmd.args(&req.args)
+            .current_dir(cwd)
+            .env_clear()
+            .envs(req.env.iter().map(|v| (v.name.clone(), v.value.clone())))
+            .envs(self.env.iter().cloned())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        GroupChild::spawn(&mut cmd).map_err(|e| format!("cannot run {:?}: {e}", req.command))
     }
 
     fn with<T>(&self, id: &str, f: impl FnOnce(&Terminal) -> T) -> Result<T, Refusal> {

@@ -2,6 +2,7 @@
 //! files the agent hands over.
 
 use super::*;
+use agent_client_protocol::v1::schema::{Plan, SessionInfoUpdate, ToolCall, ToolCallUpdate};
 
 pub(super) fn tool_status(status: ToolCallStatus) -> ToolStatus {
     match status {
@@ -49,7 +50,6 @@ pub(super) fn content_text(content: &[ToolCallContent], shared: &Shared) -> Opti
     (!parts.is_empty()).then(|| parts.join("\n"))
 }
 
-/// One `session/update` as stream events. Thoughts never reach the output.
 impl Shared {
     /// What a command printed so far, as an adapter that runs commands itself sends it in a
     /// tool call update's `_meta` (codex-acp: `terminal_output_delta.data`, and
@@ -179,136 +179,154 @@ pub(super) fn embedded_file(
     }
 }
 
+/// One `session/update` as stream events. Thoughts never reach the output.
 pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
     match update {
-        SessionUpdate::AgentMessageChunk(chunk) => match &chunk.content {
-            ContentBlock::Text(t) if !t.text.is_empty() => {
-                shared.append_text(&t.text);
-                vec![StreamEvent::TextDelta(t.text.clone())]
-            }
-            ContentBlock::ResourceLink(link) => {
-                match link.uri.strip_prefix("file://") {
-                    Some(path) => shared
-                        .files
-                        .lock()
-                        .expect("files lock")
-                        .push(crate::runner::OutputFile::Path(PathBuf::from(path))),
-                    None => {
-                        tracing::info!(uri = %link.uri, "a resource link that is not a file is not attached")
-                    }
-                }
-                Vec::new()
-            }
-            ContentBlock::Resource(embedded) => {
-                if let Some(file) = embedded_file(&embedded.resource) {
-                    shared.files.lock().expect("files lock").push(file);
-                }
-                Vec::new()
-            }
-            _ => Vec::new(),
-        },
-        SessionUpdate::ToolCall(call) => {
-            shared.step();
-            let id = call.tool_call_id.0.to_string();
-            shared
-                .titles
-                .lock()
-                .expect("titles lock")
-                .insert(id.clone(), call.title.clone());
-            vec![StreamEvent::ToolCall {
-                id,
-                label: call.title.clone(),
-                status: tool_status(call.status),
-                input: json_text(&call.raw_input),
-                output: content_text(&call.content, shared).or_else(|| json_text(&call.raw_output)),
-            }]
-        }
-        SessionUpdate::ToolCallUpdate(update) => {
-            let id = update.tool_call_id.0.to_string();
-            let printed = update
-                .meta
-                .as_ref()
-                .and_then(|meta| shared.meta_output(&id, meta));
-            let mut titles = shared.titles.lock().expect("titles lock");
-            if let Some(title) = &update.fields.title {
-                titles.insert(id.clone(), title.clone());
-            }
-            let label = titles.get(&id).cloned().unwrap_or_else(|| "tool".into());
-            drop(titles);
-            let status = update
-                .fields
-                .status
-                .map_or(ToolStatus::Running, tool_status);
-            let output = update
-                .fields
-                .content
-                .as_deref()
-                .and_then(|c| content_text(c, shared))
-                .or(printed)
-                .or_else(|| json_text(&update.fields.raw_output));
-            // An adapter that runs commands in its own sandbox (codex-acp) says nothing of a
-            // refusal but what the command printed: a write stopped by a read-only sandbox
-            // is named in the answer's note, as the bridge's own refusals are.
-            if status == ToolStatus::Failed
-                && output
-                    .as_deref()
-                    .is_some_and(|o| o.contains("Read-only file system"))
-            {
-                shared.refusals.add(format!(
-                    "\"{label}\" (stopped by the agent's read-only sandbox)"
-                ));
-            }
-            vec![StreamEvent::ToolCall {
-                label,
-                id,
-                status,
-                input: json_text(&update.fields.raw_input),
-                output,
-            }]
-        }
+        SessionUpdate::AgentMessageChunk(chunk) => shared.message(&chunk.content),
+        SessionUpdate::ToolCall(call) => vec![shared.tool_call(call)],
+        SessionUpdate::ToolCallUpdate(update) => vec![shared.tool_call_update(update)],
         SessionUpdate::SessionInfoUpdate(info) => {
-            let status = info
-                .meta
-                .as_ref()
-                .and_then(|m| m.get("codex"))
-                .and_then(|c| c.get("threadStatus"))
-                .and_then(|s| s.get("type"))
-                .and_then(|t| t.as_str());
-            if let Some(status) = status {
-                let mut error = shared.system_error.lock().expect("error lock");
-                *error =
-                    (status == "systemError").then(|| shared.text.lock().expect("text lock").len());
-            }
+            shared.session_info(info);
             Vec::new()
         }
-        SessionUpdate::Plan(plan) => {
-            let items: Vec<TodoItem> = plan
-                .entries
-                .iter()
-                .enumerate()
-                .map(|(i, e)| TodoItem {
-                    id: format!("plan-{i}"),
-                    content: e.content.clone(),
-                    status: match e.status {
-                        PlanEntryStatus::InProgress => "in_progress",
-                        PlanEntryStatus::Completed => "completed",
-                        _ => "pending",
-                    }
-                    .to_string(),
-                })
-                .collect();
-            // A plan comes from a tool call (claude-agent-acp turns Claude's TaskCreate and
-            // TaskUpdate into plans): a step too.
-            shared.step();
-            // An adapter that sends the same plan twice (claude-agent-acp) gives one event.
-            let mut last = shared.last_plan.lock().expect("plan lock");
-            if last.as_ref() == Some(&items) {
-                return Vec::new();
-            }
-            *last = Some(items.clone());
-            vec![StreamEvent::Todo(items)]
-        }
+        SessionUpdate::Plan(plan) => shared.plan(plan).into_iter().collect(),
         _ => Vec::new(),
+    }
+}
+
+impl Shared {
+    /// A part of the agent's message: text to the answer, files (links and resources) to
+    /// what is handed over.
+    fn message(&self, content: &ContentBlock) -> Vec<StreamEvent> {
+        match content {
+            ContentBlock::Text(t) if !t.text.is_empty() => {
+                self.append_text(&t.text);
+                return vec![StreamEvent::TextDelta(t.text.clone())];
+            }
+            ContentBlock::ResourceLink(link) => match link.uri.strip_prefix("file://") {
+                Some(path) => self
+                    .files
+                    .lock()
+                    .expect("files lock")
+                    .push(crate::runner::OutputFile::Path(PathBuf::from(path))),
+                None => {
+                    tracing::info!(uri = %link.uri, "a resource link that is not a file is not attached")
+                }
+            },
+            ContentBlock::Resource(embedded) => {
+                if let Some(file) = embedded_file(&embedded.resource) {
+                    self.files.lock().expect("files lock").push(file);
+                }
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// A new tool call: a step, whose title later updates name it by.
+    fn tool_call(&self, call: &ToolCall) -> StreamEvent {
+        self.step();
+        let id = call.tool_call_id.0.to_string();
+        self.titles
+            .lock()
+            .expect("titles lock")
+            .insert(id.clone(), call.title.clone());
+        StreamEvent::ToolCall {
+            id,
+            label: call.title.clone(),
+            status: tool_status(call.status),
+            input: json_text(&call.raw_input),
+            output: content_text(&call.content, self).or_else(|| json_text(&call.raw_output)),
+        }
+    }
+
+    fn tool_call_update(&self, update: &ToolCallUpdate) -> StreamEvent {
+        let id = update.tool_call_id.0.to_string();
+        let printed = update
+            .meta
+            .as_ref()
+            .and_then(|meta| self.meta_output(&id, meta));
+        let mut titles = self.titles.lock().expect("titles lock");
+        if let Some(title) = &update.fields.title {
+            titles.insert(id.clone(), title.clone());
+        }
+        let label = titles.get(&id).cloned().unwrap_or_else(|| "tool".into());
+        drop(titles);
+        let status = update
+            .fields
+            .status
+            .map_or(ToolStatus::Running, tool_status);
+        let output = update
+            .fields
+            .content
+            .as_deref()
+            .and_then(|c| content_text(c, self))
+            .or(printed)
+            .or_else(|| json_text(&update.fields.raw_output));
+        // An adapter that runs commands in its own sandbox (codex-acp) says nothing of a
+        // refusal but what the command printed: a write stopped by a read-only sandbox
+        // is named in the answer's note, as the bridge's own refusals are.
+        if status == ToolStatus::Failed
+            && output
+                .as_deref()
+                .is_some_and(|o| o.contains("Read-only file system"))
+        {
+            self.refusals.add(format!(
+                "\"{label}\" (stopped by the agent's read-only sandbox)"
+            ));
+        }
+        StreamEvent::ToolCall {
+            label,
+            id,
+            status,
+            input: json_text(&update.fields.raw_input),
+            output,
+        }
+    }
+
+    /// codex-acp's thread status: from `systemError` on, what the agent says is about the
+    /// error its session is in (see [`Shared::failed`]).
+    fn session_info(&self, info: &SessionInfoUpdate) {
+        let status = info
+            .meta
+            .as_ref()
+            .and_then(|m| m.get("codex"))
+            .and_then(|c| c.get("threadStatus"))
+            .and_then(|s| s.get("type"))
+            .and_then(|t| t.as_str());
+        if let Some(status) = status {
+            let mut error = self.system_error.lock().expect("error lock");
+            *error = (status == "systemError").then(|| self.text.lock().expect("text lock").len());
+        }
+    }
+
+    /// A plan as todos, unless it is the plan sent last.
+    fn plan(&self, plan: &Plan) -> Option<StreamEvent> {
+        let items: Vec<TodoItem> = plan
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| TodoItem {
+                id: format!("plan-{i}"),
+                content: e.content.clone(),
+                status: match e.status {
+                    PlanEntryStatus::InProgress => "in_progress",
+                    PlanEntryStatus::Completed => "completed",
+                    _ => "pending",
+                }
+                .to_string(),
+            })
+            .collect();
+        // A plan comes from a tool call (claude-agent-acp turns Claude's TaskCreate and
+        // TaskUpdate into plans): a step too.
+        self.step();
+        // An adapter that sends the same plan twice (claude-agent-acp) gives one event.
+        let mut last = self.last_plan.lock().expect("plan lock");
+        if last.as_ref() == Some(&items) {
+            return None;
+        }
+        *last = Some(items.clone());
+        Some(StreamEvent::Todo(items))
     }
 }
 

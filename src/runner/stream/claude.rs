@@ -86,122 +86,138 @@ impl StreamParser {
             self.session_id = Some(id.to_string());
         }
         match str_of(v, &["type"]).unwrap_or_default() {
-            "stream_event" => {
-                let event = &v["event"];
-                match str_of(event, &["type"]) {
-                    Some("content_block_delta")
-                        if event["delta"]["type"] == "text_delta"
-                            && v["parent_tool_use_id"].is_null() =>
-                    {
-                        self.saw_partial = true;
-                        let text = event["delta"]["text"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string();
-                        self.delta(&text)
-                    }
-                    _ => Vec::new(),
-                }
-            }
-            "assistant" => {
-                let mut events = Vec::new();
-                let top_level = v["parent_tool_use_id"].is_null();
-                for block in v["message"]["content"].as_array().into_iter().flatten() {
-                    match str_of(block, &["type"]) {
-                        // With partial messages on, this text was streamed already.
-                        Some("text") if top_level && !self.saw_partial => {
-                            let text = block["text"].as_str().unwrap_or_default().to_string();
-                            events.extend(self.delta(&text));
-                        }
-                        Some("tool_use") => {
-                            let id = str_of(block, &["id"]).unwrap_or("tool").to_string();
-                            let name = str_of(block, &["name"]).unwrap_or("tool").to_string();
-                            self.tool_names.insert(id.clone(), name.clone());
-                            if name == "TodoWrite" {
-                                events.push(StreamEvent::Todo(claude_todos(&block["input"])));
-                            }
-                            if top_level {
-                                events.extend(self.claude_task_tool(&id, &name, &block["input"]));
-                            }
-                            events.push(StreamEvent::ToolCall {
-                                id,
-                                label: name,
-                                status: ToolStatus::Running,
-                                input: json_text(&block["input"]),
-                                output: None,
-                            });
-                        }
-                        _ => {}
-                    }
-                }
-                if top_level {
-                    self.saw_partial = false;
-                }
-                if let Some(err) = str_of(v, &["error"]) {
-                    self.end.error = Some(format!("the agent reported {err}"));
-                }
-                events
-            }
-            "user" => {
-                let mut events = Vec::new();
-                for block in v["message"]["content"].as_array().into_iter().flatten() {
-                    if str_of(block, &["type"]) == Some("tool_result") {
-                        let id = str_of(block, &["tool_use_id"])
-                            .unwrap_or("tool")
-                            .to_string();
-                        let failed = block["is_error"].as_bool().unwrap_or(false);
-                        let output = match &block["content"] {
-                            Value::Array(parts) => Some(clip(
-                                &parts
-                                    .iter()
-                                    .filter_map(|p| p["text"].as_str())
-                                    .collect::<Vec<_>>()
-                                    .join("\n"),
-                            )),
-                            other => json_text(other),
-                        };
-                        self.claude_task_created(&id, output.as_deref());
-                        events.push(self.finished_tool(id, failed, output));
-                    }
-                }
-                events
-            }
+            "stream_event" => self.claude_partial(v),
+            "assistant" => self.claude_assistant(v),
+            "user" => self.claude_tool_results(v),
             "result" => {
-                self.end.finished = true;
-                let is_error = v["is_error"].as_bool().unwrap_or(false)
-                    || str_of(v, &["subtype"]).is_some_and(|s| s.starts_with("error"));
-                let result = str_of(v, &["result"]).map(str::to_string);
-                if is_error {
-                    let errors: Vec<&str> = v["errors"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
-                    // Its own words first: the result's text, its errors, its error object
-                    // (Qwen Code, whose stream is Claude's, puts them there).
-                    let message = str_of(&v["error"], &["message"])
-                        .or_else(|| v["error"].as_str())
-                        .map(str::to_string);
-                    self.end.error = Some(
-                        result
-                            .filter(|r| !r.is_empty())
-                            .or_else(|| (!errors.is_empty()).then(|| errors.join("; ")))
-                            .or(message.filter(|m| !m.is_empty()))
-                            .unwrap_or_else(|| {
-                                format!(
-                                    "the agent ended with {}",
-                                    str_of(v, &["subtype"]).unwrap_or("an error")
-                                )
-                            }),
-                    );
-                } else {
-                    self.end.error = None;
-                    self.end.final_text = result;
-                }
+                self.claude_result(v);
                 Vec::new()
             }
             _ => Vec::new(),
         }
+    }
+
+    /// A partial message (`--include-partial-messages`): the top level's text as it comes.
+    fn claude_partial(&mut self, v: &Value) -> Vec<StreamEvent> {
+        let event = &v["event"];
+        if str_of(event, &["type"]) == Some("content_block_delta")
+            && event["delta"]["type"] == "text_delta"
+            && v["parent_tool_use_id"].is_null()
+        {
+            self.saw_partial = true;
+            let text = event["delta"]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            return self.delta(&text);
+        }
+        Vec::new()
+    }
+
+    /// A whole assistant message: its text (unless streamed already) and its tool calls.
+    fn claude_assistant(&mut self, v: &Value) -> Vec<StreamEvent> {
+        let mut events = Vec::new();
+        let top_level = v["parent_tool_use_id"].is_null();
+        for block in v["message"]["content"].as_array().into_iter().flatten() {
+            match str_of(block, &["type"]) {
+                // With partial messages on, this text was streamed already.
+                Some("text") if top_level && !self.saw_partial => {
+                    let text = block["text"].as_str().unwrap_or_default().to_string();
+                    events.extend(self.delta(&text));
+                }
+                Some("tool_use") => self.claude_tool_use(block, top_level, &mut events),
+                _ => {}
+            }
+        }
+        if top_level {
+            self.saw_partial = false;
+        }
+        if let Some(err) = str_of(v, &["error"]) {
+            self.end.error = Some(format!("the agent reported {err}"));
+        }
+        events
+    }
+
+    /// A tool call, with the todo list its planning tools give.
+    fn claude_tool_use(&mut self, block: &Value, top_level: bool, events: &mut Vec<StreamEvent>) {
+        let id = str_of(block, &["id"]).unwrap_or("tool").to_string();
+        let name = str_of(block, &["name"]).unwrap_or("tool").to_string();
+        self.tool_names.insert(id.clone(), name.clone());
+        if name == "TodoWrite" {
+            events.push(StreamEvent::Todo(claude_todos(&block["input"])));
+        }
+        if top_level {
+            events.extend(self.claude_task_tool(&id, &name, &block["input"]));
+        }
+        events.push(StreamEvent::ToolCall {
+            id,
+            label: name,
+            status: ToolStatus::Running,
+            input: json_text(&block["input"]),
+            output: None,
+        });
+    }
+
+    /// A user message: the results of tool calls.
+    fn claude_tool_results(&mut self, v: &Value) -> Vec<StreamEvent> {
+        let mut events = Vec::new();
+        for block in v["message"]["content"].as_array().into_iter().flatten() {
+            if str_of(block, &["type"]) != Some("tool_result") {
+                continue;
+            }
+            let id = str_of(block, &["tool_use_id"])
+                .unwrap_or("tool")
+                .to_string();
+            let failed = block["is_error"].as_bool().unwrap_or(false);
+            let output = match &block["content"] {
+                Value::Array(parts) => Some(clip(
+                    &parts
+                        .iter()
+                        .filter_map(|p| p["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                )),
+                other => json_text(other),
+            };
+            self.claude_task_created(&id, output.as_deref());
+            events.push(self.finished_tool(id, failed, output));
+        }
+        events
+    }
+
+    /// The run's end: its answer, or its error in the agent's own words.
+    fn claude_result(&mut self, v: &Value) {
+        self.end.finished = true;
+        let is_error = v["is_error"].as_bool().unwrap_or(false)
+            || str_of(v, &["subtype"]).is_some_and(|s| s.starts_with("error"));
+        let result = str_of(v, &["result"]).map(str::to_string);
+        if !is_error {
+            self.end.error = None;
+            self.end.final_text = result;
+            return;
+        }
+        let errors: Vec<&str> = v["errors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        // Its own words first: the result's text, its errors, its error object
+        // (Qwen Code, whose stream is Claude's, puts them there).
+        let message = str_of(&v["error"], &["message"])
+            .or_else(|| v["error"].as_str())
+            .map(str::to_string);
+        self.end.error = Some(
+            result
+                .filter(|r| !r.is_empty())
+                .or_else(|| (!errors.is_empty()).then(|| errors.join("; ")))
+                .or(message.filter(|m| !m.is_empty()))
+                .unwrap_or_else(|| {
+                    format!(
+                        "the agent ended with {}",
+                        str_of(v, &["subtype"]).unwrap_or("an error")
+                    )
+                }),
+        );
     }
 }

@@ -14,38 +14,7 @@ impl StreamParser {
                 let text = str_of(v, &["content"]).unwrap_or_default().to_string();
                 self.delta(&text)
             }
-            "tool_use" => {
-                self.answer_from = self.text.len();
-                let id = str_of(v, &["tool_id"]).unwrap_or("tool").to_string();
-                let name = str_of(v, &["tool_name"]).unwrap_or("tool").to_string();
-                self.tool_names.insert(id.clone(), name.clone());
-                let mut events = Vec::new();
-                if name == "write_todos" {
-                    let todos = v["parameters"]["todos"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .enumerate()
-                        .map(|(i, t)| TodoItem {
-                            id: format!("todo-{i}"),
-                            content: str_of(t, &["description", "content", "text"])
-                                .unwrap_or_default()
-                                .to_string(),
-                            status: normalize_todo_status(
-                                str_of(t, &["status"]).unwrap_or("pending"),
-                            ),
-                        });
-                    events.push(StreamEvent::Todo(todos.collect()));
-                }
-                events.push(StreamEvent::ToolCall {
-                    id,
-                    label: name,
-                    status: ToolStatus::Running,
-                    input: v.get("parameters").and_then(json_text),
-                    output: None,
-                });
-                events
-            }
+            "tool_use" => self.gemini_tool_use(v),
             "tool_result" => {
                 let id = str_of(v, &["tool_id"]).unwrap_or("tool").to_string();
                 let failed = str_of(v, &["status"]) == Some("error");
@@ -69,5 +38,37 @@ impl StreamParser {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// A tool call: a step, with the todo list `write_todos` gives.
+    fn gemini_tool_use(&mut self, v: &Value) -> Vec<StreamEvent> {
+        self.answer_from = self.text.len();
+        let id = str_of(v, &["tool_id"]).unwrap_or("tool").to_string();
+        let name = str_of(v, &["tool_name"]).unwrap_or("tool").to_string();
+        self.tool_names.insert(id.clone(), name.clone());
+        let mut events = Vec::new();
+        if name == "write_todos" {
+            let todos = v["parameters"]["todos"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, t)| TodoItem {
+                    id: format!("todo-{i}"),
+                    content: str_of(t, &["description", "content", "text"])
+                        .unwrap_or_default()
+                        .to_string(),
+                    status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
+                });
+            events.push(StreamEvent::Todo(todos.collect()));
+        }
+        events.push(StreamEvent::ToolCall {
+            id,
+            label: name,
+            status: ToolStatus::Running,
+            input: v.get("parameters").and_then(json_text),
+            output: None,
+        });
+        events
     }
 }

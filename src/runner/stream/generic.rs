@@ -68,15 +68,7 @@ impl StreamParser {
                 self.delta(&text)
             }
             "result" | "final" | "output" | "done" => {
-                if let Some(text) =
-                    str_of(payload, &["text", "result", "output", "content", "message"])
-                {
-                    self.end.final_text = Some(text.to_string());
-                }
-                if let Some(err) = str_of(payload, &["error"]) {
-                    self.end.error = Some(err.to_string());
-                }
-                self.end.finished = true;
+                self.generic_result(payload);
                 Vec::new()
             }
             "error" => {
@@ -91,48 +83,64 @@ impl StreamParser {
                 Vec::new()
             }
             "tool_start" | "tool_call" | "tool_result" | "tool_call_update" => {
-                let id = str_of(
-                    payload,
-                    &["toolCallId", "tool_call_id", "call_id", "id", "name"],
-                )
-                .unwrap_or("tool")
-                .to_string();
-                let name = str_of(payload, &["name", "tool", "label"]).unwrap_or("tool");
                 let done = matches!(kind, "tool_result" | "tool_call_update");
-                let failed = payload
-                    .get("is_error")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-                    || str_of(payload, &["status"]) == Some("failed");
-                vec![StreamEvent::ToolCall {
-                    id,
-                    label: name.to_string(),
-                    status: if !done {
-                        ToolStatus::Running
-                    } else if failed {
-                        ToolStatus::Failed
-                    } else {
-                        ToolStatus::Completed
-                    },
-                    input: if done {
-                        None
-                    } else {
-                        payload
-                            .get("input")
-                            .or_else(|| payload.get("arguments"))
-                            .and_then(json_text)
-                    },
-                    output: if done {
-                        payload
-                            .get("output")
-                            .or_else(|| payload.get("result"))
-                            .and_then(json_text)
-                    } else {
-                        None
-                    },
-                }]
+                vec![generic_tool(payload, done)]
             }
             _ => Vec::new(),
         }
+    }
+
+    /// The run's end: its final text and error, when it gives them.
+    fn generic_result(&mut self, payload: &Value) {
+        if let Some(text) = str_of(payload, &["text", "result", "output", "content", "message"]) {
+            self.end.final_text = Some(text.to_string());
+        }
+        if let Some(err) = str_of(payload, &["error"]) {
+            self.end.error = Some(err.to_string());
+        }
+        self.end.finished = true;
+    }
+}
+
+/// A tool call started, or (`done`) its result.
+fn generic_tool(payload: &Value, done: bool) -> StreamEvent {
+    let id = str_of(
+        payload,
+        &["toolCallId", "tool_call_id", "call_id", "id", "name"],
+    )
+    .unwrap_or("tool")
+    .to_string();
+    let name = str_of(payload, &["name", "tool", "label"]).unwrap_or("tool");
+    let failed = payload
+        .get("is_error")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+        || str_of(payload, &["status"]) == Some("failed");
+    StreamEvent::ToolCall {
+        id,
+        label: name.to_string(),
+        status: if !done {
+            ToolStatus::Running
+        } else if failed {
+            ToolStatus::Failed
+        } else {
+            ToolStatus::Completed
+        },
+        input: if done {
+            None
+        } else {
+            payload
+                .get("input")
+                .or_else(|| payload.get("arguments"))
+                .and_then(json_text)
+        },
+        output: if done {
+            payload
+                .get("output")
+                .or_else(|| payload.get("result"))
+                .and_then(json_text)
+        } else {
+            None
+        },
     }
 }
