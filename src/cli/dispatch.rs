@@ -26,14 +26,11 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     } else {
         args.text.clone()
     };
-    let sender = Sender::new(&account)?;
-    let mut mailbox = Reader::new(account.clone())?;
+    let mut mailbox = crate::mailbox::Dispatcher::new(&account)?;
     mailbox
         .connect()
         .await
         .with_context(|| format!("connecting to the mailbox {}", account.email))?;
-    // Take the cursor before sending, so the answer cannot slip past it.
-    let mut state = crate::mailbox::aamp::Position::at(mailbox.current_state().await?);
     let task_id = uuid::Uuid::new_v4().to_string();
     let msg = AampMessage::dispatch(
         task_id.clone(),
@@ -52,7 +49,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
             ..Dispatch::default()
         },
     );
-    let message_id = sender.send(&msg).await.context("sending the dispatch")?;
+    let message_id = mailbox.send(&msg).await.context("sending the dispatch")?;
     errln!("sent task {task_id} to {} ({message_id})", args.to);
     if args.no_wait {
         if args.json {
@@ -70,8 +67,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
     // Who answered this task: a report that one of them could not be reached is not true.
     let mut answered: Vec<String> = Vec::new();
     loop {
-        let (mail, next) = mailbox.fetch_mail_since(&state, 50).await?;
-        state = next;
+        let mail = mailbox.new_mail().await?;
         let mut inbound = Vec::new();
         let mut bounces = Vec::new();
         for m in mail {
@@ -116,7 +112,7 @@ pub(super) async fn dispatch(config: &LoadedConfig, args: DispatchArgs) -> anyho
             match &m.body {
                 Body::StreamOpened { stream_id } if args.follow && !followed => {
                     followed = true;
-                    match sender.helper().await {
+                    match mailbox.streams().await {
                         Ok(Some(helper)) => {
                             let (stream_id, json) = (stream_id.clone(), args.json);
                             following.spawn(async move {

@@ -5,14 +5,7 @@ use crate::output::outln;
 
 use super::*;
 
-/// How one check came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
+pub(super) use crate::mailbox::Verdict;
 
 /// One line of `doctor`.
 #[derive(serde::Serialize)]
@@ -39,7 +32,6 @@ pub(super) fn check(
 }
 
 pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
-    use crate::error::{Classify, ErrorClass};
     use crate::runner::{acp, profile::ProfileKind, scan, Profile};
     use crate::wizard::Progress as _;
     let spinner = crate::wizard::prompt::Spinner::new();
@@ -88,142 +80,9 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
         for name in mailboxes_to_check(config) {
             let serves_agent = agents_mailboxes.contains(&name.as_str());
             spinner.step(&format!("checking mailbox {name}"));
-            let what = |part: &str| format!("mailbox {name}: {part}");
-            if let Some(probe) = crate::mailbox::probe(config, &name).await {
-                match probe {
-                    Err(e) => checks.push(check(
-                        what("config"),
-                        Verdict::Fail,
-                        e.problem.clone(),
-                        e.fix.clone(),
-                    )),
-                    Ok(probe) => match probe.result {
-                        Ok(read) => checks.push(check(what(probe.system), Verdict::Ok, read, "")),
-                        Err(e) => checks.push(check(
-                            what(probe.system),
-                            Verdict::Fail,
-                            e.to_string(),
-                            match e.class() {
-                                ErrorClass::Auth => probe.auth_fix,
-                                _ => probe.other_fix,
-                            },
-                        )),
-                    },
-                }
-                continue;
-            }
-            let account = match config.account(&name) {
-                Ok(a) => a,
-                Err(e) => {
-                    checks.push(check(
-                        what("config"),
-                        Verdict::Fail,
-                        e.problem.clone(),
-                        e.fix.clone(),
-                    ));
-                    continue;
-                }
-            };
-            let mut mailbox = crate::mailbox::aamp::Reader::new(account.clone())?;
-            match mailbox.connect().await {
-                Ok(()) => {
-                    checks.push(check(
-                        what("JMAP"),
-                        Verdict::Ok,
-                        format!("logged in as {} at {}", account.login, account.jmap_url),
-                        "",
-                    ));
-                    let cleartext: Vec<&url::Url> = std::iter::once(&account.jmap_url)
-                        .chain(account.aamp_url.as_ref())
-                        .filter(|u| {
-                            u.scheme() == "http"
-                                && !u.host_str().is_some_and(crate::config::is_loopback)
-                        })
-                        .collect();
-                    if let Some(url) = cleartext.first() {
-                        checks.push(check(
-                            what("transport"),
-                            Verdict::Warn,
-                            format!("{url} is plain http: the password crosses the network unencrypted (insecure_http = true)"),
-                            "use https for jmap_url and aamp_url, and drop insecure_http",
-                        ));
-                    }
-                    match (account.push, mailbox.push_target()) {
-                        (false, _) => checks.push(check(what("push"), Verdict::Warn, format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
-                        (true, Some(target)) => checks.push(check(what("push"), Verdict::Ok, format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
-                        (true, None) => checks.push(check(what("push"), Verdict::Warn, format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
-                    }
-                    match mailbox.check_claims().await {
-                        Ok(None) => {}
-                        Ok(Some(true)) => checks.push(check(
-                            what("claims"),
-                            Verdict::Ok,
-                            "the server takes the keywords this replica's claims write",
-                            "",
-                        )),
-                        Ok(Some(false)) => checks.push(check(
-                            what("claims"),
-                            Verdict::Warn,
-                            "no answered task in the Inbox yet to try the claims' keywords on",
-                            "run doctor again after the first task",
-                        )),
-                        Err(e) => checks.push(check(
-                            what("claims"),
-                            Verdict::Fail,
-                            e.to_string(),
-                            "this replica cannot claim tasks, so it runs none (they are parked): the login must be allowed to set keywords, and the mailbox must have room for 30 more keyword names (Cyrus keeps 100 per mailbox, never freed: builds before this one used one per lease; a new mailbox, or the administrator, clears them)",
-                        )),
-                    }
-                    // Sender evidence matters where tasks arrive, not in the person's own
-                    // mailbox (`me`), where only answers do.
-                    if serves_agent {
-                        checks.push(sender_evidence(&what, &account, &mut mailbox).await);
-                    }
-                }
-                Err(e) => {
-                    let detail = e.to_string();
-                    let fix = e.fix("jmap_url");
-                    checks.push(check(what("JMAP"), Verdict::Fail, detail, fix));
-                }
-            }
-            match crate::mailbox::aamp::Sender::new(&account) {
-                Ok(sender) => match sender.check_smtp().await {
-                    Ok(()) => checks.push(check(
-                        what("SMTP"),
-                        Verdict::Ok,
-                        format!(
-                            "EHLO and login at {}:{} ({:?})",
-                            account.smtp_host, account.smtp_port, account.smtp_security
-                        ),
-                        "",
-                    )),
-                    Err(e) => {
-                        let fix = e.fix("smtp_host, smtp_port and smtp_security");
-                        checks.push(check(what("SMTP"), Verdict::Fail, e.to_string(), fix));
-                    }
-                },
-                Err(e) => checks.push(check(
-                    what("SMTP"),
-                    Verdict::Fail,
-                    e.to_string(),
-                    "check smtp_security and the host name",
-                )),
-            }
-            if let Some(base) = &account.aamp_url {
-                match crate::mailbox::aamp::helper::HelperApi::discover(base, &account).await {
-                    Ok(_) => checks.push(check(
-                        what("AAMP service"),
-                        Verdict::Ok,
-                        format!("{base} answers /.well-known/aamp"),
-                        "",
-                    )),
-                    Err(e) => checks.push(check(
-                        what("AAMP service"),
-                        Verdict::Warn,
-                        e.to_string(),
-                        "check aamp_url; without the service tasks run without live streams",
-                    )),
-                }
+            for found in crate::mailbox::check(config, &name, serves_agent).await? {
+                let what = format!("mailbox {name}: {}", found.part);
+                checks.push(check(what, found.verdict, found.detail, found.fix));
             }
         }
         let dirs = config.profile_dirs();
@@ -381,63 +240,6 @@ fn mailboxes_to_check(config: &LoadedConfig) -> Vec<String> {
         }
     }
     names
-}
-
-/// Whether the newest mail in an agent's AAMP Inbox carries evidence of its sender that the
-/// bridge can check (`sender_auth`).
-async fn sender_evidence(
-    what: &dyn Fn(&str) -> String,
-    account: &crate::config::Account,
-    mailbox: &mut crate::mailbox::aamp::Reader,
-) -> Check {
-    let what = what("sender evidence");
-    let headers = match mailbox.newest_headers().await {
-        Ok(Some(headers)) => headers,
-        Ok(None) => {
-            return check(
-                what,
-                Verdict::Warn,
-                "no mail in the Inbox yet to look at",
-                "run doctor again after the first dispatch",
-            )
-        }
-        Err(e) => return check(what, Verdict::Warn, e.to_string(), ""),
-    };
-    let ev = crate::mailbox::aamp::auth::evidence(&headers);
-    let mut found = Vec::new();
-    if ev.authenticated_submission {
-        found.push("authenticated submission".to_string());
-    }
-    for id in &ev.authserv_ids {
-        found.push(format!("Authentication-Results from {id}"));
-    }
-    const POSTFIX_FIX: &str = "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id";
-    if account.sender_auth == crate::config::SenderAuth::None {
-        check(
-            what,
-            Verdict::Warn,
-            "sender_auth = \"none\": any From is believed",
-            "set sender_auth = \"auto\" if the server writes evidence",
-        )
-    } else if let Some(problem) = &ev.problem {
-        check(
-            what,
-            Verdict::Warn,
-            format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
-            "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
-        )
-    } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
-        check(what, Verdict::Warn, "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", POSTFIX_FIX)
-    } else if found.is_empty() {
-        check(what, Verdict::Warn, "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", format!("{POSTFIX_FIX}; or sender_auth = \"none\" (not advised)"))
-    } else {
-        check(
-            what,
-            Verdict::Ok,
-            format!("the server writes: {}", found.join(", ")),
-            "",
-        )
-    }
 }
 
 /// How many of an agent's newest tasks `doctor` looks at to see whether it takes any.

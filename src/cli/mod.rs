@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{default_config_path, LoadedConfig};
 use crate::daemon::{self, RunOptions};
-use crate::mailbox::aamp::{Reader, Sender};
 use crate::protocol::{self, AampMessage, Body, Dispatch, Priority, Status};
 
 #[derive(Debug, Parser)]

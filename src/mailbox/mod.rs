@@ -16,7 +16,8 @@ pub mod link;
 pub mod outlet;
 pub mod samp;
 
-pub use kinds::{open, probe, system, try_login, LoginTried};
+pub use aamp::{replica_claims, Dispatcher};
+pub use kinds::{check, open, probe, system, try_login, Finding, LoginTried, Verdict};
 pub use outlet::{Answering, Intake, Outlet, Probe, System};
 
 use std::path::PathBuf;
