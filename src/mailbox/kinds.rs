@@ -5,6 +5,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::error::{MailboxError, OpenError};
+use super::finding::{Finding, Verdict};
 use super::outlet::{Intake, Opening, Outlet, Probe, System};
 use super::{aamp, amp, asmtp, samp};
 use crate::config::{AgentConfig, ConfigError, LoadedConfig, MailboxKind};
@@ -25,42 +26,6 @@ pub fn system(kind: MailboxKind) -> &'static System {
 pub async fn probe(config: &LoadedConfig, name: &str) -> Option<Result<Probe, ConfigError>> {
     let probe = system(config.kind(name)).probe?;
     Some(probe(config, name).await)
-}
-
-/// How one part of a mailbox check came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
-
-/// What one part of a mailbox check found: one line of `doctor`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Finding {
-    /// `config`, the system's name (`ASMTP`), or a part of an AAMP mailbox (`JMAP`, `push`).
-    pub part: &'static str,
-    pub verdict: Verdict,
-    pub detail: String,
-    /// What to do about it; empty when nothing is to be done.
-    pub fix: String,
-}
-
-impl Finding {
-    pub fn new(
-        part: &'static str,
-        verdict: Verdict,
-        detail: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Finding {
-        Finding {
-            part,
-            verdict,
-            detail: detail.into(),
-            fix: fix.into(),
-        }
-    }
 }
 
 /// Checks the named mailbox as `doctor` does, part by part: its system's probe, or an AAMP

@@ -10,6 +10,7 @@ pub mod amp;
 pub mod asmtp;
 pub mod body;
 pub(crate) mod error;
+mod finding;
 pub mod intake;
 mod kinds;
 pub mod link;
@@ -17,7 +18,8 @@ pub mod outlet;
 pub mod samp;
 
 pub use aamp::{replica_claims, Dispatcher};
-pub use kinds::{check, open, probe, system, try_login, Finding, LoginTried, Verdict};
+pub use finding::{Finding, Verdict};
+pub use kinds::{check, open, probe, system, try_login, LoginTried};
 pub use outlet::{Answering, Intake, Outlet, Probe, System};
 
 use std::path::PathBuf;

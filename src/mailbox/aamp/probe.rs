@@ -6,7 +6,8 @@
 
 use super::{auth, helper, Reader, Sender};
 use crate::config::{Account, SenderAuth};
-use crate::mailbox::{Finding, MailboxError, Verdict};
+use crate::mailbox::finding::{Finding, Verdict};
+use crate::mailbox::MailboxError;
 
 /// `doctor`'s check of an AAMP mailbox, part by part. Sender evidence only where tasks arrive
 /// (`tasks_arrive`): in the person's own mailbox only answers do. An error when the mailbox's
