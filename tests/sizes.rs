@@ -16,7 +16,6 @@ const LARGE_FILES: &[(&str, usize)] = &[("wizard/mod.rs", 849)];
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("mailbox/samp/replies.rs::submit", 137),
     ("cli/dispatch.rs::dispatch", 161),
-    ("cli/doctor.rs::doctor", 367),
     ("cli/policy.rs::policy", 119),
     ("cli/profile.rs::profile", 189),
     ("cli/status.rs::status", 150),

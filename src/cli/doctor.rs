@@ -6,6 +6,7 @@ use crate::output::outln;
 use super::*;
 
 pub(super) use crate::mailbox::Verdict;
+use crate::runner::login::LoginState;
 
 /// One line of `doctor`.
 #[derive(serde::Serialize)]
@@ -32,201 +33,236 @@ pub(super) fn check(
 }
 
 pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
-    use crate::runner::{acp, profile::ProfileKind, scan, Profile};
-    use crate::wizard::Progress as _;
     let spinner = crate::wizard::prompt::Spinner::new();
-    let mut checks = Vec::new();
-    let config = match LoadedConfig::load(config_path) {
-        Ok(c) => {
-            checks.push(check(
-                "config",
-                Verdict::Ok,
-                format!("{} loads", c.path.display()),
-                "",
-            ));
-            Some(c)
-        }
-        Err(e) => {
-            checks.push(check(
-                "config",
-                Verdict::Fail,
-                e.problem.clone(),
-                e.fix.clone(),
-            ));
-            None
-        }
-    };
+    let (config, loads) = config_loads(config_path);
+    let mut checks = vec![loads];
     if let Some(config) = &config {
-        match crate::fsio::StateLock::holder(&config.state_dir) {
-            Some(pid) => checks.push(check(
-                "bridge",
-                Verdict::Ok,
-                format!("running (pid {pid})"),
-                "",
-            )),
-            None => checks.push(check(
-                "bridge",
-                Verdict::Warn,
-                "not running",
-                "aamp-bridge start, or install it as a service",
-            )),
+        checks.push(bridge_runs(config));
+        checks.extend(mailboxes(config, &spinner).await?);
+        checks.extend(agents(config, &spinner).await);
+    }
+    spinner.clear();
+    print(&checks, json)?;
+    let failed = checks.iter().any(|c| c.status == Verdict::Fail);
+    Ok(if failed { 1 } else { 0 })
+}
+
+/// The config, when it loads.
+fn config_loads(path: &std::path::Path) -> (Option<LoadedConfig>, Check) {
+    match LoadedConfig::load(path) {
+        Ok(c) => {
+            let loads = format!("{} loads", c.path.display());
+            (Some(c), check("config", Verdict::Ok, loads, ""))
         }
-        let agents_mailboxes: Vec<&str> = config
+        Err(e) => (None, check("config", Verdict::Fail, e.problem, e.fix)),
+    }
+}
+
+/// Whether a bridge holds the state directory.
+fn bridge_runs(config: &LoadedConfig) -> Check {
+    match crate::fsio::StateLock::holder(&config.state_dir) {
+        Some(pid) => check("bridge", Verdict::Ok, format!("running (pid {pid})"), ""),
+        None => check(
+            "bridge",
+            Verdict::Warn,
+            "not running",
+            "aamp-bridge start, or install it as a service",
+        ),
+    }
+}
+
+/// Each mailbox, part by part as its system checks it.
+async fn mailboxes(
+    config: &LoadedConfig,
+    spinner: &crate::wizard::prompt::Spinner,
+) -> Result<Vec<Check>, crate::mailbox::MailboxError> {
+    use crate::wizard::Progress as _;
+    let mut checks = Vec::new();
+    for name in mailboxes_to_check(config) {
+        let tasks_arrive = config
             .config
             .agents
             .iter()
-            .map(|a| a.mailbox_name())
-            .collect();
-        for name in mailboxes_to_check(config) {
-            let serves_agent = agents_mailboxes.contains(&name.as_str());
-            spinner.step(&format!("checking mailbox {name}"));
-            for found in crate::mailbox::check(config, &name, serves_agent).await? {
-                let what = format!("mailbox {name}: {}", found.part);
-                checks.push(check(what, found.verdict, found.detail, found.fix));
-            }
-        }
-        let dirs = config.profile_dirs();
-        let bin_dirs = scan::bin_dirs().await;
-        for agent in &config.config.agents {
-            spinner.step(&format!("checking agent {}", agent.name));
-            let what = format!("agent {}", agent.name);
-            checks.extend(takes_tasks(config, agent));
-            let profile = match Profile::find(&config.profile_ref(&agent.profile), &dirs) {
-                Ok(p) => p,
-                Err(e) => {
-                    checks.push(check(
-                        what,
-                        Verdict::Fail,
-                        e.to_string(),
-                        "fix the agent's profile in the config (aamp-bridge agents lists them)",
-                    ));
-                    continue;
-                }
-            };
-            let command = profile.command.render(&Default::default());
-            let Some(path) = scan::find(&command, &bin_dirs) else {
-                checks.push(check(
-                    what,
-                    Verdict::Fail,
-                    format!("{command:?} (profile {}) is not installed", profile.name),
-                    profile
-                        .install
-                        .clone()
-                        .unwrap_or_else(|| format!("install {command}, or pick another profile")),
-                ));
-                continue;
-            };
-            let login = crate::runner::login::check(&profile);
-            let login_fix = |fallback: &str| {
-                login
-                    .as_ref()
-                    .and_then(|l| l.fix.clone())
-                    .unwrap_or_else(|| fallback.to_string())
-            };
-            let (verdict, detail, fix) = if profile.kind == ProfileKind::Acp {
-                // The agent itself says whether it is logged in: a session is opened (no
-                // prompt is sent).
-                let scratch = std::env::temp_dir();
-                match acp::probe(&profile, &scratch, true).await {
-                    // claude-agent-acp opens a session with no login and refuses the prompt.
-                    Ok(info) if login.as_ref().is_some_and(|l| !l.logged_in) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} ({}, profile {}) opens a session, but is not logged in: {}",
-                            path.display(),
-                            info.agent.as_deref().unwrap_or("an unnamed ACP agent"),
-                            profile.name,
-                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
-                        ),
-                        login_fix(""),
-                    ),
-                    Ok(info) => (
-                        Verdict::Ok,
-                        format!(
-                            "{} ({}): answers ACP and opens a session",
-                            path.display(),
-                            info.agent.as_deref().unwrap_or("an unnamed ACP agent")
-                        ),
-                        String::new(),
-                    ),
-                    Err(crate::runner::RunError::NotLoggedIn(words)) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} (profile {}) is installed but not logged in: {words}",
-                            path.display(),
-                            profile.name
-                        ),
-                        login_fix("log in with the agent's own CLI, or set its API key in the profile's env"),
-                    ),
-                    // An agent with no login often fails its session some other way (Gemini
-                    // with a Google login not yet done waits for a browser): when the login
-                    // check already knows why, that is the warning and its fix.
-                    Err(e) if login.as_ref().is_some_and(|l| !l.logged_in) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} (profile {}) is installed but not logged in: {} (the session failed: {e})",
-                            path.display(),
-                            profile.name,
-                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
-                        ),
-                        login_fix(""),
-                    ),
-                    Err(e) => (
-                        Verdict::Fail,
-                        format!("{} (profile {}): {e}", path.display(), profile.name),
-                        "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too".to_string(),
-                    ),
-                }
-            } else {
-                let version = match scan::version_probe(&path).await {
-                    scan::VersionProbe::Printed(v) => v,
-                    scan::VersionProbe::Silent => "no version printed".into(),
-                    scan::VersionProbe::NoAnswer => "no --version answer".into(),
-                };
-                match &login {
-                    Some(l) if !l.logged_in => (
-                        Verdict::Warn,
-                        format!(
-                            "{} ({version}, profile {}) is installed but not logged in: {}",
-                            path.display(),
-                            profile.name,
-                            l.detail
-                        ),
-                        login_fix(""),
-                    ),
-                    Some(l) => (
-                        Verdict::Ok,
-                        format!("{} ({version}), logged in ({})", path.display(), l.detail),
-                        String::new(),
-                    ),
-                    None => (
-                        Verdict::Ok,
-                        no_known_login(&profile, &path, &version),
-                        String::new(),
-                    ),
-                }
-            };
-            checks.push(check(what, verdict, detail, fix));
+            .any(|a| a.mailbox_name() == name);
+        spinner.step(&format!("checking mailbox {name}"));
+        for found in crate::mailbox::check(config, &name, tasks_arrive).await? {
+            let what = format!("mailbox {name}: {}", found.part);
+            checks.push(check(what, found.verdict, found.detail, found.fix));
         }
     }
-    let failed = checks.iter().any(|c| c.status == Verdict::Fail);
-    spinner.clear();
-    if json {
-        outln!("{}", crate::events::json_text(&checks)?);
+    Ok(checks)
+}
+
+/// Each agent: whether it takes tasks, and whether its agent is installed and logged in.
+async fn agents(config: &LoadedConfig, spinner: &crate::wizard::prompt::Spinner) -> Vec<Check> {
+    use crate::wizard::Progress as _;
+    let dirs = config.profile_dirs();
+    let bin_dirs = crate::runner::scan::bin_dirs().await;
+    let mut checks = Vec::new();
+    for agent in &config.config.agents {
+        spinner.step(&format!("checking agent {}", agent.name));
+        checks.extend(takes_tasks(config, agent));
+        checks.push(agent_runs(config, agent, &dirs, &bin_dirs).await);
+    }
+    checks
+}
+
+/// Whether an agent's profile is found, its command installed, and the agent logged in.
+async fn agent_runs(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+    dirs: &[PathBuf],
+    bin_dirs: &[PathBuf],
+) -> Check {
+    use crate::runner::{profile::ProfileKind, scan, Profile};
+    let what = format!("agent {}", agent.name);
+    let profile = match Profile::find(&config.profile_ref(&agent.profile), dirs) {
+        Ok(p) => p,
+        Err(e) => {
+            let fix = "fix the agent's profile in the config (aamp-bridge agents lists them)";
+            return check(what, Verdict::Fail, e.to_string(), fix);
+        }
+    };
+    let command = profile.command.render(&Default::default());
+    let Some(path) = scan::find(&command, bin_dirs) else {
+        return check(
+            what,
+            Verdict::Fail,
+            format!("{command:?} (profile {}) is not installed", profile.name),
+            profile
+                .install
+                .clone()
+                .unwrap_or_else(|| format!("install {command}, or pick another profile")),
+        );
+    };
+    let login = crate::runner::login::check(&profile);
+    let (verdict, detail, fix) = if profile.kind == ProfileKind::Acp {
+        acp_session(&profile, &path, login.as_ref()).await
     } else {
-        for c in &checks {
-            let word = match c.status {
-                Verdict::Ok => "OK",
-                Verdict::Warn => "WARN",
-                Verdict::Fail => "FAIL",
-            };
-            outln!("{word:<4}  {}: {}", c.check, c.detail);
-            if !c.fix.is_empty() {
-                outln!("      fix: {}", c.fix);
-            }
+        cli_version(&profile, &path, login.as_ref()).await
+    };
+    check(what, verdict, detail, fix)
+}
+
+/// An agent's own fix for its login, or `fallback`.
+fn login_fix(login: Option<&LoginState>, fallback: &str) -> String {
+    login
+        .and_then(|l| l.fix.clone())
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+/// An ACP agent says itself whether it is logged in: a session is opened (no prompt is
+/// sent).
+async fn acp_session(
+    profile: &crate::runner::Profile,
+    path: &std::path::Path,
+    login: Option<&LoginState>,
+) -> (Verdict, String, String) {
+    let not_logged_in = login.filter(|l| !l.logged_in);
+    let why = || not_logged_in.map(|l| l.detail.clone()).unwrap_or_default();
+    let (path, name) = (path.display(), &profile.name);
+    let scratch = std::env::temp_dir();
+    match crate::runner::acp::probe(profile, &scratch, true).await {
+        // claude-agent-acp opens a session with no login and refuses the prompt.
+        Ok(info) if not_logged_in.is_some() => (
+            Verdict::Warn,
+            format!(
+                "{path} ({}, profile {name}) opens a session, but is not logged in: {}",
+                info.agent.as_deref().unwrap_or("an unnamed ACP agent"),
+                why()
+            ),
+            login_fix(login, ""),
+        ),
+        Ok(info) => (
+            Verdict::Ok,
+            format!(
+                "{path} ({}): answers ACP and opens a session",
+                info.agent.as_deref().unwrap_or("an unnamed ACP agent")
+            ),
+            String::new(),
+        ),
+        Err(crate::runner::RunError::NotLoggedIn(words)) => (
+            Verdict::Warn,
+            format!("{path} (profile {name}) is installed but not logged in: {words}"),
+            login_fix(
+                login,
+                "log in with the agent's own CLI, or set its API key in the profile's env",
+            ),
+        ),
+        // An agent with no login often fails its session some other way (Gemini with a
+        // Google login not yet done waits for a browser): when the login check already
+        // knows why, that is the warning and its fix.
+        Err(e) if not_logged_in.is_some() => (
+            Verdict::Warn,
+            format!(
+                "{path} (profile {name}) is installed but not logged in: {} (the session failed: {e})",
+                why()
+            ),
+            login_fix(login, ""),
+        ),
+        Err(e) => (
+            Verdict::Fail,
+            format!("{path} (profile {name}): {e}"),
+            "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too"
+                .to_string(),
+        ),
+    }
+}
+
+/// A CLI agent: its `--version`, and its login when the bridge knows where it is.
+async fn cli_version(
+    profile: &crate::runner::Profile,
+    path: &std::path::Path,
+    login: Option<&LoginState>,
+) -> (Verdict, String, String) {
+    use crate::runner::scan::{version_probe, VersionProbe};
+    let version = match version_probe(path).await {
+        VersionProbe::Printed(v) => v,
+        VersionProbe::Silent => "no version printed".into(),
+        VersionProbe::NoAnswer => "no --version answer".into(),
+    };
+    match login {
+        Some(l) if !l.logged_in => (
+            Verdict::Warn,
+            format!(
+                "{} ({version}, profile {}) is installed but not logged in: {}",
+                path.display(),
+                profile.name,
+                l.detail
+            ),
+            login_fix(login, ""),
+        ),
+        Some(l) => (
+            Verdict::Ok,
+            format!("{} ({version}), logged in ({})", path.display(), l.detail),
+            String::new(),
+        ),
+        None => (
+            Verdict::Ok,
+            no_known_login(profile, path, &version),
+            String::new(),
+        ),
+    }
+}
+
+/// The checks as lines (`OK    what: detail`, its fix below), or as JSON.
+fn print(checks: &[Check], json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", crate::events::json_text(checks)?);
+        return Ok(());
+    }
+    for c in checks {
+        let word = match c.status {
+            Verdict::Ok => "OK",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        };
+        outln!("{word:<4}  {}: {}", c.check, c.detail);
+        if !c.fix.is_empty() {
+            outln!("      fix: {}", c.fix);
         }
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(())
 }
 
 /// The mailboxes `doctor` checks: each agent's, then the config's others (the person's own,
