@@ -212,53 +212,53 @@ pub enum ProfileAction {
 // The arguments of `profile new` (its help is the variant's doc comment).
 #[derive(Debug, clap::Args)]
 pub struct NewProfileArgs {
-    pub name: String,
+    name: String,
     /// The program (found on PATH; never run through a shell).
     #[arg(long)]
-    pub command: Option<String>,
+    command: Option<String>,
     /// An argument (repeatable); `{{prompt}}` is the task's text as one argument.
     #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
-    pub args: Vec<String>,
+    args: Vec<String>,
     /// How the prompt reaches the agent.
     #[arg(long, value_enum, default_value = "stdin")]
-    pub prompt_via: crate::wizard::profile_maker::PromptVia,
+    prompt_via: crate::wizard::profile_maker::PromptVia,
     /// The working directory [default: the task's own workspace].
     #[arg(long)]
-    pub cwd: Option<String>,
+    cwd: Option<String>,
     /// How its stdout is framed: auto (run it once to see), none, ndjson, sse, claude,
     /// codex, gemini.
     #[arg(long, default_value = "auto")]
-    pub stream: String,
+    stream: String,
     #[arg(long, default_value_t = 1800)]
-    pub timeout_secs: u64,
+    timeout_secs: u64,
     /// An ACP agent (speaks the Agent Client Protocol on stdio) instead of a CLI.
     #[arg(long)]
-    pub acp: bool,
+    acp: bool,
     /// ACP: allow, read_only, deny or ask.
     #[arg(long)]
-    pub permissions: Option<String>,
+    permissions: Option<String>,
     #[arg(long)]
-    pub description: Option<String>,
+    description: Option<String>,
     /// A variable the agent needs, KEY=VALUE (repeatable): used for the test runs and kept
     /// in NAME.env beside the profile (0600, named by its env_file), never in the profile.
     #[arg(long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
+    env: Vec<String>,
     /// The prompt for the detection run and the smoke test.
     #[arg(long, default_value = "Reply with the word OK.")]
-    pub test_prompt: String,
+    test_prompt: String,
     /// Write it without running it.
     #[arg(long)]
-    pub no_test: bool,
+    no_test: bool,
     /// How long each try of a resume flag may take (the first turn of that check: three
     /// times this; a real agent's turn on a busy machine takes tens of seconds); a try past
     /// it is stopped, its whole process group killed.
     #[arg(long, default_value_t = 60)]
-    pub resume_try_secs: u64,
+    resume_try_secs: u64,
     /// Replace a profile file of that name.
     #[arg(long)]
-    pub force: bool,
+    force: bool,
     #[arg(long)]
-    pub json: bool,
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
