@@ -60,7 +60,9 @@
 //!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
 //!   grammar in `aamp::received`, failing closed, plain replies and delivery reports, claims
 //!   on dispatches when several bridges serve one mailbox in `aamp::claims`, the outbound
-//!   seam in `aamp::outlet`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up,
+//!   seam in `aamp::outlet`, what `doctor` and `init` check of a mailbox in `aamp::probe`
+//!   (each part a `mailbox::Finding`, which `mailbox::check` gives for every kind), the
+//!   person's own `dispatch` in `aamp::dispatcher`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up,
 //!   reply envelopes with client ids), `mailbox::amp` (an AMP broker, polled; answers as
 //!   replies in the thread), both shaped `client`, `wire`, `intake`, `replies`, and
 //!   `mailbox::samp` (an Agent Mailbox server over MCP: its own small JSON-RPC client in

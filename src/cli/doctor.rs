@@ -5,14 +5,8 @@ use crate::output::outln;
 
 use super::*;
 
-/// How one check came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
+pub(super) use crate::mailbox::Verdict;
+use crate::runner::login::LoginState;
 
 /// One line of `doctor`.
 #[derive(serde::Serialize)]
@@ -39,335 +33,236 @@ pub(super) fn check(
 }
 
 pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow::Result<i32> {
-    use crate::error::{Classify, ErrorClass};
-    use crate::runner::{acp, profile::ProfileKind, scan, Profile};
-    use crate::wizard::Progress as _;
     let spinner = crate::wizard::prompt::Spinner::new();
-    let mut checks = Vec::new();
-    let config = match LoadedConfig::load(config_path) {
-        Ok(c) => {
-            checks.push(check(
-                "config",
-                Verdict::Ok,
-                format!("{} loads", c.path.display()),
-                "",
-            ));
-            Some(c)
-        }
-        Err(e) => {
-            checks.push(check(
-                "config",
-                Verdict::Fail,
-                e.problem.clone(),
-                e.fix.clone(),
-            ));
-            None
-        }
-    };
+    let (config, loads) = config_loads(config_path);
+    let mut checks = vec![loads];
     if let Some(config) = &config {
-        match crate::fsio::StateLock::holder(&config.state_dir) {
-            Some(pid) => checks.push(check(
-                "bridge",
-                Verdict::Ok,
-                format!("running (pid {pid})"),
-                "",
-            )),
-            None => checks.push(check(
-                "bridge",
-                Verdict::Warn,
-                "not running",
-                "aamp-bridge start, or install it as a service",
-            )),
+        checks.push(bridge_runs(config));
+        checks.extend(mailboxes(config, &spinner).await?);
+        checks.extend(agents(config, &spinner).await);
+    }
+    spinner.clear();
+    print(&checks, json)?;
+    let failed = checks.iter().any(|c| c.status == Verdict::Fail);
+    Ok(if failed { 1 } else { 0 })
+}
+
+/// The config, when it loads.
+fn config_loads(path: &std::path::Path) -> (Option<LoadedConfig>, Check) {
+    match LoadedConfig::load(path) {
+        Ok(c) => {
+            let loads = format!("{} loads", c.path.display());
+            (Some(c), check("config", Verdict::Ok, loads, ""))
         }
-        let agents_mailboxes: Vec<&str> = config
+        Err(e) => (None, check("config", Verdict::Fail, e.problem, e.fix)),
+    }
+}
+
+/// Whether a bridge holds the state directory.
+fn bridge_runs(config: &LoadedConfig) -> Check {
+    match crate::fsio::StateLock::holder(&config.state_dir) {
+        Some(pid) => check("bridge", Verdict::Ok, format!("running (pid {pid})"), ""),
+        None => check(
+            "bridge",
+            Verdict::Warn,
+            "not running",
+            "aamp-bridge start, or install it as a service",
+        ),
+    }
+}
+
+/// Each mailbox, part by part as its system checks it.
+async fn mailboxes(
+    config: &LoadedConfig,
+    spinner: &crate::wizard::prompt::Spinner,
+) -> Result<Vec<Check>, crate::mailbox::MailboxError> {
+    use crate::wizard::Progress as _;
+    let mut checks = Vec::new();
+    for name in mailboxes_to_check(config) {
+        let tasks_arrive = config
             .config
             .agents
             .iter()
-            .map(|a| a.mailbox_name())
-            .collect();
-        for name in mailboxes_to_check(config) {
-            let serves_agent = agents_mailboxes.contains(&name.as_str());
-            spinner.step(&format!("checking mailbox {name}"));
-            let what = |part: &str| format!("mailbox {name}: {part}");
-            if let Some(probe) = crate::mailbox::probe(config, &name).await {
-                match probe {
-                    Err(e) => checks.push(check(
-                        what("config"),
-                        Verdict::Fail,
-                        e.problem.clone(),
-                        e.fix.clone(),
-                    )),
-                    Ok(probe) => match probe.result {
-                        Ok(read) => checks.push(check(what(probe.system), Verdict::Ok, read, "")),
-                        Err(e) => checks.push(check(
-                            what(probe.system),
-                            Verdict::Fail,
-                            e.to_string(),
-                            match e.class() {
-                                ErrorClass::Auth => probe.auth_fix,
-                                _ => probe.other_fix,
-                            },
-                        )),
-                    },
-                }
-                continue;
-            }
-            let account = match config.account(&name) {
-                Ok(a) => a,
-                Err(e) => {
-                    checks.push(check(
-                        what("config"),
-                        Verdict::Fail,
-                        e.problem.clone(),
-                        e.fix.clone(),
-                    ));
-                    continue;
-                }
-            };
-            let mut mailbox = crate::mailbox::aamp::Reader::new(account.clone())?;
-            match mailbox.connect().await {
-                Ok(()) => {
-                    checks.push(check(
-                        what("JMAP"),
-                        Verdict::Ok,
-                        format!("logged in as {} at {}", account.login, account.jmap_url),
-                        "",
-                    ));
-                    let cleartext: Vec<&url::Url> = std::iter::once(&account.jmap_url)
-                        .chain(account.aamp_url.as_ref())
-                        .filter(|u| {
-                            u.scheme() == "http"
-                                && !u.host_str().is_some_and(crate::config::is_loopback)
-                        })
-                        .collect();
-                    if let Some(url) = cleartext.first() {
-                        checks.push(check(
-                            what("transport"),
-                            Verdict::Warn,
-                            format!("{url} is plain http: the password crosses the network unencrypted (insecure_http = true)"),
-                            "use https for jmap_url and aamp_url, and drop insecure_http",
-                        ));
-                    }
-                    match (account.push, mailbox.push_target()) {
-                        (false, _) => checks.push(check(what("push"), Verdict::Warn, format!("push is off in the config: polling every {} s", account.poll_interval.as_secs()), "set push = true unless the server's push is broken")),
-                        (true, Some(target)) => checks.push(check(what("push"), Verdict::Ok, format!("offered: {}", target.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")), "")),
-                        (true, None) => checks.push(check(what("push"), Verdict::Warn, format!("the server offers no JMAP push: polling every {} s", account.poll_interval.as_secs()), "lower poll_interval_secs for quicker answers, or enable WebSocket/EventSource push on the server")),
-                    }
-                    match mailbox.check_claims().await {
-                        Ok(None) => {}
-                        Ok(Some(true)) => checks.push(check(
-                            what("claims"),
-                            Verdict::Ok,
-                            "the server takes the keywords this replica's claims write",
-                            "",
-                        )),
-                        Ok(Some(false)) => checks.push(check(
-                            what("claims"),
-                            Verdict::Warn,
-                            "no answered task in the Inbox yet to try the claims' keywords on",
-                            "run doctor again after the first task",
-                        )),
-                        Err(e) => checks.push(check(
-                            what("claims"),
-                            Verdict::Fail,
-                            e.to_string(),
-                            "this replica cannot claim tasks, so it runs none (they are parked): the login must be allowed to set keywords, and the mailbox must have room for 30 more keyword names (Cyrus keeps 100 per mailbox, never freed: builds before this one used one per lease; a new mailbox, or the administrator, clears them)",
-                        )),
-                    }
-                    // Sender evidence matters where tasks arrive, not in the person's own
-                    // mailbox (`me`), where only answers do.
-                    if serves_agent {
-                        checks.push(sender_evidence(&what, &account, &mut mailbox).await);
-                    }
-                }
-                Err(e) => {
-                    let detail = e.to_string();
-                    let fix = e.fix("jmap_url");
-                    checks.push(check(what("JMAP"), Verdict::Fail, detail, fix));
-                }
-            }
-            match crate::mailbox::aamp::Sender::new(&account) {
-                Ok(sender) => match sender.check_smtp().await {
-                    Ok(()) => checks.push(check(
-                        what("SMTP"),
-                        Verdict::Ok,
-                        format!(
-                            "EHLO and login at {}:{} ({:?})",
-                            account.smtp_host, account.smtp_port, account.smtp_security
-                        ),
-                        "",
-                    )),
-                    Err(e) => {
-                        let fix = e.fix("smtp_host, smtp_port and smtp_security");
-                        checks.push(check(what("SMTP"), Verdict::Fail, e.to_string(), fix));
-                    }
-                },
-                Err(e) => checks.push(check(
-                    what("SMTP"),
-                    Verdict::Fail,
-                    e.to_string(),
-                    "check smtp_security and the host name",
-                )),
-            }
-            if let Some(base) = &account.aamp_url {
-                match crate::mailbox::aamp::helper::HelperApi::discover(base, &account).await {
-                    Ok(_) => checks.push(check(
-                        what("AAMP service"),
-                        Verdict::Ok,
-                        format!("{base} answers /.well-known/aamp"),
-                        "",
-                    )),
-                    Err(e) => checks.push(check(
-                        what("AAMP service"),
-                        Verdict::Warn,
-                        e.to_string(),
-                        "check aamp_url; without the service tasks run without live streams",
-                    )),
-                }
-            }
-        }
-        let dirs = config.profile_dirs();
-        let bin_dirs = scan::bin_dirs().await;
-        for agent in &config.config.agents {
-            spinner.step(&format!("checking agent {}", agent.name));
-            let what = format!("agent {}", agent.name);
-            checks.extend(takes_tasks(config, agent));
-            let profile = match Profile::find(&config.profile_ref(&agent.profile), &dirs) {
-                Ok(p) => p,
-                Err(e) => {
-                    checks.push(check(
-                        what,
-                        Verdict::Fail,
-                        e.to_string(),
-                        "fix the agent's profile in the config (aamp-bridge agents lists them)",
-                    ));
-                    continue;
-                }
-            };
-            let command = profile.command.render(&Default::default());
-            let Some(path) = scan::find(&command, &bin_dirs) else {
-                checks.push(check(
-                    what,
-                    Verdict::Fail,
-                    format!("{command:?} (profile {}) is not installed", profile.name),
-                    profile
-                        .install
-                        .clone()
-                        .unwrap_or_else(|| format!("install {command}, or pick another profile")),
-                ));
-                continue;
-            };
-            let login = crate::runner::login::check(&profile);
-            let login_fix = |fallback: &str| {
-                login
-                    .as_ref()
-                    .and_then(|l| l.fix.clone())
-                    .unwrap_or_else(|| fallback.to_string())
-            };
-            let (verdict, detail, fix) = if profile.kind == ProfileKind::Acp {
-                // The agent itself says whether it is logged in: a session is opened (no
-                // prompt is sent).
-                let scratch = std::env::temp_dir();
-                match acp::probe(&profile, &scratch, true).await {
-                    // claude-agent-acp opens a session with no login and refuses the prompt.
-                    Ok(info) if login.as_ref().is_some_and(|l| !l.logged_in) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} ({}, profile {}) opens a session, but is not logged in: {}",
-                            path.display(),
-                            info.agent.as_deref().unwrap_or("an unnamed ACP agent"),
-                            profile.name,
-                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
-                        ),
-                        login_fix(""),
-                    ),
-                    Ok(info) => (
-                        Verdict::Ok,
-                        format!(
-                            "{} ({}): answers ACP and opens a session",
-                            path.display(),
-                            info.agent.as_deref().unwrap_or("an unnamed ACP agent")
-                        ),
-                        String::new(),
-                    ),
-                    Err(crate::runner::RunError::NotLoggedIn(words)) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} (profile {}) is installed but not logged in: {words}",
-                            path.display(),
-                            profile.name
-                        ),
-                        login_fix("log in with the agent's own CLI, or set its API key in the profile's env"),
-                    ),
-                    // An agent with no login often fails its session some other way (Gemini
-                    // with a Google login not yet done waits for a browser): when the login
-                    // check already knows why, that is the warning and its fix.
-                    Err(e) if login.as_ref().is_some_and(|l| !l.logged_in) => (
-                        Verdict::Warn,
-                        format!(
-                            "{} (profile {}) is installed but not logged in: {} (the session failed: {e})",
-                            path.display(),
-                            profile.name,
-                            login.as_ref().map(|l| l.detail.clone()).unwrap_or_default()
-                        ),
-                        login_fix(""),
-                    ),
-                    Err(e) => (
-                        Verdict::Fail,
-                        format!("{} (profile {}): {e}", path.display(), profile.name),
-                        "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too".to_string(),
-                    ),
-                }
-            } else {
-                let version = match scan::version_probe(&path).await {
-                    scan::VersionProbe::Printed(v) => v,
-                    scan::VersionProbe::Silent => "no version printed".into(),
-                    scan::VersionProbe::NoAnswer => "no --version answer".into(),
-                };
-                match &login {
-                    Some(l) if !l.logged_in => (
-                        Verdict::Warn,
-                        format!(
-                            "{} ({version}, profile {}) is installed but not logged in: {}",
-                            path.display(),
-                            profile.name,
-                            l.detail
-                        ),
-                        login_fix(""),
-                    ),
-                    Some(l) => (
-                        Verdict::Ok,
-                        format!("{} ({version}), logged in ({})", path.display(), l.detail),
-                        String::new(),
-                    ),
-                    None => (
-                        Verdict::Ok,
-                        no_known_login(&profile, &path, &version),
-                        String::new(),
-                    ),
-                }
-            };
-            checks.push(check(what, verdict, detail, fix));
+            .any(|a| a.mailbox_name() == name);
+        spinner.step(&format!("checking mailbox {name}"));
+        for found in crate::mailbox::check(config, &name, tasks_arrive).await? {
+            let what = format!("mailbox {name}: {}", found.part);
+            checks.push(check(what, found.verdict, found.detail, found.fix));
         }
     }
-    let failed = checks.iter().any(|c| c.status == Verdict::Fail);
-    spinner.clear();
-    if json {
-        outln!("{}", crate::events::json_text(&checks)?);
+    Ok(checks)
+}
+
+/// Each agent: whether it takes tasks, and whether its agent is installed and logged in.
+async fn agents(config: &LoadedConfig, spinner: &crate::wizard::prompt::Spinner) -> Vec<Check> {
+    use crate::wizard::Progress as _;
+    let dirs = config.profile_dirs();
+    let bin_dirs = crate::runner::scan::bin_dirs().await;
+    let mut checks = Vec::new();
+    for agent in &config.config.agents {
+        spinner.step(&format!("checking agent {}", agent.name));
+        checks.extend(takes_tasks(config, agent));
+        checks.push(agent_runs(config, agent, &dirs, &bin_dirs).await);
+    }
+    checks
+}
+
+/// Whether an agent's profile is found, its command installed, and the agent logged in.
+async fn agent_runs(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+    dirs: &[PathBuf],
+    bin_dirs: &[PathBuf],
+) -> Check {
+    use crate::runner::{profile::ProfileKind, scan, Profile};
+    let what = format!("agent {}", agent.name);
+    let profile = match Profile::find(&config.profile_ref(&agent.profile), dirs) {
+        Ok(p) => p,
+        Err(e) => {
+            let fix = "fix the agent's profile in the config (aamp-bridge agents lists them)";
+            return check(what, Verdict::Fail, e.to_string(), fix);
+        }
+    };
+    let command = profile.command.render(&Default::default());
+    let Some(path) = scan::find(&command, bin_dirs) else {
+        return check(
+            what,
+            Verdict::Fail,
+            format!("{command:?} (profile {}) is not installed", profile.name),
+            profile
+                .install
+                .clone()
+                .unwrap_or_else(|| format!("install {command}, or pick another profile")),
+        );
+    };
+    let login = crate::runner::login::check(&profile);
+    let (verdict, detail, fix) = if profile.kind == ProfileKind::Acp {
+        acp_session(&profile, &path, login.as_ref()).await
     } else {
-        for c in &checks {
-            let word = match c.status {
-                Verdict::Ok => "OK",
-                Verdict::Warn => "WARN",
-                Verdict::Fail => "FAIL",
-            };
-            outln!("{word:<4}  {}: {}", c.check, c.detail);
-            if !c.fix.is_empty() {
-                outln!("      fix: {}", c.fix);
-            }
+        cli_version(&profile, &path, login.as_ref()).await
+    };
+    check(what, verdict, detail, fix)
+}
+
+/// An agent's own fix for its login, or `fallback`.
+fn login_fix(login: Option<&LoginState>, fallback: &str) -> String {
+    login
+        .and_then(|l| l.fix.clone())
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+/// An ACP agent says itself whether it is logged in: a session is opened (no prompt is
+/// sent).
+async fn acp_session(
+    profile: &crate::runner::Profile,
+    path: &std::path::Path,
+    login: Option<&LoginState>,
+) -> (Verdict, String, String) {
+    let not_logged_in = login.filter(|l| !l.logged_in);
+    let why = || not_logged_in.map(|l| l.detail.clone()).unwrap_or_default();
+    let (path, name) = (path.display(), &profile.name);
+    let scratch = std::env::temp_dir();
+    match crate::runner::acp::probe(profile, &scratch, true).await {
+        // claude-agent-acp opens a session with no login and refuses the prompt.
+        Ok(info) if not_logged_in.is_some() => (
+            Verdict::Warn,
+            format!(
+                "{path} ({}, profile {name}) opens a session, but is not logged in: {}",
+                info.agent.as_deref().unwrap_or("an unnamed ACP agent"),
+                why()
+            ),
+            login_fix(login, ""),
+        ),
+        Ok(info) => (
+            Verdict::Ok,
+            format!(
+                "{path} ({}): answers ACP and opens a session",
+                info.agent.as_deref().unwrap_or("an unnamed ACP agent")
+            ),
+            String::new(),
+        ),
+        Err(crate::runner::RunError::NotLoggedIn(words)) => (
+            Verdict::Warn,
+            format!("{path} (profile {name}) is installed but not logged in: {words}"),
+            login_fix(
+                login,
+                "log in with the agent's own CLI, or set its API key in the profile's env",
+            ),
+        ),
+        // An agent with no login often fails its session some other way (Gemini with a
+        // Google login not yet done waits for a browser): when the login check already
+        // knows why, that is the warning and its fix.
+        Err(e) if not_logged_in.is_some() => (
+            Verdict::Warn,
+            format!(
+                "{path} (profile {name}) is installed but not logged in: {} (the session failed: {e})",
+                why()
+            ),
+            login_fix(login, ""),
+        ),
+        Err(e) => (
+            Verdict::Fail,
+            format!("{path} (profile {name}): {e}"),
+            "run the agent by hand to see why; `aamp-bridge agents --probe` tries it too"
+                .to_string(),
+        ),
+    }
+}
+
+/// A CLI agent: its `--version`, and its login when the bridge knows where it is.
+async fn cli_version(
+    profile: &crate::runner::Profile,
+    path: &std::path::Path,
+    login: Option<&LoginState>,
+) -> (Verdict, String, String) {
+    use crate::runner::scan::{version_probe, VersionProbe};
+    let version = match version_probe(path).await {
+        VersionProbe::Printed(v) => v,
+        VersionProbe::Silent => "no version printed".into(),
+        VersionProbe::NoAnswer => "no --version answer".into(),
+    };
+    match login {
+        Some(l) if !l.logged_in => (
+            Verdict::Warn,
+            format!(
+                "{} ({version}, profile {}) is installed but not logged in: {}",
+                path.display(),
+                profile.name,
+                l.detail
+            ),
+            login_fix(login, ""),
+        ),
+        Some(l) => (
+            Verdict::Ok,
+            format!("{} ({version}), logged in ({})", path.display(), l.detail),
+            String::new(),
+        ),
+        None => (
+            Verdict::Ok,
+            no_known_login(profile, path, &version),
+            String::new(),
+        ),
+    }
+}
+
+/// The checks as lines (`OK    what: detail`, its fix below), or as JSON.
+fn print(checks: &[Check], json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", crate::events::json_text(checks)?);
+        return Ok(());
+    }
+    for c in checks {
+        let word = match c.status {
+            Verdict::Ok => "OK",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        };
+        outln!("{word:<4}  {}: {}", c.check, c.detail);
+        if !c.fix.is_empty() {
+            outln!("      fix: {}", c.fix);
         }
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(())
 }
 
 /// The mailboxes `doctor` checks: each agent's, then the config's others (the person's own,
@@ -381,63 +276,6 @@ fn mailboxes_to_check(config: &LoadedConfig) -> Vec<String> {
         }
     }
     names
-}
-
-/// Whether the newest mail in an agent's AAMP Inbox carries evidence of its sender that the
-/// bridge can check (`sender_auth`).
-async fn sender_evidence(
-    what: &dyn Fn(&str) -> String,
-    account: &crate::config::Account,
-    mailbox: &mut crate::mailbox::aamp::Reader,
-) -> Check {
-    let what = what("sender evidence");
-    let headers = match mailbox.newest_headers().await {
-        Ok(Some(headers)) => headers,
-        Ok(None) => {
-            return check(
-                what,
-                Verdict::Warn,
-                "no mail in the Inbox yet to look at",
-                "run doctor again after the first dispatch",
-            )
-        }
-        Err(e) => return check(what, Verdict::Warn, e.to_string(), ""),
-    };
-    let ev = crate::mailbox::aamp::auth::evidence(&headers);
-    let mut found = Vec::new();
-    if ev.authenticated_submission {
-        found.push("authenticated submission".to_string());
-    }
-    for id in &ev.authserv_ids {
-        found.push(format!("Authentication-Results from {id}"));
-    }
-    const POSTFIX_FIX: &str = "Postfix: smtpd_sasl_authenticated_header = yes on the submission service; or OpenDKIM/OpenDMARC and authserv_id";
-    if account.sender_auth == crate::config::SenderAuth::None {
-        check(
-            what,
-            Verdict::Warn,
-            "sender_auth = \"none\": any From is believed",
-            "set sender_auth = \"auto\" if the server writes evidence",
-        )
-    } else if let Some(problem) = &ev.problem {
-        check(
-            what,
-            Verdict::Warn,
-            format!("the newest Inbox mail is not believed whoever sent it: {problem}"),
-            "mail whose top Received fields the bridge cannot read is ignored; if the server writes them that way, report the field",
-        )
-    } else if ev.login_not_recorded && ev.authserv_ids.is_empty() {
-        check(what, Verdict::Warn, "the server records authenticated submissions (ESMTPA) but not the login, so no From can be checked and mail like it is ignored", POSTFIX_FIX)
-    } else if found.is_empty() {
-        check(what, Verdict::Warn, "the newest Inbox mail carries no evidence this bridge can check, so mail like it is ignored", format!("{POSTFIX_FIX}; or sender_auth = \"none\" (not advised)"))
-    } else {
-        check(
-            what,
-            Verdict::Ok,
-            format!("the server writes: {}", found.join(", ")),
-            "",
-        )
-    }
 }
 
 /// How many of an agent's newest tasks `doctor` looks at to see whether it takes any.

@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{default_config_path, LoadedConfig};
 use crate::daemon::{self, RunOptions};
-use crate::mailbox::aamp::{Reader, Sender};
 use crate::protocol::{self, AampMessage, Body, Dispatch, Priority, Status};
 
 #[derive(Debug, Parser)]
@@ -196,55 +195,7 @@ pub enum ProfileAction {
     Show { name: String },
     /// Make a profile for a command-line agent, find how its output is framed by running it
     /// once, and smoke-test it. Asks for what is not given when run in a terminal.
-    New {
-        name: String,
-        /// The program (found on PATH; never run through a shell).
-        #[arg(long)]
-        command: Option<String>,
-        /// An argument (repeatable); `{{prompt}}` is the task's text as one argument.
-        #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
-        args: Vec<String>,
-        /// How the prompt reaches the agent.
-        #[arg(long, value_enum, default_value = "stdin")]
-        prompt_via: crate::wizard::profile_maker::PromptVia,
-        /// The working directory [default: the task's own workspace].
-        #[arg(long)]
-        cwd: Option<String>,
-        /// How its stdout is framed: auto (run it once to see), none, ndjson, sse, claude,
-        /// codex, gemini.
-        #[arg(long, default_value = "auto")]
-        stream: String,
-        #[arg(long, default_value_t = 1800)]
-        timeout_secs: u64,
-        /// An ACP agent (speaks the Agent Client Protocol on stdio) instead of a CLI.
-        #[arg(long)]
-        acp: bool,
-        /// ACP: allow, read_only, deny or ask.
-        #[arg(long)]
-        permissions: Option<String>,
-        #[arg(long)]
-        description: Option<String>,
-        /// A variable the agent needs, KEY=VALUE (repeatable): used for the test runs and kept
-        /// in NAME.env beside the profile (0600, named by its env_file), never in the profile.
-        #[arg(long = "env", value_name = "KEY=VALUE")]
-        env: Vec<String>,
-        /// The prompt for the detection run and the smoke test.
-        #[arg(long, default_value = "Reply with the word OK.")]
-        test_prompt: String,
-        /// Write it without running it.
-        #[arg(long)]
-        no_test: bool,
-        /// How long each try of a resume flag may take (the first turn of that check: three
-        /// times this; a real agent's turn on a busy machine takes tens of seconds); a try past
-        /// it is stopped, its whole process group killed.
-        #[arg(long, default_value_t = 60)]
-        resume_try_secs: u64,
-        /// Replace a profile file of that name.
-        #[arg(long)]
-        force: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    New(NewProfileArgs),
     /// Run a profile once on a prompt, as the bridge would, and show what came back.
     Test {
         name: String,
@@ -256,6 +207,58 @@ pub enum ProfileAction {
         #[arg(long)]
         json: bool,
     },
+}
+
+// The arguments of `profile new` (its help is the variant's doc comment).
+#[derive(Debug, clap::Args)]
+pub struct NewProfileArgs {
+    name: String,
+    /// The program (found on PATH; never run through a shell).
+    #[arg(long)]
+    command: Option<String>,
+    /// An argument (repeatable); `{{prompt}}` is the task's text as one argument.
+    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// How the prompt reaches the agent.
+    #[arg(long, value_enum, default_value = "stdin")]
+    prompt_via: crate::wizard::profile_maker::PromptVia,
+    /// The working directory [default: the task's own workspace].
+    #[arg(long)]
+    cwd: Option<String>,
+    /// How its stdout is framed: auto (run it once to see), none, ndjson, sse, claude,
+    /// codex, gemini.
+    #[arg(long, default_value = "auto")]
+    stream: String,
+    #[arg(long, default_value_t = 1800)]
+    timeout_secs: u64,
+    /// An ACP agent (speaks the Agent Client Protocol on stdio) instead of a CLI.
+    #[arg(long)]
+    acp: bool,
+    /// ACP: allow, read_only, deny or ask.
+    #[arg(long)]
+    permissions: Option<String>,
+    #[arg(long)]
+    description: Option<String>,
+    /// A variable the agent needs, KEY=VALUE (repeatable): used for the test runs and kept
+    /// in NAME.env beside the profile (0600, named by its env_file), never in the profile.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// The prompt for the detection run and the smoke test.
+    #[arg(long, default_value = "Reply with the word OK.")]
+    test_prompt: String,
+    /// Write it without running it.
+    #[arg(long)]
+    no_test: bool,
+    /// How long each try of a resume flag may take (the first turn of that check: three
+    /// times this; a real agent's turn on a busy machine takes tens of seconds); a try past
+    /// it is stopped, its whole process group killed.
+    #[arg(long, default_value_t = 60)]
+    resume_try_secs: u64,
+    /// Replace a profile file of that name.
+    #[arg(long)]
+    force: bool,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]

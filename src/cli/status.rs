@@ -5,6 +5,9 @@ use crate::output::outln;
 
 use super::*;
 
+use crate::mailbox::link::{Credentials, LinkState};
+use serde_json::Value;
+
 pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<i32> {
     let running = crate::fsio::StateLock::holder(&config.state_dir);
     // Live figures from the running bridge, when it answers on its control socket.
@@ -34,126 +37,151 @@ pub(super) async fn status(config: &LoadedConfig, json: bool) -> anyhow::Result<
         );
         return Ok(0);
     }
-    match &running {
-        Some(pid) => outln!(
-            "aamp-bridge is running (pid {pid}{}), state in {}",
-            live.as_ref()
-                .map(|l| format!(
-                    ", up {} s, version {}",
-                    l["uptimeSecs"],
-                    l["version"].as_str().unwrap_or("?")
-                ))
-                .unwrap_or_default(),
-            config.state_dir.display()
-        ),
-        None => outln!(
-            "aamp-bridge is not running (state in {}); what it last knew:",
-            config.state_dir.display()
-        ),
-    }
+    print_bridge(config, running.as_deref(), live.as_ref());
     outln!(
         "journal {}: {:.1} MB (kept under {max_mb} MB)",
         journal_path.display(),
         journal_bytes as f64 / f64::from(1 << 20)
     );
     for (a, link) in agents.iter().zip(&links) {
-        let reach = link
-            .as_ref()
-            .map_or("never connected", |l| l.mailbox.as_str());
-        outln!(
-            "{}  <{}>  mailbox {reach} since {}, {}",
-            a["agent"].as_str().unwrap_or_default(),
-            a["mailbox"].as_str().unwrap_or_default(),
-            link.as_ref().map_or("-", |l| l.since.as_str()),
-            match link.as_ref().map(|l| l.reading()) {
-                Some(Some("polling")) | None => "polling".to_string(),
-                Some(Some(p)) => format!("push over {p}"),
-                Some(None) => "no mail read until it answers".to_string(),
-            }
-        );
-        if let Some(error) = link.as_ref().and_then(|l| l.last_error.as_deref()) {
-            outln!("    last error: {error}");
-        }
-        if a["login"]["loggedIn"] == false {
-            outln!(
-                "    the agent is not logged in: {}; fix: {}",
-                a["login"]["detail"].as_str().unwrap_or_default(),
-                a["login"]["fix"].as_str().unwrap_or_default()
-            );
-        }
-        if let Some(c) = link.as_ref().and_then(|l| l.credentials.as_ref()) {
-            outln!(
-                "    credentials {}, read {}{}",
-                match c.worked {
-                    Some(true) => "work",
-                    Some(false) => "refused",
-                    None => "not tried yet",
-                },
-                c.read_at,
-                match &c.file {
-                    Some(file) if c.since != c.read_at => {
-                        format!(" from {file} (these since {})", c.since)
-                    }
-                    Some(file) => format!(" from {file}"),
-                    None => " (in the config)".to_string(),
-                }
-            );
-        }
-        outln!(
-            "    {} queued, {} running, {} answers waiting to be sent",
-            a["queued"],
-            a["running"].as_array().map_or(0, Vec::len),
-            a["unsent"]
-        );
-        if a["parked"].as_u64().unwrap_or(0) > 0 {
-            outln!(
-                "    {} tasks parked, not run or answered here: {} (tried again at the next start; aamp-bridge tasks --state parked)",
-                a["parked"],
-                a["parkedReason"].as_str().unwrap_or("the server refused their claims")
-            );
-        }
-        if a["undelivered"].as_u64().unwrap_or(0) > 0 {
-            outln!(
-                "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",
-                a["undelivered"]
-            );
-        }
-        if let Some(me) = a["replica"].as_str() {
-            let seen = &a["replicas"];
-            let held: Vec<String> = seen
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(name, n)| {
-                    let mine = if name == me { " (this one)" } else { "" };
-                    match n["expired"].as_u64() {
-                        Some(0) | None => format!("{name}{mine}: {} running", n["held"]),
-                        Some(x) => format!(
-                            "{name}{mine}: {} running, {x} whose lease ran out (to be taken over)",
-                            n["held"]
-                        ),
-                    }
-                })
-                .collect();
-            match (seen.is_null(), held.is_empty()) {
-                (true, _) => {
-                    outln!("    replica {me}; the claims on the server could not be read")
-                }
-                (false, true) => outln!("    replica {me}; no replica holds a task now"),
-                (false, false) => outln!("    replica {me}; claims: {}", held.join("; ")),
-            }
-        }
-        for t in a["running"].as_array().into_iter().flatten() {
-            outln!(
-                "    - {} ({}, {} s, from {})",
-                t["taskId"].as_str().unwrap_or_default(),
-                t["state"].as_str().unwrap_or_default(),
-                t["ageSecs"],
-                t["from"].as_str().unwrap_or_default()
-            );
-        }
+        print_agent(a, link.as_ref());
     }
     Ok(0)
+}
+
+/// Whether the bridge runs, and since when (from its control socket's answer).
+fn print_bridge(config: &LoadedConfig, running: Option<&str>, live: Option<&Value>) {
+    let Some(pid) = running else {
+        outln!(
+            "aamp-bridge is not running (state in {}); what it last knew:",
+            config.state_dir.display()
+        );
+        return;
+    };
+    let up = live.map(|l| {
+        let version = l["version"].as_str().unwrap_or("?");
+        format!(", up {} s, version {version}", l["uptimeSecs"])
+    });
+    outln!(
+        "aamp-bridge is running (pid {pid}{}), state in {}",
+        up.unwrap_or_default(),
+        config.state_dir.display()
+    );
+}
+
+/// One agent of `status`: its `json` of the snapshot and its link.
+fn print_agent(a: &Value, link: Option<&LinkState>) {
+    print_link(a, link);
+    if a["login"]["loggedIn"] == false {
+        outln!(
+            "    the agent is not logged in: {}; fix: {}",
+            a["login"]["detail"].as_str().unwrap_or_default(),
+            a["login"]["fix"].as_str().unwrap_or_default()
+        );
+    }
+    if let Some(c) = link.and_then(|l| l.credentials.as_ref()) {
+        print_credentials(c);
+    }
+    print_queue(a);
+    if let Some(me) = a["replica"].as_str() {
+        print_replicas(me, &a["replicas"]);
+    }
+    for t in a["running"].as_array().into_iter().flatten() {
+        outln!(
+            "    - {} ({}, {} s, from {})",
+            t["taskId"].as_str().unwrap_or_default(),
+            t["state"].as_str().unwrap_or_default(),
+            t["ageSecs"],
+            t["from"].as_str().unwrap_or_default()
+        );
+    }
+}
+
+/// The agent's address, how its mailbox is reached and read, and its last error.
+fn print_link(a: &Value, link: Option<&LinkState>) {
+    let reach = link.map_or("never connected", |l| l.mailbox.as_str());
+    outln!(
+        "{}  <{}>  mailbox {reach} since {}, {}",
+        a["agent"].as_str().unwrap_or_default(),
+        a["mailbox"].as_str().unwrap_or_default(),
+        link.map_or("-", |l| l.since.as_str()),
+        match link.map(|l| l.reading()) {
+            Some(Some("polling")) | None => "polling".to_string(),
+            Some(Some(p)) => format!("push over {p}"),
+            Some(None) => "no mail read until it answers".to_string(),
+        }
+    );
+    if let Some(error) = link.and_then(|l| l.last_error.as_deref()) {
+        outln!("    last error: {error}");
+    }
+}
+
+/// Whether the mailbox's credentials work, and where and when they were read.
+fn print_credentials(c: &Credentials) {
+    outln!(
+        "    credentials {}, read {}{}",
+        match c.worked {
+            Some(true) => "work",
+            Some(false) => "refused",
+            None => "not tried yet",
+        },
+        c.read_at,
+        match &c.file {
+            Some(file) if c.since != c.read_at => {
+                format!(" from {file} (these since {})", c.since)
+            }
+            Some(file) => format!(" from {file}"),
+            None => " (in the config)".to_string(),
+        }
+    );
+}
+
+/// The agent's tasks by where they are: queued, running, unsent, parked, undelivered.
+fn print_queue(a: &Value) {
+    outln!(
+        "    {} queued, {} running, {} answers waiting to be sent",
+        a["queued"],
+        a["running"].as_array().map_or(0, Vec::len),
+        a["unsent"]
+    );
+    if a["parked"].as_u64().unwrap_or(0) > 0 {
+        outln!(
+            "    {} tasks parked, not run or answered here: {} (tried again at the next start; aamp-bridge tasks --state parked)",
+            a["parked"],
+            a["parkedReason"].as_str().unwrap_or("the server refused their claims")
+        );
+    }
+    if a["undelivered"].as_u64().unwrap_or(0) > 0 {
+        outln!(
+            "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",
+            a["undelivered"]
+        );
+    }
+}
+
+/// For a mailbox of several bridges (this one `me`): the claims each replica holds, as
+/// `seen` on the server (null when it could not be read).
+fn print_replicas(me: &str, seen: &Value) {
+    let held: Vec<String> = seen
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, n)| {
+            let mine = if name == me { " (this one)" } else { "" };
+            match n["expired"].as_u64() {
+                Some(0) | None => format!("{name}{mine}: {} running", n["held"]),
+                Some(x) => format!(
+                    "{name}{mine}: {} running, {x} whose lease ran out (to be taken over)",
+                    n["held"]
+                ),
+            }
+        })
+        .collect();
+    match (seen.is_null(), held.is_empty()) {
+        (true, _) => outln!("    replica {me}; the claims on the server could not be read"),
+        (false, true) => outln!("    replica {me}; no replica holds a task now"),
+        (false, false) => outln!("    replica {me}; claims: {}", held.join("; ")),
+    }
 }
 
 /// `aamp-bridge reload`: the running bridge reads its config, profiles and credentials again

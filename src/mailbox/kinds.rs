@@ -4,7 +4,8 @@
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::error::OpenError;
+use super::error::{MailboxError, OpenError};
+use super::finding::{Finding, Verdict};
 use super::outlet::{Intake, Opening, Outlet, Probe, System};
 use super::{aamp, amp, asmtp, samp};
 use crate::config::{AgentConfig, ConfigError, LoadedConfig, MailboxKind};
@@ -21,10 +22,44 @@ pub fn system(kind: MailboxKind) -> &'static System {
 }
 
 /// Reads the named mailbox once when its system has a probe; `None` for an AAMP mailbox
-/// (checked over JMAP and SMTP instead); a config error when its settings do not hold.
+/// (checked part by part instead: [`check`]); a config error when its settings do not hold.
 pub async fn probe(config: &LoadedConfig, name: &str) -> Option<Result<Probe, ConfigError>> {
     let probe = system(config.kind(name)).probe?;
     Some(probe(config, name).await)
+}
+
+/// Checks the named mailbox as `doctor` does, part by part: its system's probe, or an AAMP
+/// mailbox's logins and what the bridge relies on there (its sender evidence only where
+/// `tasks_arrive`). An error only when an AAMP mailbox's clients cannot be made at all.
+pub async fn check(
+    config: &LoadedConfig,
+    name: &str,
+    tasks_arrive: bool,
+) -> Result<Vec<Finding>, MailboxError> {
+    use crate::error::{Classify as _, ErrorClass};
+    let config_failed =
+        |e: ConfigError| vec![Finding::new("config", Verdict::Fail, e.problem, e.fix)];
+    let Some(probe) = probe(config, name).await else {
+        return match config.account(name) {
+            Ok(account) => aamp::probe::check(&account, tasks_arrive).await,
+            Err(e) => Ok(config_failed(e)),
+        };
+    };
+    let probe = match probe {
+        Ok(probe) => probe,
+        Err(e) => return Ok(config_failed(e)),
+    };
+    let finding = match probe.result {
+        Ok(read) => Finding::new(probe.system, Verdict::Ok, read, ""),
+        Err(e) => {
+            let fix = match e.class() {
+                ErrorClass::Auth => probe.auth_fix,
+                _ => probe.other_fix,
+            };
+            Finding::new(probe.system, Verdict::Fail, e.to_string(), fix)
+        }
+    };
+    Ok(vec![finding])
 }
 
 /// Opens an agent's mailbox: its outlet and its intake. Work a back-end keeps beside the
@@ -66,13 +101,9 @@ pub async fn try_login(config: &LoadedConfig, name: &str) -> LoginTried {
         Some(Ok(probe)) => probe.result,
         Some(Err(e)) => return LoginTried::Untried(e.problem),
         None => match config.account(name) {
-            Ok(account) => match aamp::Reader::new(account) {
-                Ok(mut reader) => reader
-                    .connect()
-                    .await
-                    .map(|()| "logged in over JMAP".to_string()),
-                Err(e) => Err(e),
-            },
+            Ok(account) => aamp::probe::jmap_login(&account)
+                .await
+                .map(|_| "logged in over JMAP".to_string()),
             Err(e) => return LoginTried::Untried(e.problem),
         },
     };

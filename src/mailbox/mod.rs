@@ -10,13 +10,16 @@ pub mod amp;
 pub mod asmtp;
 pub mod body;
 pub(crate) mod error;
+mod finding;
 pub mod intake;
 mod kinds;
 pub mod link;
 pub mod outlet;
 pub mod samp;
 
-pub use kinds::{open, probe, system, try_login, LoginTried};
+pub use aamp::{replica_claims, Dispatcher};
+pub use finding::{Finding, Verdict};
+pub use kinds::{check, open, probe, system, try_login, LoginTried};
 pub use outlet::{Answering, Intake, Outlet, Probe, System};
 
 use std::path::PathBuf;

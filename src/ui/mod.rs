@@ -64,14 +64,19 @@ pub enum ActionError {
 /// What the page may do, on the paths mail takes (the daemon's engines).
 pub trait Operator: Send + Sync + 'static {
     fn questions(&self) -> Vec<OpenQuestion>;
-    fn answer(
-        &self,
-        agent: &str,
-        from: &str,
-        task_id: &str,
-        answer: &str,
-    ) -> Result<(), ActionError>;
-    fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError>;
+    fn answer(&self, action: &Action, answer: &str) -> Result<(), ActionError>;
+    fn cancel(&self, action: &Action) -> Result<(), ActionError>;
+}
+
+/// An action the page asks: which task, and for an answer, the answer.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Action {
+    pub agent: String,
+    pub from: String,
+    pub task_id: String,
+    #[serde(default)]
+    pub answer: Option<String>,
 }
 
 impl<O: Backend> Operator for Vec<Engine<O>> {
@@ -79,27 +84,26 @@ impl<O: Backend> Operator for Vec<Engine<O>> {
         self.iter().flat_map(|d| d.open_questions()).collect()
     }
 
-    fn answer(
-        &self,
-        agent: &str,
-        from: &str,
-        task_id: &str,
-        answer: &str,
-    ) -> Result<(), ActionError> {
-        let engine = self
-            .iter()
-            .find(|d| d.name() == agent)
-            .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(engine.operator_answer(from, task_id, answer)?)
+    fn answer(&self, action: &Action, answer: &str) -> Result<(), ActionError> {
+        let engine = engine(self, &action.agent)?;
+        Ok(engine.operator_answer(&action.from, &action.task_id, answer)?)
     }
 
-    fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError> {
-        let engine = self
-            .iter()
-            .find(|d| d.name() == agent)
-            .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(engine.operator_cancel(from, task_id)?)
+    fn cancel(&self, action: &Action) -> Result<(), ActionError> {
+        let engine = engine(self, &action.agent)?;
+        Ok(engine.operator_cancel(&action.from, &action.task_id)?)
     }
+}
+
+/// The engine of the agent named `agent`.
+fn engine<'a, O: Backend>(
+    engines: &'a [Engine<O>],
+    agent: &str,
+) -> Result<&'a Engine<O>, ActionError> {
+    engines
+        .iter()
+        .find(|d| d.name() == agent)
+        .ok_or_else(|| ActionError::NoAgent(agent.to_string()))
 }
 
 /// The running bridge as the page sees it.

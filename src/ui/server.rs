@@ -23,7 +23,7 @@ use tracing::Instrument as _;
 use super::auth::{self, Hosts};
 use super::conns::{Conns, Slot};
 use super::feed::Feed;
-use super::{Context, UiError};
+use super::{Action, Context, UiError};
 use crate::config::UiConfig;
 use crate::paths::StateDir;
 
@@ -318,25 +318,12 @@ async fn data(req: Request<Incoming>, shared: &Shared, host: &str, path: &str) -
     }
 }
 
-/// An action the page asks: which task, and for an answer, the answer.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Action {
-    agent: String,
-    from: String,
-    task_id: String,
-    #[serde(default)]
-    answer: Option<String>,
-}
-
 fn act(path: &str, action: &Action, shared: &Shared) -> Response<Body> {
     let operator = &shared.context.operator;
     let done = match (path, &action.answer) {
-        ("/api/answer", Some(answer)) => {
-            operator.answer(&action.agent, &action.from, &action.task_id, answer)
-        }
+        ("/api/answer", Some(answer)) => operator.answer(action, answer),
         ("/api/answer", None) => return refuse(StatusCode::BAD_REQUEST, "no answer"),
-        _ => operator.cancel(&action.agent, &action.from, &action.task_id),
+        _ => operator.cancel(action),
     };
     match done {
         Ok(()) => json(StatusCode::OK, &serde_json::json!({"ok": true})),

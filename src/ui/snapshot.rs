@@ -113,13 +113,8 @@ pub async fn agents(
 async fn read_replicas(config: &LoadedConfig, mailbox: &str) -> Option<(String, Option<Value>)> {
     let account = config.account(mailbox).ok()?;
     let me = account.replica.as_ref()?.name.clone();
-    let mut reader = crate::mailbox::aamp::Reader::new(account).ok()?;
-    let seen = match tokio::time::timeout(Duration::from_secs(10), async {
-        reader.connect().await?;
-        reader.replicas().await
-    })
-    .await
-    {
+    let read = crate::mailbox::replica_claims(&account);
+    let seen = match tokio::time::timeout(Duration::from_secs(10), read).await {
         Ok(Ok(map)) => Some(Value::Object(
             map.into_iter()
                 .map(|(name, (held, expired))| (name, json!({"held": held, "expired": expired})))

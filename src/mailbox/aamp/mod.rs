@@ -6,17 +6,21 @@
 
 pub mod auth;
 pub mod claims;
+mod dispatcher;
 pub mod guess;
 pub mod helper;
 pub mod intake;
 pub mod jmap;
 pub(crate) mod outlet;
+pub(crate) mod probe;
 pub mod push;
 pub mod received;
 mod sender;
 pub mod smtp;
 
+pub use dispatcher::Dispatcher;
 pub(crate) use outlet::SYSTEM;
+pub use probe::{login, replica_claims, LoginFailed};
 pub use sender::{Sender, SentCopies};
 
 use std::path::PathBuf;
