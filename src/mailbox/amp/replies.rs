@@ -15,6 +15,7 @@ pub struct AmpReplies {
 
 /// The outbound seam over this system: answers submitted; no attachments, streams, threads
 /// or claims (the trait's defaults).
+#[async_trait::async_trait]
 impl crate::backend::Backend for AmpReplies {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
         Ok(AmpReplies::submit(self, mail).await?)

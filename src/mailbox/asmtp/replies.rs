@@ -25,6 +25,7 @@ pub struct AsmtpReplies {
 
 /// The outbound seam over this system: answers submitted; no attachments, streams, threads
 /// or claims (the trait's defaults).
+#[async_trait::async_trait]
 impl crate::backend::Backend for AsmtpReplies {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
         Ok(AsmtpReplies::submit(self, mail).await?)

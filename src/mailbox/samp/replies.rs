@@ -56,6 +56,7 @@ pub struct SampReplies {
 }
 
 /// The outbound seam: answers submitted; no attachments, streams, threads or claims.
+#[async_trait::async_trait]
 impl crate::backend::Backend for SampReplies {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         Ok(SampReplies::submit(self, mail).await?)
