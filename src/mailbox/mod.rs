@@ -7,6 +7,7 @@
 
 pub mod aamp;
 pub mod amp;
+mod answer;
 pub mod asmtp;
 pub mod body;
 pub(crate) mod error;
