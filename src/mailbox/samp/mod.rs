@@ -27,13 +27,15 @@
 //! backoff; `blocked` and `unknown_recipient` are permanent.
 
 mod client;
+mod error;
 mod intake;
 mod replies;
 mod rpc;
 pub mod tools;
 mod wire;
 
-pub use client::{SampClient, SampError};
+pub use client::SampClient;
+pub use error::SampError;
 pub use intake::run_intake;
 pub use replies::SampReplies;
 pub use wire::{to_inbound, SampMessage};

@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 
-use super::client::{SampClient, SampError};
+use super::client::SampClient;
+use super::error::SampError;
 use super::wire::{parse_task_id, BODY_MAX_BYTES, DATA_MAX_BYTES, SUBJECT_MAX_CHARS};
 use crate::backend::BackendError;
 use crate::mailbox::answer::{self, Markup};

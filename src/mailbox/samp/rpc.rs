@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-use super::client::SampError;
+use super::error::SampError;
 use crate::config::Secret;
 use crate::mailbox::MailboxError;
 

@@ -1,6 +1,6 @@
 //! The SAMP model and limits, unit by unit.
 
-use super::client::SampError;
+use super::error::SampError;
 use super::replies::{fit_body, reply_subject};
 use super::wire::*;
 use crate::error::{Classify, ErrorClass};
