@@ -71,7 +71,7 @@
 //!   metadata so an answer never starts a task. Shared by all:
 //!   `mailbox::intake` (the one reading loop `watch`, `Health`, the one rule for a mailbox's
 //!   link state, refused keys and retries, and the one push supervisor `supervise_push` over
-//!   each pushed back-end's connection), HTTP clients, errors, the link state a status
+//!   each pushed back-end's connection, run beside the loop by `watch_pushed`), HTTP clients, errors, the link state a status
 //!   command reads, and the questions an agent posted where replies link by the back-end's
 //!   own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where

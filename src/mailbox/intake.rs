@@ -390,6 +390,31 @@ pub trait Pushed: Send {
     }
 }
 
+/// A pushed back-end's reading loop beside its push supervisor, until `stop`: each change
+/// pushed wakes the reading loop, and `push_up` tells it push is up. `pushed` is `None` when
+/// the mailbox does not use push (the loop then only polls).
+#[allow(clippy::too_many_arguments)]
+pub async fn watch_pushed(
+    name: &str,
+    events: Events,
+    health: Health<'_>,
+    watched: &mut impl Watched,
+    secret: &Secret,
+    pushed: Option<impl Pushed>,
+    push_up: &AtomicBool,
+    stop: &CancellationToken,
+) {
+    let link = health.link;
+    let (wake, mut woken) = mpsc::channel::<()>(1);
+    let pushing = async {
+        if let Some(pushed) = pushed {
+            supervise_push(name, link, events, secret, pushed, &wake, push_up, stop).await;
+        }
+    };
+    let reading = watch(name, events, health, watched, Some(&mut woken), stop);
+    tokio::join!(pushing, reading);
+}
+
 /// While every way to push failed for good, how often it is tried again anyway.
 const PUSH_GIVEN_UP_RETRY: Duration = Duration::from_secs(600);
 /// After the server refused the credentials, how long before push tries the same ones again

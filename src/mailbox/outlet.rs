@@ -79,6 +79,30 @@ pub trait Answering: Backend {
     }
 }
 
+/// Makes a back-end's replies type `$t` whose outlet only submits answers (AMP, ASMTP, SAMP:
+/// a `client` field with the mailbox's `secret()`, and a `submit` of its own) the outbound
+/// seam: no attachments, streams, threads or claims (the trait's defaults).
+macro_rules! answers_only {
+    ($t:ident) => {
+        #[async_trait::async_trait]
+        impl $crate::backend::Backend for $t {
+            async fn submit(
+                &self,
+                mail: &$crate::protocol::RenderedMail,
+            ) -> Result<(), $crate::backend::BackendError> {
+                Ok($t::submit(self, mail).await?)
+            }
+        }
+
+        impl $crate::mailbox::outlet::Answering for $t {
+            fn secret(&self) -> &$crate::config::Secret {
+                self.client.secret()
+            }
+        }
+    };
+}
+pub(crate) use answers_only;
+
 /// Where one agent's answers go: its mailbox back-end, whichever system it is on.
 pub struct Outlet(Box<dyn Answering>);
 

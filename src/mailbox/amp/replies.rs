@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::mailbox::answer::{self, Markup};
-use crate::mailbox::outlet::Answering;
+use crate::mailbox::outlet::answers_only;
 use crate::mailbox::MailboxError;
 use crate::protocol::{AampMessage, Body, RenderedMail};
 
@@ -17,20 +17,7 @@ pub struct AmpReplies {
     pub(super) client: AmpClient,
 }
 
-/// The outbound seam over this system: answers submitted; no attachments, streams, threads
-/// or claims (the trait's defaults).
-#[async_trait::async_trait]
-impl crate::backend::Backend for AmpReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
-        Ok(AmpReplies::submit(self, mail).await?)
-    }
-}
-
-impl Answering for AmpReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
-    }
-}
+answers_only!(AmpReplies);
 
 impl AmpReplies {
     pub fn new(client: AmpClient) -> AmpReplies {

@@ -62,56 +62,40 @@ pub async fn run_intake(
     events: Events,
     stop: CancellationToken,
 ) {
-    let poll_interval = client.account.poll_interval;
-    let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let push_up = std::sync::atomic::AtomicBool::new(false);
-    let push = async {
-        let pushed = AsmtpPush {
-            client: &client,
-            replaced: client.account.token.changes(),
-        };
-        intake::supervise_push(
-            &name,
-            &link,
-            events,
-            &client.account.token,
-            pushed,
-            &wake_tx,
-            &push_up,
-            &stop,
-        )
-        .await;
+    let pushed = AsmtpPush {
+        client: &client,
+        replaced: client.account.token.changes(),
     };
-    let watch_events = events;
-    let reading = async {
-        let health = Health::new(
-            &link,
-            "the ASMTP operator",
-            client.handle().to_string(),
-            "token_file",
-        )
-        .with_secret(client.account.token.clone())
-        .retry_refused_every(intake::KEY_REFUSED_RETRY);
-        let mut watched = AsmtpWatched {
-            client: &client,
-            watermark: &watermark,
-            deliver,
-            push_up: &push_up,
-            poll_interval,
-            agent: &name,
-            events: &watch_events,
-        };
-        intake::watch(
-            &name,
-            events,
-            health,
-            &mut watched,
-            Some(&mut wake_rx),
-            &stop,
-        )
-        .await;
+    let health = Health::new(
+        &link,
+        "the ASMTP operator",
+        client.handle().to_string(),
+        "token_file",
+    )
+    .with_secret(client.account.token.clone())
+    .retry_refused_every(intake::KEY_REFUSED_RETRY);
+    let mut watched = AsmtpWatched {
+        client: &client,
+        watermark: &watermark,
+        deliver,
+        push_up: &push_up,
+        poll_interval: client.account.poll_interval,
+        agent: &name,
+        events: &events,
     };
-    tokio::join!(push, reading);
+    let token = &client.account.token;
+    intake::watch_pushed(
+        &name,
+        events,
+        health,
+        &mut watched,
+        token,
+        Some(pushed),
+        &push_up,
+        &stop,
+    )
+    .await;
 }
 
 /// Reads every envelope after the watermark, a page at a time: each page is delivered, then

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::mailbox::answer::{self, Markup};
-use crate::mailbox::outlet::Answering;
+use crate::mailbox::outlet::answers_only;
 use crate::mailbox::MailboxError;
 use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
@@ -24,20 +24,7 @@ pub struct AsmtpReplies {
     pub(super) client: AsmtpClient,
 }
 
-/// The outbound seam over this system: answers submitted; no attachments, streams, threads
-/// or claims (the trait's defaults).
-#[async_trait::async_trait]
-impl crate::backend::Backend for AsmtpReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
-        Ok(AsmtpReplies::submit(self, mail).await?)
-    }
-}
-
-impl Answering for AsmtpReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
-    }
-}
+answers_only!(AsmtpReplies);
 
 impl AsmtpReplies {
     pub fn new(client: AsmtpClient) -> AsmtpReplies {

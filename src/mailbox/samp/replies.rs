@@ -7,21 +7,14 @@ use serde_json::{json, Value};
 use super::client::SampClient;
 use super::error::SampError;
 use super::wire::{parse_task_id, BODY_MAX_BYTES, DATA_MAX_BYTES, SUBJECT_MAX_CHARS};
-use crate::backend::BackendError;
 use crate::mailbox::answer::{self, Markup};
-use crate::mailbox::outlet::Answering;
+use crate::mailbox::outlet::answers_only;
 use crate::mailbox::FOREIGN_MARK;
 use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
 /// How far the server's clock may be behind the bridge's when an answer's send time is
 /// compared with the time it was made.
 const CLOCK_SKEW_SECS: i64 = 5;
-
-impl Answering for SampReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
-    }
-}
 
 /// `Re: <subject>`, at most 200 characters.
 pub(super) fn reply_subject(subject: &str) -> String {
@@ -60,13 +53,7 @@ pub struct SampReplies {
     client: SampClient,
 }
 
-/// The outbound seam: answers submitted; no attachments, streams, threads or claims.
-#[async_trait::async_trait]
-impl crate::backend::Backend for SampReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        Ok(SampReplies::submit(self, mail).await?)
-    }
-}
+answers_only!(SampReplies);
 
 impl SampReplies {
     pub fn new(client: SampClient) -> SampReplies {
