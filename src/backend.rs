@@ -4,8 +4,6 @@
 //! [`Backend`] in its own folder) and `dispatch` (which holds one); it knows only the wire
 //! model and the inbound model.
 
-use std::future::Future;
-
 use crate::error::{Classify, ErrorClass};
 use crate::inbound::Attachment;
 use crate::protocol::RenderedMail;
@@ -38,86 +36,73 @@ impl Classify for BackendError {
 /// fake): where answers are submitted, attachments downloaded, live streams fed and earlier
 /// threads read. "Outbox" is only the journal's queue of answers and the worker that empties
 /// it into this.
+///
+/// One trait for both uses: dispatch's engine is generic over it (`Engine<O: Backend>`), and
+/// the outlet holds whichever back-end the mailbox's kind opens as a `dyn` of it, so its
+/// futures are boxed (`async_trait`). A new method is declared here (with its default) and
+/// forwarded once by the outlet.
+#[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// Submits a rendered mail once, exactly as it is (a back-end without mail translates it
     /// into its own idiom, or drops what it has no place for).
-    fn submit(&self, mail: &RenderedMail) -> impl Future<Output = Result<(), BackendError>> + Send;
+    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError>;
 
     /// Fetches an inbound attachment, at most `max` bytes.
     /// A back-end whose messages carry no attachments the bridge fetches refuses.
-    fn download(
-        &self,
-        attachment: &Attachment,
-        max: u64,
-    ) -> impl Future<Output = Result<Vec<u8>, BackendError>> + Send {
+    async fn download(&self, attachment: &Attachment, max: u64) -> Result<Vec<u8>, BackendError> {
         let _ = (attachment, max);
-        async { Err(BackendError::new(ErrorClass::Permanent, NO_ATTACHMENTS)) }
+        Err(BackendError::new(ErrorClass::Permanent, NO_ATTACHMENTS))
     }
 
     /// Opens a live stream for a task; `None` when there is no stream service (or it failed,
     /// which is logged: a task never fails for its stream).
-    fn open_stream(
-        &self,
-        task_id: &str,
-        peer: &str,
-    ) -> impl Future<Output = Option<String>> + Send {
+    async fn open_stream(&self, task_id: &str, peer: &str) -> Option<String> {
         let _ = (task_id, peer);
-        async { None }
+        None
     }
 
     /// Feeds `(type, payload)` events to the stream until `events` closes; returns the number
     /// of appends made.
-    fn pump_stream(
+    async fn pump_stream(
         &self,
         stream_id: &str,
         events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> impl Future<Output = usize> + Send {
+    ) -> usize {
         let _ = (stream_id, events);
-        async { 0 }
+        0
     }
 
     /// The thread of an earlier task as (intent, from, text), oldest first; empty when there
     /// is no AAMP service or no such thread.
-    fn thread(&self, task_id: &str) -> impl Future<Output = Vec<Earlier>> + Send {
+    async fn thread(&self, task_id: &str) -> Vec<Earlier> {
         let _ = task_id;
-        async { Vec::new() }
+        Vec::new()
     }
 
     /// Closes the stream (with no terminal event of its own).
-    fn close_stream(
-        &self,
-        stream_id: &str,
-        payload: serde_json::Value,
-    ) -> impl Future<Output = ()> + Send {
+    async fn close_stream(&self, stream_id: &str, payload: serde_json::Value) {
         let _ = (stream_id, payload);
-        async {}
     }
 
     /// Claims a task's mail (`email_id`) for this bridge when several serve the mailbox
     /// (`dispatch::AgentSpec::replica`): won by exactly one of them. A back-end of one bridge always
     /// wins.
-    fn claim(
-        &self,
-        email_id: &str,
-    ) -> impl Future<Output = Result<ClaimOutcome, BackendError>> + Send {
+    async fn claim(&self, email_id: &str) -> Result<ClaimOutcome, BackendError> {
         let _ = email_id;
-        async { Ok(ClaimOutcome::Won) }
+        Ok(ClaimOutcome::Won)
     }
 
     /// Renews this bridge's claim while its task runs; `Ok(false)` when another bridge holds
     /// it now (this one stopped renewing in time, and it was taken over).
-    fn renew_claim(
-        &self,
-        email_id: &str,
-    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+    async fn renew_claim(&self, email_id: &str) -> Result<bool, BackendError> {
         let _ = email_id;
-        async { Ok(true) }
+        Ok(true)
     }
 
     /// Marks a claimed task answered: nobody takes it over.
-    fn claim_done(&self, email_id: &str) -> impl Future<Output = Result<(), BackendError>> + Send {
+    async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
         let _ = email_id;
-        async { Ok(()) }
+        Ok(())
     }
 }
 

@@ -64,15 +64,16 @@
 //!   (each part a `mailbox::Finding`, which `mailbox::check` gives for every kind), the
 //!   person's own `dispatch` in `aamp::dispatcher`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up,
 //!   reply envelopes with client ids), `mailbox::amp` (an AMP broker, polled; answers as
-//!   replies in the thread), both shaped `client`, `wire`, `intake`, `replies`, and
-//!   `mailbox::samp` (an Agent Mailbox server over MCP: its own small JSON-RPC client in
-//!   `samp::rpc`, tool arguments mapped from the schemas the server lists in `samp::tools`,
-//!   messages journaled before they are acked, sends paced to the server's rate, the answers
-//!   the server confirmed kept so a lost confirmation never sends one twice); each marks the
-//!   bridge's answers in its own metadata so an answer never starts a task. Shared by all:
+//!   replies in the thread) and `mailbox::samp` (an Agent Mailbox server over MCP: its own
+//!   small JSON-RPC client in `samp::rpc`, tool arguments mapped from the schemas the server
+//!   lists in `samp::tools`, messages journaled before they are acked, sends paced to the
+//!   server's rate, the answers the server confirmed kept so a lost confirmation never sends
+//!   one twice), all three shaped `client`, `wire`, `intake`, `replies` and sharing
+//!   `mailbox::answer` (an answer's text); each marks the bridge's answers in its own
+//!   metadata so an answer never starts a task. Shared by all:
 //!   `mailbox::intake` (the one reading loop `watch`, `Health`, the one rule for a mailbox's
 //!   link state, refused keys and retries, and the one push supervisor `supervise_push` over
-//!   each pushed back-end's connection), HTTP clients, errors, the link state a status
+//!   each pushed back-end's connection, run beside the loop by `watch_pushed`), HTTP clients, errors, the link state a status
 //!   command reads, and the questions an agent posted where replies link by the back-end's
 //!   own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where

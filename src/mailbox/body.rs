@@ -175,6 +175,20 @@ impl Skimmed {
     }
 }
 
+/// Sends `request` (to `url`) and reads its JSON answer skimmed at the message cap `max`
+/// (bytes): what a call whose answer carries messages' content reads.
+pub async fn send_skimmed(
+    request: reqwest::RequestBuilder,
+    url: &str,
+    max: u64,
+) -> Result<Skimmed, MailboxError> {
+    let response = request
+        .send()
+        .await
+        .map_err(MailboxError::network(url.to_string()))?;
+    read_json_skimmed(response, url, Limits::messages(max)).await
+}
+
 /// Reads a JSON answer under `limits` (see [`Skimmer`]); a status other than 2xx is an
 /// `Http` error, a body that is not JSON a `Protocol` one.
 pub async fn read_json_skimmed(

@@ -24,6 +24,18 @@ async fn get(url: &str) -> reqwest::Response {
     reqwest::Client::new().get(url).send().await.unwrap()
 }
 
+/// `url`'s body read with the cap [`CAP`]: it must stop at the cap within 10 s, not wait for
+/// the end of the body.
+async fn read_at_cap(url: &str) -> Result<Vec<u8>, MailboxError> {
+    let mut response = get(url).await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        read_capped(&mut response, url, CAP, |_| false),
+    )
+    .await
+    .expect("stopped at the cap, not at the end of the body")
+}
+
 const CAP: usize = 64 * 1024;
 
 /// A chunked body (no length at all) that goes on past the cap: an `Oversized` error as soon
@@ -41,13 +53,7 @@ async fn a_body_without_a_length_is_cut_at_the_cap() {
         body,
     )
     .await;
-    let mut response = get(&url).await;
-    let read = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        read_capped(&mut response, &url, CAP, |_| false),
-    )
-    .await
-    .expect("stopped at the cap, not at the end of the body");
+    let read = read_at_cap(&url).await;
     match read {
         Err(MailboxError::Oversized {
             at_least, limit, ..
@@ -68,13 +74,7 @@ async fn a_body_that_lies_in_its_length_is_cut_at_the_cap() {
         vec![b'x'; CAP + 1],
     )
     .await;
-    let mut response = get(&url).await;
-    let read = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        read_capped(&mut response, &url, CAP, |_| false),
-    )
-    .await
-    .expect("stopped at the cap");
+    let read = read_at_cap(&url).await;
     let err = read.unwrap_err();
     assert!(
         err.to_string()

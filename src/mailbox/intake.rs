@@ -390,6 +390,31 @@ pub trait Pushed: Send {
     }
 }
 
+/// A pushed back-end's reading loop beside its push supervisor, until `stop`: each change
+/// pushed wakes the reading loop, and `push_up` tells it push is up. `pushed` is `None` when
+/// the mailbox does not use push (the loop then only polls).
+#[allow(clippy::too_many_arguments)]
+pub async fn watch_pushed(
+    name: &str,
+    events: Events,
+    health: Health<'_>,
+    watched: &mut impl Watched,
+    secret: &Secret,
+    pushed: Option<impl Pushed>,
+    push_up: &AtomicBool,
+    stop: &CancellationToken,
+) {
+    let link = health.link;
+    let (wake, mut woken) = mpsc::channel::<()>(1);
+    let pushing = async {
+        if let Some(pushed) = pushed {
+            supervise_push(name, link, events, secret, pushed, &wake, push_up, stop).await;
+        }
+    };
+    let reading = watch(name, events, health, watched, Some(&mut woken), stop);
+    tokio::join!(pushing, reading);
+}
+
 /// While every way to push failed for good, how often it is tried again anyway.
 const PUSH_GIVEN_UP_RETRY: Duration = Duration::from_secs(600);
 /// After the server refused the credentials, how long before push tries the same ones again
@@ -417,6 +442,13 @@ pub async fn supervise_push(
     let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
     let mut replaced = secret.changes();
     replaced.borrow_and_update();
+    let report = PushReport {
+        name,
+        link,
+        events: &events,
+        wake,
+        push_up,
+    };
     let mut given_up = false;
     loop {
         if !pushed.ready(stop).await {
@@ -434,67 +466,22 @@ pub async fn supervise_push(
             continue;
         }
         let transport = pushed.transport();
-        let connected = || {
-            push_up.store(true, Ordering::SeqCst);
-            tracing::info!(transport, "push connected");
-            link.push(transport);
-            events.emit(
-                crate::events::Event::MailboxPush,
-                json!({"agent": name, "connected": true, "transport": transport}),
-            );
-            // Catch up on whatever changed while push was down.
-            let _ = wake.try_send(());
-        };
-        let result = pushed.connect(wake, stop, connected).await;
-        if push_up.swap(false, Ordering::SeqCst) {
-            link.push("polling");
-            events.emit(
-                crate::events::Event::MailboxPush,
-                json!({"agent": name, "connected": false}),
-            );
+        let result = pushed.connect(wake, stop, || report.up(transport)).await;
+        if report.down() {
             // It was up: a drop after that starts the waits over.
             backoff.reset();
         }
         if stop.is_cancelled() {
             return;
         }
-        let delay = match result {
-            Ok(Closed::Stopped) => return,
-            Ok(Closed::Replaced) => {
-                tracing::info!("the credentials were replaced; push connects again with them");
+        let delay = match after_close(result, &mut pushed, &mut backoff, &mut given_up) {
+            AfterClose::Stop => return,
+            AfterClose::Replaced => {
                 // Seen here: the wait after a later refusal must not end at once for it.
                 replaced.borrow_and_update();
                 continue;
             }
-            Ok(Closed::ByServer(why)) => {
-                let delay = backoff.next_delay();
-                tracing::info!(
-                    closed = why.as_deref().unwrap_or("without a close frame"),
-                    retry_in_s = delay.as_secs(),
-                    "the server closed the push connection; reconnecting"
-                );
-                delay
-            }
-            Err(e) => match e.class() {
-                ErrorClass::Auth => {
-                    tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused the credentials for push; polling meanwhile, and trying push again at once with replaced ones");
-                    PUSH_REFUSED_RETRY
-                }
-                ErrorClass::Permanent => {
-                    if pushed.next_way() {
-                        tracing::info!(error = %e, next = pushed.transport(), "push is not available this way; trying the next");
-                    } else {
-                        tracing::info!(error = %e, "push is not available; polling");
-                        given_up = true;
-                    }
-                    Duration::ZERO
-                }
-                _ => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "push connection lost; polling meanwhile");
-                    delay
-                }
-            },
+            AfterClose::Wait(delay) => delay,
         };
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -506,6 +493,98 @@ pub async fn supervise_push(
             _ = stop.cancelled() => return,
         }
     }
+}
+
+/// Where the push supervisor tells whether push is up: the link state, the events, the
+/// reading loop's flag and its wake-up.
+struct PushReport<'a> {
+    name: &'a str,
+    link: &'a Link,
+    events: &'a Events,
+    wake: &'a mpsc::Sender<()>,
+    push_up: &'a AtomicBool,
+}
+
+impl PushReport<'_> {
+    fn up(&self, transport: &'static str) {
+        self.push_up.store(true, Ordering::SeqCst);
+        tracing::info!(transport, "push connected");
+        self.link.push(transport);
+        self.events.emit(
+            crate::events::Event::MailboxPush,
+            json!({"agent": self.name, "connected": true, "transport": transport}),
+        );
+        // Catch up on whatever changed while push was down.
+        let _ = self.wake.try_send(());
+    }
+
+    /// Push is down; true when it was up until now (and this said so).
+    fn down(&self) -> bool {
+        if !self.push_up.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        self.link.push("polling");
+        self.events.emit(
+            crate::events::Event::MailboxPush,
+            json!({"agent": self.name, "connected": false}),
+        );
+        true
+    }
+}
+
+/// What the supervisor does after a connection ended.
+enum AfterClose {
+    Stop,
+    /// Connect again at once, with the replaced credentials.
+    Replaced,
+    Wait(Duration),
+}
+
+/// How long to wait after a connection ended as `result` says: backoff after a drop, the
+/// refused-credentials wait, or the next way at once (`given_up` when none is left).
+fn after_close(
+    result: Result<Closed, MailboxError>,
+    pushed: &mut impl Pushed,
+    backoff: &mut Backoff,
+    given_up: &mut bool,
+) -> AfterClose {
+    let e = match result {
+        Ok(Closed::Stopped) => return AfterClose::Stop,
+        Ok(Closed::Replaced) => {
+            tracing::info!("the credentials were replaced; push connects again with them");
+            return AfterClose::Replaced;
+        }
+        Ok(Closed::ByServer(why)) => {
+            let delay = backoff.next_delay();
+            tracing::info!(
+                closed = why.as_deref().unwrap_or("without a close frame"),
+                retry_in_s = delay.as_secs(),
+                "the server closed the push connection; reconnecting"
+            );
+            return AfterClose::Wait(delay);
+        }
+        Err(e) => e,
+    };
+    AfterClose::Wait(match e.class() {
+        ErrorClass::Auth => {
+            tracing::warn!(error = %e, retry_in_s = PUSH_REFUSED_RETRY.as_secs(), "the server refused the credentials for push; polling meanwhile, and trying push again at once with replaced ones");
+            PUSH_REFUSED_RETRY
+        }
+        ErrorClass::Permanent => {
+            if pushed.next_way() {
+                tracing::info!(error = %e, next = pushed.transport(), "push is not available this way; trying the next");
+            } else {
+                tracing::info!(error = %e, "push is not available; polling");
+                *given_up = true;
+            }
+            Duration::ZERO
+        }
+        _ => {
+            let delay = backoff.next_delay();
+            tracing::warn!(error = %e, retry_in_s = delay.as_secs(), "push connection lost; polling meanwhile");
+            delay
+        }
+    })
 }
 
 #[cfg(test)]

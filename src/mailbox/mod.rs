@@ -7,6 +7,7 @@
 
 pub mod aamp;
 pub mod amp;
+mod answer;
 pub mod asmtp;
 pub mod body;
 pub(crate) mod error;
@@ -246,6 +247,29 @@ pub struct Unreadable {
     pub id: Option<String>,
     /// Why it could not be read, in the decoder's words.
     pub reason: String,
+}
+
+/// `request` with one file as its `multipart/form-data` body (the form field `file`), as
+/// the AMP broker and the ASMTP operator take uploads.
+pub(crate) fn with_file(
+    request: reqwest::RequestBuilder,
+    filename: &str,
+    content_type: &str,
+    bytes: &[u8],
+) -> reqwest::RequestBuilder {
+    let boundary = format!("aamp-bridge-{}", uuid::Uuid::new_v4().simple());
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    request
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
 }
 
 /// Decodes each item of the JSON list `list` on its own: an item the bridge does not

@@ -67,102 +67,44 @@ pub struct Probe {
 }
 
 /// A back-end's outbound half: the seam, plus what the outlet asks of every back-end.
+#[async_trait::async_trait]
 pub trait Answering: Backend {
     /// The mailbox's credentials, which its intake shares.
     fn secret(&self) -> &Secret;
 
     /// What the back-end publishes about the agent (AAMP: its directory card), published
     /// again after a reload. Nothing by default.
-    fn republish<'a>(
-        &'a self,
-        config: &'a LoadedConfig,
-        agent: &'a AgentConfig,
-        events: Events,
-    ) -> Boxed<'a, ()> {
+    async fn republish(&self, config: &LoadedConfig, agent: &AgentConfig, events: Events) {
         let _ = (config, agent, events);
-        Box::pin(async {})
     }
 }
 
-/// [`Answering`] with its futures boxed, so the outlet holds any back-end.
-trait AnyBackend: Send + Sync + 'static {
-    fn secret(&self) -> &Secret;
-    fn republish<'a>(
-        &'a self,
-        config: &'a LoadedConfig,
-        agent: &'a AgentConfig,
-        events: Events,
-    ) -> Boxed<'a, ()>;
-    fn submit<'a>(&'a self, mail: &'a RenderedMail) -> Boxed<'a, Result<(), BackendError>>;
-    fn download<'a>(
-        &'a self,
-        attachment: &'a Attachment,
-        max: u64,
-    ) -> Boxed<'a, Result<Vec<u8>, BackendError>>;
-    fn open_stream<'a>(&'a self, task_id: &'a str, peer: &'a str) -> Boxed<'a, Option<String>>;
-    fn pump_stream<'a>(
-        &'a self,
-        stream_id: &'a str,
-        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> Boxed<'a, usize>;
-    fn thread<'a>(&'a self, task_id: &'a str) -> Boxed<'a, Vec<Earlier>>;
-    fn close_stream<'a>(&'a self, stream_id: &'a str, payload: serde_json::Value) -> Boxed<'a, ()>;
-    fn claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<ClaimOutcome, BackendError>>;
-    fn renew_claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<bool, BackendError>>;
-    fn claim_done<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<(), BackendError>>;
-}
+/// Makes a back-end's replies type `$t` whose outlet only submits answers (AMP, ASMTP, SAMP:
+/// a `client` field with the mailbox's `secret()`, and a `submit` of its own) the outbound
+/// seam: no attachments, streams, threads or claims (the trait's defaults).
+macro_rules! answers_only {
+    ($t:ident) => {
+        #[async_trait::async_trait]
+        impl $crate::backend::Backend for $t {
+            async fn submit(
+                &self,
+                mail: &$crate::protocol::RenderedMail,
+            ) -> Result<(), $crate::backend::BackendError> {
+                Ok($t::submit(self, mail).await?)
+            }
+        }
 
-impl<T: Answering> AnyBackend for T {
-    fn secret(&self) -> &Secret {
-        Answering::secret(self)
-    }
-    fn republish<'a>(
-        &'a self,
-        config: &'a LoadedConfig,
-        agent: &'a AgentConfig,
-        events: Events,
-    ) -> Boxed<'a, ()> {
-        Answering::republish(self, config, agent, events)
-    }
-    fn submit<'a>(&'a self, mail: &'a RenderedMail) -> Boxed<'a, Result<(), BackendError>> {
-        Box::pin(Backend::submit(self, mail))
-    }
-    fn download<'a>(
-        &'a self,
-        attachment: &'a Attachment,
-        max: u64,
-    ) -> Boxed<'a, Result<Vec<u8>, BackendError>> {
-        Box::pin(Backend::download(self, attachment, max))
-    }
-    fn open_stream<'a>(&'a self, task_id: &'a str, peer: &'a str) -> Boxed<'a, Option<String>> {
-        Box::pin(Backend::open_stream(self, task_id, peer))
-    }
-    fn pump_stream<'a>(
-        &'a self,
-        stream_id: &'a str,
-        events: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
-    ) -> Boxed<'a, usize> {
-        Box::pin(Backend::pump_stream(self, stream_id, events))
-    }
-    fn thread<'a>(&'a self, task_id: &'a str) -> Boxed<'a, Vec<Earlier>> {
-        Box::pin(Backend::thread(self, task_id))
-    }
-    fn close_stream<'a>(&'a self, stream_id: &'a str, payload: serde_json::Value) -> Boxed<'a, ()> {
-        Box::pin(Backend::close_stream(self, stream_id, payload))
-    }
-    fn claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<ClaimOutcome, BackendError>> {
-        Box::pin(Backend::claim(self, email_id))
-    }
-    fn renew_claim<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<bool, BackendError>> {
-        Box::pin(Backend::renew_claim(self, email_id))
-    }
-    fn claim_done<'a>(&'a self, email_id: &'a str) -> Boxed<'a, Result<(), BackendError>> {
-        Box::pin(Backend::claim_done(self, email_id))
-    }
+        impl $crate::mailbox::outlet::Answering for $t {
+            fn secret(&self) -> &$crate::config::Secret {
+                self.client.secret()
+            }
+        }
+    };
 }
+pub(crate) use answers_only;
 
 /// Where one agent's answers go: its mailbox back-end, whichever system it is on.
-pub struct Outlet(Box<dyn AnyBackend>);
+pub struct Outlet(Box<dyn Answering>);
 
 impl Outlet {
     pub fn new(backend: impl Answering) -> Outlet {
@@ -220,6 +162,8 @@ impl Intake {
     }
 }
 
+/// Forwards each method to the back-end; `submit` reads refused credentials again.
+#[async_trait::async_trait]
 impl Backend for Outlet {
     /// Refused credentials are read again from their file: when it holds others (replaced
     /// without a reload), the mail is sent again with them at once.

@@ -87,6 +87,7 @@ fn take_one(count: &AtomicUsize) -> bool {
         .is_ok()
 }
 
+#[async_trait::async_trait]
 impl Backend for FakeBackend {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         if take_one(&self.fail) {

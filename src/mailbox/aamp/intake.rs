@@ -96,56 +96,43 @@ pub async fn run(
     events: Events,
     stop: CancellationToken,
 ) {
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
     let (target_tx, target_rx) = tokio::sync::watch::channel::<Option<PushTarget>>(None);
     let push_up = AtomicBool::new(false);
-    let use_push = mailbox.account.push;
+    let pushed = mailbox.account.push.then_some(JmapPush {
+        target_rx,
+        target: None,
+        which: 0,
+        push_state: None,
+    });
     let password = mailbox.account.password.clone();
-
-    let polling = async {
-        let health = Health::new(
-            &link,
-            "the mail server",
-            mailbox.email().to_string(),
-            "the password (password_file)",
-        )
-        .with_secret(mailbox.account.password.clone());
-        let mut watched = JmapWatched {
-            name: &name,
-            events,
-            mailbox,
-            cursor,
-            state: None,
-            deliver,
-            target_tx: &target_tx,
-            push_up: &push_up,
-        };
-        intake::watch(
-            &name,
-            events,
-            health,
-            &mut watched,
-            Some(&mut wake_rx),
-            &stop,
-        )
-        .await;
+    let health = Health::new(
+        &link,
+        "the mail server",
+        mailbox.email().to_string(),
+        "the password (password_file)",
+    )
+    .with_secret(password.clone());
+    let mut watched = JmapWatched {
+        name: &name,
+        events,
+        mailbox,
+        cursor,
+        state: None,
+        deliver,
+        target_tx: &target_tx,
+        push_up: &push_up,
     };
-    let pushing = async {
-        if !use_push {
-            return;
-        }
-        let pushed = JmapPush {
-            target_rx,
-            target: None,
-            which: 0,
-            push_state: None,
-        };
-        intake::supervise_push(
-            &name, &link, events, &password, pushed, &wake_tx, &push_up, &stop,
-        )
-        .await;
-    };
-    tokio::join!(polling, pushing);
+    intake::watch_pushed(
+        &name,
+        events,
+        health,
+        &mut watched,
+        &password,
+        pushed,
+        &push_up,
+        &stop,
+    )
+    .await;
 }
 
 /// JMAP push for the supervisor: where to connect comes from the reading loop (the session's
@@ -199,16 +186,15 @@ impl Pushed for JmapPush {
                 class: ErrorClass::Permanent,
             });
         };
-        push::run(
-            &target,
-            &transport,
-            &mut self.push_state,
-            wake,
+        let listener = push::Listener {
+            target: &target,
+            push_state: &mut self.push_state,
+            changed: wake,
             stop,
-            connected,
-        )
-        .await
-        .map(|()| Closed::Stopped)
+        };
+        push::run(listener, &transport, connected)
+            .await
+            .map(|()| Closed::Stopped)
     }
 
     fn next_way(&mut self) -> bool {

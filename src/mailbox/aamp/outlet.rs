@@ -12,9 +12,10 @@ use crate::config::{AgentConfig, LoadedConfig, Secret, SenderAuth};
 use crate::events::{Event, Events};
 use crate::inbound::Attachment;
 use crate::mailbox::error::OpenError;
-use crate::mailbox::outlet::{Answering, Boxed, Intake, Opening, Outlet, System};
+use crate::mailbox::outlet::{Answering, Intake, Opening, Outlet, System};
 use crate::protocol::RenderedMail;
 
+#[async_trait::async_trait]
 impl Backend for Sender {
     async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
         Ok(Sender::submit(self, mail).await?)
@@ -97,18 +98,14 @@ impl Backend for Sender {
 
 /// AAMP as the outlet sees it: answers submitted over SMTP, the card published again after
 /// a reload.
+#[async_trait::async_trait]
 impl Answering for Sender {
     fn secret(&self) -> &Secret {
         self.password()
     }
 
-    fn republish<'a>(
-        &'a self,
-        config: &'a LoadedConfig,
-        agent: &'a AgentConfig,
-        events: Events,
-    ) -> Boxed<'a, ()> {
-        Box::pin(publish_card(config, agent, self, events))
+    async fn republish(&self, config: &LoadedConfig, agent: &AgentConfig, events: Events) {
+        publish_card(config, agent, self, events).await
     }
 }
 

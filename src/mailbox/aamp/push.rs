@@ -125,54 +125,53 @@ fn tls_connector() -> Result<tokio_tungstenite::Connector, MailboxError> {
     Ok(tokio_tungstenite::Connector::Rustls(Arc::new(config)))
 }
 
-/// Wakes the intake when a StateChange names Email for our account.
-fn on_state_change(
-    value: &Value,
-    account_id: &str,
-    push_state: &mut Option<String>,
-    changed: &mpsc::Sender<()>,
-) {
-    if value["@type"] != "StateChange" {
-        return;
-    }
-    if let Some(state) = value["pushState"].as_str() {
-        *push_state = Some(state.to_string());
-    }
-    if value["changed"][account_id].get("Email").is_some() {
-        let _ = changed.try_send(());
+/// One push connection's ends: where it connects, the push state it resumes from and keeps
+/// up to date, where every Email change for our account sends a wake-up (a full channel
+/// already holds one, which is enough), and when it stops.
+pub struct Listener<'a> {
+    pub target: &'a PushTarget,
+    pub push_state: &'a mut Option<String>,
+    pub changed: &'a mpsc::Sender<()>,
+    pub stop: &'a CancellationToken,
+}
+
+impl Listener<'_> {
+    /// Wakes the intake when a StateChange names Email for our account.
+    fn heard(&mut self, value: &Value) {
+        if value["@type"] != "StateChange" {
+            return;
+        }
+        if let Some(state) = value["pushState"].as_str() {
+            *self.push_state = Some(state.to_string());
+        }
+        if value["changed"][&self.target.account_id]
+            .get("Email")
+            .is_some()
+        {
+            let _ = self.changed.try_send(());
+        }
     }
 }
 
 /// Runs one push connection over `transport` until it fails (an error says how) or `stop` is
-/// cancelled (`Ok`). `connected` is called once push is on; every Email change for our account
-/// sends a wake-up on `changed` (a full channel already holds one, which is enough).
-/// `push_state` is resumed from and kept up to date.
+/// cancelled (`Ok`). `connected` is called once push is on.
 pub async fn run(
-    target: &PushTarget,
+    listener: Listener<'_>,
     transport: &Transport,
-    push_state: &mut Option<String>,
-    changed: &mpsc::Sender<()>,
-    stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
     match transport {
-        Transport::WebSocket(url) => {
-            run_websocket(target, url, push_state, changed, stop, connected).await
-        }
-        Transport::EventSource(url) => {
-            run_event_source(target, url, push_state, changed, stop, connected).await
-        }
+        Transport::WebSocket(url) => run_websocket(listener, url, connected).await,
+        Transport::EventSource(url) => run_event_source(listener, url, connected).await,
     }
 }
 
 async fn run_websocket(
-    target: &PushTarget,
+    mut l: Listener<'_>,
     url: &Url,
-    push_state: &mut Option<String>,
-    changed: &mpsc::Sender<()>,
-    stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
+    let (target, stop) = (l.target, l.stop);
     let mut request = url.as_str().into_client_request().map_err(|e| {
         push_error(
             format!("bad WebSocket URL {url}: {e}"),
@@ -214,7 +213,7 @@ async fn run_websocket(
     }
     // An explicit type list: Cyrus 3.6 turns push off for `"dataTypes": null`.
     let enable =
-        json!({"@type": "WebSocketPushEnable", "dataTypes": ["Email"], "pushState": push_state});
+        json!({"@type": "WebSocketPushEnable", "dataTypes": ["Email"], "pushState": *l.push_state});
     socket
         .send(Message::text(enable.to_string()))
         .await
@@ -236,7 +235,7 @@ async fn run_websocket(
                 match frame {
                     Message::Text(text) => {
                         if let Ok(value) = serde_json::from_str::<Value>(text.as_str()) {
-                            on_state_change(&value, &target.account_id, push_state, changed);
+                            l.heard(&value);
                         }
                     }
                     Message::Close(_) => return Err(push_error("the server closed the push connection", ErrorClass::Transient)),
@@ -260,13 +259,11 @@ async fn run_websocket(
 /// EventSource: a long GET answered with `text/event-stream`; `state` events carry the
 /// StateChange, `ping` events keep it alive.
 async fn run_event_source(
-    target: &PushTarget,
+    mut l: Listener<'_>,
     url: &Url,
-    push_state: &mut Option<String>,
-    changed: &mpsc::Sender<()>,
-    stop: &CancellationToken,
     connected: impl FnOnce(),
 ) -> Result<(), MailboxError> {
+    let (target, stop) = (l.target, l.stop);
     let http = crate::mailbox::http_client(target.insecure_tls, None)?;
     let request = http
         .get(url.clone())
@@ -305,7 +302,7 @@ async fn run_event_source(
         for event in reader.feed(&chunk) {
             if event.event == "state" {
                 if let Ok(value) = serde_json::from_str::<Value>(&event.data) {
-                    on_state_change(&value, &target.account_id, push_state, changed);
+                    l.heard(&value);
                 }
             }
         }

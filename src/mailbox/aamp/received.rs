@@ -119,119 +119,127 @@ enum Token {
     Semicolon,
 }
 
+/// The characters of a field value, as the lexer reads them.
+type Chars<'a> = std::iter::Peekable<std::str::Chars<'a>>;
+
 /// Cuts an unfolded field value into tokens, up to the first top-level `;` (the date after it
 /// is not read). `Ok((tokens, saw_semicolon))`.
 fn lex(value: &str) -> Result<(Vec<Token>, bool), ReceivedError> {
     let mut tokens = Vec::new();
     let mut chars = value.chars().peekable();
     while let Some(&c) = chars.peek() {
-        match c {
+        let token = match c {
             c if c.is_whitespace() => {
                 chars.next();
+                continue;
             }
+            // The `from` value is the client's HELO name, copied as sent (Postfix): one run
+            // without white space, whatever it holds (`(Authenticated`, `x)`, `;`). For every
+            // valid name (a domain or an address literal) that is the token.
             _ if matches!(tokens.as_slice(), [Token::Word(w)] if w.eq_ignore_ascii_case("from")) => {
-                // The `from` value is the client's HELO name, copied as sent (Postfix): one
-                // run without white space, whatever it holds (`(Authenticated`, `x)`, `;`).
-                // For every valid name (a domain or an address literal) that is the token.
-                let mut raw = String::new();
-                while let Some(&c) = chars.peek() {
-                    if c.is_whitespace() {
-                        break;
-                    }
-                    raw.push(c);
-                    chars.next();
-                }
-                tokens.push(Token::Opaque(raw));
+                Token::Opaque(run(&mut chars, char::is_whitespace))
             }
             ';' => {
                 tokens.push(Token::Semicolon);
                 return Ok((tokens, true));
             }
-            '(' => {
-                chars.next();
-                let mut depth = 1usize;
-                let mut text = String::new();
-                loop {
-                    match chars.next() {
-                        None => return Err(ReceivedError::Unclosed("comment")),
-                        Some('\\') => match chars.next() {
-                            Some(e) => text.push(e),
-                            None => return Err(ReceivedError::Unclosed("comment")),
-                        },
-                        Some('(') => {
-                            depth += 1;
-                            text.push('(');
-                        }
-                        Some(')') => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                            text.push(')');
-                        }
-                        Some(other) => text.push(other),
-                    }
-                }
-                tokens.push(Token::Comment(text.trim().to_string()));
-            }
-            '"' => {
-                chars.next();
-                let text = quoted(&mut chars)?;
-                tokens.push(Token::Opaque(format!("\"{text}\"")));
-            }
-            '<' => {
-                chars.next();
-                let mut text = String::from("<");
-                loop {
-                    match chars.next() {
-                        None => return Err(ReceivedError::Unclosed("angle address")),
-                        Some('"') => {
-                            let q = quoted(&mut chars)?;
-                            text.push('"');
-                            text.push_str(&q);
-                            text.push('"');
-                        }
-                        Some('>') => break,
-                        Some('<') => return Err(ReceivedError::Stray('<')),
-                        Some(other) => text.push(other),
-                    }
-                }
-                text.push('>');
-                tokens.push(Token::Opaque(text));
-            }
-            '[' => {
-                chars.next();
-                let mut text = String::from("[");
-                loop {
-                    match chars.next() {
-                        None => return Err(ReceivedError::Unclosed("domain literal")),
-                        Some(']') => break,
-                        Some(c @ ('[' | '\\')) => return Err(ReceivedError::Stray(c)),
-                        Some(other) => text.push(other),
-                    }
-                }
-                text.push(']');
-                tokens.push(Token::Opaque(text));
-            }
             ')' | '>' | ']' | '\\' => return Err(ReceivedError::Stray(c)),
-            _ => {
-                let mut word = String::new();
-                while let Some(&c) = chars.peek() {
-                    if c.is_whitespace() || "();\"<>[]\\".contains(c) {
-                        break;
-                    }
-                    word.push(c);
-                    chars.next();
+            '(' | '"' | '<' | '[' => {
+                chars.next();
+                match c {
+                    '(' => Token::Comment(comment(&mut chars)?),
+                    '"' => Token::Opaque(format!("\"{}\"", quoted(&mut chars)?)),
+                    '<' => Token::Opaque(angle_address(&mut chars)?),
+                    _ => Token::Opaque(domain_literal(&mut chars)?),
                 }
-                tokens.push(Token::Word(word));
             }
-        }
+            _ => Token::Word(run(&mut chars, |c| {
+                c.is_whitespace() || "();\"<>[]\\".contains(c)
+            })),
+        };
+        tokens.push(token);
     }
     Ok((tokens, false))
 }
 
+/// The characters up to the first that `ends` (not taken).
+fn run(chars: &mut Chars<'_>, ends: impl Fn(char) -> bool) -> String {
+    let mut text = String::new();
+    while let Some(&c) = chars.peek() {
+        if ends(c) {
+            break;
+        }
+        text.push(c);
+        chars.next();
+    }
+    text
+}
+
+/// The rest of a comment whose opening `(` was read (nested ones kept whole), trimmed.
+fn comment(chars: &mut Chars<'_>) -> Result<String, ReceivedError> {
+    let mut depth = 1usize;
+    let mut text = String::new();
+    loop {
+        match chars.next() {
+            None => return Err(ReceivedError::Unclosed("comment")),
+            Some('\\') => match chars.next() {
+                Some(e) => text.push(e),
+                None => return Err(ReceivedError::Unclosed("comment")),
+            },
+            Some('(') => {
+                depth += 1;
+                text.push('(');
+            }
+            Some(')') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok(text.trim().to_string());
+                }
+                text.push(')');
+            }
+            Some(other) => text.push(other),
+        }
+    }
+}
+
+/// The rest of an angle address whose `<` was read, with its brackets.
+fn angle_address(chars: &mut Chars<'_>) -> Result<String, ReceivedError> {
+    let mut text = String::from("<");
+    loop {
+        match chars.next() {
+            None => return Err(ReceivedError::Unclosed("angle address")),
+            Some('"') => {
+                let q = quoted(chars)?;
+                text.push('"');
+                text.push_str(&q);
+                text.push('"');
+            }
+            Some('>') => break,
+            Some('<') => return Err(ReceivedError::Stray('<')),
+            Some(other) => text.push(other),
+        }
+    }
+    text.push('>');
+    Ok(text)
+}
+
+/// The rest of a domain literal whose `[` was read, with its brackets.
+fn domain_literal(chars: &mut Chars<'_>) -> Result<String, ReceivedError> {
+    let mut text = String::from("[");
+    loop {
+        match chars.next() {
+            None => return Err(ReceivedError::Unclosed("domain literal")),
+            Some(']') => break,
+            Some(c @ ('[' | '\\')) => return Err(ReceivedError::Stray(c)),
+            Some(other) => text.push(other),
+        }
+    }
+    text.push(']');
+    Ok(text)
+}
+
 /// The rest of a quoted string whose opening `"` was read.
-fn quoted(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Result<String, ReceivedError> {
+fn quoted(chars: &mut Chars<'_>) -> Result<String, ReceivedError> {
     let mut text = String::new();
     loop {
         match chars.next() {

@@ -127,12 +127,8 @@ impl AmpClient {
         // Every answer that names a message carries its body (a mark read too): each is read
         // with the message cap counted while reading, so one message over it costs the cap,
         // not its size (issue 43 item 2).
-        let response = request
-            .send()
+        crate::mailbox::body::send_skimmed(request, url.as_str(), self.account.max_message_bytes)
             .await
-            .map_err(MailboxError::network(url.to_string()))?;
-        let limits = crate::mailbox::body::Limits::messages(self.account.max_message_bytes);
-        crate::mailbox::body::read_json_skimmed(response, url.as_str(), limits).await
     }
 
     pub(super) fn parse<T: serde::de::DeserializeOwned>(
@@ -249,7 +245,6 @@ impl AmpClient {
         self.each(&answer.list(""), "an AMP thread message")
     }
 
-    /// Replies to message `parent` (from `to`).
     /// Uploads an image (`POST /files/upload`, multipart, one `file` field): the broker's
     /// answer (`{id, filename, mime_type, size, url}`), which a message lists among its
     /// `attachments`.
@@ -259,17 +254,10 @@ impl AmpClient {
         content_type: &str,
         bytes: &[u8],
     ) -> Result<Value, MailboxError> {
-        let boundary = format!("aamp-bridge-{}", uuid::Uuid::new_v4().simple());
         let safe: String = filename
             .chars()
             .map(|c| if c == '"' || c.is_control() { '_' } else { c })
             .collect();
-        let mut body = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{safe}\"\r\nContent-Type: {content_type}\r\n\r\n"
-        )
-        .into_bytes();
-        body.extend_from_slice(bytes);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let mut url = self.account.url.clone();
         url.set_path(&format!(
             "{}/files/upload",
@@ -278,15 +266,12 @@ impl AmpClient {
         let request = self
             .http
             .post(url.clone())
-            .header("X-API-Key", self.account.api_key.value())
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .body(body);
+            .header("X-API-Key", self.account.api_key.value());
+        let request = crate::mailbox::with_file(request, &safe, content_type, bytes);
         crate::mailbox::fetch_json(request, url.as_str()).await
     }
 
+    /// Replies to message `parent` (from `to`).
     pub async fn reply(
         &self,
         parent: &str,

@@ -34,7 +34,7 @@ pub use wire::{to_inbound, AmpMessage, InboxPage};
 
 use crate::config::{ConfigError, LoadedConfig};
 use crate::mailbox::error::OpenError;
-use crate::mailbox::outlet::{Answering, Intake, Opening, Outlet, Probe, System};
+use crate::mailbox::outlet::{Intake, Opening, Outlet, Probe, System};
 
 /// The mailbox system AMP.
 pub(crate) const SYSTEM: System = System {
@@ -78,12 +78,6 @@ async fn probe(config: &LoadedConfig, name: &str) -> Result<Probe, ConfigError> 
         auth_fix: "check api_key_file and agent_id (the key's user must own the agent)",
         other_fix: "check amp_url and that the broker is running",
     })
-}
-
-impl Answering for AmpReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        AmpReplies::secret(self)
-    }
 }
 
 #[cfg(test)]

@@ -266,12 +266,8 @@ impl AsmtpClient {
         query: &[(&str, String)],
     ) -> Result<crate::mailbox::body::Skimmed, MailboxError> {
         let (request, url) = self.request(reqwest::Method::GET, path, query, None);
-        let response = request
-            .send()
+        crate::mailbox::body::send_skimmed(request, url.as_str(), self.account.max_message_bytes)
             .await
-            .map_err(MailboxError::network(url.to_string()))?;
-        let limits = crate::mailbox::body::Limits::messages(self.account.max_message_bytes);
-        crate::mailbox::body::read_json_skimmed(response, url.as_str(), limits).await
     }
 
     fn request(
@@ -451,24 +447,13 @@ impl AsmtpClient {
         content_type: &str,
         bytes: &[u8],
     ) -> Result<String, MailboxError> {
-        let boundary = format!("aamp-bridge-{}", uuid::Uuid::new_v4().simple());
-        let mut body = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\nContent-Type: {content_type}\r\n\r\n"
-        )
-        .into_bytes();
-        body.extend_from_slice(bytes);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let mut url = self.account.url.clone();
         url.set_path(&format!("{}/files", url.path().trim_end_matches('/')));
         let request = self
             .http
             .post(url.clone())
-            .bearer_auth(self.account.token.value())
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .body(body);
+            .bearer_auth(self.account.token.value());
+        let request = crate::mailbox::with_file(request, filename, content_type, bytes);
         let value = crate::mailbox::fetch_json(request, url.as_str()).await?;
         value["id"]
             .as_str()

@@ -62,56 +62,40 @@ pub async fn run_intake(
     events: Events,
     stop: CancellationToken,
 ) {
-    let poll_interval = client.account.poll_interval;
-    let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let push_up = std::sync::atomic::AtomicBool::new(false);
-    let push = async {
-        let pushed = AsmtpPush {
-            client: &client,
-            replaced: client.account.token.changes(),
-        };
-        intake::supervise_push(
-            &name,
-            &link,
-            events,
-            &client.account.token,
-            pushed,
-            &wake_tx,
-            &push_up,
-            &stop,
-        )
-        .await;
+    let pushed = AsmtpPush {
+        client: &client,
+        replaced: client.account.token.changes(),
     };
-    let watch_events = events;
-    let reading = async {
-        let health = Health::new(
-            &link,
-            "the ASMTP operator",
-            client.handle().to_string(),
-            "token_file",
-        )
-        .with_secret(client.account.token.clone())
-        .retry_refused_every(intake::KEY_REFUSED_RETRY);
-        let mut watched = AsmtpWatched {
-            client: &client,
-            watermark: &watermark,
-            deliver,
-            push_up: &push_up,
-            poll_interval,
-            agent: &name,
-            events: &watch_events,
-        };
-        intake::watch(
-            &name,
-            events,
-            health,
-            &mut watched,
-            Some(&mut wake_rx),
-            &stop,
-        )
-        .await;
+    let health = Health::new(
+        &link,
+        "the ASMTP operator",
+        client.handle().to_string(),
+        "token_file",
+    )
+    .with_secret(client.account.token.clone())
+    .retry_refused_every(intake::KEY_REFUSED_RETRY);
+    let mut watched = AsmtpWatched {
+        client: &client,
+        watermark: &watermark,
+        deliver,
+        push_up: &push_up,
+        poll_interval: client.account.poll_interval,
+        agent: &name,
+        events: &events,
     };
-    tokio::join!(push, reading);
+    let token = &client.account.token;
+    intake::watch_pushed(
+        &name,
+        events,
+        health,
+        &mut watched,
+        token,
+        Some(pushed),
+        &push_up,
+        &stop,
+    )
+    .await;
 }
 
 /// Reads every envelope after the watermark, a page at a time: each page is delivered, then
@@ -121,58 +105,101 @@ pub(super) async fn catch_up(
     watermark: &WatermarkFile,
     deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
 ) -> Result<(), IntakeError> {
-    let mut mark = match watermark.load()? {
-        Some(w) => Some(w),
-        None => {
-            // First start: new work is what arrives from the newest envelope on; the unread
-            // envelopes already waiting are the backlog, answered first (unless the mailbox
-            // says skip_backlog).
-            // The newest first: what arrives after it is read by the catch-up, what arrives
-            // while the unread are listed may be in both (the journal knows it the second time).
-            let mut w = client
-                .newest()
-                .await?
-                .map(|h| Watermark {
-                    created_at: h.created_at,
-                    ids_at: vec![h.id.clone()],
-                    envelope_id: h.id,
-                    backlog: Vec::new(),
-                })
-                .unwrap_or_default();
-            if !client.account.skip_backlog {
-                // Those over the size limit are answered now, never fetched.
-                let limit = client.account.max_message_bytes;
-                // The unread, then those read before the first start (a person looked at
-                // them) that the agent never answered.
-                let mut waiting = client.unread_headers().await?;
-                for header in client.read_unanswered(FIRST_START_READ).await? {
-                    if !waiting.iter().any(|h| h.id == header.id) {
-                        waiting.push(header);
-                    }
-                }
-                for header in waiting {
-                    match header.bytes().filter(|size| *size > limit) {
-                        Some(size) => {
-                            if let Some(mail) = client.refused(&header, size) {
-                                deliver(mail).map_err(IntakeError::Deliver)?;
-                            }
-                        }
-                        None => w.backlog.push(header.id),
-                    }
-                }
-            }
-            if !w.backlog.is_empty() {
-                tracing::info!(
-                    unread = w.backlog.len(),
-                    "first start: answering the unread envelopes already waiting"
-                );
-            }
-            watermark.save(&w)?;
-            Some(w)
-        }
+    let mut w = match watermark.load()? {
+        Some(w) => w,
+        None => first_start(client, watermark, deliver).await?,
     };
-    // The backlog, a page at a time; each page leaves the file once the journal holds it.
-    while let Some(w) = mark.as_mut().filter(|w| !w.backlog.is_empty()) {
+    drain_backlog(client, watermark, &mut w, deliver).await?;
+    let mut mark = Some(w).filter(|w| !w.envelope_id.is_empty());
+    // The first page starts just before the watermark's millisecond (an envelope of the same
+    // millisecond may sort before the one read last); what was delivered there is skipped.
+    let mut after: Option<(i64, String)> = mark
+        .as_ref()
+        .map(|w| (w.created_at - 1, LAST_ID.to_string()));
+    loop {
+        let position = after.as_ref().map(|(at, id)| (*at, id.as_str()));
+        let (headers, more) = client.headers_after(position, PAGE).await?;
+        let Some(last) = headers.last() else {
+            return Ok(());
+        };
+        let delivered = |h: &Header| {
+            mark.as_ref().is_some_and(|w| {
+                h.created_at < w.created_at
+                    || (h.created_at == w.created_at
+                        && (w.ids_at.contains(&h.id) || w.envelope_id == h.id))
+            })
+        };
+        let fresh: Vec<&Header> = headers.iter().filter(|h| !delivered(h)).collect();
+        deliver_page(client, &fresh, deliver).await?;
+        let next = advance(mark.take(), &headers, last);
+        watermark.save(&next)?;
+        after = Some((last.created_at, last.id.clone()));
+        mark = Some(next);
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// First start: new work is what arrives from the newest envelope on; the unread envelopes
+/// already waiting are the backlog, answered first (unless the mailbox says skip_backlog).
+/// The newest is read first: what arrives after it is read by the catch-up, what arrives
+/// while the unread are listed may be in both (the journal knows it the second time).
+async fn first_start(
+    client: &AsmtpClient,
+    watermark: &WatermarkFile,
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<Watermark, IntakeError> {
+    let mut w = client
+        .newest()
+        .await?
+        .map(|h| Watermark {
+            created_at: h.created_at,
+            ids_at: vec![h.id.clone()],
+            envelope_id: h.id,
+            backlog: Vec::new(),
+        })
+        .unwrap_or_default();
+    if !client.account.skip_backlog {
+        // Those over the size limit are answered now, never fetched.
+        let limit = client.account.max_message_bytes;
+        // The unread, then those read before the first start (a person looked at them) that
+        // the agent never answered.
+        let mut waiting = client.unread_headers().await?;
+        for header in client.read_unanswered(FIRST_START_READ).await? {
+            if !waiting.iter().any(|h| h.id == header.id) {
+                waiting.push(header);
+            }
+        }
+        for header in waiting {
+            match header.bytes().filter(|size| *size > limit) {
+                Some(size) => {
+                    if let Some(mail) = client.refused(&header, size) {
+                        deliver(mail).map_err(IntakeError::Deliver)?;
+                    }
+                }
+                None => w.backlog.push(header.id),
+            }
+        }
+    }
+    if !w.backlog.is_empty() {
+        tracing::info!(
+            unread = w.backlog.len(),
+            "first start: answering the unread envelopes already waiting"
+        );
+    }
+    watermark.save(&w)?;
+    Ok(w)
+}
+
+/// The backlog, a page at a time; each page leaves the file once the journal holds it.
+async fn drain_backlog(
+    client: &AsmtpClient,
+    watermark: &WatermarkFile,
+    w: &mut Watermark,
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<(), IntakeError> {
+    while !w.backlog.is_empty() {
         let page: Vec<String> = w.backlog.iter().take(PAGE.min(100)).cloned().collect();
         let bodies = client.fetch(&page).await?;
         for id in &page {
@@ -190,83 +217,69 @@ pub(super) async fn catch_up(
         w.backlog.drain(..page.len());
         watermark.save(w)?;
     }
-    if mark.as_ref().is_some_and(|w| w.envelope_id.is_empty()) {
-        mark = None;
-    }
-    // The first page starts just before the watermark's millisecond (an envelope of the same
-    // millisecond may sort before the one read last); what was delivered there is skipped.
-    let mut after: Option<(i64, String)> = mark
-        .as_ref()
-        .map(|w| (w.created_at - 1, LAST_ID.to_string()));
-    loop {
-        let position = after.as_ref().map(|(at, id)| (*at, id.as_str()));
-        let (headers, more) = client.headers_after(position, PAGE).await?;
-        if headers.is_empty() {
-            return Ok(());
-        }
-        let delivered = |h: &Header| {
-            mark.as_ref().is_some_and(|w| {
-                h.created_at < w.created_at
-                    || (h.created_at == w.created_at
-                        && (w.ids_at.contains(&h.id) || w.envelope_id == h.id))
-            })
-        };
-        let fresh: Vec<&Header> = headers.iter().filter(|h| !delivered(h)).collect();
-        // An envelope over the mailbox's size limit is not fetched: one message must not
-        // cost the bridge its size several times over in memory. It is answered rejected.
-        let limit = client.account.max_message_bytes;
-        let too_large = |h: &Header| h.bytes().is_some_and(|size| size > limit);
-        let ids: Vec<String> = fresh
-            .iter()
-            .filter(|h| !too_large(h))
-            .map(|h| h.id.clone())
-            .collect();
-        let bodies = client.fetch(&ids).await?;
-        for header in &fresh {
-            if too_large(header) {
-                let size = header.bytes().unwrap_or_default();
-                tracing::warn!(id = %header.id, size, limit, "an ASMTP envelope over max_message_bytes; not fetched, answered rejected");
-                match client.refused(header, size) {
-                    Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
-                    None => {
-                        tracing::warn!(id = %header.id, "an oversized envelope without a sender; skipped")
-                    }
-                }
-                continue;
-            }
-            match bodies.iter().find(|b| b.id == header.id) {
-                Some(envelope) => match client.inbound(envelope) {
-                    Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
-                    None => {
-                        tracing::warn!(id = %header.id, "an ASMTP envelope that cannot be read as a task; skipped")
-                    }
-                },
+    Ok(())
+}
+
+/// Fetches and delivers the envelopes of a page not delivered before. One over the
+/// mailbox's size limit is not fetched: one message must not cost the bridge its size
+/// several times over in memory. It is answered rejected.
+async fn deliver_page(
+    client: &AsmtpClient,
+    fresh: &[&Header],
+    deliver: &mut (impl FnMut(Mail) -> Result<(), DeliverError> + Send),
+) -> Result<(), IntakeError> {
+    let limit = client.account.max_message_bytes;
+    let too_large = |h: &Header| h.bytes().is_some_and(|size| size > limit);
+    let ids: Vec<String> = fresh
+        .iter()
+        .filter(|h| !too_large(h))
+        .map(|h| h.id.clone())
+        .collect();
+    let bodies = client.fetch(&ids).await?;
+    for header in fresh {
+        if too_large(header) {
+            let size = header.bytes().unwrap_or_default();
+            tracing::warn!(id = %header.id, size, limit, "an ASMTP envelope over max_message_bytes; not fetched, answered rejected");
+            match client.refused(header, size) {
+                Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
                 None => {
-                    tracing::warn!(id = %header.id, "the operator listed an envelope it would not return; skipped")
+                    tracing::warn!(id = %header.id, "an oversized envelope without a sender; skipped")
                 }
             }
+            continue;
         }
-        let last = headers.last().expect("not empty");
-        let mut next = match mark.take() {
-            Some(w) if w.created_at == last.created_at => w,
-            _ => Watermark {
-                created_at: last.created_at,
-                ..Watermark::default()
+        match bodies.iter().find(|b| b.id == header.id) {
+            Some(envelope) => match client.inbound(envelope) {
+                Some(mail) => deliver(mail).map_err(IntakeError::Deliver)?,
+                None => {
+                    tracing::warn!(id = %header.id, "an ASMTP envelope that cannot be read as a task; skipped")
+                }
             },
-        };
-        next.envelope_id = last.id.clone();
-        for h in headers.iter().filter(|h| h.created_at == last.created_at) {
-            if !next.ids_at.contains(&h.id) {
-                next.ids_at.push(h.id.clone());
+            None => {
+                tracing::warn!(id = %header.id, "the operator listed an envelope it would not return; skipped")
             }
         }
-        watermark.save(&next)?;
-        after = Some((last.created_at, last.id.clone()));
-        mark = Some(next);
-        if !more {
-            return Ok(());
+    }
+    Ok(())
+}
+
+/// The watermark after a page ending at `last`: its position, with every id at its
+/// millisecond (those of `mark` too, when it was at the same one).
+fn advance(mark: Option<Watermark>, headers: &[Header], last: &Header) -> Watermark {
+    let mut next = match mark {
+        Some(w) if w.created_at == last.created_at => w,
+        _ => Watermark {
+            created_at: last.created_at,
+            ..Watermark::default()
+        },
+    };
+    next.envelope_id = last.id.clone();
+    for h in headers.iter().filter(|h| h.created_at == last.created_at) {
+        if !next.ids_at.contains(&h.id) {
+            next.ids_at.push(h.id.clone());
         }
     }
+    next
 }
 
 /// The operator's push socket for the supervisor: one way (`/connect`), closed by the bridge

@@ -3,7 +3,8 @@
 
 use serde_json::{json, Value};
 
-use crate::mailbox::outlet::Answering;
+use crate::mailbox::answer::{self, Markup};
+use crate::mailbox::outlet::answers_only;
 use crate::mailbox::MailboxError;
 use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
@@ -23,27 +24,11 @@ pub struct AsmtpReplies {
     pub(super) client: AsmtpClient,
 }
 
-/// The outbound seam over this system: answers submitted; no attachments, streams, threads
-/// or claims (the trait's defaults).
-impl crate::backend::Backend for AsmtpReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), crate::backend::BackendError> {
-        Ok(AsmtpReplies::submit(self, mail).await?)
-    }
-}
-
-impl Answering for AsmtpReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        AsmtpReplies::secret(self)
-    }
-}
+answers_only!(AsmtpReplies);
 
 impl AsmtpReplies {
     pub fn new(client: AsmtpClient) -> AsmtpReplies {
         AsmtpReplies { client }
-    }
-
-    pub fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
     }
 
     /// The reply envelope for the answer in `mail`; `None` for what ASMTP has no place for.
@@ -66,41 +51,22 @@ impl AsmtpReplies {
             .filter(|id| *id != parent)
             .collect();
         references.push(parent.clone());
-        let mut parts = Vec::new();
-        match &msg.body {
-            Body::Result(r) => {
-                let mut text = r.output.clone();
-                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
-                    if !text.is_empty() {
-                        text.push_str("\n\n");
-                    }
-                    text.push_str(&format!("{}: {error}", r.status.as_str()));
-                }
-                if text.is_empty() {
-                    text = format!("({})", r.status.as_str());
-                }
-                parts.push(json!({"type": "text", "text": text}));
-                let mut data = json!({"status": r.status.as_str()});
-                if let Some(fields) = &r.structured_result {
-                    data["structuredResult"] = fields.clone();
-                }
-                data[crate::mailbox::FOREIGN_MARK] = json!({"answer": msg.intent().as_str()});
-                parts.push(json!({"type": "data", "data": data}));
+        let mut text = answer::text(&msg.body, Markup::Plain)?;
+        let mut data = json!({});
+        if let Body::Result(r) = &msg.body {
+            if text.is_empty() {
+                text = format!("({})", r.status.as_str());
             }
-            Body::HelpNeeded(h) => {
-                let mut text = format!("Question: {}", h.question);
-                for option in &h.suggested_options {
-                    text.push_str(&format!("\n- {option}"));
-                }
-                parts.push(json!({"type": "text", "text": text}));
-                parts.push(json!({"type": "data", "data": {crate::mailbox::FOREIGN_MARK: {"answer": msg.intent().as_str()}}}));
+            data["status"] = json!(r.status.as_str());
+            if let Some(fields) = &r.structured_result {
+                data["structuredResult"] = fields.clone();
             }
-            Body::CardResponse { summary, text } => {
-                parts.push(json!({"type": "text", "text": format!("{summary}\n\n{text}")}));
-                parts.push(json!({"type": "data", "data": {crate::mailbox::FOREIGN_MARK: {"answer": msg.intent().as_str()}}}));
-            }
-            _ => return None,
         }
+        data[crate::mailbox::FOREIGN_MARK] = json!({"answer": msg.intent().as_str()});
+        let parts = [
+            json!({"type": "text", "text": text}),
+            json!({"type": "data", "data": data}),
+        ];
         let date_ms = mail_parser::MessageParser::default()
             .parse(&mail.bytes)
             .and_then(|m| m.date().map(|d| d.to_timestamp() * 1000))

@@ -40,36 +40,83 @@ fn private(path: &std::path::Path, text: &str) {
     std::fs::rename(fresh, path).unwrap();
 }
 
+/// A key file in a fresh directory, its secret, and the link state beside it.
+struct KeyFile {
+    dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    secret: Secret,
+    link: Link,
+}
+
+impl KeyFile {
+    fn new(key: &str) -> KeyFile {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        private(&file, key);
+        let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
+        let link = Link::new(dir.path().join("link.json"));
+        KeyFile {
+            dir,
+            file,
+            secret,
+            link,
+        }
+    }
+
+    /// Writes `key` to the file, as a person replacing it does.
+    fn write(&self, key: &str) {
+        private(&self.file, key);
+    }
+
+    /// Writes `key` and reloads: the secret is replaced by one read from the file.
+    fn reload(&self, key: &str) {
+        self.write(key);
+        let fresh =
+            Secret::from_file("coder", &self.file, crate::config::SecretForm::Trimmed).unwrap();
+        assert!(self.secret.replace(&fresh));
+    }
+
+    /// A mailbox over this key that takes only `good`.
+    fn keyed(&self, good: &str) -> Keyed {
+        Keyed {
+            secret: self.secret.clone(),
+            good: good.into(),
+            reads: Default::default(),
+        }
+    }
+
+    /// The reading loop's health over this key, for `server` (`fix`: the key's config key).
+    fn health(&self, server: &'static str, fix: &'static str) -> Health<'_> {
+        Health::new(&self.link, server, "coder".into(), fix).with_secret(self.secret.clone())
+    }
+
+    /// The link state as `status` reads it.
+    fn state(&self) -> crate::mailbox::link::LinkState {
+        super::super::link::read(&self.dir.path().join("link.json")).unwrap()
+    }
+}
+
 /// Issue 37: refused credentials waited 5 minutes, read once at start. A key written to
 /// the file is tried within [`CREDENTIALS_RECHECK`]; one that works is not read again
 /// before its interval; a key replaced by a reload (another clone of the secret) is tried
 /// at once.
 #[tokio::test(start_paused = true)]
 async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("key");
-    private(&file, "amk_old");
-    let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-    let link = Link::new(dir.path().join("link.json"));
-    let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut keyed = Keyed {
-        secret: secret.clone(),
-        good: "amk_new".into(),
-        reads: reads.clone(),
-    };
+    let key = KeyFile::new("amk_old");
+    let mut keyed = key.keyed("amk_new");
+    let reads = keyed.reads.clone();
     let stop = CancellationToken::new();
-    let health = Health::new(&link, "the AMP broker", "coder".into(), "api_key_file")
-        .with_secret(secret.clone());
+    let health = key.health("the AMP broker", "api_key_file");
     let count = || reads.lock().unwrap().len();
     let start = tokio::time::Instant::now();
     let watching = watch("coder", Events::new(false), health, &mut keyed, None, &stop);
     let driving = async {
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(count(), 1, "refused once, then waiting");
-        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+        let state = key.state();
         assert_eq!(state.mailbox, Reach::AuthFailed);
         assert_eq!(state.credentials.unwrap().worked, Some(false));
-        private(&file, "amk_new\n");
+        key.write("amk_new\n");
         tokio::time::sleep(CREDENTIALS_RECHECK * 2).await;
         assert_eq!(count(), 2, "the new key tried at the next look at the file");
         let at = reads.lock().unwrap()[1] - start;
@@ -77,16 +124,14 @@ async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
             at <= Duration::from_secs(60) + CREDENTIALS_RECHECK,
             "{at:?}"
         );
-        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+        let state = key.state();
         assert_eq!(state.mailbox, Reach::Connected);
         assert_eq!(state.credentials.unwrap().worked, Some(true));
         // Working: the file is not looked at, nor the server asked, before the interval.
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(count(), 2);
         // A reload with another key: tried at once.
-        private(&file, "amk_other");
-        let fresh = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        assert!(secret.replace(&fresh));
+        key.reload("amk_other");
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(count(), 3, "read at once with the reloaded key");
         stop.cancel();
@@ -101,21 +146,13 @@ async fn refused_credentials_are_read_again_and_a_new_key_is_tried_at_once() {
 /// is looked at every [`CREDENTIALS_RECHECK`] until it holds another token.
 #[tokio::test(start_paused = true)]
 async fn a_send_refused_for_its_credentials_shows_in_status_and_the_file_is_watched() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("key");
-    private(&file, "tok_old");
-    let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-    let link = Link::new(dir.path().join("link.json"));
-    let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let key = KeyFile::new("tok_old");
+    let secret = &key.secret;
     // The server still takes the old token for reads: only the send is refused.
-    let mut keyed = Keyed {
-        secret: secret.clone(),
-        good: "tok_old".into(),
-        reads: reads.clone(),
-    };
+    let mut keyed = key.keyed("tok_old");
+    let reads = keyed.reads.clone();
     let stop = CancellationToken::new();
-    let health = Health::new(&link, "the ASMTP operator", "coder".into(), "token_file")
-        .with_secret(secret.clone());
+    let health = key.health("the ASMTP operator", "token_file");
     let mut changes = secret.changes();
     let watching = watch("coder", Events::new(false), health, &mut keyed, None, &stop);
     let driving = async {
@@ -124,7 +161,7 @@ async fn a_send_refused_for_its_credentials_shows_in_status_and_the_file_is_watc
         // The outbox's send is refused (what `Outlet::submit` records).
         secret.worked(false);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+        let state = key.state();
         assert_eq!(state.mailbox, Reach::AuthFailed, "{state:?}");
         assert_eq!(state.credentials.unwrap().worked, Some(false));
         assert!(state
@@ -132,7 +169,7 @@ async fn a_send_refused_for_its_credentials_shows_in_status_and_the_file_is_watc
             .unwrap()
             .contains("refused the credentials"));
         tokio::time::sleep(Duration::from_secs(30)).await;
-        private(&file, "tok_new");
+        key.write("tok_new");
         let written = tokio::time::Instant::now();
         changes.borrow_and_update();
         changes.changed().await.unwrap();
@@ -247,6 +284,26 @@ impl Pushed for Scripted {
     }
 }
 
+/// The supervisor over `pushed`, with the key file's secret and link.
+fn supervise<'a>(
+    key: &'a KeyFile,
+    pushed: Scripted,
+    wake: &'a mpsc::Sender<()>,
+    push_up: &'a AtomicBool,
+    stop: &'a CancellationToken,
+) -> impl std::future::Future<Output = ()> + 'a {
+    supervise_push(
+        "coder",
+        &key.link,
+        Events::new(false),
+        &key.secret,
+        pushed,
+        wake,
+        push_up,
+        stop,
+    )
+}
+
 fn refused() -> MailboxError {
     MailboxError::Push {
         detail: "HTTP error: 401 Unauthorized".into(),
@@ -260,11 +317,7 @@ fn refused() -> MailboxError {
 /// a drop, and keeps the link's push state.
 #[tokio::test(start_paused = true)]
 async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("key");
-    private(&file, "tok_old");
-    let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-    let link = Link::new(dir.path().join("link.json"));
+    let key = KeyFile::new("tok_old");
     let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let pushed = Scripted {
         script: [
@@ -281,16 +334,7 @@ async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
     let start = tokio::time::Instant::now();
     let at = |n: usize| attempts.lock().unwrap().get(n).map(|t| *t - start);
     let count = || attempts.lock().unwrap().len();
-    let supervising = supervise_push(
-        "coder",
-        &link,
-        Events::new(false),
-        &secret,
-        pushed,
-        &wake,
-        &push_up,
-        &stop,
-    );
+    let supervising = supervise(&key, pushed, &wake, &push_up, &stop);
     let driving = async {
         tokio::time::sleep(Duration::from_secs(120)).await;
         assert_eq!(
@@ -299,9 +343,7 @@ async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
             "refused once, then waiting, not retrying every few seconds"
         );
         // Replaced (a reload): tried at once, refused again, waited out again.
-        private(&file, "tok_new");
-        let fresh = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        assert!(secret.replace(&fresh));
+        key.reload("tok_new");
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(count(), 2);
         assert!(at(1).unwrap() < Duration::from_secs(121), "{:?}", at(1));
@@ -314,7 +356,7 @@ async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(count(), 4);
         assert!(push_up.load(Ordering::SeqCst));
-        let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+        let state = key.state();
         assert_eq!(state.push, "websocket");
         assert!(
             woken.try_recv().is_ok(),
@@ -324,7 +366,7 @@ async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
     };
     tokio::join!(supervising, driving);
     assert!(!push_up.load(Ordering::SeqCst));
-    let state = super::super::link::read(&dir.path().join("link.json")).unwrap();
+    let state = key.state();
     assert_eq!(state.push, "polling");
 }
 
@@ -333,11 +375,7 @@ async fn push_waits_out_refused_credentials_and_tries_replaced_ones_at_once() {
 /// (the supervisor's own view of the secret went stale, so its wait ended immediately).
 #[tokio::test(start_paused = true)]
 async fn a_replacement_push_already_reconnected_for_does_not_cut_the_next_wait_short() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("key");
-    private(&file, "tok_old");
-    let secret = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-    let link = Link::new(dir.path().join("link.json"));
+    let key = KeyFile::new("tok_old");
     let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let pushed = Scripted {
         script: [Ok(Closed::Replaced), Err(refused())].into(),
@@ -347,21 +385,10 @@ async fn a_replacement_push_already_reconnected_for_does_not_cut_the_next_wait_s
     let push_up = AtomicBool::new(false);
     let stop = CancellationToken::new();
     let count = || attempts.lock().unwrap().len();
-    let supervising = supervise_push(
-        "coder",
-        &link,
-        Events::new(false),
-        &secret,
-        pushed,
-        &wake,
-        &push_up,
-        &stop,
-    );
+    let supervising = supervise(&key, pushed, &wake, &push_up, &stop);
     let driving = async {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        private(&file, "tok_new");
-        let fresh = Secret::from_file("coder", &file, crate::config::SecretForm::Trimmed).unwrap();
-        assert!(secret.replace(&fresh));
+        key.reload("tok_new");
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(
             count(),

@@ -4,19 +4,17 @@
 
 use serde_json::{json, Value};
 
-use super::{
-    parse_task_id, SampClient, SampError, BODY_MAX_BYTES, CLOCK_SKEW_SECS, DATA_MAX_BYTES,
-    SUBJECT_MAX_CHARS,
-};
-use crate::backend::BackendError;
-use crate::mailbox::outlet::Answering;
+use super::client::SampClient;
+use super::error::SampError;
+use super::wire::{parse_task_id, BODY_MAX_BYTES, DATA_MAX_BYTES, SUBJECT_MAX_CHARS};
+use crate::mailbox::answer::{self, Markup};
+use crate::mailbox::outlet::answers_only;
+use crate::mailbox::FOREIGN_MARK;
 use crate::protocol::{self, AampMessage, Body, RenderedMail};
 
-impl Answering for SampReplies {
-    fn secret(&self) -> &crate::config::Secret {
-        SampReplies::secret(self)
-    }
-}
+/// How far the server's clock may be behind the bridge's when an answer's send time is
+/// compared with the time it was made.
+const CLOCK_SKEW_SECS: i64 = 5;
 
 /// `Re: <subject>`, at most 200 characters.
 pub(super) fn reply_subject(subject: &str) -> String {
@@ -55,101 +53,31 @@ pub struct SampReplies {
     client: SampClient,
 }
 
-/// The outbound seam: answers submitted; no attachments, streams, threads or claims.
-impl crate::backend::Backend for SampReplies {
-    async fn submit(&self, mail: &RenderedMail) -> Result<(), BackendError> {
-        Ok(SampReplies::submit(self, mail).await?)
-    }
-}
+answers_only!(SampReplies);
 
 impl SampReplies {
     pub fn new(client: SampClient) -> SampReplies {
         SampReplies { client }
     }
 
-    pub fn secret(&self) -> &crate::config::Secret {
-        self.client.secret()
-    }
-
     /// Sends the answer in `mail` in reply to its task message, unless the thread shows it
     /// sent already (looked for only on a retry, and findable only while the recipient has
     /// not acked it: ack clears the data that names it).
     pub async fn submit(&self, mail: &RenderedMail) -> Result<(), SampError> {
-        let parsed = protocol::rfc5322::parse_raw(&mail.bytes)
-            .and_then(|view| AampMessage::parse(&view).ok());
-        let Some(msg) = parsed else {
-            tracing::warn!(message_id = %mail.message_id, "not an AAMP answer; nothing to send to the SAMP server");
+        let Some(msg) = answer::read(mail, "the SAMP server") else {
             return Ok(());
         };
-        let parent = msg
-            .envelope
-            .in_reply_to
-            .as_deref()
-            .and_then(|r| r.strip_prefix('<')?.strip_suffix("@samp>"))
-            .map(str::to_string)
-            .or_else(|| parse_task_id(msg.task_id()).map(|(_, id)| id.to_string()));
-        let Some(parent) = parent else {
+        let Some(parent) = parent_of(&msg) else {
             tracing::warn!(
                 task_id = msg.task_id(),
                 "an answer to a task that did not come from SAMP; dropped"
             );
             return Ok(());
         };
-        let intent = msg.intent();
-        let mut aamp = json!({
-            "intent": intent.as_str(),
-            "taskId": msg.task_id(),
-            "messageId": mail.message_id,
-        });
-        let text = match &msg.body {
-            Body::Result(r) => {
-                aamp["status"] = json!(r.status.as_str());
-                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
-                    aamp["error"] = json!(error);
-                }
-                if let Some(fields) = &r.structured_result {
-                    aamp["structuredResult"] = fields.clone();
-                }
-                let mut text = r.output.clone();
-                if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
-                    if !text.is_empty() {
-                        text.push_str("\n\n");
-                    }
-                    text.push_str(&format!("{}: {error}", r.status.as_str()));
-                }
-                text
-            }
-            Body::HelpNeeded(h) => {
-                aamp["question"] = json!(h.question);
-                aamp["suggestedOptions"] = json!(h.suggested_options);
-                let mut text = format!("Question: {}", h.question);
-                for option in &h.suggested_options {
-                    text.push_str(&format!("\n- {option}"));
-                }
-                text
-            }
-            Body::CardResponse { summary, text } => format!("{summary}\n\n{text}"),
-            // Acks, stream announcements and the rest have no SAMP equivalent.
-            _ => return Ok(()),
+        // Acks, stream announcements and the rest have no SAMP equivalent.
+        let Some((text, data)) = content(&msg, &mail.message_id) else {
+            return Ok(());
         };
-        let mut text = fit_body(&text);
-        let mut data =
-            json!({ "aamp": aamp, crate::mailbox::FOREIGN_MARK: {"answer": intent.as_str()} });
-        if serde_json::to_vec(&data).map_or(0, |d| d.len()) > DATA_MAX_BYTES {
-            data["aamp"]
-                .as_object_mut()
-                .expect("an object")
-                .remove("structuredResult");
-            text = fit_body(&format!(
-                "{text}\n\n[the structured result was over the 64 KB SAMP data limit and is not attached]"
-            ));
-        }
-        let to = msg.envelope.to.first().cloned().unwrap_or_default();
-        // `NAME@HOST` back to the agent's name.
-        let to = to
-            .rsplit_once('@')
-            .map_or(to.as_str(), |(name, _)| name)
-            .to_string();
         let (known, first) = {
             let mut recent = self.client.recent.lock().expect("recent lock");
             (
@@ -159,57 +87,71 @@ impl SampReplies {
         };
         let subject = match known.filter(|_| first) {
             Some((_, subject)) => subject,
-            None => {
-                // A retry, or a task read before a restart: look in the thread first.
-                let thread = match parse_task_id(msg.task_id()) {
-                    Some((thread, _)) if !thread.is_empty() => thread.to_string(),
-                    _ => String::new(),
-                };
-                let messages = if thread.is_empty() {
-                    Vec::new()
-                } else {
-                    self.client.thread(&thread).await.unwrap_or_else(|e| {
-                        tracing::debug!(error = %e, "could not read the SAMP thread before a retry");
-                        Vec::new()
-                    })
-                };
-                if let Some(posted) = messages
-                    .iter()
-                    .find(|m| m["data"]["aamp"]["messageId"] == mail.message_id.as_str())
-                {
-                    tracing::info!(message_id = %mail.message_id, "the answer is in the thread already; not sending it again");
-                    if matches!(msg.body, Body::HelpNeeded(_)) {
-                        if let Some(id) = posted["id"].as_str() {
-                            self.note_question(id, &mail.message_id);
-                        }
-                    }
-                    return Ok(());
-                }
-                if let Some(lost) = self.lost_send(&messages, &parent, mail).await {
-                    tracing::info!(message_id = %mail.message_id, posted = %lost, "an answer of ours the server took but never confirmed is in the thread (acked, so without its content): taken as this one, not sent again");
-                    self.note_sent(&lost, &mail.message_id);
-                    if matches!(msg.body, Body::HelpNeeded(_)) {
-                        self.note_question(&lost, &mail.message_id);
-                    }
-                    return Ok(());
-                }
-                messages
-                    .iter()
-                    .find(|m| m["id"] == parent.as_str())
-                    .and_then(|m| m["subject"].as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            }
+            // A retry, or a task read before a restart: look in the thread first.
+            None => match self.before_retry(&msg, &parent, mail).await {
+                Some(subject) => subject,
+                None => return Ok(()),
+            },
         };
         let posted = self
             .client
-            .send(&to, &reply_subject(&subject), &text, Some(data), &parent)
+            .send(
+                &to_name(&msg),
+                &reply_subject(&subject),
+                &text,
+                Some(data),
+                &parent,
+            )
             .await?;
-        self.note_sent(&posted, &mail.message_id);
-        if matches!(msg.body, Body::HelpNeeded(_)) {
-            self.note_question(&posted, &mail.message_id);
-        }
+        self.noted(&posted, &msg, &mail.message_id);
         Ok(())
+    }
+
+    /// Looks in the task's thread before a retry: `None` when the answer is there already
+    /// (sent, or taken by the server and never confirmed), else the subject of `parent`.
+    async fn before_retry(
+        &self,
+        msg: &AampMessage,
+        parent: &str,
+        mail: &RenderedMail,
+    ) -> Option<String> {
+        let messages = match parse_task_id(msg.task_id()) {
+            Some((thread, _)) if !thread.is_empty() => {
+                self.client.thread(thread).await.unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "could not read the SAMP thread before a retry");
+                    Vec::new()
+                })
+            }
+            _ => Vec::new(),
+        };
+        if let Some(posted) = messages
+            .iter()
+            .find(|m| m["data"]["aamp"]["messageId"] == mail.message_id.as_str())
+        {
+            tracing::info!(message_id = %mail.message_id, "the answer is in the thread already; not sending it again");
+            if let Some(id) = posted["id"].as_str().filter(|_| is_question(msg)) {
+                self.note_question(id, &mail.message_id);
+            }
+            return None;
+        }
+        if let Some(lost) = self.lost_send(&messages, parent, mail).await {
+            tracing::info!(message_id = %mail.message_id, posted = %lost, "an answer of ours the server took but never confirmed is in the thread (acked, so without its content): taken as this one, not sent again");
+            self.noted(&lost, msg, &mail.message_id);
+            return None;
+        }
+        let subject = messages
+            .iter()
+            .find(|m| m["id"] == parent)
+            .and_then(|m| m["subject"].as_str());
+        Some(subject.unwrap_or_default().to_string())
+    }
+
+    /// Keeps `posted` as the answer sent for `message_id`, and as a question when it is one.
+    fn noted(&self, posted: &str, msg: &AampMessage, message_id: &str) {
+        self.note_sent(posted, message_id);
+        if is_question(msg) {
+            self.note_question(posted, message_id);
+        }
     }
 
     /// An answer of ours to `parent` in the thread `messages` that the server took but the
@@ -262,4 +204,63 @@ impl SampReplies {
             .questions
             .asked(posted, message_id);
     }
+}
+
+fn is_question(msg: &AampMessage) -> bool {
+    matches!(msg.body, Body::HelpNeeded(_))
+}
+
+/// The SAMP message an answer replies to: named by its In-Reply-To, else by its TaskId.
+fn parent_of(msg: &AampMessage) -> Option<String> {
+    msg.envelope
+        .in_reply_to
+        .as_deref()
+        .and_then(|r| r.strip_prefix('<')?.strip_suffix("@samp>"))
+        .map(str::to_string)
+        .or_else(|| parse_task_id(msg.task_id()).map(|(_, id)| id.to_string()))
+}
+
+/// The recipient: `NAME@HOST` back to the agent's name.
+fn to_name(msg: &AampMessage) -> String {
+    let to = msg.envelope.to.first().map_or("", String::as_str);
+    to.rsplit_once('@').map_or(to, |(name, _)| name).to_string()
+}
+
+/// The answer's text and its `data` (the AAMP fields in `data.aamp`, and the mark that it is
+/// an answer), cut to the server's limits; `None` for what SAMP has no place for.
+fn content(msg: &AampMessage, message_id: &str) -> Option<(String, Value)> {
+    let intent = msg.intent();
+    let text = answer::text(&msg.body, Markup::Plain)?;
+    let mut aamp = json!({
+        "intent": intent.as_str(),
+        "taskId": msg.task_id(),
+        "messageId": message_id,
+    });
+    match &msg.body {
+        Body::Result(r) => {
+            aamp["status"] = json!(r.status.as_str());
+            if let Some(error) = r.error.as_deref().filter(|e| !e.is_empty()) {
+                aamp["error"] = json!(error);
+            }
+            if let Some(fields) = &r.structured_result {
+                aamp["structuredResult"] = fields.clone();
+            }
+        }
+        Body::HelpNeeded(h) => {
+            aamp["question"] = json!(h.question);
+            aamp["suggestedOptions"] = json!(h.suggested_options);
+        }
+        _ => {}
+    }
+    let mut text = fit_body(&text);
+    let mut data = json!({ "aamp": aamp, FOREIGN_MARK: {"answer": intent.as_str()} });
+    if serde_json::to_vec(&data).map_or(0, |d| d.len()) > DATA_MAX_BYTES {
+        if let Some(aamp) = data["aamp"].as_object_mut() {
+            aamp.remove("structuredResult");
+        }
+        text = fit_body(&format!(
+            "{text}\n\n[the structured result was over the 64 KB SAMP data limit and is not attached]"
+        ));
+    }
+    Some((text, data))
 }

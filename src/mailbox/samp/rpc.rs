@@ -4,16 +4,21 @@
 //! with the request's id). A session id the server gives (`Mcp-Session-Id`) is sent back;
 //! a server that forgot it (404) is initialized again once.
 //!
-//! Not the `rmcp` crate: its Streamable HTTP client is built on reqwest 0.13 (this tree has
-//! 0.12) and takes TLS from reqwest's `rustls` feature (aws-lc-rs, a C build) or brings none;
-//! see docs/mailboxes/samp.md.
+//! Not the `rmcp` crate, for size rather than need. rmcp (3.1) takes its Streamable HTTP
+//! client as a trait (`StreamableHttpClient`: post a message, open an event stream, delete a
+//! session) with one implementation on reqwest 0.13 behind its
+//! `transport-streamable-http-client-reqwest` feature and one on hyper for Unix sockets only;
+//! the trait itself needs neither. Using rmcp here would mean implementing that trait over
+//! this tree's reqwest 0.12 client (event-stream framing included) and taking rmcp's service
+//! layer, for three calls that this file makes whole. Worth weighing again once rmcp is in the
+//! tree for the server side.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-use super::SampError;
+use super::error::SampError;
 use crate::config::Secret;
 use crate::mailbox::MailboxError;
 

@@ -1,8 +1,12 @@
 //! The SAMP model and limits, unit by unit.
 
+use super::error::SampError;
 use super::replies::{fit_body, reply_subject};
-use super::*;
+use super::wire::*;
+use crate::error::{Classify, ErrorClass};
+use crate::mailbox::MailboxError;
 use crate::protocol::Body;
+use serde_json::json;
 
 fn message() -> SampMessage {
     SampMessage {

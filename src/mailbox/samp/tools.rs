@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::SampError;
+use super::error::SampError;
 
 /// The argument names of the tools the bridge calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
