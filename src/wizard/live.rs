@@ -21,32 +21,13 @@ pub async fn test_mailbox(config: &LoadedConfig, name: &str) -> anyhow::Result<S
         return Ok(probe.address);
     }
     let account = config.account(name)?;
-    let mut mailbox = crate::mailbox::aamp::Reader::new(account.clone())?;
-    if let Err(error) = mailbox.connect().await {
-        return Err(MailboxTestFailed {
-            what: format!("JMAP login as {}", account.login),
-            fix: error.fix("jmap_url"),
-            error,
-        }
-        .into());
-    }
-    if let Err(error) = crate::mailbox::aamp::Sender::new(&account)?
-        .check_smtp()
+    crate::mailbox::aamp::login(&account)
         .await
-    {
-        return Err(MailboxTestFailed {
-            what: format!(
-                "SMTP login as {} at {}:{} ({})",
-                account.login,
-                account.smtp_host,
-                account.smtp_port,
-                account.smtp_security.name()
-            ),
-            fix: error.fix("smtp_host, smtp_port and smtp_security"),
-            error,
-        }
-        .into());
-    }
+        .map_err(|failed| MailboxTestFailed {
+            what: failed.what,
+            error: failed.error,
+            fix: failed.fix,
+        })?;
     Ok(account.email)
 }
 
