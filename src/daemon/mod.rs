@@ -106,14 +106,15 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         recover(&engine, &agent.name, &span)?;
         services.spawn(
             engine
+                .outbox()
                 .clone()
-                .send_outbox(outbox_stop.clone(), LAST_ROUND)
+                .run(outbox_stop.clone(), LAST_ROUND)
                 .instrument(span.clone()),
         );
         services.spawn(
             retry_on_new_credentials(engine.clone(), outbox_stop.clone()).instrument(span.clone()),
         );
-        let back = engine.clone();
+        let back = engine.outbox().clone();
         let deliver = move |inbound| {
             engine
                 .deliver(inbound)
@@ -302,7 +303,7 @@ fn recover(engine: &Engine<Outlet>, agent: &str, span: &tracing::Span) -> anyhow
 /// next read), what waits in the agent's outbox is sent at once. The intake hears a change
 /// itself.
 async fn retry_on_new_credentials(engine: Engine<Outlet>, stop: CancellationToken) {
-    let secret = engine.outbox().secret();
+    let secret = engine.backend().secret();
     let (mut changes, mut recoveries) = (secret.changes(), secret.recoveries());
     loop {
         tokio::select! {
@@ -310,13 +311,13 @@ async fn retry_on_new_credentials(engine: Engine<Outlet>, stop: CancellationToke
                 if changed.is_err() {
                     return;
                 }
-                engine.retry_outbox_now();
+                engine.outbox().retry_now();
             }
             recovered = recoveries.changed() => {
                 if recovered.is_err() {
                     return;
                 }
-                engine.retry_outbox_now();
+                engine.outbox().retry_now();
             }
             _ = stop.cancelled() => return,
         }
@@ -445,7 +446,7 @@ async fn reload_config(
             tracing::error!("the config was not reloaded: {e}");
             // The credentials files are still read again, as they were named.
             for engine in engines {
-                let secret = engine.outbox().secret();
+                let secret = engine.backend().secret();
                 match secret.reread() {
                     Ok(true) => changed.push(secret.mailbox().to_string()),
                     Ok(false) => {}
@@ -492,7 +493,7 @@ async fn reload_config(
     // change of the file.
     let mut mailboxes: Vec<String> = Vec::new();
     for engine in engines {
-        let name = engine.outbox().secret().mailbox().to_string();
+        let name = engine.backend().secret().mailbox().to_string();
         if !mailboxes.contains(&name) {
             mailboxes.push(name);
         }
@@ -516,7 +517,7 @@ async fn reload_agent(
     let name = &agent.name;
     // Credentials first: the mailbox is retried at once when they changed, and left alone
     // when not.
-    let secret = engine.outbox().secret();
+    let secret = engine.backend().secret();
     let credentials = match config.mailbox_secret(secret.mailbox()) {
         Ok(fresh) => {
             if secret.replace(&fresh) {
@@ -544,7 +545,7 @@ async fn reload_agent(
         });
     let spec = spec.inspect_err(|e| tracing::error!(agent = %name, "{e}"))?;
     let waits = engine.reload(spec);
-    engine.outbox().republish(config, agent, events).await;
+    engine.backend().republish(config, agent, events).await;
     if let Some(waits) = waits {
         return Err(format!("reloaded, but {waits}"));
     }

@@ -11,14 +11,14 @@ use crate::protocol::Body;
 /// Runs at most this many times for one task; after that a crash answers it rejected.
 const MAX_RUNS: u32 = 2;
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
     /// queued again; tasks that were running are run again (workspace emptied first) when
     /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise
     /// answered rejected. Returns how many tasks were picked up.
     pub fn recover(&self) -> Result<usize, JournalError> {
-        let inner = &self.inner;
-        let spec = self.spec();
+        let inner = &self.common;
+        let spec = self.common.spec();
         let name = &spec.name;
         let unfinished = inner.journal.unfinished(name)?;
         for left in &unfinished {
@@ -59,7 +59,7 @@ impl<O: Backend> Engine<O> {
                     // one has claimed it.
                     rerun_refused = Some(reason);
                 } else {
-                    let reply = self.rejection(&env, &key, &reason);
+                    let reply = self.outbox.rejection(&env, &key, &reason);
                     inner.journal.finish(
                         name,
                         left.id,
@@ -76,7 +76,7 @@ impl<O: Backend> Engine<O> {
                 runs = left.runs,
                 "picking up a task from the journal"
             );
-            self.note(
+            self.common.note(
                 left.id,
                 "picked up at a restart",
                 Some(&format!(
@@ -102,7 +102,7 @@ impl<O: Backend> Engine<O> {
                 span.clone(),
             );
         }
-        self.wake_outbox();
+        self.outbox.wake();
         Ok(unfinished.len())
     }
 }

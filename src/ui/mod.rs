@@ -76,7 +76,9 @@ pub trait Operator: Send + Sync + 'static {
 
 impl<O: Backend> Operator for Vec<Engine<O>> {
     fn questions(&self) -> Vec<OpenQuestion> {
-        self.iter().flat_map(|d| d.open_questions()).collect()
+        self.iter()
+            .flat_map(|d| d.desk().open_questions())
+            .collect()
     }
 
     fn answer(
@@ -90,7 +92,7 @@ impl<O: Backend> Operator for Vec<Engine<O>> {
             .iter()
             .find(|d| d.name() == agent)
             .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(engine.operator_answer(from, task_id, answer)?)
+        Ok(engine.desk().operator_answer(from, task_id, answer)?)
     }
 
     fn cancel(&self, agent: &str, from: &str, task_id: &str) -> Result<(), ActionError> {
@@ -98,7 +100,7 @@ impl<O: Backend> Operator for Vec<Engine<O>> {
             .iter()
             .find(|d| d.name() == agent)
             .ok_or_else(|| ActionError::NoAgent(agent.to_string()))?;
-        Ok(engine.operator_cancel(from, task_id)?)
+        Ok(engine.desk().operator_cancel(from, task_id)?)
     }
 }
 
