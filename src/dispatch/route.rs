@@ -12,7 +12,7 @@ use super::journal::{self, JournalError, Outgoing, TaskState};
 use super::{policy, task_key, AgentSpec, Engine, MailExtras, SenderPolicy, Task, UnknownSenders};
 use crate::backend::Backend;
 use crate::inbound::{Inbound, Mail, Reply, SenderCheck};
-use crate::protocol::{Body, Envelope};
+use crate::protocol::{Body, Dispatch, Envelope};
 
 /// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
 /// it is: such mail never starts a task, so two automatons cannot keep each other busy.
@@ -295,77 +295,53 @@ impl<B: Backend> Engine<B> {
             })
     }
 
+    /// A dispatch: an answer to a waiting question, or a task admitted (recorded whole, so
+    /// it runs again after a crash, with its ack) or refused (recorded as a summary, with its
+    /// answer), before anything is acknowledged.
     pub(super) fn on_dispatch(
         &self,
         inbound: Inbound,
         key: String,
         span: tracing::Span,
     ) -> Result<(), JournalError> {
-        let inner = &self.common;
-        let spec = self.common.spec();
-        let name = &spec.name;
         if let Some(why) = automatic(&inbound) {
             tracing::info!(reason = why, "ignored: automatic mail never starts a task");
             self.ignored(&inbound, why);
             return Ok(());
         }
-        // A task to run is kept whole (it is run again after a crash); anything else only as
-        // a summary.
-        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
-        let Inbound {
-            email_id,
-            message,
-            truncated,
-            attachments,
-            refused,
-            ..
-        } = inbound;
-        let env = message.envelope;
-        let Body::Dispatch(dispatch) = message.body else {
+        let Some((arrival, refused)) = Arrival::of(inbound, key) else {
             return Ok(());
         };
-        let record =
-            |state: TaskState, admitted: bool, reason: Option<&str>, reply: Option<&Outgoing>| {
-                let mail = if admitted { &mail } else { &summary };
-                inner.journal.record(
-                    &journal::NewTask {
-                        agent: name,
-                        message_key: &key,
-                        sender: &env.from,
-                        task_id: &env.task_id,
-                        session_key: dispatch.session_key.as_deref(),
-                        state,
-                        admitted,
-                        mail,
-                        reason,
-                    },
-                    reply,
-                )
-            };
-        if let Some(waiting) = self.desk.answered_by(&env, &dispatch) {
-            let recorded = record(
-                TaskState::Answered,
-                false,
-                Some("an answer to a question of an earlier task"),
-                None,
-            )?;
+        let (env, dispatch) = (&arrival.env, &arrival.dispatch);
+        if let Some(waiting) = self.desk.answered_by(env, dispatch) {
+            let why = "an answer to a question of an earlier task";
+            let recorded = self.record(&arrival, TaskState::Answered, false, Some(why), None)?;
             if recorded.is_some() {
-                self.desk
-                    .answer(&waiting, &env.task_id, &dispatch.body_text, &dispatch.title);
+                let (text, title) = (&dispatch.body_text, &dispatch.title);
+                self.desk.answer(&waiting, &env.task_id, text, title);
             }
             return Ok(());
         }
-        let journal = &inner.journal;
+        let (admission, earlier) = self.admission(&arrival, refused)?;
+        self.on_admission(arrival, admission, earlier, span)
+    }
+
+    /// What the sender policy, the limits and the queue say of the dispatch, with its
+    /// earlier task of the same sender and TaskId, if any. A message the back-end would not
+    /// read whole (`refused`: too large) is answered rejected, once the sender may dispatch
+    /// at all.
+    fn admission(
+        &self,
+        arrival: &Arrival,
+        refused: Option<String>,
+    ) -> Result<(Admission, Option<(i64, TaskState)>), JournalError> {
+        let spec = self.common.spec();
+        let (name, env, dispatch) = (&spec.name, &arrival.env, &arrival.dispatch);
+        let journal = &self.common.journal;
         let earlier = journal.admitted_task(name, &env.from, &env.task_id)?;
-        let duplicate = earlier.is_some();
         let now = SystemTime::now();
-        let recent = journal.recent_counts(
-            name,
-            &env.from,
-            dispatch.session_key.as_deref(),
-            &spec.limits,
-            now,
-        )?;
+        let session = dispatch.session_key.as_deref();
+        let recent = journal.recent_counts(name, &env.from, session, &spec.limits, now)?;
         let load = admission::Load {
             active: self.active(),
             sender_last_hour: recent.sender_last_hour,
@@ -374,17 +350,8 @@ impl<B: Backend> Engine<B> {
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
         let policy = self.policy(&spec)?;
-        // Every replica decides alike here; the one that wins the mail's claim answers.
-        let rejected = |reason: &str| {
-            self.outbox
-                .once_among_replicas(self.outbox.rejection(&env, &key, reason), &email_id)
-        };
-        let admission = match (
-            admit(&spec, &policy, &env, &dispatch, duplicate, &load, now),
-            refused,
-        ) {
-            // A message the back-end would not read whole (too large) is answered rejected,
-            // once the sender may dispatch at all.
+        let admitted = admit(&spec, &policy, env, dispatch, earlier.is_some(), &load, now);
+        let admission = match (admitted, refused) {
             (admission @ (Admission::Duplicate | Admission::Refuse { .. }), _) => admission,
             (admission, None) => admission,
             (admission @ Admission::Reject { .. }, Some(_)) => admission,
@@ -393,10 +360,32 @@ impl<B: Backend> Engine<B> {
                 state: TaskState::Rejected,
             },
         };
+        Ok((admission, earlier))
+    }
+
+    /// Acts on the dispatch's admission: a duplicate ignored (or claimed again, when another
+    /// replica held the first), a refusal or rejection recorded with its answer, a task
+    /// recorded with its ack and started.
+    fn on_admission(
+        &self,
+        arrival: Arrival,
+        admission: Admission,
+        earlier: Option<(i64, TaskState)>,
+        span: tracing::Span,
+    ) -> Result<(), JournalError> {
+        let spec = self.common.spec();
+        let (events, name) = (&self.common.events, &spec.name);
+        let (env, dispatch, key) = (&arrival.env, &arrival.dispatch, &arrival.key);
+        // Every replica decides alike here; the one that wins the mail's claim answers.
+        let rejected = |reason: &str| {
+            let rejection = self.outbox.rejection(env, key, reason);
+            self.outbox
+                .once_among_replicas(rejection, &arrival.extras.email_id)
+        };
         match admission {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
-                inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+                events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
                 if let Some((row, TaskState::Elsewhere)) = earlier {
                     // The earlier one is another replica's: its claim is looked at again.
                     return self.reclaim(row, span);
@@ -406,22 +395,32 @@ impl<B: Backend> Engine<B> {
                 let answer = spec.unknown_senders == UnknownSenders::Reject
                     && self.may_answer("refusals", spec.refusals_per_hour);
                 let reply = answer.then(|| rejected(&reason));
-                if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
+                let recorded = self.record(
+                    &arrival,
+                    TaskState::Rejected,
+                    false,
+                    Some(&reason),
+                    reply.as_ref(),
+                )?;
+                if recorded.is_some() {
                     tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
-                    inner.events.emit(
+                    events.emit(
                         crate::events::Event::MessageIgnored,
                         json!({"agent": name, "from": env.from, "taskId": env.task_id,
                         "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
                     );
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": answer}));
+                    events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": answer}));
                     self.outbox.wake();
                 }
             }
             Admission::Reject { reason, state } => {
                 let reply = rejected(&reason);
-                if record(state, false, Some(&reason), Some(&reply))?.is_some() {
+                if self
+                    .record(&arrival, state, false, Some(&reason), Some(&reply))?
+                    .is_some()
+                {
                     tracing::info!(%reason, "dispatch refused");
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": true}));
+                    events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": true}));
                     self.outbox.wake();
                 }
             }
@@ -430,30 +429,50 @@ impl<B: Backend> Engine<B> {
                 let ack = spec
                     .replica
                     .is_none()
-                    .then(|| self.outbox.compose(&env, &key, Body::Ack, 0));
-                let Some(row) = record(TaskState::Received, true, None, ack.as_ref())? else {
+                    .then(|| self.outbox.compose(env, key, Body::Ack, 0));
+                let recorded =
+                    self.record(&arrival, TaskState::Received, true, None, ack.as_ref())?;
+                let Some(row) = recorded else {
                     return Ok(());
                 };
-                inner.events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
+                events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
                 self.outbox.wake();
-                self.start(
-                    Task {
-                        row,
-                        key,
-                        env,
-                        dispatch,
-                        extras: MailExtras {
-                            email_id,
-                            truncated,
-                            attachments,
-                        },
-                        rerun_refused: None,
-                    },
-                    span,
-                );
+                self.start(arrival.into_task(row), span);
             }
         }
         Ok(())
+    }
+
+    /// Records the dispatch in the journal with its answer: whole when it is admitted (it
+    /// runs again after a crash), else only as a summary.
+    fn record(
+        &self,
+        arrival: &Arrival,
+        state: TaskState,
+        admitted: bool,
+        reason: Option<&str>,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let (env, dispatch) = (&arrival.env, &arrival.dispatch);
+        let mail = if admitted {
+            &arrival.mail
+        } else {
+            &arrival.summary
+        };
+        self.common.journal.record(
+            &journal::NewTask {
+                agent: &self.common.spec().name,
+                message_key: &arrival.key,
+                sender: &env.from,
+                task_id: &env.task_id,
+                session_key: dispatch.session_key.as_deref(),
+                state,
+                admitted,
+                mail,
+                reason,
+            },
+            reply,
+        )
     }
 
     /// Records a message that is answered but not run (a pair request, a card query), with
@@ -559,5 +578,62 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok(())
+    }
+}
+
+/// A dispatch as it arrived: its parts, and the mail as the journal keeps it (whole for a
+/// task to run, else a summary).
+struct Arrival {
+    key: String,
+    env: Envelope,
+    dispatch: Dispatch,
+    extras: MailExtras,
+    mail: String,
+    summary: String,
+}
+
+impl Arrival {
+    /// The dispatch `inbound` brings, recorded under `key`, with why the back-end would not
+    /// read it whole (if it would not); `None` when it brings none.
+    fn of(inbound: Inbound, key: String) -> Option<(Arrival, Option<String>)> {
+        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
+        let Inbound {
+            email_id,
+            message,
+            truncated,
+            attachments,
+            refused,
+            ..
+        } = inbound;
+        let Body::Dispatch(dispatch) = message.body else {
+            return None;
+        };
+        let extras = MailExtras {
+            email_id,
+            truncated,
+            attachments,
+        };
+        let env = message.envelope;
+        let arrival = Arrival {
+            key,
+            env,
+            dispatch,
+            extras,
+            mail,
+            summary,
+        };
+        Some((arrival, refused))
+    }
+
+    /// The admitted task, at its journal row.
+    fn into_task(self, row: i64) -> Task {
+        Task {
+            row,
+            key: self.key,
+            env: self.env,
+            dispatch: self.dispatch,
+            extras: self.extras,
+            rerun_refused: None,
+        }
     }
 }
