@@ -10,12 +10,11 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::journal::{JournalError, TaskState};
-use super::{AgentSpec, Common, MailExtras, Outbox, ReplicaSpec, Task};
+use super::journal::JournalError;
+use super::{AgentSpec, Common, Outbox, ReplicaSpec, Task};
 use crate::backend::{Backend, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
-use crate::inbound::Inbound;
 use crate::protocol::Body;
 
 /// One agent's claims on the mail server, when several bridges serve its mailbox. Cheap to
@@ -259,25 +258,11 @@ impl<B: Backend> Claims<B> {
         let Some((key, mail)) = inner.journal.reclaim(row)? else {
             return Ok(None);
         };
-        let inbound = match Inbound::from_json(&mail) {
-            Ok(inbound) => inbound,
-            Err(e) => {
-                tracing::error!(row, error = %e, "a task another replica held cannot be read back; it is closed without an answer");
-                let name = &self.spec().name;
-                inner.journal.finish(
-                    name,
-                    row,
-                    TaskState::Rejected,
-                    Some("could not be read back from the journal"),
-                    None,
-                )?;
-                return Ok(None);
-            }
-        };
-        let Body::Dispatch(dispatch) = inbound.message.body else {
+        let what = "a task another replica held";
+        let Some(task) = inner.read_back(row, key, &mail, what)? else {
             return Ok(None);
         };
-        let env = inbound.message.envelope;
+        let env = &task.env;
         let cancelled = inner
             .journal
             .was_cancelled(&self.spec().name, &env.from, &env.task_id)?;
@@ -287,18 +272,6 @@ impl<B: Backend> Claims<B> {
             "claimed again",
             Some("delivered again, or its claim ran out"),
         );
-        let task = Task {
-            row,
-            key,
-            env,
-            dispatch,
-            extras: MailExtras {
-                email_id: inbound.email_id,
-                truncated: inbound.truncated,
-                attachments: inbound.attachments,
-            },
-            rerun_refused: None,
-        };
         Ok(Some(Reclaimed { task, cancelled }))
     }
 }

@@ -1,11 +1,5 @@
-//! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail
-//! made again after a crash is the same mail.
-
-use std::time::SystemTime;
-
-use super::journal::Outgoing;
-use super::results;
-use crate::protocol::{AampMessage, Body, Envelope};
+//! The answers' Message-IDs ([`Outbox::compose`](super::Outbox) makes the mails): derived
+//! from the task's message, so a mail made again after a crash is the same mail.
 
 /// The Message-ID of the `n`th mail of `intent` answering the message `key`: the same every
 /// time it is made, so a mail sent again after a crash is the same mail to its reader.
@@ -27,34 +21,6 @@ pub(super) fn derived_message_id(agent_email: &str, key: &str, intent: &str, n: 
         domain
     };
     format!("<{intent}.{}@{domain}>", id.simple())
-}
-
-/// A reply from `agent_email` to `env` carrying `body`, rendered now, with the Message-ID
-/// derived from the task (`n` tells apart several mails of one intent) and `files` attached.
-pub(super) fn reply(
-    agent_email: &str,
-    env: &Envelope,
-    key: &str,
-    body: Body,
-    n: u32,
-    files: &[results::Attached],
-) -> Outgoing {
-    let intent = body.intent().as_str();
-    let mut msg = AampMessage::reply(env, agent_email, body);
-    msg.envelope.message_id = derived_message_id(agent_email, key, intent, n);
-    let files: Vec<crate::protocol::OutgoingFile> = files
-        .iter()
-        .map(|f| crate::protocol::OutgoingFile {
-            filename: f.filename.clone(),
-            content_type: f.content_type.clone(),
-            bytes: f.bytes.clone(),
-        })
-        .collect();
-    Outgoing {
-        intent: intent.to_string(),
-        mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
-        claim: None,
-    }
 }
 
 #[cfg(test)]

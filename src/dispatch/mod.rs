@@ -186,6 +186,47 @@ impl<B> Common<B> {
             tracing::debug!(error = %e, "could not note a step in the task's timeline");
         }
     }
+
+    /// The task recorded at `row` under `key`, read back from its `mail` as the journal
+    /// keeps it; `None` when it is no dispatch, or cannot be read back (it is then closed
+    /// without an answer; `what` names it in the log).
+    fn read_back(
+        &self,
+        row: i64,
+        key: String,
+        mail: &str,
+        what: &str,
+    ) -> Result<Option<Task>, JournalError> {
+        let inbound = match crate::inbound::Inbound::from_json(mail) {
+            Ok(inbound) => inbound,
+            Err(e) => {
+                tracing::error!(row, error = %e, "{what} cannot be read back; it is closed without an answer");
+                let why = Some("could not be read back from the journal");
+                let name = &self.spec().name;
+                self.journal
+                    .finish(name, row, TaskState::Rejected, why, None)?;
+                return Ok(None);
+            }
+        };
+        let crate::protocol::Body::Dispatch(dispatch) = inbound.message.body else {
+            return Ok(None);
+        };
+        let extras = MailExtras {
+            email_id: inbound.email_id,
+            truncated: inbound.truncated,
+            attachments: inbound.attachments,
+        };
+        let env = inbound.message.envelope;
+        let rerun_refused = None;
+        Ok(Some(Task {
+            row,
+            key,
+            env,
+            dispatch,
+            extras,
+            rerun_refused,
+        }))
+    }
 }
 
 /// One agent's task path: the bridge's engine. It routes each inbound message, runs the

@@ -24,7 +24,7 @@ use super::{results, Common, Task};
 use crate::backend::{Backend, BackendError, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
-use crate::protocol::{Body, Envelope, Status, TaskResult};
+use crate::protocol::{AampMessage, Body, Envelope, OutgoingFile, Status, TaskResult};
 
 /// One agent's outbox: the answers composed, queued in the journal, and sent by its worker
 /// ([`Outbox::run`], which the daemon runs). Cheap to clone.
@@ -120,7 +120,23 @@ impl<B: Backend> Outbox<B> {
         n: u32,
         files: &[results::Attached],
     ) -> Outgoing {
-        compose::reply(&self.spec().email, env, key, body, n, files)
+        let email = &self.spec().email;
+        let intent = body.intent().as_str();
+        let mut msg = AampMessage::reply(env, email, body);
+        msg.envelope.message_id = compose::derived_message_id(email, key, intent, n);
+        let files: Vec<OutgoingFile> = files
+            .iter()
+            .map(|f| OutgoingFile {
+                filename: f.filename.clone(),
+                content_type: f.content_type.clone(),
+                bytes: f.bytes.clone(),
+            })
+            .collect();
+        Outgoing {
+            intent: intent.to_string(),
+            mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
+            claim: None,
+        }
     }
 
     /// The `task.result` rejected with `reason` that answers `env`.
