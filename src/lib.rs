@@ -94,18 +94,21 @@
 //!   that lost its session), questions to the dispatcher, the prompt, and what a result carries
 //!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
 //!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
-//!   as rendered bytes through [`backend::Backend`]. One agent's [`dispatch::Engine`] does the
-//!   work, each of its jobs (routing, the runs, the lifecycle's steps, claims, questions, the
-//!   operator's acts, the outbox worker) in a file of its own with its own state. It names
-//!   `runner`, `inbound` and `backend`, never `mailbox`.
+//!   as rendered bytes through [`backend::Backend`]. One agent's [`dispatch::Engine`] keeps the
+//!   task's path (routing, the runs, the lifecycle's five steps, recovery, pairing); its
+//!   long-lived parts are types of their own, each in its file with its own state: the
+//!   [`dispatch::Outbox`] (answers composed, queued and sent by its worker), the
+//!   [`dispatch::Claims`] (claims among replicas) and the [`dispatch::Desk`] (questions and
+//!   the operator's acts: what mail answers and the live view reach). It names `runner`,
+//!   `inbound` and `backend`, never `mailbox`.
 //! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one
 //!   feed of the bridge's events (the [`events::tap`]; its token a header, never a cookie),
 //!   the read model `status`, `tasks` and `task show` share (`ui::snapshot`), and the
 //!   operator's answers and cancels, taken through
-//!   the engines' own paths (`dispatch::operator`). It names neither `daemon` nor the
+//!   the engines' own paths (their [`dispatch::Desk`]). It names neither `daemon` nor the
 //!   shells; the daemon starts it.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   an engine (`dispatch::Engine`) and its outbox worker over the `mailbox::Outlet` that `mailbox::open` gave
+//!   an engine (`dispatch::Engine`) and its outbox's worker (`dispatch::Outbox::run`) over the `mailbox::Outlet` that `mailbox::open` gave
 //!   (no arm per kind of mailbox); stop, abort and reload from its caller
 //!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
 //!   `status` asks.

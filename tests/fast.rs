@@ -103,8 +103,9 @@ impl Rig {
         engine.recover().unwrap();
         tracker.spawn(
             engine
+                .outbox()
                 .clone()
-                .send_outbox(stop.clone(), Duration::from_secs(1)),
+                .run(stop.clone(), Duration::from_secs(1)),
         );
         Rig {
             dir,
@@ -594,7 +595,7 @@ async fn the_mailbox_coming_back_sends_waiting_answers_at_once() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     rig.outbox.fail.store(0, Ordering::SeqCst);
     let back = tokio::time::Instant::now();
-    rig.engine.server_back();
+    rig.engine.outbox().server_back();
     rig.outbox.until("both answers", |s| s.len() == 2).await;
     assert!(
         back.elapsed() < Duration::from_millis(500),
@@ -618,9 +619,9 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
         &[],
         outbox,
     );
-    let idle = rig.engine.outbox_rounds();
+    let idle = rig.engine.outbox().rounds();
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    let idle = rig.engine.outbox_rounds() - idle;
+    let idle = rig.engine.outbox().rounds() - idle;
     // The first round at start, and one look an hour.
     assert!(idle <= 2, "{idle} rounds in an idle hour");
     // Three tasks: besides each result behind its ack, the acks of the second and third are
@@ -636,9 +637,9 @@ async fn the_outbox_does_not_poll_the_journal_idle_or_through_an_outage() {
     while journal.unsent("agent").unwrap() < 6 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let before = rig.engine.outbox_rounds();
+    let before = rig.engine.outbox().rounds();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let rounds = rig.engine.outbox_rounds() - before;
+    let rounds = rig.engine.outbox().rounds() - before;
     // A try of the server every 5 s at most (sooner while its backoff is short), and a wake
     // for each mail queued: a dozen or so; polling made 6,000.
     assert!(rounds <= 30, "{rounds} rounds in a minute of outage");

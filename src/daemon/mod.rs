@@ -53,11 +53,89 @@ pub struct Controls {
 pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> anyhow::Result<()> {
     let stop = controls.stop.clone();
     let events = Events::new(opts.json);
+    let _lock = StateLock::acquire(&config.state_dir)?;
+    let (journal, settings, upkeep) = open_state(&config)?;
+    let grace = Duration::from_secs(config.config.shutdown_grace_secs);
+
+    // Intake and outbox loops live on `services`, agent tasks on `tasks`: at a stop, intake
+    // ends first, tasks drain, and the outbox sends what they answered before it ends.
+    let loops = Loops {
+        services: TaskTracker::new(),
+        tasks: TaskTracker::new(),
+        abort: controls.abort.clone(),
+        outbox_stop: CancellationToken::new(),
+        stop: stop.clone(),
+    };
+    let mut names = Vec::new();
+    let mut engines = Vec::new();
+    for agent in config.agents(&opts.agents)? {
+        let engine = start_agent(&config, &agent, (&journal, &settings, events), &loops).await?;
+        engines.push(engine);
+        names.push(agent.name);
+    }
+    // Reloads asked over the control socket (`aamp-bridge reload`), one at a time.
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel::<ReloadRequest>(1);
+    let live = live_figures(&config, &opts, &settings)?;
+    serve_ui(&config, &journal, &live, &engines, &loops.services, &stop);
+    serve_status(&config, &live, reload_tx, &loops);
+    events.emit(
+        crate::events::Event::BridgeRunning,
+        json!({"agents": names, "pid": std::process::id()}),
+    );
+
+    // Memory freed after a burst goes back to the system once no task runs.
+    loops
+        .services
+        .spawn(trim_when_idle(settings.slots.clone(), stop.clone()));
+    // Pruned while running too: at 3 tasks a second a month's retention is tens of GB.
+    loops.services.spawn(crate::dispatch::journal::keep(
+        journal.clone(),
+        upkeep,
+        JOURNAL_UPKEEP_EVERY,
+        stop.clone(),
+    ));
+    let finished = CancellationToken::new();
+    watch_reloads(
+        &config, &controls, reload_rx, engines, events, &loops, &finished,
+    );
+    stop.cancelled().await;
+    shut_down(&loops, grace, events).await;
+    finished.cancel();
+    loops.services.close();
+    if tokio::time::timeout(LAST_ROUND + Duration::from_secs(5), loops.services.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the mailbox loops did not end in time");
+    }
+    events.emit(crate::events::Event::BridgeStopped, json!({}));
+    crate::events::flush(Duration::from_secs(2));
+    Ok(())
+}
+
+/// Where the bridge's loops run and what stops them.
+struct Loops {
+    /// Intake and outbox loops, the live view and the control socket.
+    services: TaskTracker,
+    /// The agents' tasks.
+    tasks: TaskTracker,
+    /// Stops the running tasks now (they run again at the next start).
+    abort: CancellationToken,
+    /// Ends the outbox workers, after the tasks.
+    outbox_stop: CancellationToken,
+    /// Stops taking mail.
+    stop: CancellationToken,
+}
+
+/// The state directory's journal (pruned as the config says), with what agents a crashed
+/// bridge left behind stopped, and the engines' settings.
+fn open_state(
+    config: &LoadedConfig,
+) -> anyhow::Result<(Arc<Journal>, Settings, crate::dispatch::journal::Upkeep)> {
     let state_dir = &config.state_dir;
-    let _lock = StateLock::acquire(state_dir)?;
     let journal =
         Arc::new(Journal::open(&config.state().journal()).context("opening the task journal")?);
-    let upkeep = journal_upkeep(&config);
+    let upkeep = journal_upkeep(config);
     match journal.upkeep(&upkeep, std::time::SystemTime::now()) {
         Ok(kept) => crate::dispatch::journal::log_kept(&kept),
         Err(e) => tracing::warn!(error = %e, "could not prune the task journal"),
@@ -73,149 +151,161 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
         owner_tag,
         slots: crate::dispatch::slots::Slots::new(config.config.max_concurrent_tasks),
     };
-    let grace = Duration::from_secs(config.config.shutdown_grace_secs);
+    Ok((journal, settings, upkeep))
+}
 
-    // Intake and outbox loops live on `services`, agent tasks on `tasks`: at a stop, intake
-    // ends first, tasks drain, and the outbox sends what they answered before it ends.
-    let services = TaskTracker::new();
-    let tasks = TaskTracker::new();
-    let abort = controls.abort.clone();
-    let outbox_stop = CancellationToken::new();
-    let agents = config.agents(&opts.agents)?;
-    let mut names = Vec::new();
-    let mut engines = Vec::new();
-    for agent in agents {
-        import_sessions(
-            &journal,
-            &agent.name,
-            &config.state().legacy_sessions(&agent.name),
-        );
-        let (outlet, intake) =
-            crate::mailbox::open(&config, &agent, events, &services, &outbox_stop).await?;
-        let engine = Engine::new(
-            agent_spec(&config, &agent)?,
-            outlet,
-            journal.clone(),
-            events,
-            settings.clone(),
-            tasks.clone(),
-            abort.clone(),
-        );
-        engines.push(engine.clone());
-        let span = tracing::info_span!("agent", agent = %agent.name);
-        recover(&engine, &agent.name, &span)?;
-        services.spawn(
-            engine
-                .clone()
-                .send_outbox(outbox_stop.clone(), LAST_ROUND)
-                .instrument(span.clone()),
-        );
-        services.spawn(
-            retry_on_new_credentials(engine.clone(), outbox_stop.clone()).instrument(span.clone()),
-        );
-        let back = engine.clone();
-        let deliver = move |inbound| {
-            engine
-                .deliver(inbound)
-                .map_err(|e| Box::new(e) as intake::DeliverError)
-        };
-        // The mailbox answering again is the outbox's cue to try its server at once.
-        let link = crate::mailbox::link::Link::new(config.state().link(&agent.name))
-            .on_back(move || back.server_back());
-        let name = agent.name.clone();
-        services.spawn(
-            intake
-                .run(name, link, deliver, events, stop.clone())
-                .instrument(span),
-        );
-        names.push(agent.name);
-    }
-    // Reloads asked over the control socket (`aamp-bridge reload`), one at a time.
-    let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel::<ReloadRequest>(1);
-    // The control socket `aamp-bridge status` asks while the bridge runs.
-    {
-        let limits: Vec<(String, usize)> = config
-            .agents(&opts.agents)?
+/// One agent's mailbox opened and its engine made: the journal's tasks picked up, its
+/// outbox worker, its credentials' watch and its intake started.
+async fn start_agent(
+    config: &LoadedConfig,
+    agent: &crate::config::AgentConfig,
+    (journal, settings, events): (&Arc<Journal>, &Settings, Events),
+    loops: &Loops,
+) -> anyhow::Result<Engine<Outlet>> {
+    let services = &loops.services;
+    import_sessions(
+        journal,
+        &agent.name,
+        &config.state().legacy_sessions(&agent.name),
+    );
+    let (outlet, intake) =
+        crate::mailbox::open(config, agent, events, services, &loops.outbox_stop).await?;
+    let engine = Engine::new(
+        agent_spec(config, agent)?,
+        outlet,
+        journal.clone(),
+        events,
+        settings.clone(),
+        loops.tasks.clone(),
+        loops.abort.clone(),
+    );
+    let span = tracing::info_span!("agent", agent = %agent.name);
+    recover(&engine, &agent.name, &span)?;
+    let outbox = engine.outbox().clone();
+    services.spawn(
+        outbox
+            .clone()
+            .run(loops.outbox_stop.clone(), LAST_ROUND)
+            .instrument(span.clone()),
+    );
+    services.spawn(
+        retry_on_new_credentials(engine.clone(), loops.outbox_stop.clone())
+            .instrument(span.clone()),
+    );
+    let deliverer = engine.clone();
+    let deliver = move |inbound| {
+        deliverer
+            .deliver(inbound)
+            .map_err(|e| Box::new(e) as intake::DeliverError)
+    };
+    // The mailbox answering again is the outbox's cue to try its server at once.
+    let link = crate::mailbox::link::Link::new(config.state().link(&agent.name))
+        .on_back(move || outbox.server_back());
+    let name = agent.name.clone();
+    services.spawn(
+        intake
+            .run(name, link, deliver, events, loops.stop.clone())
+            .instrument(span),
+    );
+    Ok(engine)
+}
+
+/// The daemon's live figures (pid, uptime, slots per agent), as the control socket and the
+/// live view answer them.
+fn live_figures(
+    config: &LoadedConfig,
+    opts: &RunOptions,
+    settings: &Settings,
+) -> anyhow::Result<Arc<dyn Fn() -> serde_json::Value + Send + Sync>> {
+    let limits: Vec<(String, usize)> = config
+        .agents(&opts.agents)?
+        .iter()
+        .map(|a| (a.name.clone(), a.max_concurrent_tasks.max(1)))
+        .collect();
+    let slots = settings.slots.clone();
+    let started = std::time::SystemTime::now();
+    let live = move || {
+        let snapshot = slots.snapshot();
+        let agents: Vec<serde_json::Value> = limits
             .iter()
-            .map(|a| (a.name.clone(), a.max_concurrent_tasks.max(1)))
-            .collect();
-        let slots = settings.slots.clone();
-        let started = std::time::SystemTime::now();
-        let live = move || {
-            let snapshot = slots.snapshot();
-            let agents: Vec<serde_json::Value> = limits
-                .iter()
-                .map(|(name, limit)| {
-                    let (free, waiting) = snapshot
-                        .iter()
-                        .find(|(a, _, _)| a == name)
-                        .map_or((*limit, 0), |(_, f, w)| (*f, *w));
-                    json!({"agent": name, "running": limit.saturating_sub(free), "waitingForSlot": waiting, "maxConcurrent": limit})
-                })
-                .collect();
-            json!({
-                "pid": std::process::id(),
-                "version": env!("CARGO_PKG_VERSION"),
-                "startedAt": crate::protocol::time::format_utc_ms(started),
-                "uptimeSecs": started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-                "agents": agents,
+            .map(|(name, limit)| {
+                let (free, waiting) = snapshot
+                    .iter()
+                    .find(|(a, _, _)| a == name)
+                    .map_or((*limit, 0), |(_, f, w)| (*f, *w));
+                json!({"agent": name, "running": limit.saturating_sub(free), "waitingForSlot": waiting, "maxConcurrent": limit})
             })
-        };
-        let live: Arc<dyn Fn() -> serde_json::Value + Send + Sync> = Arc::new(live);
-        serve_ui(&config, &journal, &live, &engines, &services, &stop);
-        match control_socket(&config.state().control_socket()) {
-            Ok(listener) => {
-                let live = live.clone();
-                services.spawn(serve_control(
-                    listener,
-                    move || live(),
-                    reload_tx,
-                    stop.clone(),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no control socket: `aamp-bridge status` reads the state files instead")
-            }
+            .collect();
+        json!({
+            "pid": std::process::id(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "startedAt": crate::protocol::time::format_utc_ms(started),
+            "uptimeSecs": started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+            "agents": agents,
+        })
+    };
+    Ok(Arc::new(live))
+}
+
+/// The control socket `aamp-bridge status` asks while the bridge runs (and `reload` sends
+/// its requests to). A socket that cannot be made is logged; the bridge runs on.
+fn serve_status(
+    config: &LoadedConfig,
+    live: &Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+    reload_tx: tokio::sync::mpsc::Sender<ReloadRequest>,
+    loops: &Loops,
+) {
+    match control_socket(&config.state().control_socket()) {
+        Ok(listener) => {
+            let live = live.clone();
+            loops.services.spawn(serve_control(
+                listener,
+                move || live(),
+                reload_tx,
+                loops.stop.clone(),
+            ));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no control socket: `aamp-bridge status` reads the state files instead")
         }
     }
-    events.emit(
-        crate::events::Event::BridgeRunning,
-        json!({"agents": names, "pid": std::process::id()}),
+}
+
+/// A reload (asked by the caller's `reload`, or over the control socket): read the config
+/// and profiles again, one at a time, until `finished`.
+fn watch_reloads(
+    config: &LoadedConfig,
+    controls: &Controls,
+    mut reload_rx: tokio::sync::mpsc::Receiver<ReloadRequest>,
+    engines: Vec<Engine<Outlet>>,
+    events: Events,
+    loops: &Loops,
+    finished: &CancellationToken,
+) {
+    let (path, reload, done) = (
+        config.path.clone(),
+        controls.reload.clone(),
+        finished.clone(),
     );
-
-    // Memory freed after a burst goes back to the system once no task runs.
-    services.spawn(trim_when_idle(settings.slots.clone(), stop.clone()));
-    // Pruned while running too: at 3 tasks a second a month's retention is tens of GB.
-    services.spawn(crate::dispatch::journal::keep(
-        journal.clone(),
-        upkeep,
-        JOURNAL_UPKEEP_EVERY,
-        stop.clone(),
-    ));
-
-    // A reload: read the config and profiles again.
-    let finished = CancellationToken::new();
-    {
-        let (path, reload, done) = (
-            config.path.clone(),
-            controls.reload.clone(),
-            finished.clone(),
-        );
-        services.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = reload.notified() => {
-                        reload_config(&path, &engines, events).await;
-                    }
-                    Some(asked) = reload_rx.recv() => {
-                        let _ = asked.send(reload_config(&path, &engines, events).await);
-                    }
-                    _ = done.cancelled() => return,
+    loops.services.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = reload.notified() => {
+                    reload_config(&path, &engines, events).await;
                 }
+                Some(asked) = reload_rx.recv() => {
+                    let _ = asked.send(reload_config(&path, &engines, events).await);
+                }
+                _ = done.cancelled() => return,
             }
-        });
-    }
-    stop.cancelled().await;
+        }
+    });
+}
+
+/// The stop: running tasks get `grace` to finish (what has not finished then is stopped and
+/// left in the journal for the next start), then the outbox workers make their last round.
+async fn shut_down(loops: &Loops, grace: Duration, events: Events) {
+    let (tasks, abort) = (&loops.tasks, &loops.abort);
     events.emit(
         crate::events::Event::BridgeStopping,
         json!({"graceSecs": grace.as_secs(), "running": tasks.len()}),
@@ -237,18 +327,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     {
         tracing::error!(running = tasks.len(), "tasks did not stop");
     }
-    outbox_stop.cancel();
-    finished.cancel();
-    services.close();
-    if tokio::time::timeout(LAST_ROUND + Duration::from_secs(5), services.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the mailbox loops did not end in time");
-    }
-    events.emit(crate::events::Event::BridgeStopped, json!({}));
-    crate::events::flush(Duration::from_secs(2));
-    Ok(())
+    loops.outbox_stop.cancel();
 }
 
 /// The live view (`[ui]` in the config): served on `services` until `stop`, with the
@@ -302,7 +381,7 @@ fn recover(engine: &Engine<Outlet>, agent: &str, span: &tracing::Span) -> anyhow
 /// next read), what waits in the agent's outbox is sent at once. The intake hears a change
 /// itself.
 async fn retry_on_new_credentials(engine: Engine<Outlet>, stop: CancellationToken) {
-    let secret = engine.outbox().secret();
+    let secret = engine.backend().secret();
     let (mut changes, mut recoveries) = (secret.changes(), secret.recoveries());
     loop {
         tokio::select! {
@@ -310,13 +389,13 @@ async fn retry_on_new_credentials(engine: Engine<Outlet>, stop: CancellationToke
                 if changed.is_err() {
                     return;
                 }
-                engine.retry_outbox_now();
+                engine.outbox().retry_now();
             }
             recovered = recoveries.changed() => {
                 if recovered.is_err() {
                     return;
                 }
-                engine.retry_outbox_now();
+                engine.outbox().retry_now();
             }
             _ = stop.cancelled() => return,
         }
@@ -445,7 +524,7 @@ async fn reload_config(
             tracing::error!("the config was not reloaded: {e}");
             // The credentials files are still read again, as they were named.
             for engine in engines {
-                let secret = engine.outbox().secret();
+                let secret = engine.backend().secret();
                 match secret.reread() {
                     Ok(true) => changed.push(secret.mailbox().to_string()),
                     Ok(false) => {}
@@ -492,7 +571,7 @@ async fn reload_config(
     // change of the file.
     let mut mailboxes: Vec<String> = Vec::new();
     for engine in engines {
-        let name = engine.outbox().secret().mailbox().to_string();
+        let name = engine.backend().secret().mailbox().to_string();
         if !mailboxes.contains(&name) {
             mailboxes.push(name);
         }
@@ -516,7 +595,7 @@ async fn reload_agent(
     let name = &agent.name;
     // Credentials first: the mailbox is retried at once when they changed, and left alone
     // when not.
-    let secret = engine.outbox().secret();
+    let secret = engine.backend().secret();
     let credentials = match config.mailbox_secret(secret.mailbox()) {
         Ok(fresh) => {
             if secret.replace(&fresh) {
@@ -544,7 +623,7 @@ async fn reload_agent(
         });
     let spec = spec.inspect_err(|e| tracing::error!(agent = %name, "{e}"))?;
     let waits = engine.reload(spec);
-    engine.outbox().republish(config, agent, events).await;
+    engine.backend().republish(config, agent, events).await;
     if let Some(waits) = waits {
         return Err(format!("reloaded, but {waits}"));
     }

@@ -4,21 +4,52 @@
 //! claim the server refuses for good is parked, and one that comes back is claimed again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::journal::{JournalError, TaskState};
-use super::workspace::Workspace;
-use super::{task_key, Engine, MailExtras, ReplicaSpec, Task};
+use super::journal::JournalError;
+use super::{AgentSpec, Common, Outbox, ReplicaSpec, Task};
 use crate::backend::{Backend, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
-use crate::inbound::Inbound;
 use crate::protocol::Body;
 
-impl<O: Backend> Engine<O> {
+/// One agent's claims on the mail server, when several bridges serve its mailbox. Cheap to
+/// clone.
+pub struct Claims<B> {
+    common: Arc<Common<B>>,
+    /// Where a won claim's ack goes.
+    outbox: Outbox<B>,
+}
+
+impl<B> Clone for Claims<B> {
+    fn clone(&self) -> Self {
+        Claims {
+            common: self.common.clone(),
+            outbox: self.outbox.clone(),
+        }
+    }
+}
+
+/// A task another replica held, read back to be claimed again here.
+pub(super) struct Reclaimed {
+    pub task: Task,
+    /// A cancel came for it meanwhile: it is answered cancelled (by the claim's winner).
+    pub cancelled: bool,
+}
+
+impl<B: Backend> Claims<B> {
+    pub(super) fn new(common: Arc<Common<B>>, outbox: Outbox<B>) -> Self {
+        Claims { common, outbox }
+    }
+
+    fn spec(&self) -> Arc<AgentSpec> {
+        self.common.spec()
+    }
+
     /// Claims the task's mail on the server, retrying while the server cannot be reached;
     /// acknowledges the task when won (once: a claim kept across a restart is won again, and
     /// its ack is the same mail). `None` when cancelled first; `Err(why)` when the server
@@ -29,11 +60,11 @@ impl<O: Backend> Engine<O> {
         task: &Task,
         cancel: &CancellationToken,
     ) -> Option<Result<ClaimOutcome, String>> {
-        let inner = &self.inner;
+        let inner = &self.common;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         loop {
             let tried = tokio::select! {
-                r = inner.outbox.claim(&task.extras.email_id) => r,
+                r = inner.backend.claim(&task.extras.email_id) => r,
                 _ = cancel.cancelled() => return None,
             };
             match tried {
@@ -51,9 +82,9 @@ impl<O: Backend> Engine<O> {
                         _ => format!("by replica {by}"),
                     };
                     tracing::debug!(%detail, "claim won");
-                    self.note(task.row, "claimed", Some(&detail));
-                    let ack = self.compose(&task.env, &task.key, Body::Ack, 0);
-                    if let Err(e) = self.enqueue(task, &ack) {
+                    self.common.note(task.row, "claimed", Some(&detail));
+                    let ack = self.outbox.compose(&task.env, &task.key, Body::Ack, 0);
+                    if let Err(e) = self.outbox.enqueue(task, &ack) {
                         tracing::warn!(error = %e, "could not queue task.ack");
                     }
                     return Some(Ok(won));
@@ -87,13 +118,13 @@ impl<O: Backend> Engine<O> {
     /// given up after one try, the mark was lost, the lease ran out, and another replica ran
     /// the answered task again (the soak saw it after a mail-host restart).
     pub(super) async fn mark_done(&self, task: &Task, replica: &ReplicaSpec) {
-        let inner = &self.inner;
+        let inner = &self.common;
         let email_id = &task.extras.email_id;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
         let mut said = false;
         let mut renewed = tokio::time::Instant::now();
         loop {
-            let e = match inner.outbox.claim_done(email_id).await {
+            let e = match inner.backend.claim_done(email_id).await {
                 Ok(()) => {
                     if said {
                         tracing::info!("the task is marked answered on the server");
@@ -104,7 +135,8 @@ impl<O: Backend> Engine<O> {
             };
             if e.class() == ErrorClass::Permanent {
                 tracing::warn!(error = %e, "the server refuses to mark the task answered; another bridge may take it over after the lease (its answer has the same Message-ID)");
-                self.note(task.row, "done mark refused", Some(&e.to_string()));
+                self.common
+                    .note(task.row, "done mark refused", Some(&e.to_string()));
                 return;
             }
             if !said {
@@ -114,7 +146,7 @@ impl<O: Backend> Engine<O> {
             if renewed.elapsed() >= replica.lease / 3 {
                 // Keeps the claim this replica's while the mark waits (a server back after
                 // most of the lease is asked to renew it before the mark goes through).
-                if let Ok(true) = inner.outbox.renew_claim(email_id).await {
+                if let Ok(true) = inner.backend.renew_claim(email_id).await {
                     renewed = tokio::time::Instant::now();
                 }
             }
@@ -127,7 +159,7 @@ impl<O: Backend> Engine<O> {
 
     /// Renews the task's claim every third of its lease while it runs; returns (after
     /// stopping the task) only when another bridge holds the claim now.
-    pub(super) async fn keep_claim(
+    pub(super) async fn keep(
         &self,
         task: &Task,
         replica: &ReplicaSpec,
@@ -145,7 +177,7 @@ impl<O: Backend> Engine<O> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match self.inner.outbox.renew_claim(&task.extras.email_id).await {
+            match self.common.backend.renew_claim(&task.extras.email_id).await {
                 Ok(true) => tracing::debug!("claim renewed"),
                 Ok(false) => {
                     tracing::warn!("another bridge took the task over (this one did not renew its claim in time); stopping it here");
@@ -158,7 +190,8 @@ impl<O: Backend> Engine<O> {
                 Err(e) if matches!(e.class(), ErrorClass::Permanent | ErrorClass::Auth) => {
                     if !refused {
                         tracing::error!(error = %e, "the server refuses to renew the task's claim; the task runs on, and may be taken over once its lease ends");
-                        self.note(task.row, "claim renewal refused", Some(&e.to_string()));
+                        self.common
+                            .note(task.row, "claim renewal refused", Some(&e.to_string()));
                     }
                     refused = true;
                 }
@@ -171,17 +204,16 @@ impl<O: Backend> Engine<O> {
 
     /// The server refused this bridge's claim on the task for good: the task is set aside in
     /// the journal, unanswered (another bridge may hold it, and only a claim's winner answers),
-    /// its slot free for others; `status` and `task show` say why, and the next start tries
-    /// again.
-    pub(super) fn park(&self, task: &Task, workspace: &Workspace, refused: &str) {
-        let inner = &self.inner;
-        self.leave(task, workspace);
+    /// its slot free for others (the task has left its runs); `status` and `task show` say
+    /// why, and the next start tries again.
+    pub(super) fn park(&self, task: &Task, refused: &str) {
+        let inner = &self.common;
         let reason = format!("the mail server refused this replica's claim: {refused}");
         tracing::error!(%reason, "task parked: not answered here; tried again at the next start");
         if let Err(e) = inner.journal.park(task.row, &reason) {
             tracing::warn!(error = %e, "could not record the task as parked");
         }
-        self.note(task.row, "parked", Some(&reason));
+        self.common.note(task.row, "parked", Some(&reason));
         inner.events.emit(
             crate::events::Event::TaskParked,
             json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,
@@ -191,10 +223,10 @@ impl<O: Backend> Engine<O> {
 
     /// Another bridge runs the task: this one keeps it as a record of who does (no ack, no
     /// result), so a second delivery of it is a duplicate here too, and a takeover (or
-    /// another delivery, once the claim ran out) brings it back as a task.
-    pub(super) fn lost_claim(&self, task: &Task, workspace: &Workspace, by: Option<&str>) {
-        let inner = &self.inner;
-        self.leave(task, workspace);
+    /// another delivery, once the claim ran out) brings it back as a task (the task has left
+    /// its runs).
+    pub(super) fn lost(&self, task: &Task, by: Option<&str>) {
+        let inner = &self.common;
         let reason = match by {
             Some(by) => format!("claimed by replica {by}"),
             None => "claimed by another replica".to_string(),
@@ -203,7 +235,8 @@ impl<O: Backend> Engine<O> {
         if let Err(e) = inner.journal.elsewhere(task.row, &reason) {
             tracing::warn!(error = %e, "could not record who runs the task");
         }
-        self.note(task.row, "left to another replica", Some(&reason));
+        self.common
+            .note(task.row, "left to another replica", Some(&reason));
         inner.events.emit(
             crate::events::Event::MessageIgnored,
             json!({"agent": self.spec().name, "from": task.env.from, "taskId": task.env.task_id,
@@ -212,61 +245,33 @@ impl<O: Backend> Engine<O> {
     }
 
     /// A task another replica won comes back here (delivered again, or found among the
-    /// claims that ran out): it is claimed again, on the mail the first claim was on,
-    /// whichever copy brought it back; the claim finds it held (and it is left to the holder
-    /// again), done, or run out (taken over and run here). A cancel that came meanwhile is
-    /// kept: the task is then answered cancelled, by the claim's winner only.
-    pub(super) fn reclaim(&self, row: i64, span: tracing::Span) -> Result<(), JournalError> {
-        let inner = &self.inner;
+    /// claims that ran out): it is read back to be claimed again, on the mail the first claim
+    /// was on, whichever copy brought it back; the claim finds it held (and it is left to the
+    /// holder again), done, or run out (taken over and run here). A cancel that came
+    /// meanwhile is kept: the task is then answered cancelled, by the claim's winner only.
+    pub(super) fn reclaim(
+        &self,
+        row: i64,
+        span: &tracing::Span,
+    ) -> Result<Option<Reclaimed>, JournalError> {
+        let inner = &self.common;
         let Some((key, mail)) = inner.journal.reclaim(row)? else {
-            return Ok(());
+            return Ok(None);
         };
-        let inbound = match Inbound::from_json(&mail) {
-            Ok(inbound) => inbound,
-            Err(e) => {
-                tracing::error!(row, error = %e, "a task another replica held cannot be read back; it is closed without an answer");
-                let name = &self.spec().name;
-                return inner.journal.finish(
-                    name,
-                    row,
-                    TaskState::Rejected,
-                    Some("could not be read back from the journal"),
-                    None,
-                );
-            }
+        let what = "a task another replica held";
+        let Some(task) = inner.read_back(row, key, &mail, what)? else {
+            return Ok(None);
         };
-        let Body::Dispatch(dispatch) = inbound.message.body else {
-            return Ok(());
-        };
-        let env = inbound.message.envelope;
+        let env = &task.env;
         let cancelled = inner
             .journal
             .was_cancelled(&self.spec().name, &env.from, &env.task_id)?;
-        tracing::info!(parent: &span, row, "a task another replica held is claimed again here");
-        self.note(
+        tracing::info!(parent: span, row, "a task another replica held is claimed again here");
+        inner.note(
             row,
             "claimed again",
             Some("delivered again, or its claim ran out"),
         );
-        let task_key = task_key(&env.from, &env.task_id);
-        self.start(
-            Task {
-                row,
-                key,
-                env,
-                dispatch,
-                extras: MailExtras {
-                    email_id: inbound.email_id,
-                    truncated: inbound.truncated,
-                    attachments: inbound.attachments,
-                },
-                rerun_refused: None,
-            },
-            span,
-        );
-        if cancelled {
-            self.with_running(&task_key, |cancel| cancel.cancel());
-        }
-        Ok(())
+        Ok(Some(Reclaimed { task, cancelled }))
     }
 }

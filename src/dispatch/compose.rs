@@ -1,12 +1,5 @@
-//! The answers' mails: replies to the task's message with Message-IDs derived from it, so a mail
-//! made again after a crash is the same mail.
-
-use std::time::SystemTime;
-
-use super::journal::Outgoing;
-use super::{results, Engine};
-use crate::backend::Backend;
-use crate::protocol::{AampMessage, Body, Envelope, Status, TaskResult};
+//! The answers' Message-IDs ([`Outbox::compose`](super::Outbox) makes the mails): derived
+//! from the task's message, so a mail made again after a crash is the same mail.
 
 /// The Message-ID of the `n`th mail of `intent` answering the message `key`: the same every
 /// time it is made, so a mail sent again after a crash is the same mail to its reader.
@@ -28,63 +21,6 @@ pub(super) fn derived_message_id(agent_email: &str, key: &str, intent: &str, n: 
         domain
     };
     format!("<{intent}.{}@{domain}>", id.simple())
-}
-
-impl<O: Backend> Engine<O> {
-    /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
-    /// task (`n` tells apart several mails of one intent).
-    pub(super) fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
-        self.compose_with(env, key, body, n, &[])
-    }
-
-    /// The `task.result` rejected with `reason` that answers `env`.
-    pub(super) fn rejection(&self, env: &Envelope, key: &str, reason: &str) -> Outgoing {
-        let result = TaskResult {
-            status: Status::Rejected,
-            output: String::new(),
-            error: Some(reason.to_string()),
-            structured_result: None,
-        };
-        self.compose(env, key, Body::Result(result), 0)
-    }
-
-    /// [`Engine::compose`] with files attached.
-    pub(super) fn compose_with(
-        &self,
-        env: &Envelope,
-        key: &str,
-        body: Body,
-        n: u32,
-        files: &[results::Attached],
-    ) -> Outgoing {
-        let intent = body.intent().as_str();
-        let mut msg = AampMessage::reply(env, &self.spec().email, body);
-        msg.envelope.message_id = derived_message_id(&self.spec().email, key, intent, n);
-        let files: Vec<crate::protocol::OutgoingFile> = files
-            .iter()
-            .map(|f| crate::protocol::OutgoingFile {
-                filename: f.filename.clone(),
-                content_type: f.content_type.clone(),
-                bytes: f.bytes.clone(),
-            })
-            .collect();
-        Outgoing {
-            intent: intent.to_string(),
-            mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
-            claim: None,
-        }
-    }
-
-    /// `reply` as one of several replicas sends it: only if it wins (or still holds, or
-    /// itself marked done) the claim on `email_id`. For answers they would all give alike
-    /// to mail none of them runs (a refusal, a card), and for a task's result, which must
-    /// not leave from a replica that lost the task while it was down.
-    pub(super) fn once_among_replicas(&self, mut reply: Outgoing, email_id: &str) -> Outgoing {
-        if self.spec().replica.is_some() {
-            reply.claim = Some(email_id.to_string());
-        }
-        reply
-    }
 }
 
 #[cfg(test)]

@@ -6,24 +6,26 @@
 //! until the mail server takes them. Cancels stop the matching task. Nothing here knows SMTP
 //! or JMAP: answers leave as rendered bytes through the [`Backend`] seam.
 //!
-//! One agent's [`Engine`] does all of it; its methods live with their job, one file each
-//! (a job's state is a small struct in its file, part of the engine's shared `Inner`):
+//! One agent's [`Engine`] keeps the task's path; its methods live with their job, one file
+//! each, and its long-lived parts are types of their own, each holding its own state:
 //!
 //! - `route.rs`: each inbound message to its path (dispatch, reply, bounce, cancel, card);
 //!   `pairing.rs`: `pair.request`; `recover.rs`: the journal's tasks picked up at start;
 //! - `runs.rs`: the tasks admitted and not finished, one at a time per conversation, a
 //!   task's start and its leaving;
-//! - `lifecycle.rs`: the run's named steps in order, with `attachments.rs` (the workspace
-//!   made ready), `claims.rs` (claims when several bridges serve a mailbox) and `run.rs` (the
-//!   agent run, its stream, its answer read back);
-//! - [`questions`]: questions to the task's dispatcher and their answers; [`operator`]: the
-//!   live view's answers and cancels;
-//! - `compose.rs`: the answers' mails; `outbox.rs`: the outbox worker that sends them.
+//! - `lifecycle.rs`: the run's five named steps in order, with `attachments.rs` (the
+//!   workspace made ready) and `run.rs` (the agent run, its stream, its answer read back);
+//! - [`Claims`] (`claims.rs`): claims when several bridges serve a mailbox;
+//! - [`Desk`] (`desk.rs`): the person-facing side, questions to the task's dispatcher and
+//!   their answers ([`questions`]) and the live view's answers and cancels ([`operator`]);
+//! - [`Outbox`] (`outbox.rs`, with `compose.rs`): the answers' mails, queued in the journal
+//!   and sent by its worker, which the daemon runs.
 
 pub mod admission;
 mod attachments;
 mod claims;
 mod compose;
+mod desk;
 pub mod journal;
 mod lifecycle;
 pub mod operator;
@@ -53,7 +55,10 @@ use crate::inbound::Attachment;
 use crate::protocol::{Dispatch, Envelope};
 use crate::runner::Profile;
 pub use admission::{admit, Admission};
+pub use claims::Claims;
+pub use desk::Desk;
 pub use journal::{Journal, JournalError, Outgoing, TaskState};
+pub use outbox::Outbox;
 pub use pairing::new_pair_code;
 pub use questions::choose;
 
@@ -154,12 +159,12 @@ pub struct MailExtras {
     pub attachments: Vec<Attachment>,
 }
 
-/// What every job of the engine shares, and each job's own state (kept by the file that does
-/// that job).
-struct Inner<O> {
+/// What every part of one agent's dispatch shares: its spec, its back-end, the journal, the
+/// events, the bridge's settings, and where (and until when) its tasks run.
+struct Common<B> {
     /// Replaced whole on a reload (policy, profile, queue bound).
     spec: std::sync::RwLock<Arc<AgentSpec>>,
-    outbox: O,
+    backend: B,
     journal: Arc<Journal>,
     events: Events,
     settings: Settings,
@@ -167,25 +172,84 @@ struct Inner<O> {
     /// Cancelled when the bridge stops its tasks: a task stopped this way is not answered;
     /// it stays in the journal and runs again at the next start.
     abort: CancellationToken,
+}
+
+impl<B> Common<B> {
+    /// The agent as it is now.
+    fn spec(&self) -> Arc<AgentSpec> {
+        self.spec.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes a step in the task's timeline (a failure to note is only logged).
+    fn note(&self, row: i64, what: &str, detail: Option<&str>) {
+        if let Err(e) = self.journal.note(row, what, detail) {
+            tracing::debug!(error = %e, "could not note a step in the task's timeline");
+        }
+    }
+
+    /// The task recorded at `row` under `key`, read back from its `mail` as the journal
+    /// keeps it; `None` when it is no dispatch, or cannot be read back (it is then closed
+    /// without an answer; `what` names it in the log).
+    fn read_back(
+        &self,
+        row: i64,
+        key: String,
+        mail: &str,
+        what: &str,
+    ) -> Result<Option<Task>, JournalError> {
+        let inbound = match crate::inbound::Inbound::from_json(mail) {
+            Ok(inbound) => inbound,
+            Err(e) => {
+                tracing::error!(row, error = %e, "{what} cannot be read back; it is closed without an answer");
+                let why = Some("could not be read back from the journal");
+                let name = &self.spec().name;
+                self.journal
+                    .finish(name, row, TaskState::Rejected, why, None)?;
+                return Ok(None);
+            }
+        };
+        let crate::protocol::Body::Dispatch(dispatch) = inbound.message.body else {
+            return Ok(None);
+        };
+        let extras = MailExtras {
+            email_id: inbound.email_id,
+            truncated: inbound.truncated,
+            attachments: inbound.attachments,
+        };
+        let env = inbound.message.envelope;
+        let rerun_refused = None;
+        Ok(Some(Task {
+            row,
+            key,
+            env,
+            dispatch,
+            extras,
+            rerun_refused,
+        }))
+    }
+}
+
+/// One agent's task path: the bridge's engine. It routes each inbound message, runs the
+/// admitted tasks through their lifecycle, and picks up the journal's tasks at start; the
+/// [`Outbox`] sends what they answer, the [`Claims`] hold them among replicas, and the
+/// [`Desk`] is where a person's answers and cancels come in. Cheap to clone.
+pub struct Engine<B> {
+    common: Arc<Common<B>>,
+    outbox: Outbox<B>,
+    claims: Claims<B>,
+    desk: Desk<B>,
     /// Tasks admitted and not finished, their conversations' locks and folders ([`runs`]).
-    runs: runs::Runs,
-    /// Questions waiting for their answers ([`questions`]).
-    questions: questions::Questions,
-    /// What the operator did from the live view, for the tasks' answers ([`operator`]).
-    operator: operator::Acts,
-    /// The outbox worker's wake-up and figures ([`outbox`]).
-    worker: outbox::Worker,
+    runs: Arc<runs::Runs>,
 }
 
-/// One agent's task lifecycle: the bridge's engine. Cheap to clone.
-pub struct Engine<O> {
-    inner: Arc<Inner<O>>,
-}
-
-impl<O> Clone for Engine<O> {
+impl<B> Clone for Engine<B> {
     fn clone(&self) -> Self {
         Engine {
-            inner: self.inner.clone(),
+            common: self.common.clone(),
+            outbox: self.outbox.clone(),
+            claims: self.claims.clone(),
+            desk: self.desk.clone(),
+            runs: self.runs.clone(),
         }
     }
 }
@@ -194,11 +258,11 @@ fn task_key(from: &str, task_id: &str) -> String {
     format!("{}\n{}", from.to_ascii_lowercase(), task_id)
 }
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// Tasks are spawned on `tracker`; `abort` stops them without an answer.
     pub fn new(
         spec: AgentSpec,
-        outbox: O,
+        backend: B,
         journal: Arc<Journal>,
         events: Events,
         settings: Settings,
@@ -206,39 +270,43 @@ impl<O: Backend> Engine<O> {
         abort: CancellationToken,
     ) -> Self {
         settings.slots.add_agent(&spec.name, spec.max_concurrent);
+        let common = Arc::new(Common {
+            spec: std::sync::RwLock::new(Arc::new(spec)),
+            backend,
+            journal,
+            events,
+            settings,
+            tracker,
+            abort,
+        });
+        let outbox = Outbox::new(common.clone());
+        let runs = Arc::new(runs::Runs::default());
         Engine {
-            inner: Arc::new(Inner {
-                spec: std::sync::RwLock::new(Arc::new(spec)),
-                outbox,
-                journal,
-                events,
-                settings,
-                tracker,
-                abort,
-                runs: runs::Runs::default(),
-                questions: questions::Questions::default(),
-                operator: operator::Acts::default(),
-                worker: outbox::Worker::default(),
-            }),
+            claims: Claims::new(common.clone(), outbox.clone()),
+            desk: Desk::new(common.clone(), outbox.clone(), runs.running.clone()),
+            outbox,
+            runs,
+            common,
         }
     }
 
-    /// The agent as it is now.
-    fn spec(&self) -> Arc<AgentSpec> {
-        self.inner
-            .spec
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The agent's back-end (its mailbox's sender).
+    pub fn backend(&self) -> &B {
+        &self.common.backend
     }
 
-    /// Where this agent's answers go (its mailbox's sender).
-    pub fn outbox(&self) -> &O {
-        &self.inner.outbox
+    /// The outbox that sends this agent's answers (the daemon runs its worker).
+    pub fn outbox(&self) -> &Outbox<B> {
+        &self.outbox
+    }
+
+    /// Where the live view answers the agent's questions and cancels its tasks.
+    pub fn desk(&self) -> &Desk<B> {
+        &self.desk
     }
 
     pub fn name(&self) -> String {
-        self.spec().name.clone()
+        self.common.spec().name.clone()
     }
 
     /// Takes a reloaded config for this agent: its sender policy, profile and queue bound
@@ -246,7 +314,7 @@ impl<O: Backend> Engine<O> {
     /// The agent's name, address and concurrency stay as they were: what of the new config
     /// waits for a restart is returned, so the person who reloaded hears it.
     pub fn reload(&self, new: AgentSpec) -> Option<&'static str> {
-        let old = self.spec();
+        let old = self.common.spec();
         let waits = (new.email != old.email || new.max_concurrent != old.max_concurrent)
             .then_some("its mailbox address and max_concurrent_tasks change at the next restart, not at a reload");
         if let Some(waits) = waits {
@@ -259,15 +327,8 @@ impl<O: Backend> Engine<O> {
             workspace_root: old.workspace_root.clone(),
             ..new
         };
-        *self.inner.spec.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(spec);
+        *self.common.spec.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(spec);
         tracing::info!(agent = %old.name, "config reloaded");
         waits
-    }
-
-    /// Notes a step in the task's timeline (a failure to note is only logged).
-    fn note(&self, row: i64, what: &str, detail: Option<&str>) {
-        if let Err(e) = self.inner.journal.note(row, what, detail) {
-            tracing::debug!(error = %e, "could not note a step in the task's timeline");
-        }
     }
 }

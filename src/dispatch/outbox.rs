@@ -9,6 +9,7 @@
 //! replicas answering mail none of them runs) leaves only from the replica that wins it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
@@ -17,20 +18,38 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::journal::{JournalError, Outgoing, Pending};
-use super::{Engine, Task};
+use super::compose;
+use super::journal::{JournalError, Outgoing, Pending, TaskState};
+use super::{results, Common, Task};
 use crate::backend::{Backend, BackendError, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
+use crate::protocol::{AampMessage, Body, Envelope, OutgoingFile, Status, TaskResult};
+
+/// One agent's outbox: the answers composed, queued in the journal, and sent by its worker
+/// ([`Outbox::run`], which the daemon runs). Cheap to clone.
+pub struct Outbox<B> {
+    common: Arc<Common<B>>,
+    worker: Arc<Worker>,
+}
+
+impl<B> Clone for Outbox<B> {
+    fn clone(&self) -> Self {
+        Outbox {
+            common: self.common.clone(),
+            worker: self.worker.clone(),
+        }
+    }
+}
 
 /// The outbox worker's state.
 #[derive(Default)]
-pub(super) struct Worker {
+struct Worker {
     /// Wakes the worker.
     wake: Notify,
-    /// Rounds the worker made (see [`Engine::outbox_rounds`]).
+    /// Rounds the worker made (see [`Outbox::rounds`]).
     rounds: AtomicU64,
-    /// The mailbox answers again ([`Engine::server_back`]): the outbox tries at once.
+    /// The mailbox answers again ([`Outbox::server_back`]): the outbox tries at once.
     server_back: AtomicBool,
 }
 
@@ -60,25 +79,131 @@ enum Sent {
     Later(Option<Duration>),
 }
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Outbox<B> {
+    pub(super) fn new(common: Arc<Common<B>>) -> Self {
+        Outbox {
+            common,
+            worker: Arc::default(),
+        }
+    }
+
+    fn spec(&self) -> Arc<super::AgentSpec> {
+        self.common.spec()
+    }
+
     /// Wakes the outbox worker: something was queued for it.
-    pub(super) fn wake_outbox(&self) {
-        self.inner.worker.wake.notify_one();
+    pub(super) fn wake(&self) {
+        self.worker.wake.notify_one();
     }
 
     /// Queues a mail that belongs to a task under way (a question, a stream announcement).
     pub(super) fn enqueue(&self, task: &Task, mail: &Outgoing) -> Result<(), JournalError> {
-        self.inner
+        self.common
             .journal
             .enqueue(&self.spec().name, Some(task.row), mail)?;
-        self.wake_outbox();
+        self.wake();
         Ok(())
+    }
+
+    /// A reply to `env` carrying `body`, rendered now, with the Message-ID derived from the
+    /// task (`n` tells apart several mails of one intent).
+    pub(super) fn compose(&self, env: &Envelope, key: &str, body: Body, n: u32) -> Outgoing {
+        self.compose_with(env, key, body, n, &[])
+    }
+
+    /// [`Outbox::compose`] with files attached.
+    pub(super) fn compose_with(
+        &self,
+        env: &Envelope,
+        key: &str,
+        body: Body,
+        n: u32,
+        files: &[results::Attached],
+    ) -> Outgoing {
+        let email = &self.spec().email;
+        let intent = body.intent().as_str();
+        let mut msg = AampMessage::reply(env, email, body);
+        msg.envelope.message_id = compose::derived_message_id(email, key, intent, n);
+        let files: Vec<OutgoingFile> = files
+            .iter()
+            .map(|f| OutgoingFile {
+                filename: f.filename.clone(),
+                content_type: f.content_type.clone(),
+                bytes: f.bytes.clone(),
+            })
+            .collect();
+        Outgoing {
+            intent: intent.to_string(),
+            mail: crate::protocol::render_with(&msg, SystemTime::now(), &files),
+            claim: None,
+        }
+    }
+
+    /// The `task.result` rejected with `reason` that answers `env`.
+    pub(super) fn rejection(&self, env: &Envelope, key: &str, reason: &str) -> Outgoing {
+        let result = TaskResult {
+            status: Status::Rejected,
+            output: String::new(),
+            error: Some(reason.to_string()),
+            structured_result: None,
+        };
+        self.compose(env, key, Body::Result(result), 0)
+    }
+
+    /// `reply` as one of several replicas sends it: only if it wins (or still holds, or
+    /// itself marked done) the claim on `email_id`. For answers they would all give alike
+    /// to mail none of them runs (a refusal, a card), and for a task's result, which must
+    /// not leave from a replica that lost the task while it was down.
+    pub(super) fn once_among_replicas(&self, mut reply: Outgoing, email_id: &str) -> Outgoing {
+        if self.spec().replica.is_some() {
+            reply.claim = Some(email_id.to_string());
+        }
+        reply
+    }
+
+    /// Records the task's final state with its answer and wakes the worker. A journal
+    /// failure is logged; the answer then goes out directly, once.
+    pub(super) fn finish(
+        &self,
+        task: &Task,
+        state: TaskState,
+        reason: Option<&str>,
+        reply: Option<Outgoing>,
+    ) {
+        // One of several replicas sends its answer only while it still holds the task's
+        // claim (or marked it done itself): killed between recording and sending, it may
+        // come back after another replica took the task over and answered, and its
+        // recorded answer must not leave then too (issue 43: two answers under one
+        // Message-ID). The outbox claims before it sends; a lost claim drops the mail.
+        let reply = reply.map(|r| self.once_among_replicas(r, &task.extras.email_id));
+        let recorded =
+            self.common
+                .journal
+                .finish(&self.spec().name, task.row, state, reason, reply.as_ref());
+        match (recorded, reply) {
+            (Ok(()), reply) => {
+                if reply.is_some() {
+                    fault_exit_after_result();
+                }
+                self.wake()
+            }
+            (Err(_), None) => {}
+            (Err(e), Some(reply)) => {
+                tracing::error!(error = %e, "could not record the task's answer in the journal; sending it once without the journal");
+                let common = self.common.clone();
+                self.common.tracker.spawn(async move {
+                    if let Err(e) = common.backend.submit(&reply.mail).await {
+                        tracing::error!(error = %e, "could not send the task's answer");
+                    }
+                });
+            }
+        }
     }
 
     /// The mailbox's credentials were replaced: what waits in the outbox for a later retry
     /// is tried now.
-    pub fn retry_outbox_now(&self) {
-        match self.inner.journal.retry_now(&self.spec().name) {
+    pub fn retry_now(&self) {
+        match self.common.journal.retry_now(&self.spec().name) {
             Ok(0) => {}
             Ok(n) => tracing::info!(
                 mails = n,
@@ -94,8 +219,8 @@ impl<O: Backend> Engine<O> {
     /// answers recorded during the shutdown still leave when the server is up. It waits on
     /// events only: woken when something is queued, or at the next mail's due time, or (while
     /// the server is down) at the next probe; never by looking at the journal in a loop.
-    pub async fn send_outbox(self, stop: CancellationToken, last_round: Duration) {
-        let inner = &self.inner;
+    pub async fn run(self, stop: CancellationToken, last_round: Duration) {
+        let inner = &self.common;
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         // While the server is unreachable: when the oldest waiting mail is tried again.
         let mut probe: Option<Instant> = None;
@@ -111,7 +236,7 @@ impl<O: Backend> Engine<O> {
                 }
             };
             tokio::select! {
-                _ = inner.worker.wake.notified() => {}
+                _ = self.worker.wake.notified() => {}
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = stop.cancelled() => break,
             }
@@ -134,20 +259,20 @@ impl<O: Backend> Engine<O> {
     /// The agent's mailbox answers again after an outage (its link came up): mail waiting
     /// for the server is tried now, not at the next probe.
     pub fn server_back(&self) {
-        self.inner.worker.server_back.store(true, Ordering::SeqCst);
-        self.wake_outbox();
+        self.worker.server_back.store(true, Ordering::SeqCst);
+        self.wake();
     }
 
     /// How many rounds the outbox worker has made (each reads the journal once or more):
     /// for tests and figures, as an idle worker must make none.
-    pub fn outbox_rounds(&self) -> u64 {
-        self.inner.worker.rounds.load(Ordering::Relaxed)
+    pub fn rounds(&self) -> u64 {
+        self.worker.rounds.load(Ordering::Relaxed)
     }
 
     /// How long until the next mail is due (only mails first in their task's line count: a
     /// task's result waits for its ack, whatever its own time says).
     fn until_next_due(&self) -> Duration {
-        match self.inner.journal.next_due(&self.spec().name) {
+        match self.common.journal.next_due(&self.spec().name) {
             Ok(Some(at)) => at
                 .duration_since(SystemTime::now())
                 .unwrap_or(Duration::ZERO)
@@ -164,10 +289,10 @@ impl<O: Backend> Engine<O> {
         backoff: &mut Backoff,
         probe: &mut Option<Instant>,
     ) -> Result<(), JournalError> {
-        let journal = &self.inner.journal;
+        let journal = &self.common.journal;
         let agent = self.spec().name.clone();
-        self.inner.worker.rounds.fetch_add(1, Ordering::Relaxed);
-        if self.inner.worker.server_back.swap(false, Ordering::SeqCst) {
+        self.worker.rounds.fetch_add(1, Ordering::Relaxed);
+        if self.worker.server_back.swap(false, Ordering::SeqCst) {
             if let Some(at) = probe.as_mut() {
                 *at = Instant::now();
             }
@@ -202,7 +327,7 @@ impl<O: Backend> Engine<O> {
                     Sent::Later(reachable) => {
                         // Refused credentials hold up every mail alike: the next try is
                         // at the refused mail's own retry, or at once when the credentials
-                        // change ([`Engine::retry_outbox_now`]), not one login a mail.
+                        // change ([`Outbox::retry_now`]), not one login a mail.
                         let wait = reachable.map_or(REFUSED_RETRY, |d| d.min(PROBE_MAX));
                         *probe = Some(Instant::now() + wait);
                         return Ok(());
@@ -232,7 +357,7 @@ impl<O: Backend> Engine<O> {
         pending: &Pending,
         backoff: &mut Backoff,
     ) -> Result<Sent, JournalError> {
-        let inner = &self.inner;
+        let inner = &self.common;
         let journal = &inner.journal;
         let mail = &pending.mail;
         let event = json!({"agent": self.spec().name, "taskId": pending.task_id, "intent": mail.intent,
@@ -290,7 +415,7 @@ impl<O: Backend> Engine<O> {
     /// done before the mail is submitted, so no replica takes it over while sending is
     /// retried; a retry finds it done by this replica and sends.
     async fn claim_and_submit(&self, mail: &Outgoing) -> Result<Sent, BackendError> {
-        let backend = &self.inner.outbox;
+        let backend = &self.common.backend;
         if let Some(email_id) = &mail.claim {
             let spec = self.spec();
             let me = spec.replica.as_ref().map(|r| r.name.as_str());
@@ -305,5 +430,20 @@ impl<O: Backend> Engine<O> {
         }
         backend.submit(&mail.mail).await?;
         Ok(Sent::Yes)
+    }
+}
+
+/// The environment variable that names a fault to inject, for tests that must stop the
+/// bridge at one exact point (no other way to hit the window between two steps
+/// deterministically from outside).
+pub const FAULT_VAR: &str = "AAMP_BRIDGE_FAULT";
+
+/// `AAMP_BRIDGE_FAULT=exit-after-result`: the process ends (as a kill -9 there would end it,
+/// without cleanup) right after a task's answer is recorded in the journal and before the
+/// outbox is woken to send it (tests/replica_restart.rs).
+fn fault_exit_after_result() {
+    if std::env::var(FAULT_VAR).is_ok_and(|v| v == "exit-after-result") {
+        tracing::warn!("{FAULT_VAR}=exit-after-result: exiting after recording the answer");
+        std::process::exit(137);
     }
 }

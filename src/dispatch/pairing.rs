@@ -42,14 +42,14 @@ pub fn new_pair_code() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
 }
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// `pair.request`, the one intent the sender policy does not gate: a valid pairing code
     /// (unexpired, unused, compared in constant time) adds the sender to the agent's allowed
     /// senders, with the dispatch-context rules it asked for, and is used up. Repeated wrong
     /// codes lock the sender (5 in 15 minutes) and the agent (20) out for a while.
     pub(super) fn on_pair_request(&self, inbound: &Inbound, key: &str) -> Result<(), JournalError> {
-        let spec = self.spec();
-        let journal = &self.inner.journal;
+        let spec = self.common.spec();
+        let journal = &self.common.journal;
         let env = &inbound.message.envelope;
         let Body::PairRequest { pair_code, rules } = &inbound.message.body else {
             return Ok(());
@@ -99,7 +99,7 @@ impl<O: Backend> Engine<O> {
                 }
                 journal.add_policy(&spec.name, false, &rule, "pairing")?;
                 tracing::info!(from = %env.from, "paired: the sender may now dispatch tasks");
-                self.inner.events.emit(
+                self.common.events.emit(
                     crate::events::Event::SenderPaired,
                     json!({"agent": spec.name, "from": env.from, "context": rule.context}),
                 );
@@ -107,7 +107,7 @@ impl<O: Backend> Engine<O> {
             }
             Err(why) => {
                 tracing::warn!(from = %env.from, reason = why, "pairing refused");
-                self.inner.events.emit(
+                self.common.events.emit(
                     crate::events::Event::PairRefused,
                     json!({"agent": spec.name, "from": env.from, "reason": why}),
                 );
@@ -118,7 +118,7 @@ impl<O: Backend> Engine<O> {
         let answer = status == Status::Completed
             || (!flooded && self.may_answer("pair refusals", PAIR_REFUSALS_PER_HOUR));
         let reply = answer.then(|| {
-            self.compose(
+            self.outbox.compose(
                 env,
                 key,
                 Body::PairRespond {
@@ -135,7 +135,7 @@ impl<O: Backend> Engine<O> {
             reason.as_deref().unwrap_or("pair.request"),
             reply.as_ref(),
         )?;
-        self.wake_outbox();
+        self.outbox.wake();
         Ok(())
     }
 }

@@ -1,26 +1,14 @@
-//! Questions an agent asks its dispatcher (`task.help_needed`): mailed, kept until answered,
-//! and matched with their answers (a reply to the question's mail, a follow-up dispatch, or
-//! the operator's answer from the live view).
+//! Questions an agent asks its dispatcher (`task.help_needed`) as the [`Desk`](super::Desk)
+//! keeps them: the mail's body with what hides in the text shown, and how a reply names its
+//! question and an option.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
-use serde_json::json;
-
-use super::journal::TaskState;
-use super::{task_key, Engine, Task};
-use crate::backend::Backend;
-use crate::protocol::{Body, Dispatch, Envelope, HelpNeeded};
+use crate::protocol::HelpNeeded;
 use crate::runner::{Answer, Question};
 
-/// The questions' state: those mailed to dispatchers, by task key, awaiting an answer.
-#[derive(Default)]
-pub(super) struct Questions {
-    pending: Mutex<HashMap<String, PendingQuestion>>,
-}
-
 /// A question mailed to a dispatcher, waiting for the answer.
-struct PendingQuestion {
+pub(super) struct PendingQuestion {
     /// The Message-ID of the help_needed mail, which a reply may name in In-Reply-To.
     pub help_message_id: String,
     /// The question as the agent put it (the live view shows it).
@@ -98,7 +86,7 @@ pub fn visible(text: &str) -> String {
 
 /// The `task.help_needed` body for a question: the agent's words, with what hides in them
 /// shown ([`visible`]).
-fn help_needed(question: &Question) -> HelpNeeded {
+pub(super) fn help_needed(question: &Question) -> HelpNeeded {
     HelpNeeded {
         question: visible(&question.text),
         blocked_reason: visible(&question.reason),
@@ -119,7 +107,7 @@ pub struct OpenQuestion {
 
 /// The question waiting in `pending` that a mail from `from` replies to (by In-Reply-To or
 /// References naming its mail): its task key and the asking task's journal row.
-fn replied_to(
+pub(super) fn replied_to(
     pending: &HashMap<String, PendingQuestion>,
     from: &str,
     in_reply_to: Option<&str>,
@@ -136,174 +124,10 @@ fn replied_to(
         .map(|(k, q)| (k.clone(), q.task_row))
 }
 
-impl<O: Backend> Engine<O> {
-    /// Queues the agent's question to the dispatcher as `task.help_needed` and keeps its
-    /// answer channel until a reply comes.
-    pub(super) async fn ask_dispatcher(&self, task: &Task, question: Question) {
-        let inner = &self.inner;
-        // The mail, the live view and the answer's matching all see the shown form.
-        let help = help_needed(&question);
-        let text = help.question.clone();
-        let options = help.suggested_options.clone();
-        let n = inner
-            .journal
-            .count_outgoing(task.row, "task.help_needed")
-            .unwrap_or(0);
-        let mail = self.compose(&task.env, &task.key, Body::HelpNeeded(help), n);
-        let queued = self
-            .enqueue(task, &mail)
-            .and_then(|()| inner.journal.set_state(task.row, TaskState::HelpNeeded));
-        match queued {
-            Ok(()) => {
-                self.note(
-                    task.row,
-                    "asked the dispatcher",
-                    Some(&mail.mail.message_id),
-                );
-                inner.events.emit(crate::events::Event::TaskHelpNeeded, json!({"agent": self.spec().name, "taskId": task.env.task_id, "from": task.env.from, "question": text, "options": options, "messageId": mail.mail.message_id}));
-                let pending = PendingQuestion {
-                    help_message_id: mail.mail.message_id.clone(),
-                    text,
-                    options,
-                    answer: question.answer,
-                    task_row: task.row,
-                };
-                inner
-                    .questions
-                    .pending
-                    .lock()
-                    .expect("questions lock")
-                    .insert(task_key(&task.env.from, &task.env.task_id), pending);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not queue task.help_needed; the question goes unanswered");
-                let _ = question.answer.send(Answer::None);
-            }
-        }
-    }
-
-    /// The question a dispatch answers, by task key: same sender, and its ParentTaskId is the
-    /// waiting task, or it replies to the help mail.
-    pub(super) fn question_answered_by(
-        &self,
-        env: &Envelope,
-        dispatch: &Dispatch,
-    ) -> Option<String> {
-        let pending = self.inner.questions.pending.lock().expect("questions lock");
-        match &dispatch.parent_task_id {
-            Some(parent) if pending.contains_key(&task_key(&env.from, parent)) => {
-                Some(task_key(&env.from, parent))
-            }
-            _ => replied_to(
-                &pending,
-                &env.from,
-                env.in_reply_to.as_deref(),
-                &env.references,
-            )
-            .map(|(k, _)| k),
-        }
-    }
-
-    /// Hands the answer in `text` (or else `title`) to the question waiting under `waiting`.
-    pub(super) fn answer_question(
-        &self,
-        waiting: &str,
-        answer_task_id: &str,
-        text: &str,
-        title: &str,
-    ) {
-        let inner = &self.inner;
-        let Some(question) = inner
-            .questions
-            .pending
-            .lock()
-            .expect("questions lock")
-            .remove(waiting)
-        else {
-            return;
-        };
-        let choice = choose(&question.options, text).or_else(|| choose(&question.options, title));
-        inner.events.emit(
-            crate::events::Event::TaskAnswered,
-            json!({"agent": self.spec().name, "taskId": waiting.split_once('\n').map(|(_, t)| t), "answerTaskId": answer_task_id, "choice": choice.map(|i| question.options[i].clone())}),
-        );
-        if choice.is_none() {
-            tracing::info!(
-                "the answer names none of the options; it goes to the agent as free text"
-            );
-        }
-        if let Err(e) = inner
-            .journal
-            .set_state(question.task_row, TaskState::Running)
-        {
-            tracing::warn!(error = %e, "could not record that the question was answered");
-        }
-        let answer = match choice {
-            Some(i) => Answer::Chosen(i),
-            None => match own_words(text) {
-                Some(words) => Answer::Text(words),
-                None => Answer::None,
-            },
-        };
-        let _ = question.answer.send(answer);
-    }
-
-    /// The question a plain reply from `from` answers (its task key and the asking task's
-    /// row), if it replies to a question's mail.
-    pub(super) fn question_replied_to(
-        &self,
-        from: &str,
-        in_reply_to: Option<&str>,
-        references: &[String],
-    ) -> Option<(String, i64)> {
-        let pending = self.inner.questions.pending.lock().expect("questions lock");
-        replied_to(&pending, from, in_reply_to, references)
-    }
-
-    /// The question waiting under `waiting`: the asking task's row and the question's text.
-    pub(super) fn question_asked(&self, waiting: &str) -> Option<(i64, String)> {
-        self.inner
-            .questions
-            .pending
-            .lock()
-            .expect("questions lock")
-            .get(waiting)
-            .map(|q| (q.task_row, q.text.clone()))
-    }
-
-    /// The task `key` ended: its question, if any, is no longer waiting.
-    pub(super) fn forget_question(&self, key: &str) {
-        self.inner
-            .questions
-            .pending
-            .lock()
-            .expect("questions lock")
-            .remove(key);
-    }
-
-    /// The questions waiting for an answer.
-    pub fn open_questions(&self) -> Vec<OpenQuestion> {
-        let agent = self.spec().name.clone();
-        let pending = self.inner.questions.pending.lock().expect("questions lock");
-        pending
-            .iter()
-            .map(|(key, q)| {
-                let (from, task_id) = key.split_once('\n').unwrap_or(("", key));
-                OpenQuestion {
-                    agent: agent.clone(),
-                    from: from.to_string(),
-                    task_id: task_id.to_string(),
-                    question: q.text.clone(),
-                    options: q.options.clone(),
-                }
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Body;
 
     #[test]
     fn answers_name_an_option() {

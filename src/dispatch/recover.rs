@@ -3,47 +3,32 @@
 use serde_json::json;
 
 use super::journal::{JournalError, TaskState};
-use super::{Engine, MailExtras, Task};
+use super::Engine;
 use crate::backend::Backend;
-use crate::inbound::Inbound;
-use crate::protocol::Body;
 
 /// Runs at most this many times for one task; after that a crash answers it rejected.
 const MAX_RUNS: u32 = 2;
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// Picks up what the journal holds from the bridge's last life: tasks not yet run are
     /// queued again; tasks that were running are run again (workspace emptied first) when
     /// the profile allows it and they have not been run `MAX_RUNS` times, and otherwise
     /// answered rejected. Returns how many tasks were picked up.
     pub fn recover(&self) -> Result<usize, JournalError> {
-        let inner = &self.inner;
-        let spec = self.spec();
+        let inner = &self.common;
+        let spec = self.common.spec();
         let name = &spec.name;
         let unfinished = inner.journal.unfinished(name)?;
         for left in &unfinished {
-            let inbound = match Inbound::from_json(&left.mail) {
-                Ok(inbound) => inbound,
-                Err(e) => {
-                    tracing::error!(row = left.id, error = %e, "a task in the journal cannot be read back; it is closed without an answer");
-                    inner.journal.finish(
-                        name,
-                        left.id,
-                        TaskState::Rejected,
-                        Some("could not be read back from the journal"),
-                        None,
-                    )?;
-                    continue;
-                }
-            };
             // The key it was recorded under: its answers' Message-IDs are derived from it, so
             // an ack made again (a replica's claim won again) is the same mail as before.
             let key = left.message_key.clone();
-            let Body::Dispatch(dispatch) = inbound.message.body else {
+            let what = "a task in the journal";
+            let Some(mut task) = inner.read_back(left.id, key, &left.mail, what)? else {
                 continue;
             };
-            let env = inbound.message.envelope;
-            let span = tracing::info_span!("task", agent = %name, task_id = %env.task_id, message_id = %key, email_id = %inbound.email_id);
+            let (env, key) = (&task.env, &task.key);
+            let span = tracing::info_span!("task", agent = %name, task_id = %env.task_id, message_id = %key, email_id = %task.extras.email_id);
             let _enter = span.enter();
             let interrupted = matches!(left.state, TaskState::Running | TaskState::HelpNeeded);
             let mut rerun_refused = None;
@@ -59,7 +44,7 @@ impl<O: Backend> Engine<O> {
                     // one has claimed it.
                     rerun_refused = Some(reason);
                 } else {
-                    let reply = self.rejection(&env, &key, &reason);
+                    let reply = self.outbox.rejection(env, key, &reason);
                     inner.journal.finish(
                         name,
                         left.id,
@@ -76,7 +61,7 @@ impl<O: Backend> Engine<O> {
                 runs = left.runs,
                 "picking up a task from the journal"
             );
-            self.note(
+            self.common.note(
                 left.id,
                 "picked up at a restart",
                 Some(&format!(
@@ -86,23 +71,10 @@ impl<O: Backend> Engine<O> {
                 )),
             );
             inner.events.emit(crate::events::Event::TaskRecovered, json!({"agent": name, "taskId": env.task_id, "state": left.state.as_str(), "runs": left.runs}));
-            self.start(
-                Task {
-                    row: left.id,
-                    key,
-                    env,
-                    dispatch,
-                    extras: MailExtras {
-                        email_id: inbound.email_id,
-                        truncated: inbound.truncated,
-                        attachments: inbound.attachments,
-                    },
-                    rerun_refused,
-                },
-                span.clone(),
-            );
+            task.rerun_refused = rerun_refused;
+            self.start(task, span.clone());
         }
-        self.wake_outbox();
+        self.outbox.wake();
         Ok(unfinished.len())
     }
 }

@@ -7,11 +7,12 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::admission::{self, admit, Admission};
+use super::claims::Reclaimed;
 use super::journal::{self, JournalError, Outgoing, TaskState};
 use super::{policy, task_key, AgentSpec, Engine, MailExtras, SenderPolicy, Task, UnknownSenders};
 use crate::backend::Backend;
 use crate::inbound::{Inbound, Mail, Reply, SenderCheck};
-use crate::protocol::{Body, Envelope};
+use crate::protocol::{Body, Dispatch, Envelope};
 
 /// Why a mail is automatic (RFC 3834 `Auto-Submitted`, a bounce or a delivery report), if
 /// it is: such mail never starts a task, so two automatons cannot keep each other busy.
@@ -36,7 +37,7 @@ pub(super) fn automatic(inbound: &Inbound) -> Option<&'static str> {
     None
 }
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// Takes one inbound message: records it in the journal (with the ack or rejection it is
     /// answered with) before returning, then starts its work on the tracker. An error means
     /// the message was not recorded; the caller must offer it again later.
@@ -52,7 +53,7 @@ impl<O: Backend> Engine<O> {
     /// exist, say): the mail is marked undelivered, so `tasks` shows it. Reports of delays,
     /// and of mail the agent did not send, change nothing.
     pub(super) fn on_bounce(&self, bounce: crate::inbound::Bounce) -> Result<(), JournalError> {
-        let spec = self.spec();
+        let spec = self.common.spec();
         let n = &bounce.notification;
         let message_id = n
             .message_id
@@ -62,7 +63,7 @@ impl<O: Backend> Engine<O> {
         let _enter = span.enter();
         let ignore = |reason: &str| {
             tracing::info!(%reason, "delivery report ignored");
-            self.inner.events.emit(
+            self.common.events.emit(
                 crate::events::Event::MessageIgnored,
                 json!({"agent": spec.name, "messageId": message_id, "intent": null, "reason": reason}),
             );
@@ -78,7 +79,7 @@ impl<O: Backend> Engine<O> {
         }
         let error = format!("bounced: {}", failed.join("; "));
         match self
-            .inner
+            .common
             .journal
             .bounced(&spec.name, message_id, &addresses, &error)?
         {
@@ -89,9 +90,9 @@ impl<O: Backend> Engine<O> {
             }) => {
                 tracing::warn!(%intent, %error, "a mail the agent sent could not be delivered");
                 if let Some(row) = row {
-                    let _ = self.inner.journal.note(row, "undelivered", Some(&error));
+                    let _ = self.common.journal.note(row, "undelivered", Some(&error));
                 }
-                self.inner.events.emit(
+                self.common.events.emit(
                     crate::events::Event::MailFailed,
                     json!({"agent": spec.name, "taskId": task_id, "intent": intent,
                            "messageId": message_id, "error": error}),
@@ -113,12 +114,12 @@ impl<O: Backend> Engine<O> {
     /// A plain reply answers a waiting question when it replies to the question's mail and
     /// comes from the task's dispatcher; anything else is left alone.
     pub(super) fn on_reply(&self, reply: Reply) -> Result<(), JournalError> {
-        let spec = self.spec();
+        let spec = self.common.spec();
         let span = tracing::info_span!("reply", agent = %spec.name, message_id = %reply.message_id, email_id = %reply.email_id);
         let _enter = span.enter();
         let ignore = |reason: String| {
             tracing::info!(from = %reply.from, %reason, "plain reply ignored");
-            self.inner.events.emit(
+            self.common.events.emit(
                 crate::events::Event::MessageIgnored,
                 json!({"agent": spec.name, "from": reply.from, "messageId": reply.message_id, "intent": null, "reason": reason}),
             );
@@ -131,7 +132,8 @@ impl<O: Backend> Engine<O> {
             return ignore("an automatic reply (Auto-Submitted)".into());
         }
         let waiting =
-            self.question_replied_to(&reply.from, reply.in_reply_to.as_deref(), &reply.references);
+            self.desk
+                .replied_to(&reply.from, reply.in_reply_to.as_deref(), &reply.references);
         let Some((waiting, row)) = waiting else {
             return ignore(
                 "a plain mail that answers no open question (AAMP needs X-AAMP-Intent)".into(),
@@ -150,7 +152,7 @@ impl<O: Backend> Engine<O> {
             .split_once('\n')
             .map(|(_, t)| t.to_string())
             .unwrap_or_default();
-        let recorded = self.inner.journal.record(
+        let recorded = self.common.journal.record(
             &journal::NewTask {
                 agent: &spec.name,
                 message_key: &key,
@@ -166,14 +168,14 @@ impl<O: Backend> Engine<O> {
         )?;
         if recorded.is_some() {
             tracing::info!(row, "a plain reply answers the agent's question");
-            self.answer_question(&waiting, &task_id, &reply.text, "");
+            self.desk.answer(&waiting, &task_id, &reply.text, "");
         }
         Ok(())
     }
 
     pub(super) fn deliver_aamp(&self, inbound: Inbound) -> Result<(), JournalError> {
         let env = &inbound.message.envelope;
-        let span = tracing::info_span!("task", agent = %self.spec().name,
+        let span = tracing::info_span!("task", agent = %self.common.spec().name,
             task_id = %env.task_id, message_id = %inbound.message_key(), email_id = %inbound.email_id);
         let _enter = span.enter();
         if let SenderCheck::Unverified(why) = &inbound.sender_check {
@@ -187,13 +189,17 @@ impl<O: Backend> Engine<O> {
             env.from.to_ascii_lowercase(),
             inbound.message_key()
         );
-        if let Some((row, state)) = self.inner.journal.message_row(&self.spec().name, &key)? {
+        if let Some((row, state)) = self
+            .common
+            .journal
+            .message_row(&self.common.spec().name, &key)?
+        {
             if state == TaskState::Elsewhere {
                 // Another replica holds it: claimed again here, which finds it held (or, its
                 // claim run out, takes it over).
                 return self.reclaim(row, span.clone());
             }
-            if self.spec().replica.is_some()
+            if self.common.spec().replica.is_some()
                 && !inbound.email_id.is_empty()
                 && matches!(
                     state,
@@ -212,9 +218,9 @@ impl<O: Backend> Engine<O> {
                 );
                 let this = self.clone();
                 let email_id = inbound.email_id.clone();
-                self.inner.tracker.spawn(
+                self.common.tracker.spawn(
                     async move {
-                        if let Err(e) = this.inner.outbox.claim_done(&email_id).await {
+                        if let Err(e) = this.common.backend.claim_done(&email_id).await {
                             tracing::warn!(error = %e, "could not mark the task answered on the server; the next scan tries again");
                         }
                     }
@@ -241,12 +247,25 @@ impl<O: Backend> Engine<O> {
         }
     }
 
+    /// A task another replica won comes back here: it is claimed again (see
+    /// [`Claims::reclaim`](super::Claims)), and a cancel that came meanwhile holds.
+    fn reclaim(&self, row: i64, span: tracing::Span) -> Result<(), JournalError> {
+        if let Some(Reclaimed { task, cancelled }) = self.claims.reclaim(row, &span)? {
+            let key = task_key(&task.env.from, &task.env.task_id);
+            self.start(task, span);
+            if cancelled {
+                self.runs.running.with(&key, |cancel| cancel.cancel());
+            }
+        }
+        Ok(())
+    }
+
     /// A message the bridge does not act on: one log line (by the caller) and one event.
     pub(super) fn ignored(&self, inbound: &Inbound, reason: &str) {
         let env = &inbound.message.envelope;
-        self.inner.events.emit(
+        self.common.events.emit(
             crate::events::Event::MessageIgnored,
-            json!({"agent": self.spec().name, "from": env.from, "taskId": env.task_id,
+            json!({"agent": self.common.spec().name, "from": env.from, "taskId": env.task_id,
                    "intent": inbound.message.intent().as_str(), "messageId": env.message_id,
                    "reason": reason}),
         );
@@ -255,7 +274,7 @@ impl<O: Backend> Engine<O> {
     /// The sender policy in force: the config's rules and those kept in the journal (added
     /// with `aamp-bridge policy` or by pairing).
     pub(super) fn policy(&self, spec: &AgentSpec) -> Result<SenderPolicy, JournalError> {
-        let (allow, deny) = self.inner.journal.policy(&spec.name)?;
+        let (allow, deny) = self.common.journal.policy(&spec.name)?;
         Ok(spec
             .policy
             .clone()
@@ -263,94 +282,66 @@ impl<O: Backend> Engine<O> {
             .with_denied(deny.into_iter().map(|(p, _)| p)))
     }
 
-    /// Whether another refusal may be answered now (at most `refusals_per_hour`).
-    pub(super) fn may_answer_refusal(&self, spec: &AgentSpec) -> bool {
-        self.may_answer("refusals", spec.refusals_per_hour)
-    }
-
     /// Whether one more answer fits in the budget `kind` (answers sent in the last hour, kept
     /// in the journal across restarts) under `max`; if so, it is counted. A journal that
     /// cannot say is taken as no budget left: a refusal then goes unanswered.
     pub(super) fn may_answer(&self, kind: &str, max: u32) -> bool {
-        self.inner
+        self.common
             .journal
-            .spend_answer(&self.spec().name, kind, max)
+            .spend_answer(&self.common.spec().name, kind, max)
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not read the answer budget; not answering");
                 false
             })
     }
 
+    /// A dispatch: an answer to a waiting question, or a task admitted (recorded whole, so
+    /// it runs again after a crash, with its ack) or refused (recorded as a summary, with its
+    /// answer), before anything is acknowledged.
     pub(super) fn on_dispatch(
         &self,
         inbound: Inbound,
         key: String,
         span: tracing::Span,
     ) -> Result<(), JournalError> {
-        let inner = &self.inner;
-        let spec = self.spec();
-        let name = &spec.name;
         if let Some(why) = automatic(&inbound) {
             tracing::info!(reason = why, "ignored: automatic mail never starts a task");
             self.ignored(&inbound, why);
             return Ok(());
         }
-        // A task to run is kept whole (it is run again after a crash); anything else only as
-        // a summary.
-        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
-        let Inbound {
-            email_id,
-            message,
-            truncated,
-            attachments,
-            refused,
-            ..
-        } = inbound;
-        let env = message.envelope;
-        let Body::Dispatch(dispatch) = message.body else {
+        let Some((arrival, refused)) = Arrival::of(inbound, key) else {
             return Ok(());
         };
-        let record =
-            |state: TaskState, admitted: bool, reason: Option<&str>, reply: Option<&Outgoing>| {
-                let mail = if admitted { &mail } else { &summary };
-                inner.journal.record(
-                    &journal::NewTask {
-                        agent: name,
-                        message_key: &key,
-                        sender: &env.from,
-                        task_id: &env.task_id,
-                        session_key: dispatch.session_key.as_deref(),
-                        state,
-                        admitted,
-                        mail,
-                        reason,
-                    },
-                    reply,
-                )
-            };
-        if let Some(waiting) = self.question_answered_by(&env, &dispatch) {
-            let recorded = record(
-                TaskState::Answered,
-                false,
-                Some("an answer to a question of an earlier task"),
-                None,
-            )?;
+        let (env, dispatch) = (&arrival.env, &arrival.dispatch);
+        if let Some(waiting) = self.desk.answered_by(env, dispatch) {
+            let why = "an answer to a question of an earlier task";
+            let recorded = self.record(&arrival, TaskState::Answered, false, Some(why), None)?;
             if recorded.is_some() {
-                self.answer_question(&waiting, &env.task_id, &dispatch.body_text, &dispatch.title);
+                let (text, title) = (&dispatch.body_text, &dispatch.title);
+                self.desk.answer(&waiting, &env.task_id, text, title);
             }
             return Ok(());
         }
-        let journal = &inner.journal;
+        let (admission, earlier) = self.admission(&arrival, refused)?;
+        self.on_admission(arrival, admission, earlier, span)
+    }
+
+    /// What the sender policy, the limits and the queue say of the dispatch, with its
+    /// earlier task of the same sender and TaskId, if any. A message the back-end would not
+    /// read whole (`refused`: too large) is answered rejected, once the sender may dispatch
+    /// at all.
+    fn admission(
+        &self,
+        arrival: &Arrival,
+        refused: Option<String>,
+    ) -> Result<(Admission, Option<(i64, TaskState)>), JournalError> {
+        let spec = self.common.spec();
+        let (name, env, dispatch) = (&spec.name, &arrival.env, &arrival.dispatch);
+        let journal = &self.common.journal;
         let earlier = journal.admitted_task(name, &env.from, &env.task_id)?;
-        let duplicate = earlier.is_some();
         let now = SystemTime::now();
-        let recent = journal.recent_counts(
-            name,
-            &env.from,
-            dispatch.session_key.as_deref(),
-            &spec.limits,
-            now,
-        )?;
+        let session = dispatch.session_key.as_deref();
+        let recent = journal.recent_counts(name, &env.from, session, &spec.limits, now)?;
         let load = admission::Load {
             active: self.active(),
             sender_last_hour: recent.sender_last_hour,
@@ -359,15 +350,8 @@ impl<O: Backend> Engine<O> {
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
         };
         let policy = self.policy(&spec)?;
-        // Every replica decides alike here; the one that wins the mail's claim answers.
-        let rejected =
-            |reason: &str| self.once_among_replicas(self.rejection(&env, &key, reason), &email_id);
-        let admission = match (
-            admit(&spec, &policy, &env, &dispatch, duplicate, &load, now),
-            refused,
-        ) {
-            // A message the back-end would not read whole (too large) is answered rejected,
-            // once the sender may dispatch at all.
+        let admitted = admit(&spec, &policy, env, dispatch, earlier.is_some(), &load, now);
+        let admission = match (admitted, refused) {
             (admission @ (Admission::Duplicate | Admission::Refuse { .. }), _) => admission,
             (admission, None) => admission,
             (admission @ Admission::Reject { .. }, Some(_)) => admission,
@@ -376,10 +360,32 @@ impl<O: Backend> Engine<O> {
                 state: TaskState::Rejected,
             },
         };
+        Ok((admission, earlier))
+    }
+
+    /// Acts on the dispatch's admission: a duplicate ignored (or claimed again, when another
+    /// replica held the first), a refusal or rejection recorded with its answer, a task
+    /// recorded with its ack and started.
+    fn on_admission(
+        &self,
+        arrival: Arrival,
+        admission: Admission,
+        earlier: Option<(i64, TaskState)>,
+        span: tracing::Span,
+    ) -> Result<(), JournalError> {
+        let spec = self.common.spec();
+        let (events, name) = (&self.common.events, &spec.name);
+        let (env, dispatch, key) = (&arrival.env, &arrival.dispatch, &arrival.key);
+        // Every replica decides alike here; the one that wins the mail's claim answers.
+        let rejected = |reason: &str| {
+            let rejection = self.outbox.rejection(env, key, reason);
+            self.outbox
+                .once_among_replicas(rejection, &arrival.extras.email_id)
+        };
         match admission {
             Admission::Duplicate => {
                 tracing::info!("a task with this sender and TaskId was received before; this dispatch is a duplicate and is ignored");
-                inner.events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
+                events.emit(crate::events::Event::TaskDuplicate, json!({"agent": name, "taskId": env.task_id, "from": env.from, "messageId": env.message_id}));
                 if let Some((row, TaskState::Elsewhere)) = earlier {
                     // The earlier one is another replica's: its claim is looked at again.
                     return self.reclaim(row, span);
@@ -387,25 +393,35 @@ impl<O: Backend> Engine<O> {
             }
             Admission::Refuse { reason } => {
                 let answer = spec.unknown_senders == UnknownSenders::Reject
-                    && self.may_answer_refusal(&spec);
+                    && self.may_answer("refusals", spec.refusals_per_hour);
                 let reply = answer.then(|| rejected(&reason));
-                if record(TaskState::Rejected, false, Some(&reason), reply.as_ref())?.is_some() {
+                let recorded = self.record(
+                    &arrival,
+                    TaskState::Rejected,
+                    false,
+                    Some(&reason),
+                    reply.as_ref(),
+                )?;
+                if recorded.is_some() {
                     tracing::info!(%reason, answered = answer, "dispatch refused by the sender policy");
-                    inner.events.emit(
+                    events.emit(
                         crate::events::Event::MessageIgnored,
                         json!({"agent": name, "from": env.from, "taskId": env.task_id,
                         "intent": "task.dispatch", "messageId": env.message_id, "reason": reason}),
                     );
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": answer}));
-                    self.wake_outbox();
+                    events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": answer}));
+                    self.outbox.wake();
                 }
             }
             Admission::Reject { reason, state } => {
                 let reply = rejected(&reason);
-                if record(state, false, Some(&reason), Some(&reply))?.is_some() {
+                if self
+                    .record(&arrival, state, false, Some(&reason), Some(&reply))?
+                    .is_some()
+                {
                     tracing::info!(%reason, "dispatch refused");
-                    inner.events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": true}));
-                    self.wake_outbox();
+                    events.emit(crate::events::Event::TaskRejected, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "reason": reason, "answered": true}));
+                    self.outbox.wake();
                 }
             }
             Admission::Run => {
@@ -413,30 +429,50 @@ impl<O: Backend> Engine<O> {
                 let ack = spec
                     .replica
                     .is_none()
-                    .then(|| self.compose(&env, &key, Body::Ack, 0));
-                let Some(row) = record(TaskState::Received, true, None, ack.as_ref())? else {
+                    .then(|| self.outbox.compose(env, key, Body::Ack, 0));
+                let recorded =
+                    self.record(&arrival, TaskState::Received, true, None, ack.as_ref())?;
+                let Some(row) = recorded else {
                     return Ok(());
                 };
-                inner.events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
-                self.wake_outbox();
-                self.start(
-                    Task {
-                        row,
-                        key,
-                        env,
-                        dispatch,
-                        extras: MailExtras {
-                            email_id,
-                            truncated,
-                            attachments,
-                        },
-                        rerun_refused: None,
-                    },
-                    span,
-                );
+                events.emit(crate::events::Event::TaskReceived, json!({"agent": name, "taskId": env.task_id, "from": env.from, "title": dispatch.title, "messageId": env.message_id}));
+                self.outbox.wake();
+                self.start(arrival.into_task(row), span);
             }
         }
         Ok(())
+    }
+
+    /// Records the dispatch in the journal with its answer: whole when it is admitted (it
+    /// runs again after a crash), else only as a summary.
+    fn record(
+        &self,
+        arrival: &Arrival,
+        state: TaskState,
+        admitted: bool,
+        reason: Option<&str>,
+        reply: Option<&Outgoing>,
+    ) -> Result<Option<i64>, JournalError> {
+        let (env, dispatch) = (&arrival.env, &arrival.dispatch);
+        let mail = if admitted {
+            &arrival.mail
+        } else {
+            &arrival.summary
+        };
+        self.common.journal.record(
+            &journal::NewTask {
+                agent: &self.common.spec().name,
+                message_key: &arrival.key,
+                sender: &env.from,
+                task_id: &env.task_id,
+                session_key: dispatch.session_key.as_deref(),
+                state,
+                admitted,
+                mail,
+                reason,
+            },
+            reply,
+        )
     }
 
     /// Records a message that is answered but not run (a pair request, a card query), with
@@ -450,9 +486,9 @@ impl<O: Backend> Engine<O> {
         reply: Option<&Outgoing>,
     ) -> Result<Option<i64>, JournalError> {
         let env = &inbound.message.envelope;
-        self.inner.journal.record(
+        self.common.journal.record(
             &journal::NewTask {
-                agent: &self.spec().name,
+                agent: &self.common.spec().name,
                 message_key: key,
                 sender: &env.from,
                 task_id: &env.task_id,
@@ -468,7 +504,7 @@ impl<O: Backend> Engine<O> {
 
     /// `card.query`: the agent's card, to senders the policy allows.
     pub(super) fn on_card_query(&self, inbound: &Inbound, key: &str) -> Result<(), JournalError> {
-        let spec = self.spec();
+        let spec = self.common.spec();
         let env = &inbound.message.envelope;
         if !matches!(
             self.policy(&spec)?.check(&env.from, &Default::default()),
@@ -484,8 +520,9 @@ impl<O: Backend> Engine<O> {
                 format!("Agent {} (no card configured).", spec.name),
             )
         });
-        let reply = self.once_among_replicas(
-            self.compose(env, key, Body::CardResponse { summary, text }, 0),
+        let reply = self.outbox.once_among_replicas(
+            self.outbox
+                .compose(env, key, Body::CardResponse { summary, text }, 0),
             &inbound.email_id,
         );
         let recorded = self.record_answered(
@@ -496,11 +533,11 @@ impl<O: Backend> Engine<O> {
             Some(&reply),
         )?;
         if recorded.is_some() {
-            self.inner.events.emit(
+            self.common.events.emit(
                 crate::events::Event::CardAnswered,
                 json!({"agent": spec.name, "taskId": env.task_id, "from": env.from}),
             );
-            self.wake_outbox();
+            self.outbox.wake();
         }
         Ok(())
     }
@@ -509,15 +546,18 @@ impl<O: Backend> Engine<O> {
     /// one that comes before its dispatch is remembered, and the dispatch is then answered
     /// cancelled without running.
     pub(super) fn on_cancel(&self, env: &Envelope) -> Result<(), JournalError> {
-        let spec = self.spec();
-        let stopped = self.with_running(&task_key(&env.from, &env.task_id), |cancel| {
-            tracing::info!(from = %env.from, "cancel received; stopping the task");
-            cancel.cancel();
-        });
+        let spec = self.common.spec();
+        let stopped = self
+            .runs
+            .running
+            .with(&task_key(&env.from, &env.task_id), |cancel| {
+                tracing::info!(from = %env.from, "cancel received; stopping the task");
+                cancel.cancel();
+            });
         if stopped.is_some() {
             return Ok(());
         }
-        let journal = &self.inner.journal;
+        let journal = &self.common.journal;
         match journal.admitted_task(&spec.name, &env.from, &env.task_id)? {
             Some((_, TaskState::Elsewhere)) => {
                 // Another replica runs it and stops it; should this one take it over, the
@@ -538,5 +578,62 @@ impl<O: Backend> Engine<O> {
             }
         }
         Ok(())
+    }
+}
+
+/// A dispatch as it arrived: its parts, and the mail as the journal keeps it (whole for a
+/// task to run, else a summary).
+struct Arrival {
+    key: String,
+    env: Envelope,
+    dispatch: Dispatch,
+    extras: MailExtras,
+    mail: String,
+    summary: String,
+}
+
+impl Arrival {
+    /// The dispatch `inbound` brings, recorded under `key`, with why the back-end would not
+    /// read it whole (if it would not); `None` when it brings none.
+    fn of(inbound: Inbound, key: String) -> Option<(Arrival, Option<String>)> {
+        let (mail, summary) = (inbound.to_json(), inbound.summary_json());
+        let Inbound {
+            email_id,
+            message,
+            truncated,
+            attachments,
+            refused,
+            ..
+        } = inbound;
+        let Body::Dispatch(dispatch) = message.body else {
+            return None;
+        };
+        let extras = MailExtras {
+            email_id,
+            truncated,
+            attachments,
+        };
+        let env = message.envelope;
+        let arrival = Arrival {
+            key,
+            env,
+            dispatch,
+            extras,
+            mail,
+            summary,
+        };
+        Some((arrival, refused))
+    }
+
+    /// The admitted task, at its journal row.
+    fn into_task(self, row: i64) -> Task {
+        Task {
+            row,
+            key: self.key,
+            env: self.env,
+            dispatch: self.dispatch,
+            extras: self.extras,
+            rerun_refused: None,
+        }
     }
 }

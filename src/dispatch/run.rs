@@ -9,11 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::attachments::Prepared;
 use super::{
-    conversation_key, prompt, results, session_scope, task_key, Engine, Task, HOPS_VAR, OWNER_VAR,
-    RUN_VAR,
+    conversation_key, prompt, results, session_scope, task_key, AgentSpec, Engine, Journal, Task,
+    HOPS_VAR, OWNER_VAR, RUN_VAR,
 };
-use crate::backend::Backend;
-use crate::protocol::Body;
+use crate::backend::{Backend, Earlier};
+use crate::events::Events;
+use crate::protocol::{Body, Dispatch, Envelope};
 use crate::runner::{self, RunError, SpawnHook, TaskInput};
 
 /// A successful run as it is answered: the text, and what goes with it.
@@ -100,7 +101,10 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path, retold: bool) 
 /// Stream events buffered between an agent and their consumer.
 const STREAM_BUFFER: usize = 256;
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
+    /// Runs the agent on the task: its input made (the prompt, the session to resume, the
+    /// conversation's earlier turns), then the run, its stream and its questions side by
+    /// side; the stream closed and the conversation's session and turn kept after.
     pub(super) async fn run(
         &self,
         task: &Task,
@@ -108,31 +112,12 @@ impl<O: Backend> Engine<O> {
         prepared: Prepared,
         cancel: &CancellationToken,
     ) -> Result<Answer, RunError> {
-        let spec_now = self.spec();
+        let spec_now = self.common.spec();
         let spec = &*spec_now;
-        let journal = &self.inner.journal;
-        let (env, dispatch, extras) = (&task.env, &task.dispatch, &task.extras);
+        let journal = &self.common.journal;
+        let (env, dispatch) = (&task.env, &task.dispatch);
         let workspace = self.workspace_of(task).dir;
-        let Prepared { files, left_out } = prepared;
-        let history = match &dispatch.parent_task_id {
-            Some(parent) => {
-                let thread = self.inner.outbox.thread(parent).await;
-                // A thread is this sender's only when they dispatched in it: nobody pulls
-                // another sender's conversation into their prompt by naming its TaskId.
-                let theirs = thread
-                    .iter()
-                    .any(|e| e.intent == "task.dispatch" && e.from.eq_ignore_ascii_case(&env.from));
-                if theirs {
-                    thread
-                } else {
-                    if !thread.is_empty() {
-                        tracing::warn!(parent = %parent, "the ParentTaskId names another sender's thread; it is left out of the prompt");
-                    }
-                    Vec::new()
-                }
-            }
-            None => Vec::new(),
-        };
+        let history = thread_of(self.backend(), env, dispatch).await;
         let scoped = dispatch
             .session_key
             .as_deref()
@@ -148,204 +133,38 @@ impl<O: Backend> Engine<O> {
         let run_tag = uuid::Uuid::new_v4().simple().to_string();
         // Only processes created from here on can carry the run's tag.
         let first_pid = runner::process::last_pid();
-        let on_spawn = {
-            let (journal, row) = (journal.clone(), task.row);
-            SpawnHook(Arc::new(move |pgid| {
-                if let Err(e) = journal.set_pgid(row, pgid) {
-                    tracing::warn!(error = %e, "could not record the agent's process group");
-                }
-                let _ = journal.note(row, "agent started", Some(&format!("process group {pgid}")));
-            }))
-        };
-        // A profile's own flag in place of the policy's is said where the task is looked
-        // at (its timeline, its answer), not only in the log at start.
-        let overrides = spec
-            .profile
-            .policy_overrides(resume_id.as_deref().is_some_and(|id| !id.is_empty()));
-        for o in &overrides {
-            let _ = journal.note(
-                task.row,
-                "the profile's own flag overrides the policy",
-                Some(o),
-            );
-        }
+        let overrides = note_overrides(journal, spec, task.row, resume_id.as_deref());
         let (questions_tx, mut questions_rx) = tokio::sync::mpsc::channel::<runner::Question>(4);
-        // Should the agent not restore its session, the conversation's earlier turns (its
-        // record in the journal) go with the request as text, unless the thread's own
-        // history already does.
-        let turns = match (key, &resume_id) {
-            (Some(k), Some(_)) if history.is_empty() => {
-                journal.turns(&spec.name, k).unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "could not read the conversation's earlier turns");
-                    Vec::new()
-                })
-            }
-            _ => Vec::new(),
-        };
-        let extras = prompt::PromptExtras {
-            truncated: extras.truncated,
-            files,
-            left_out,
-            history,
-            boundary: prompt::boundary(),
-        };
-        let fresh_prompt = (!turns.is_empty()).then(|| {
-            let mut retold = extras.clone();
-            retold.history = turns
-                .iter()
-                .flat_map(|t| {
-                    [
-                        crate::backend::Earlier {
-                            intent: "task.dispatch".into(),
-                            from: env.from.clone(),
-                            text: t.request.clone(),
-                        },
-                        crate::backend::Earlier {
-                            intent: "task.result".into(),
-                            from: spec.name.clone(),
-                            text: t.answer.clone(),
-                        },
-                    ]
-                })
-                .collect();
-            prompt::build(&spec.name, env, dispatch, &retold)
-        });
-        let input = TaskInput {
-            agent: spec.name.clone(),
-            task_id: env.task_id.clone(),
-            prompt: prompt::build(&spec.name, env, dispatch, &extras),
-            fresh_prompt,
-            session_key: dispatch
-                .session_key
-                .as_deref()
-                .map(|k| conversation_key(&env.from, k)),
-            resume_id,
-            workspace: workspace.clone(),
-            questions: Some(questions_tx),
-            env: vec![
-                (OWNER_VAR.to_string(), self.inner.settings.owner_tag.clone()),
-                (RUN_VAR.to_string(), run_tag.clone()),
-                (
-                    HOPS_VAR.to_string(),
-                    dispatch.hop_count.unwrap_or(0).to_string(),
-                ),
-            ],
-            on_spawn: Some(on_spawn),
-        };
-        self.inner.events.emit(
+        let mut input = input(spec, task, prepared, history, (key, resume_id), journal);
+        input.workspace = workspace.clone();
+        input.questions = Some(questions_tx);
+        input.env = vec![
+            (
+                OWNER_VAR.to_string(),
+                self.common.settings.owner_tag.clone(),
+            ),
+            (RUN_VAR.to_string(), run_tag.clone()),
+            (
+                HOPS_VAR.to_string(),
+                dispatch.hop_count.unwrap_or(0).to_string(),
+            ),
+        ];
+        self.common.events.emit(
             crate::events::Event::TaskStarted,
             json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
         );
         // A live stream for the dispatcher, when the mailbox has an AAMP service, opened with
         // the agent's first event (a task that has none costs no stream and no mail), then
         // announced by mail, fed while the agent runs, and closed before the result.
-        let (to_stream, mut from_run) =
+        let (to_stream, from_run) =
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
-        let events = self.inner.events;
-        let observe = async move {
-            while let Some(event) = rx.recv().await {
-                let (kind, payload) = event.to_aamp();
-                events.emit_detail(crate::events::Event::TaskStream, json!({"agent": spec.name, "taskId": env.task_id, "type": kind, "payload": payload}));
-                if event.for_dispatcher() {
-                    let _ = to_stream.send((kind, payload)).await;
-                }
-            }
-        };
-        let pump = async {
-            let first = from_run.recv().await?;
-            let Some(stream_id) = self.inner.outbox.open_stream(&env.task_id, &env.from).await
-            else {
-                // No stream service: the events only go to the log and `--json`.
-                while from_run.recv().await.is_some() {}
-                return None;
-            };
-            self.note(task.row, "stream opened", Some(&stream_id));
-            let opened = self.compose(
-                env,
-                &task.key,
-                Body::StreamOpened {
-                    stream_id: stream_id.clone(),
-                },
-                runs,
-            );
-            match self.enqueue(task, &opened) {
-                Ok(()) => self.inner.events.emit(
-                    crate::events::Event::TaskStreamOpened,
-                    json!({"agent": spec.name, "taskId": env.task_id, "streamId": stream_id}),
-                ),
-                Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
-            }
-            // The first event goes first, then the rest as they come.
-            let (feed, fed) =
-                tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
-            let forward = async move {
-                if feed.send(first).await.is_ok() {
-                    while let Some(event) = from_run.recv().await {
-                        if feed.send(event).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-            };
-            let ((), appends) =
-                tokio::join!(forward, self.inner.outbox.pump_stream(&stream_id, fed));
-            Some((stream_id, appends))
-        };
-        // Owns the input, so the question sender in it drops when the run ends, which ends
-        // `asking`.
-        let workspace_now = workspace.clone();
-        let retold = input.fresh_prompt.is_some();
-        let run = async move {
-            let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
-            drop(input);
-            // Fields and files from the final answer; files only from the workspace, each
-            // announced on the stream before the result.
-            // Reading up to 20 MiB of files is blocking work: off the runtime.
-            let outcome = match outcome {
-                Ok(out) => {
-                    tokio::task::spawn_blocking(move || {
-                        let mut answer = hand_back(out, &workspace_now, retold);
-                        if !overrides.is_empty() {
-                            answer.output.push_str(&format!(
-                                "\n\n[Note from aamp-bridge: this agent's profile passes its own {}: what the agent's tools could do followed the profile's flag, not the sender policy.]",
-                                overrides.join("; ")
-                            ));
-                        }
-                        answer
-                    })
-                    .await
-                        .map_err(|e| {
-                            runner::RunError::Prepare(format!(
-                                "the answer's files could not be read: {e}"
-                            ))
-                        })
-                }
-                Err(e) => Err(e),
-            };
-            if let Ok(answer) = &outcome {
-                for file in &answer.files {
-                    let _ = tx
-                        .send(runner::StreamEvent::Artifact {
-                            label: file.filename.clone(),
-                            filename: file.filename.clone(),
-                            content_type: file.content_type.clone(),
-                            size: file.bytes.len() as u64,
-                        })
-                        .await;
-                }
-            }
-            drop(tx);
-            // What the agent started and left behind, even outside its process group.
-            let left = runner::process::kill_tagged_since(RUN_VAR, &run_tag, first_pid);
-            if left > 0 {
-                tracing::info!(processes = left, "stopped processes the agent left behind");
-            }
-            outcome
-        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        let observe = observe(self.common.events, &spec.name, &env.task_id, rx, to_stream);
+        let pump = self.stream(task, runs, from_run);
+        let run = agent_run(spec, input, cancel, tx, overrides, (run_tag, first_pid));
         let asking = async {
             while let Some(question) = questions_rx.recv().await {
-                self.ask_dispatcher(task, question).await;
+                self.desk.ask(task, question).await;
             }
         };
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
@@ -355,31 +174,266 @@ impl<O: Backend> Engine<O> {
             } else {
                 "rejected"
             };
-            self.inner
-                .outbox
-                .close_stream(
-                    stream_id,
-                    json!({"reason": "task.result", "status": status}),
-                )
-                .await;
+            let reason = json!({"reason": "task.result", "status": status});
+            self.backend().close_stream(stream_id, reason).await;
             tracing::debug!(appends, "stream closed");
         }
-        self.forget_question(&task_key(&env.from, &env.task_id));
+        self.desk.forget(&task_key(&env.from, &env.task_id));
         if let (Some(key), Ok(out)) = (key, &outcome) {
-            let saved = match (&out.session_id, out.context_lost) {
-                (Some(id), _) => journal.set_session(&spec.name, key, id),
-                // The old session could not be restored and no new one was named: forget it,
-                // so the conversation's next turn does not try it again.
-                (None, true) => journal.drop_session(&spec.name, key),
-                (None, false) => Ok(()),
-            };
-            if let Err(e) = saved {
-                tracing::warn!(error = %e, "could not save the agent's session id");
-            }
-            if let Err(e) = journal.add_turn(&spec.name, key, &dispatch.body_text, &out.said) {
-                tracing::warn!(error = %e, "could not record the conversation's turn");
-            }
+            keep_turn(journal, &spec.name, key, &dispatch.body_text, out);
         }
         outcome
+    }
+
+    /// The task's live stream, opened with the agent's first event (`None` when it has none,
+    /// or the mailbox has no stream service), announced by mail, and fed with the rest:
+    /// its id and the number of appends.
+    async fn stream(
+        &self,
+        task: &Task,
+        runs: u32,
+        mut from_run: tokio::sync::mpsc::Receiver<(&'static str, serde_json::Value)>,
+    ) -> Option<(String, usize)> {
+        let env = &task.env;
+        let first = from_run.recv().await?;
+        let Some(stream_id) = self.backend().open_stream(&env.task_id, &env.from).await else {
+            // No stream service: the events only go to the log and `--json`.
+            while from_run.recv().await.is_some() {}
+            return None;
+        };
+        self.common
+            .note(task.row, "stream opened", Some(&stream_id));
+        let opened = Body::StreamOpened {
+            stream_id: stream_id.clone(),
+        };
+        let opened = self.outbox.compose(env, &task.key, opened, runs);
+        match self.outbox.enqueue(task, &opened) {
+            Ok(()) => self.common.events.emit(
+                crate::events::Event::TaskStreamOpened,
+                json!({"agent": self.common.spec().name, "taskId": env.task_id, "streamId": stream_id}),
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not queue task.stream.opened"),
+        }
+        // The first event goes first, then the rest as they come.
+        let (feed, fed) =
+            tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
+        let forward = async move {
+            if feed.send(first).await.is_ok() {
+                while let Some(event) = from_run.recv().await {
+                    if feed.send(event).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        };
+        let ((), appends) = tokio::join!(forward, self.backend().pump_stream(&stream_id, fed));
+        Some((stream_id, appends))
+    }
+}
+
+/// The thread of the task's parent for its prompt: only when the sender dispatched in it,
+/// so nobody pulls another sender's conversation into their prompt by naming its TaskId.
+async fn thread_of<B: Backend>(backend: &B, env: &Envelope, dispatch: &Dispatch) -> Vec<Earlier> {
+    let Some(parent) = &dispatch.parent_task_id else {
+        return Vec::new();
+    };
+    let thread = backend.thread(parent).await;
+    let theirs = thread
+        .iter()
+        .any(|e| e.intent == "task.dispatch" && e.from.eq_ignore_ascii_case(&env.from));
+    if theirs {
+        thread
+    } else {
+        if !thread.is_empty() {
+            tracing::warn!(parent = %parent, "the ParentTaskId names another sender's thread; it is left out of the prompt");
+        }
+        Vec::new()
+    }
+}
+
+/// A profile's own flag in place of the policy's, noted where the task is looked at (its
+/// timeline, its answer), not only in the log at start.
+fn note_overrides(
+    journal: &Journal,
+    spec: &AgentSpec,
+    row: i64,
+    resume_id: Option<&str>,
+) -> Vec<String> {
+    let overrides = spec
+        .profile
+        .policy_overrides(resume_id.is_some_and(|id| !id.is_empty()));
+    for o in &overrides {
+        let _ = journal.note(row, "the profile's own flag overrides the policy", Some(o));
+    }
+    overrides
+}
+
+/// The agent's input for the task: its prompt, and (should the agent not restore its
+/// session) the conversation's earlier turns, kept in the journal, retold in a fresh one,
+/// unless the thread's own history already goes with it. The caller adds the session to
+/// resume, the workspace, the questions' channel and the environment.
+fn input(
+    spec: &AgentSpec,
+    task: &Task,
+    prepared: Prepared,
+    history: Vec<Earlier>,
+    (key, resume_id): (Option<&str>, Option<String>),
+    journal: &Arc<Journal>,
+) -> TaskInput {
+    let (env, dispatch) = (&task.env, &task.dispatch);
+    let turns = match (key, &resume_id) {
+        (Some(k), Some(_)) if history.is_empty() => {
+            journal.turns(&spec.name, k).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the conversation's earlier turns");
+                Vec::new()
+            })
+        }
+        _ => Vec::new(),
+    };
+    let Prepared { files, left_out } = prepared;
+    let extras = prompt::PromptExtras {
+        truncated: task.extras.truncated,
+        files,
+        left_out,
+        history,
+        boundary: prompt::boundary(),
+    };
+    let fresh_prompt = (!turns.is_empty()).then(|| {
+        let mut retold = extras.clone();
+        retold.history = turns
+            .iter()
+            .flat_map(|t| {
+                [
+                    Earlier {
+                        intent: "task.dispatch".into(),
+                        from: env.from.clone(),
+                        text: t.request.clone(),
+                    },
+                    Earlier {
+                        intent: "task.result".into(),
+                        from: spec.name.clone(),
+                        text: t.answer.clone(),
+                    },
+                ]
+            })
+            .collect();
+        prompt::build(&spec.name, env, dispatch, &retold)
+    });
+    let on_spawn = {
+        let (journal, row) = (journal.clone(), task.row);
+        SpawnHook(Arc::new(move |pgid| {
+            if let Err(e) = journal.set_pgid(row, pgid) {
+                tracing::warn!(error = %e, "could not record the agent's process group");
+            }
+            let _ = journal.note(row, "agent started", Some(&format!("process group {pgid}")));
+        }))
+    };
+    TaskInput {
+        agent: spec.name.clone(),
+        task_id: env.task_id.clone(),
+        prompt: prompt::build(&spec.name, env, dispatch, &extras),
+        fresh_prompt,
+        session_key: dispatch
+            .session_key
+            .as_deref()
+            .map(|k| conversation_key(&env.from, k)),
+        resume_id,
+        workspace: Default::default(),
+        questions: None,
+        env: Vec::new(),
+        on_spawn: Some(on_spawn),
+    }
+}
+
+/// Feeds the agent's stream events to the log and `--json`, and those for the dispatcher to
+/// the task's stream.
+async fn observe(
+    events: Events,
+    agent: &str,
+    task_id: &str,
+    mut rx: tokio::sync::mpsc::Receiver<runner::StreamEvent>,
+    to_stream: tokio::sync::mpsc::Sender<(&'static str, serde_json::Value)>,
+) {
+    while let Some(event) = rx.recv().await {
+        let (kind, payload) = event.to_aamp();
+        events.emit_detail(
+            crate::events::Event::TaskStream,
+            json!({"agent": agent, "taskId": task_id, "type": kind, "payload": payload}),
+        );
+        if event.for_dispatcher() {
+            let _ = to_stream.send((kind, payload)).await;
+        }
+    }
+}
+
+/// The agent run itself, and what it handed back read into the answer (its files each
+/// announced on the stream before the result); then what the agent started and left behind
+/// (`tag`: the run's tag and the first process id it may carry) is stopped. Owns the input,
+/// so the question sender in it drops when the run ends, which ends the questions' relay.
+async fn agent_run(
+    spec: &AgentSpec,
+    input: TaskInput,
+    cancel: &CancellationToken,
+    tx: tokio::sync::mpsc::Sender<runner::StreamEvent>,
+    overrides: Vec<String>,
+    (run_tag, first_pid): (String, Option<i32>),
+) -> Result<Answer, RunError> {
+    let workspace = input.workspace.clone();
+    let retold = input.fresh_prompt.is_some();
+    let outcome = runner::run(&spec.profile, &input, cancel, &tx).await;
+    drop(input);
+    // Fields and files from the final answer; files only from the workspace.
+    // Reading up to 20 MiB of files is blocking work: off the runtime.
+    let outcome = match outcome {
+        Ok(out) => tokio::task::spawn_blocking(move || {
+            let mut answer = hand_back(out, &workspace, retold);
+            if !overrides.is_empty() {
+                answer.output.push_str(&format!(
+                    "\n\n[Note from aamp-bridge: this agent's profile passes its own {}: what the agent's tools could do followed the profile's flag, not the sender policy.]",
+                    overrides.join("; ")
+                ));
+            }
+            answer
+        })
+        .await
+        .map_err(|e| RunError::Prepare(format!("the answer's files could not be read: {e}"))),
+        Err(e) => Err(e),
+    };
+    if let Ok(answer) = &outcome {
+        for file in &answer.files {
+            let _ = tx
+                .send(runner::StreamEvent::Artifact {
+                    label: file.filename.clone(),
+                    filename: file.filename.clone(),
+                    content_type: file.content_type.clone(),
+                    size: file.bytes.len() as u64,
+                })
+                .await;
+        }
+    }
+    drop(tx);
+    // What the agent started and left behind, even outside its process group.
+    let left = runner::process::kill_tagged_since(RUN_VAR, &run_tag, first_pid);
+    if left > 0 {
+        tracing::info!(processes = left, "stopped processes the agent left behind");
+    }
+    outcome
+}
+
+/// Keeps the conversation `key`'s session for its next turn, and the turn itself (what was
+/// asked, what was said).
+fn keep_turn(journal: &Journal, agent: &str, key: &str, asked: &str, out: &Answer) {
+    let saved = match (&out.session_id, out.context_lost) {
+        (Some(id), _) => journal.set_session(agent, key, id),
+        // The old session could not be restored and no new one was named: forget it, so
+        // the conversation's next turn does not try it again.
+        (None, true) => journal.drop_session(agent, key),
+        (None, false) => Ok(()),
+    };
+    if let Err(e) = saved {
+        tracing::warn!(error = %e, "could not save the agent's session id");
+    }
+    if let Err(e) = journal.add_turn(agent, key, asked, &out.said) {
+        tracing::warn!(error = %e, "could not record the conversation's turn");
     }
 }

@@ -7,18 +7,39 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::workspace::{Holding, InUse, Workspace};
+use super::workspace::{InUse, Workspace};
 use super::{session_scope, slots, task_key, Backend, Engine, Task};
 
 /// The runs' state.
 #[derive(Default)]
 pub(super) struct Runs {
-    /// Tasks admitted and not finished (running or waiting for a slot), by sender + TaskId.
-    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Tasks admitted and not finished (running or waiting for a slot).
+    pub(super) running: Running,
     /// One task at a time per Session-Key: an agent session takes one prompt at a time.
     session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Conversation folders a queued or running task uses: never pruned.
-    conversations: InUse,
+    pub(super) conversations: InUse,
+}
+
+/// The tasks admitted and not finished (running or waiting for a slot), by sender + TaskId,
+/// with their cancels: what a `task.cancel` or the operator stops. Cheap to clone.
+#[derive(Clone, Default)]
+pub(super) struct Running(Arc<Mutex<HashMap<String, CancellationToken>>>);
+
+impl Running {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls `f` with the cancel of the admitted task `key` while it cannot leave; `None`
+    /// when no such task is admitted and not finished.
+    pub(super) fn with<R>(&self, key: &str, f: impl FnOnce(&CancellationToken) -> R) -> Option<R> {
+        self.map().get(key).map(f)
+    }
+
+    fn len(&self) -> usize {
+        self.map().len()
+    }
 }
 
 /// Where an admitted task waits to run.
@@ -38,14 +59,13 @@ pub(super) fn arrival(task: &Task) -> u64 {
     task.row.max(0) as u64
 }
 
-impl<O: Backend> Engine<O> {
+impl<B: Backend> Engine<B> {
     /// Starts the work on an admitted task.
     pub(super) fn start(&self, task: Task, span: tracing::Span) {
-        let runs = &self.inner.runs;
-        let cancel = self.inner.abort.child_token();
+        let runs = &self.runs;
+        let cancel = self.common.abort.child_token();
         runs.running
-            .lock()
-            .expect("running lock")
+            .map()
             .insert(task_key(&task.env.from, &task.env.task_id), cancel.clone());
         // The task's place in the slot queue is taken now, in delivery order, unless it must
         // first wait for an earlier task of its conversation or download its attachments.
@@ -64,8 +84,8 @@ impl<O: Backend> Engine<O> {
                 Some(Err(lock)) => Place::Later(Some(lock)),
                 session => Place::Queued {
                     session: session.map(|s| s.expect("the Err case is above")),
-                    ticket: self.inner.settings.slots.enqueue(
-                        &self.spec().name,
+                    ticket: self.common.settings.slots.enqueue(
+                        &self.common.spec().name,
                         task.dispatch.priority,
                         arrival(&task),
                     ),
@@ -73,30 +93,14 @@ impl<O: Backend> Engine<O> {
             }
         };
         let this = self.clone();
-        self.inner
+        self.common
             .tracker
             .spawn(this.lifecycle(task, place, cancel).instrument(span));
     }
 
     /// Tasks admitted and not finished.
     pub fn active(&self) -> usize {
-        self.inner.runs.running.lock().expect("running lock").len()
-    }
-
-    /// Calls `f` with the cancel of the admitted task `key` while it cannot leave; `None`
-    /// when no such task is admitted and not finished.
-    pub(super) fn with_running<R>(
-        &self,
-        key: &str,
-        f: impl FnOnce(&CancellationToken) -> R,
-    ) -> Option<R> {
-        self.inner
-            .runs
-            .running
-            .lock()
-            .expect("running lock")
-            .get(key)
-            .map(f)
+        self.runs.running.len()
     }
 
     /// Where the task runs: its conversation's folder when it has a Session-Key, else its own.
@@ -107,33 +111,26 @@ impl<O: Backend> Engine<O> {
             .as_deref()
             .map(|k| session_scope(&task.env.from, k));
         Workspace::of(
-            &self.spec().workspace_root,
+            &self.common.spec().workspace_root,
             &task.env.task_id,
             task.row,
             scope.as_deref(),
         )
     }
 
-    /// Keeps the conversation's folder from being pruned while the guard lives.
-    pub(super) fn hold_conversation(&self, workspace: &Workspace) -> Option<Holding> {
-        self.inner.runs.conversations.hold(workspace)
-    }
-
     /// The task is done with `workspace`: its own folder goes (a conversation's stays for its
     /// next turn).
     pub(super) fn finish_workspace(&self, workspace: &Workspace) {
-        workspace.finish(&self.inner.runs.conversations);
+        workspace.finish(&self.runs.conversations);
     }
 
     /// The task is no longer here: its own folder goes (a conversation's stays for its next
     /// turn), and a cancel no longer finds it running.
     pub(super) fn leave(&self, task: &Task, workspace: &Workspace) {
         self.finish_workspace(workspace);
-        self.inner
-            .runs
+        self.runs
             .running
-            .lock()
-            .expect("running lock")
+            .map()
             .remove(&task_key(&task.env.from, &task.env.task_id));
     }
 }

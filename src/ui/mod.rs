@@ -81,17 +81,19 @@ pub struct Action {
 
 impl<O: Backend> Operator for Vec<Engine<O>> {
     fn questions(&self) -> Vec<OpenQuestion> {
-        self.iter().flat_map(|d| d.open_questions()).collect()
+        self.iter()
+            .flat_map(|d| d.desk().open_questions())
+            .collect()
     }
 
     fn answer(&self, action: &Action, answer: &str) -> Result<(), ActionError> {
         let engine = engine(self, &action.agent)?;
-        Ok(engine.operator_answer(&action.from, &action.task_id, answer)?)
+        Ok(engine.desk().operator_answer(&action.from, &action.task_id, answer)?)
     }
 
     fn cancel(&self, action: &Action) -> Result<(), ActionError> {
         let engine = engine(self, &action.agent)?;
-        Ok(engine.operator_cancel(&action.from, &action.task_id)?)
+        Ok(engine.desk().operator_cancel(&action.from, &action.task_id)?)
     }
 }
 
