@@ -5,298 +5,21 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Bridge, ConfigDir};
-
-/// The test broker, its state kept in a folder of its own so it can be restarted.
-struct Broker {
-    child: Child,
-    port: u16,
-    key: String,
-    dir: tempfile::TempDir,
-    extra: Vec<String>,
-}
-
-impl Broker {
-    fn start(extra: &[&str]) -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, port) = Broker::spawn(dir.path(), 0, &key, &extra);
-        Broker {
-            child,
-            port,
-            key,
-            dir,
-            extra,
-        }
-    }
-
-    /// Port 0: one the OS picks.
-    fn spawn(dir: &Path, port: u16, key: &str, extra: &[String]) -> (Child, u16) {
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "--port".into(),
-            port.to_string().into(),
-            "--db".into(),
-            dir.join("broker.sqlite3").into(),
-            "--record".into(),
-            dir.join("record.jsonl").into(),
-            "--user".into(),
-            format!("alice:{key}").into(),
-        ];
-        args.extend(extra.iter().map(Into::into));
-        support::spawn_test_server("amp_broker.py", &args)
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Started again on the same port and state, without the fault options.
-    fn restart(&mut self) {
-        self.stop();
-        self.extra.clear();
-        self.child = Broker::spawn(self.dir.path(), self.port, &self.key, &self.extra).0;
-    }
-
-    fn record(&self) -> Vec<Value> {
-        support::lines(&self.dir.path().join("record.jsonl"))
-            .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        self.call_as(("X-API-Key", &self.key), method, path, body)
-            .await
-    }
-
-    /// A call with the given credential header (a person's console session: Authorization).
-    async fn call_as(
-        &self,
-        credential: (&str, &str),
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Value {
-        let mut request = reqwest::Client::new()
-            .request(method, format!("{}{path}", self.url()))
-            .header(credential.0, credential.1);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let value: Value = response.json().await.unwrap();
-        assert!(status.is_success(), "{path}: {status} {value}");
-        value
-    }
-
-    /// A call a person makes in the broker's console (logged in as alice).
-    async fn as_person(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let session = self.console().await;
-        self.call_as(("Authorization", &session), method, path, body)
-            .await
-    }
-
-    /// A person opens `message` in the console, which marks it read.
-    async fn open_in_console(&self, message: &Value) -> Value {
-        let id = message["id"].as_str().unwrap();
-        let path = format!("/admin/messages/{id}/read");
-        self.as_person(reqwest::Method::PATCH, &path, None).await
-    }
-
-    /// A person archives the thread of `message` in the console: the inbox hides it.
-    async fn archive_thread(&self, message: &Value) -> Value {
-        let thread = message["thread_id"].as_str().unwrap();
-        let path = format!("/admin/threads/{thread}/archive");
-        self.as_person(reqwest::Method::POST, &path, None).await
-    }
-
-    /// A person trashes `message` in the console: the inbox hides it.
-    async fn trash(&self, message: &Value) -> Value {
-        let id = message["id"].as_str().unwrap();
-        let path = format!("/admin/messages/{id}/trash");
-        self.as_person(reqwest::Method::POST, &path, None).await
-    }
-
-    /// A console session of the user alice: the `Authorization` header value.
-    async fn console(&self) -> String {
-        let login = self
-            .call_as(
-                ("X-Nothing", ""),
-                reqwest::Method::POST,
-                "/users/login",
-                Some(json!({"username": "alice", "password": "pw-alice"})),
-            )
-            .await;
-        format!("Bearer {}", login["token"].as_str().unwrap())
-    }
-
-    /// Registers an agent: (id, address).
-    async fn register(&self, name: &str) -> (String, String) {
-        let agent = self
-            .call(
-                reqwest::Method::POST,
-                "/agents/register",
-                Some(json!({"name": name, "role": name, "system_prompt": "test"})),
-            )
-            .await;
-        (
-            agent["id"].as_str().unwrap().to_string(),
-            agent["address"].as_str().unwrap().to_string(),
-        )
-    }
-
-    async fn thread(&self, thread_id: &str) -> Vec<Value> {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/messages/thread/{thread_id}"),
-            None,
-        )
-        .await
-        .as_array()
-        .unwrap()
-        .clone()
-    }
-
-    /// The replies from `from` in the thread of the message `sent` (as `/messages/send`
-    /// answered it), waited for.
-    async fn replies_to(&self, sent: &Value, from: &str) -> Vec<Value> {
-        self.replies(sent["thread_id"].as_str().unwrap(), from)
-            .await
-    }
-
-    /// Waits until the thread holds a message from `from`; returns those messages.
-    async fn replies(&self, thread_id: &str, from: &str) -> Vec<Value> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let replies: Vec<Value> = self
-                .thread(thread_id)
-                .await
-                .into_iter()
-                .filter(|m| m["from_agent"] == from)
-                .collect();
-            if !replies.is_empty() {
-                return replies;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no reply in thread {thread_id}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// A config of one agent on an AMP mailbox, answering `boss`.
-fn config(broker: &Broker, agent: &(String, String), boss: &str, profile: &str) -> ConfigDir {
-    config_with(broker, agent, boss, profile, "")
-}
-
-/// The same, with more keys for the mailbox.
-fn config_with(
-    broker: &Broker,
-    agent: &(String, String),
-    boss: &str,
-    profile: &str,
-    mailbox_keys: &str,
-) -> ConfigDir {
-    let dir = ConfigDir::empty();
-    dir.write_private("amp.key", &broker.key);
-    dir.write_config(
-        &support::Toml::new()
-            .mailbox_text(&format!(
-                "[mailboxes.coder]\nkind = \"amp\"\namp_url = \"{}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n{mailbox_keys}",
-                broker.url(),
-                agent.1,
-                agent.0
-            ))
-            .agent("coder", profile, &[boss], "")
-            .text(),
-    );
-    dir
-}
-
-async fn send(
-    broker: &Broker,
-    from: &(String, String),
-    to: &str,
-    subject: &str,
-    body: &str,
-) -> Value {
-    broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": from.0, "from_agent": from.1, "to_agent": to,
-                        "action": "send", "subject": subject, "body": body}),
-            ),
-        )
-        .await
-}
-
-/// A reply from `from` to `to` in the thread of `parent` (its `parent_id`), as the console
-/// or another agent posts one.
-async fn reply(
-    broker: &Broker,
-    from: &(String, String),
-    to: &str,
-    subject: &str,
-    body: &str,
-    parent: &Value,
-) -> Value {
-    broker
-        .call(
-            reqwest::Method::POST,
-            "/messages/send",
-            Some(
-                json!({"agent_id": from.0, "from_agent": from.1, "to_agent": to,
-                        "action": "reply", "subject": subject, "body": body,
-                        "parent_id": parent["id"]}),
-            ),
-        )
-        .await
-}
-
-fn no_invalid_requests(broker: &Broker) {
-    let invalid: Vec<Value> = broker
-        .record()
-        .into_iter()
-        .filter(|r| r.get("invalid").is_some())
-        .collect();
-    assert!(
-        invalid.is_empty(),
-        "requests the API does not accept: {invalid:?}"
-    );
-}
+use support::{AmpBroker as Broker, Bridge, ConfigDir};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
     let stranger = broker.register("stranger").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let dir = broker.config(&coder, &boss.1, "echo");
     let mut bridge = Bridge::start(&dir, 1);
 
-    let sent = send(&broker, &boss, &coder.1, "Greet", "say hello").await;
+    let sent = broker.send(&boss, &coder.1, "Greet", "say hello").await;
     let thread = sent["thread_id"].as_str().unwrap();
     let replies = broker.replies(thread, &coder.1).await;
     assert_eq!(replies.len(), 1, "{replies:?}");
@@ -337,7 +60,7 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
             None,
         )
         .await;
-    let second = send(&broker, &boss, &coder.1, "Again", "say it again").await;
+    let second = broker.send(&boss, &coder.1, "Again", "say it again").await;
     let second_replies = broker.replies_to(&second, &coder.1).await;
     assert_eq!(second_replies.len(), 1);
     assert_eq!(broker.replies(thread, &coder.1).await.len(), 1);
@@ -370,32 +93,31 @@ async fn a_message_on_the_broker_is_answered_in_its_thread_once_and_marked_read(
     assert!(bridge_reads.is_empty(), "{bridge_reads:?}");
 
     // A sender the policy does not allow is refused, in the thread, and nothing runs.
-    let refused = send(&broker, &stranger, &coder.1, "Do it", "rm -rf /").await;
+    let refused = broker.send(&stranger, &coder.1, "Do it", "rm -rf /").await;
     let answer = broker.replies_to(&refused, &coder.1).await;
     assert_eq!(answer.len(), 1);
     assert!(
         answer[0]["body"].as_str().unwrap().contains("rejected"),
         "{answer:?}"
     );
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
     assert!(bridge.stop().success());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bridge_killed_while_its_reply_was_posted_does_not_reply_twice() {
-    let mut broker = Broker::start(&["--stall-first-reply"]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (mut broker, coder, boss) = Broker::with_coder_and_boss(&["--stall-first-reply"]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     let bridge = Bridge::start(&dir, 1);
 
-    let sent = send(&broker, &boss, &coder.1, "Once", "only once").await;
+    let sent = broker.send(&boss, &coder.1, "Once", "only once").await;
     let thread = sent["thread_id"].as_str().unwrap().to_string();
     // The broker stored the reply and holds the answer back: kill the bridge now, before it
     // could record that the reply went out.
-    support::wait_until("the reply is stored", || {
+    support::poll_until("the reply is stored", || {
         broker.record().iter().any(|r| r["stalled"] == true)
-    });
+    })
+    .await;
     bridge.kill();
     // The broker goes down and comes back too (without the stall).
     broker.restart();
@@ -413,18 +135,18 @@ async fn a_bridge_killed_while_its_reply_was_posted_does_not_reply_twice() {
 
     // And it goes on answering, also across a broker restart while it runs (meanwhile it
     // polls the broker with backoff).
-    let next = send(&broker, &boss, &coder.1, "Again", "second").await;
+    let next = broker.send(&boss, &coder.1, "Again", "second").await;
     let replies = broker.replies_to(&next, &coder.1).await;
     assert_eq!(replies.len(), 1);
     broker.stop();
-    support::wait_until("the bridge notices the broker is down", || {
-        bridge.log().contains("the AMP broker cannot be read")
-    });
+    bridge.wait_log("the AMP broker cannot be read").await;
     broker.restart();
-    let third = send(&broker, &boss, &coder.1, "Third", "after the restart").await;
+    let third = broker
+        .send(&boss, &coder.1, "Third", "after the restart")
+        .await;
     let replies = broker.replies_to(&third, &coder.1).await;
     assert_eq!(replies.len(), 1);
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
     assert!(bridge.stop().success());
 }
 
@@ -453,11 +175,11 @@ async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
     let broker = Broker::start(&[]);
     let coder = broker.register("coder").await;
     let helper = broker.register("helper").await;
-    let coder_dir = config(&broker, &coder, &helper.1, "echo");
-    let helper_dir = config(&broker, &helper, &coder.1, "echo");
+    let coder_dir = broker.config(&coder, &helper.1, "echo");
+    let helper_dir = broker.config(&helper, &coder.1, "echo");
     let coder_bridge = Bridge::start(&coder_dir, 1);
     let mut helper_bridge = Bridge::start(&helper_dir, 1);
-    let sent = send(&broker, &helper, &coder.1, "Start", "say hello").await;
+    let sent = broker.send(&helper, &coder.1, "Start", "say hello").await;
     let thread = sent["thread_id"].as_str().unwrap();
     let answers = broker.replies(thread, &coder.1).await;
     assert_eq!(answers.len(), 1, "{answers:?}");
@@ -478,7 +200,7 @@ async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
         2,
         "the task and its one answer, nothing after: {thread:?}"
     );
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 19: AMP and ASMTP retried a refused key forever and never recorded it. Now the one
@@ -488,9 +210,7 @@ async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
 /// way a person makes one (console login, `/users/api-keys`) and then deactivated there.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
     let key = broker
         .as_person(
             reqwest::Method::POST,
@@ -498,10 +218,12 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
             Some(json!({"name": "bridge"})),
         )
         .await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let dir = broker.config(&coder, &boss.1, "echo");
     dir.write_private("amp.key", key["raw_key"].as_str().unwrap());
     let bridge = Bridge::start(&dir, 1);
-    let sent = send(&broker, &boss, &coder.1, "Hello", "with the new key").await;
+    let sent = broker
+        .send(&boss, &coder.1, "Hello", "with the new key")
+        .await;
     assert_eq!(broker.replies_to(&sent, &coder.1).await.len(), 1);
     broker
         .as_person(
@@ -510,19 +232,10 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
             None,
         )
         .await;
-    support::wait_until("the refusal is logged", || {
-        bridge
-            .log()
-            .contains("the AMP broker refused the credentials")
-    });
-    let status = dir.run(&["status", "--json"]);
-    assert!(status.contains("auth_failed"), "{status}");
-    // Issue 37: and the credentials in use are shown refused.
-    let json: Value = serde_json::from_str(&status).unwrap();
-    assert_eq!(
-        json["agents"][0]["link"]["credentials"]["worked"], false,
-        "{json}"
-    );
+    bridge
+        .wait_log("the AMP broker refused the credentials")
+        .await;
+    dir.assert_status_refused();
     let text = dir.run(&["status"]);
     assert!(text.contains("credentials refused, read "), "{text}");
     assert_eq!(
@@ -531,21 +244,6 @@ async fn a_key_deactivated_in_the_console_is_recorded_and_shown_by_status() {
         "said once, not at every retry"
     );
     assert!(bridge.stop().success());
-}
-
-/// A key made in the console, as a person makes one: (its id, the raw key).
-async fn console_key(broker: &Broker, name: &str) -> (String, String) {
-    let key = broker
-        .as_person(
-            reqwest::Method::POST,
-            "/users/api-keys",
-            Some(json!({"name": name})),
-        )
-        .await;
-    (
-        key["id"].as_str().unwrap().to_string(),
-        key["raw_key"].as_str().unwrap().to_string(),
-    )
 }
 
 /// How long after `since` the thread of `sent` first held a reply from `from`; `None` when
@@ -558,20 +256,11 @@ async fn replied_within(
     within: Duration,
 ) -> Option<Duration> {
     let thread = sent["thread_id"].as_str().unwrap();
-    loop {
-        if broker
-            .thread(thread)
-            .await
-            .iter()
-            .any(|m| m["from_agent"] == from)
-        {
-            return Some(since.elapsed());
-        }
-        if since.elapsed() > within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::found_within(since, within, || async {
+        let messages = broker.thread(thread).await;
+        messages.iter().any(|m| m["from_agent"] == from)
+    })
+    .await
 }
 
 /// How a test tells the bridge a key was replaced.
@@ -590,15 +279,15 @@ enum Reload {
 /// fb62012 the mailbox stayed `auth_failed` until a restart. Returns the seconds from the new
 /// key to each answer.
 async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let (old_id, old_key) = console_key(&broker, "bridge").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let (old_id, old_key) = broker.console_key("bridge").await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     dir.write_private("amp.key", &old_key);
     let gate = dir.use_gated_profile();
     let mut bridge = Bridge::start(&dir, 1);
-    let waiting = send(&broker, &boss, &coder.1, "Before", "answered late").await;
+    let waiting = broker
+        .send(&boss, &coder.1, "Before", "answered late")
+        .await;
     bridge.wait_event("task.started", |_| true);
     broker
         .as_person(
@@ -610,20 +299,13 @@ async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
     // The answer is ready only now: its reply is refused and waits in the outbox.
     std::fs::write(&gate, "").unwrap();
     bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
-    support::wait_until("the refusal is logged", || {
-        bridge
-            .log()
-            .contains("the AMP broker refused the credentials")
-    });
-    let next = send(
-        &broker,
-        &boss,
-        &coder.1,
-        "After",
-        "answered with the new key",
-    )
-    .await;
-    let (_, new_key) = console_key(&broker, "bridge, rotated").await;
+    bridge
+        .wait_log("the AMP broker refused the credentials")
+        .await;
+    let next = broker
+        .send(&boss, &coder.1, "After", "answered with the new key")
+        .await;
+    let (_, new_key) = broker.console_key("bridge, rotated").await;
     dir.replace_private("amp.key", &new_key);
     let replaced = std::time::Instant::now();
     match reload {
@@ -641,7 +323,7 @@ async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
     let within = Duration::from_secs(5);
     let answered = replied_within(&broker, &waiting, &coder.1, replaced, within).await;
     let next_answered = replied_within(&broker, &next, &coder.1, replaced, within).await;
-    let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let status = dir.status_json();
     let log = bridge.log();
     assert!(
         answered.is_some() && next_answered.is_some(),
@@ -670,7 +352,7 @@ async fn a_replaced_key_is_used(reload: Reload) -> (f64, f64) {
         assert_eq!(broker.replies_to(sent, &coder.1).await.len(), 1);
     }
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
     (
         answered.unwrap().as_secs_f64(),
         next_answered.unwrap().as_secs_f64(),
@@ -702,23 +384,23 @@ async fn a_key_replaced_on_disk_without_a_reload_is_used_at_the_next_retry() {
 /// position now, so the task is answered, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_read_in_the_console_first_is_still_answered_once() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     // A first start, so the bridge has its position; then it is stopped while the task
     // arrives and is read in the console.
     let bridge = Bridge::start(&dir, 1);
-    let first = send(&broker, &boss, &coder.1, "First", "one").await;
+    let first = broker.send(&boss, &coder.1, "First", "one").await;
     assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
-    let sent = send(&broker, &boss, &coder.1, "Opened", "read by a person first").await;
+    let sent = broker
+        .send(&boss, &coder.1, "Opened", "read by a person first")
+        .await;
     let opened = broker.open_in_console(&sent).await;
     assert_eq!(opened["is_read"], true);
     // Another thread archived meanwhile: hidden from the inbox, so the count alone would
     // not have changed; the walk still finds the new task.
     broker.archive_thread(&first).await;
-    let extra = send(&broker, &boss, &coder.1, "Third", "three").await;
+    let extra = broker.send(&boss, &coder.1, "Third", "three").await;
 
     let mut bridge = Bridge::start(&dir, 1);
     let thread = sent["thread_id"].as_str().unwrap();
@@ -730,11 +412,11 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
     assert!(bridge.stop().success());
     // And once: a restart finds nothing new.
     let bridge = Bridge::start(&dir, 1);
-    let fourth = send(&broker, &boss, &coder.1, "Fourth", "four").await;
+    let fourth = broker.send(&boss, &coder.1, "Fourth", "four").await;
     broker.replies_to(&fourth, &coder.1).await;
     assert_eq!(broker.replies(thread, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 21: the broker renders every message it returns in its one event loop (the real one
@@ -745,17 +427,15 @@ async fn a_task_read_in_the_console_first_is_still_answered_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
     // 330 ms per KB: the 100 KB task costs 33 s every time the broker returns it.
-    let broker = Broker::start(&["--render-ms-per-kb", "330"]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&["--render-ms-per-kb", "330"]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     dir.use_profile(
         "short.toml",
         "command = \"python3\"\nargs = [\"-c\", \"print('read it')\"]\ntimeout_secs = 60\n",
     );
     let bridge = Bridge::start(&dir, 1);
     let big = "word ".repeat(20_000);
-    let sent = send(&broker, &boss, &coder.1, "Big", &big).await;
+    let sent = broker.send(&boss, &coder.1, "Big", &big).await;
     // Waited for in the boss's inbox, which holds only the short answer (the thread would
     // render the task again).
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
@@ -794,7 +474,7 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
             .count()
     };
     let before = polls();
-    support::wait_until("three more polls", || polls() >= before + 3);
+    support::poll_until("three more polls", || polls() >= before + 3).await;
     // The big message was read by the bridge once: by the read that took it. (Marking it
     // read renders it once more: the broker answers the PATCH with the message.)
     let big_calls: Vec<String> = broker
@@ -811,7 +491,7 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
         .collect();
     assert_eq!(big_calls, ["GET", "PATCH"]);
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// A poll compared the inbox's visible count only, so a task that arrived while another
@@ -820,12 +500,10 @@ async fn a_large_message_on_a_slow_broker_is_answered_without_rereading_it() {
 /// newest messages are read at each start and every `recheck_secs`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config_with(&broker, &coder, &boss.1, "echo", "recheck_secs = 2\n");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config_with(&coder, &boss.1, "echo", "recheck_secs = 2\n");
     let bridge = Bridge::start(&dir, 1);
-    let first = send(&broker, &boss, &coder.1, "First", "one").await;
+    let first = broker.send(&boss, &coder.1, "First", "one").await;
     assert_eq!(broker.replies_to(&first, &coder.1).await.len(), 1);
 
     // Between two polls (the bridge is held still meanwhile): the first thread is archived, a
@@ -834,7 +512,7 @@ async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
         let (broker, boss, coder) = (&broker, &boss, &coder);
         async move {
             broker.archive_thread(&hidden).await;
-            let sent = send(broker, boss, &coder.1, text, text).await;
+            let sent = broker.send(boss, &coder.1, text, text).await;
             broker.open_in_console(&sent).await;
             sent
         }
@@ -859,7 +537,7 @@ async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
     let bridge = Bridge::start(&dir, 1);
     assert_eq!(broker.replies_to(&third, &coder.1).await.len(), 1);
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// The broker lists the inbox newest first by `created_at` (a string), at most 100 a page.
@@ -867,20 +545,22 @@ async fn a_task_that_arrives_as_another_thread_is_archived_is_still_answered() {
 /// first, and a message trashed meanwhile is not (the inbox hides it).
 #[tokio::test(flavor = "multi_thread")]
 async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     let bridge = Bridge::start(&dir, 1);
-    let first = send(&broker, &boss, &coder.1, "First", "one").await;
+    let first = broker.send(&boss, &coder.1, "First", "one").await;
     broker.replies_to(&first, &coder.1).await;
     assert!(bridge.stop().success());
 
     let mut sent = Vec::new();
     for n in 0..105 {
-        sent.push(send(&broker, &boss, &coder.1, &format!("Task {n}"), "say hello").await);
+        sent.push(
+            broker
+                .send(&boss, &coder.1, &format!("Task {n}"), "say hello")
+                .await,
+        );
     }
-    let trashed = send(&broker, &boss, &coder.1, "Trashed", "never").await;
+    let trashed = broker.send(&boss, &coder.1, "Trashed", "never").await;
     broker.trash(&trashed).await;
     let mut bridge = Bridge::start(&dir, 1);
     let task_of = |m: &Value| {
@@ -918,7 +598,7 @@ async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
         answers.iter().all(|m| m["parent_id"] != trashed["id"]),
         "the trashed message was not answered"
     );
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 30, item 5: under `permissions = "ask"` the question was posted, but the sender's
@@ -928,10 +608,8 @@ async fn more_than_a_page_of_tasks_is_answered_once_each_oldest_first() {
 /// and for Reject.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_task() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "asking.toml");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config(&coder, &boss.1, "asking.toml");
     dir.write_asking_agent(120);
     let mut bridge = Bridge::start(&dir, 1);
     for (choice, answer) in [
@@ -941,13 +619,13 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
             "permission edit: no Done.\n\n(aamp-bridge: refused during this task: \"Edit README.md\" (the sender's answer))",
         ),
     ] {
-        let sent = send(&broker, &boss, &coder.1, "Fix the README", "Please fix the typo.").await;
+        let sent = broker.send(&boss, &coder.1, "Fix the README", "Please fix the typo.").await;
         let thread = sent["thread_id"].as_str().unwrap();
         let question = broker.replies(thread, &coder.1).await;
         assert_eq!(question.len(), 1, "{question:?}");
         let body = question[0]["body"].as_str().unwrap();
         assert!(body.starts_with("**Question:**") && body.contains("Edit README.md"), "{body}");
-        let posted = reply(&broker, &boss, &coder.1, "Re: Fix the README", choice, &question[0]).await;
+        let posted = broker.reply(&boss, &coder.1, "Re: Fix the README", choice, &question[0]).await;
         let task_id = format!("amp:{thread}:{}", sent["id"].as_str().unwrap());
         let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
         assert_eq!(done["status"], "completed", "{choice}: {done}");
@@ -977,7 +655,7 @@ async fn an_agents_question_is_answered_by_a_reply_in_the_thread_never_run_as_a_
         );
     }
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 30, item 5, after a restart: the questions the agent posted were known only to the
@@ -998,20 +676,13 @@ async fn a_reply_to_a_question_the_killed_bridge_never_noted_is_never_run_as_a_t
 }
 
 async fn reply_after_a_restart(forget_noted: bool) {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "asking.toml");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config(&coder, &boss.1, "asking.toml");
     dir.write_asking_agent(120);
     let bridge = Bridge::start(&dir, 1);
-    let sent = send(
-        &broker,
-        &boss,
-        &coder.1,
-        "Fix the README",
-        "Please fix the typo.",
-    )
-    .await;
+    let sent = broker
+        .send(&boss, &coder.1, "Fix the README", "Please fix the typo.")
+        .await;
     let thread = sent["thread_id"].as_str().unwrap();
     let question = broker.replies(thread, &coder.1).await;
     bridge.kill();
@@ -1023,17 +694,11 @@ async fn reply_after_a_restart(forget_noted: bool) {
         }
     }
     let mut bridge = Bridge::start(&dir, 1);
-    let posted = reply(
-        &broker,
-        &boss,
-        &coder.1,
-        "Re: Fix the README",
-        "Allow",
-        &question[0],
-    )
-    .await;
+    let posted = broker
+        .reply(&boss, &coder.1, "Re: Fix the README", "Allow", &question[0])
+        .await;
     // A task sent after the reply is read after it: once it is answered, the reply was read.
-    let later = send(&broker, &boss, &coder.1, "Later", "Another task.").await;
+    let later = broker.send(&boss, &coder.1, "Later", "Another task.").await;
     let later_id = format!(
         "amp:{}:{}",
         later["thread_id"].as_str().unwrap(),
@@ -1065,32 +730,20 @@ async fn reply_after_a_restart(forget_noted: bool) {
         }
         bridge.wait_event("mail.sent", |e| e["taskId"] == task_id.as_str());
     };
-    reply(
-        &broker,
-        &boss,
-        &coder.1,
-        "Re: Fix the README",
-        "Allow",
-        &asked_again,
-    )
-    .await;
+    broker
+        .reply(&boss, &coder.1, "Re: Fix the README", "Allow", &asked_again)
+        .await;
     let done = bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
     assert_eq!(done["status"], "completed", "{done}");
     // The later task asks too; a reply to it lets the bridge stop with nothing running.
     let later_thread = later["thread_id"].as_str().unwrap();
     let later_question = broker.replies(later_thread, &coder.1).await;
-    reply(
-        &broker,
-        &boss,
-        &coder.1,
-        "Re: Later",
-        "Reject",
-        &later_question[0],
-    )
-    .await;
+    broker
+        .reply(&boss, &coder.1, "Re: Later", "Reject", &later_question[0])
+        .await;
     bridge.wait_event("task.completed", |e| e["taskId"] == later_id.as_str());
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 36, item 2, on AMP: a message of any size was taken whole (into the journal, the
@@ -1098,19 +751,11 @@ async fn reply_after_a_restart(forget_noted: bool) {
 /// what to do, and never reaches the agent; a message under it is answered as usual.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_over_the_size_limit_is_answered_rejected_and_never_run() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config_with(
-        &broker,
-        &coder,
-        &boss.1,
-        "echo",
-        "max_message_bytes = 2000\n",
-    );
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config_with(&coder, &boss.1, "echo", "max_message_bytes = 2000\n");
     let mut bridge = Bridge::start(&dir, 1);
-    let big = send(&broker, &boss, &coder.1, "Big", &"x".repeat(5000)).await;
-    let small = send(&broker, &boss, &coder.1, "Small", "say hello").await;
+    let big = broker.send(&boss, &coder.1, "Big", &"x".repeat(5000)).await;
+    let small = broker.send(&boss, &coder.1, "Small", "say hello").await;
     let refused = broker.replies_to(&big, &coder.1).await;
     let text = refused[0]["body"].as_str().unwrap();
     assert!(
@@ -1136,7 +781,7 @@ async fn a_message_over_the_size_limit_is_answered_rejected_and_never_run() {
         "the large task ran"
     );
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 36, item 1, on AMP: a message the bridge could not decode (no `from_agent`) failed the
@@ -1144,13 +789,14 @@ async fn a_message_over_the_size_limit_is_answered_rejected_and_never_run() {
 /// marked read, and the messages after it answered.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
-    let broker = Broker::start(&["--malformed-subject", "POISON"]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) =
+        Broker::with_coder_and_boss(&["--malformed-subject", "POISON"]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     let mut bridge = Bridge::start(&dir, 1);
-    let poison = send(&broker, &boss, &coder.1, "POISON", "you cannot read me").await;
-    let good = send(&broker, &boss, &coder.1, "Fine", "say hello").await;
+    let poison = broker
+        .send(&boss, &coder.1, "POISON", "you cannot read me")
+        .await;
+    let good = broker.send(&boss, &coder.1, "Fine", "say hello").await;
     let replies = broker.replies_to(&good, &coder.1).await;
     assert!(replies[0]["body"].as_str().unwrap().contains("say hello"));
     let ignored = bridge.wait_event("message.ignored", |e| e["messageId"] == poison["id"]);
@@ -1161,7 +807,7 @@ async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
             .contains("missing field `from_agent`"),
         "{ignored}"
     );
-    let later = send(&broker, &boss, &coder.1, "Later", "again").await;
+    let later = broker.send(&boss, &coder.1, "Later", "again").await;
     broker.replies_to(&later, &coder.1).await;
     bridge.take_events();
     let times = bridge
@@ -1178,16 +824,16 @@ async fn a_message_the_bridge_cannot_read_costs_that_message_only() {
 /// attachments; the rest are named in the answer instead of dropped silently.
 #[tokio::test(flavor = "multi_thread")]
 async fn files_an_agent_hands_over_go_as_the_brokers_attachments_or_are_named() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     dir.use_profile(
         "files.toml",
         "command = \"sh\"\nargs = [\"-c\", \"printf '\\\\211PNG\\\\r\\\\n\\\\032\\\\nchart' > chart.png; echo notes > notes.txt; echo 'Here they are.'; echo 'FILE: chart.png'; echo 'FILE: notes.txt'\"]\n",
     );
     let bridge = Bridge::start(&dir, 1);
-    let sent = send(&broker, &boss, &coder.1, "Files", "Make the files.").await;
+    let sent = broker
+        .send(&boss, &coder.1, "Files", "Make the files.")
+        .await;
     let replies = broker.replies_to(&sent, &coder.1).await;
     let body = replies[0]["body"].as_str().unwrap();
     assert!(
@@ -1199,7 +845,7 @@ async fn files_an_agent_hands_over_go_as_the_brokers_attachments_or_are_named() 
     assert_eq!(attachments[0]["filename"], "chart.png");
     assert_eq!(attachments[0]["mime_type"], "image/png");
     assert!(bridge.stop().success());
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 36, item 4: a task opened in the broker's console before the bridge ever started was
@@ -1209,29 +855,26 @@ async fn files_an_agent_hands_over_go_as_the_brokers_attachments_or_are_named() 
 /// agent) is left alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
     // Answered before, by the agent (a reply from it in the thread): not answered again.
-    let done = send(&broker, &boss, &coder.1, "Done", "already answered").await;
+    let done = broker
+        .send(&boss, &coder.1, "Done", "already answered")
+        .await;
     broker.open_in_console(&done).await;
-    reply(&broker, &coder, &boss.1, "Re: Done", "done", &done).await;
-    let opened = send(
-        &broker,
-        &boss,
-        &coder.1,
-        "Opened",
-        "looked at, not answered",
-    )
-    .await;
+    broker
+        .reply(&coder, &boss.1, "Re: Done", "done", &done)
+        .await;
+    let opened = broker
+        .send(&boss, &coder.1, "Opened", "looked at, not answered")
+        .await;
     assert_eq!(broker.open_in_console(&opened).await["is_read"], true);
-    let unread = send(&broker, &boss, &coder.1, "Unread", "never opened").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let unread = broker.send(&boss, &coder.1, "Unread", "never opened").await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     let bridge = Bridge::start(&dir, 1);
     let replies = broker.replies_to(&opened, &coder.1).await;
     assert!(replies[0]["body"].as_str().unwrap().contains("looked at"));
     broker.replies_to(&unread, &coder.1).await;
-    let later = send(&broker, &boss, &coder.1, "Later", "after").await;
+    let later = broker.send(&boss, &coder.1, "Later", "after").await;
     broker.replies_to(&later, &coder.1).await;
     assert!(bridge.stop().success());
     let from_coder: Vec<Value> = broker
@@ -1241,7 +884,7 @@ async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
         .filter(|m| m["from_agent"] == coder.1.as_str())
         .collect();
     assert_eq!(from_coder.len(), 1, "answered once, before: {from_coder:?}");
-    no_invalid_requests(&broker);
+    broker.no_invalid_requests();
 }
 
 /// Issue 36, item 3: the AMP key was deactivated while the agent ran; its answer stayed in the
@@ -1250,11 +893,9 @@ async fn a_task_opened_in_the_console_before_the_first_start_is_answered() {
 /// and the waiting answer goes.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_answer_refused_with_401_goes_within_seconds_once_the_key_works_again() {
-    let broker = Broker::start(&[]);
-    let coder = broker.register("coder").await;
-    let boss = broker.register("boss").await;
-    let (key_id, raw_key) = console_key(&broker, "bridge").await;
-    let dir = config(&broker, &coder, &boss.1, "echo");
+    let (broker, coder, boss) = Broker::with_coder_and_boss(&[]).await;
+    let (key_id, raw_key) = broker.console_key("bridge").await;
+    let dir = broker.config(&coder, &boss.1, "echo");
     dir.write_private("amp.key", &raw_key);
     // The agent answers once the test lets it.
     let go = dir.dir.path().join("go");
@@ -1266,7 +907,7 @@ async fn an_answer_refused_with_401_goes_within_seconds_once_the_key_works_again
         ),
     );
     let mut bridge = Bridge::start(&dir, 1);
-    let sent = send(&broker, &boss, &coder.1, "Hello", "answer later").await;
+    let sent = broker.send(&boss, &coder.1, "Hello", "answer later").await;
     let task_id = format!(
         "amp:{}:{}",
         sent["thread_id"].as_str().unwrap(),
@@ -1282,9 +923,7 @@ async fn an_answer_refused_with_401_goes_within_seconds_once_the_key_works_again
         .await;
     std::fs::write(&go, "").unwrap();
     bridge.wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
-    support::wait_until("the answer is refused", || {
-        bridge.log().contains("refused the credentials")
-    });
+    bridge.wait_log("refused the credentials").await;
     let activated = std::time::Instant::now();
     broker
         .as_person(

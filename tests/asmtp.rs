@@ -6,240 +6,18 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{Bridge, ConfigDir};
-
-/// A fresh envelope id (the ULID shape: `01` and 24 Crockford base32 characters).
-fn ulid() -> String {
-    const CROCKFORD: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let bytes = uuid::Uuid::new_v4().into_bytes();
-    let mut out = String::from("01");
-    for i in 0..24 {
-        out.push(CROCKFORD[(bytes[i % 16] as usize + i * 7) % 32] as char);
-    }
-    out
-}
-
-struct Operator {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-    agents: Vec<(String, String)>,
-}
-
-impl Operator {
-    /// Starts with these handles, each with a token of its own.
-    fn start(handles: &[&str], extra: &[&str]) -> Operator {
-        let dir = tempfile::tempdir().unwrap();
-        let agents: Vec<(String, String)> = handles
-            .iter()
-            .map(|h| {
-                (
-                    h.to_string(),
-                    format!("tok_{}", uuid::Uuid::new_v4().simple()),
-                )
-            })
-            .collect();
-        let (child, port) = Operator::spawn(dir.path(), 0, &agents, extra);
-        Operator {
-            child,
-            port,
-            dir,
-            agents,
-        }
-    }
-
-    /// Port 0: one the OS picks.
-    fn spawn(dir: &Path, port: u16, agents: &[(String, String)], extra: &[&str]) -> (Child, u16) {
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "--port".into(),
-            port.to_string().into(),
-            "--db".into(),
-            dir.join("operator.sqlite3").into(),
-            "--record".into(),
-            dir.join("record.jsonl").into(),
-        ];
-        args.extend(extra.iter().map(Into::into));
-        for (handle, token) in agents {
-            args.push("--agent".into());
-            args.push(format!("{handle}:{token}").into());
-            // The operator's policy is an allowlist both ways: each agent's owner lets the
-            // others in, as a person sets it up with `robotnet me allowlist add`.
-            for (other, _) in agents.iter().filter(|(o, _)| o != handle) {
-                args.push("--allow".into());
-                args.push(format!("{handle}={other}").into());
-            }
-        }
-        support::spawn_test_server("asmtp_operator.py", &args)
-    }
-
-    fn token(&self, handle: &str) -> &str {
-        &self.agents.iter().find(|(h, _)| h == handle).unwrap().1
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Stops it as a service manager would (SIGTERM: every push socket is closed with 1001).
-    fn terminate(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Started again on the same port and state, without fault options.
-    fn restart(&mut self) {
-        self.stop();
-        self.child = Operator::spawn(self.dir.path(), self.port, &self.agents, &[]).0;
-    }
-
-    fn record(&self) -> Vec<Value> {
-        support::lines(&self.dir.path().join("record.jsonl"))
-            .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    async fn call(
-        &self,
-        as_handle: &str,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Value {
-        let mut request = reqwest::Client::new()
-            .request(method, format!("{}{path}", self.url()))
-            .bearer_auth(self.token(as_handle));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let value: Value = response.json().await.unwrap();
-        assert!(status.is_success(), "{path}: {status} {value}");
-        value
-    }
-
-    /// Posts a task envelope from `from` to `to`; returns its id.
-    async fn send(&self, from: &str, to: &str, subject: &str, text: &str) -> String {
-        self.post(
-            from,
-            json!({"id": ulid(), "to": [to], "subject": subject, "date_ms": 1_764_000_000_000u64,
-                    "content_parts": [{"type": "text", "text": text}]}),
-        )
-        .await
-    }
-
-    /// Posts an envelope as `from`; returns its id.
-    async fn post(&self, from: &str, envelope: Value) -> String {
-        self.call(
-            from,
-            reqwest::Method::POST,
-            "/messages",
-            Some(envelope.clone()),
-        )
-        .await;
-        envelope["id"].as_str().unwrap().to_string()
-    }
-
-    /// The envelopes in `handle`'s mailbox that reply to `parent`, waited for.
-    async fn replies(&self, handle: &str, parent: &str) -> Vec<Value> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let listed = self
-                .call(
-                    handle,
-                    reqwest::Method::GET,
-                    "/mailbox?direction=in&order=asc&limit=1000",
-                    None,
-                )
-                .await;
-            let ids: Vec<String> = listed["envelope_headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|h| h["in_reply_to"] == parent)
-                .map(|h| h["id"].as_str().unwrap().to_string())
-                .collect();
-            if !ids.is_empty() {
-                let bodies = self
-                    .call(
-                        handle,
-                        reqwest::Method::GET,
-                        &format!("/messages?ids={}", ids.join(",")),
-                        None,
-                    )
-                    .await;
-                return bodies["envelopes"].as_array().unwrap().clone();
-            }
-            assert!(std::time::Instant::now() < deadline, "no reply to {parent}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn no_invalid(&self) {
-        let invalid: Vec<Value> = self
-            .record()
-            .into_iter()
-            .filter(|r| r.get("invalid").is_some())
-            .collect();
-        assert!(
-            invalid.is_empty(),
-            "requests or frames against the rules: {invalid:?}"
-        );
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// `poll` is the polling interval while push is down.
-fn config(operator: &Operator, agent: &str, allow: &str, poll: u64) -> ConfigDir {
-    let dir = ConfigDir::empty();
-    dir.write_private("asmtp.token", operator.token(agent));
-    dir.write_config(
-        &support::Toml::new()
-            .mailbox_text(&format!(
-                "[mailboxes.coder]\nkind = \"asmtp\"\nasmtp_url = \"{}\"\nhandle = \"{agent}\"\ntoken_file = \"asmtp.token\"\npoll_interval_secs = {poll}\n",
-                operator.url()
-            ))
-            .agent("coder", "echo", &[allow], "")
-            .text(),
-    );
-    dir
-}
-
-fn text_of(envelope: &Value) -> String {
-    envelope["content_parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use support::{envelope_text as text_of, ulid, AsmtpOperator as Operator, Bridge, ConfigDir};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push_drops() {
     let mut operator = Operator::start(&["@alice.coder", "@alice.boss", "@eve.stranger"], &[]);
     // Polling every ten minutes: within this test, mail is read by push, or by the catch-up
     // that follows a (re)connection.
-    let dir = config(&operator, "@alice.coder", "@alice.*", 600);
+    let dir = operator.config("@alice.coder", "@alice.*", 600);
     let mut bridge = Bridge::start(&dir, 1);
     wait_push_connected(&mut bridge, 1);
 
@@ -285,7 +63,7 @@ async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push
         .await;
     let replies = operator.replies("@alice.boss", &later).await;
     assert_eq!(replies.len(), 1);
-    support::wait_until("push reconnected", || connects(&operator) > before);
+    support::poll_until("push reconnected", || connects(&operator) > before).await;
     operator.no_invalid();
     bridge.wait_event("task.completed", |e| {
         e["taskId"] == format!("asmtp:{later}").as_str()
@@ -306,15 +84,16 @@ async fn an_envelope_is_answered_by_push_with_one_reply_and_again_after_the_push
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bridge_killed_while_its_reply_was_posted_resends_it_as_a_no_op() {
     let mut operator = Operator::start(&["@alice.coder", "@alice.boss"], &["--stall-first-reply"]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let bridge = Bridge::start(&dir, 1);
 
     let sent = operator
         .send("@alice.boss", "@alice.coder", "Once", "only once")
         .await;
-    support::wait_until("the reply is stored", || {
+    support::poll_until("the reply is stored", || {
         operator.record().iter().any(|r| r["stalled"] == true)
-    });
+    })
+    .await;
     bridge.kill();
     operator.restart();
     let mut bridge = Bridge::start(&dir, 1);
@@ -464,8 +243,8 @@ async fn init_from_answers_sets_up_an_asmtp_agent_that_answers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_agents_that_allow_each_other_do_not_answer_each_others_answers() {
     let operator = Operator::start(&["@alice.coder", "@alice.helper"], &[]);
-    let coder_dir = config(&operator, "@alice.coder", "@alice.*", 1);
-    let helper_dir = config(&operator, "@alice.helper", "@alice.*", 1);
+    let coder_dir = operator.config("@alice.coder", "@alice.*", 1);
+    let helper_dir = operator.config("@alice.helper", "@alice.*", 1);
     let coder = Bridge::start(&coder_dir, 1);
     let mut helper = Bridge::start(&helper_dir, 1);
     let sent = operator
@@ -526,7 +305,7 @@ async fn unread_envelopes_waiting_before_the_first_start_are_answered_once() {
         }
         ids
     };
-    let dir = config(&operator, "@alice.coder", "@alice.*", 1);
+    let dir = operator.config("@alice.coder", "@alice.*", 1);
     let bridge = Bridge::start(&dir, 1);
     for id in &early {
         let replies = operator.replies("@alice.boss", id).await;
@@ -550,7 +329,7 @@ async fn unread_envelopes_waiting_before_the_first_start_are_answered_once() {
     let waiting = operator
         .send("@alice.boss", "@alice.coder", "Old", "say hello")
         .await;
-    let dir = config(&operator, "@alice.coder", "@alice.*", 1);
+    let dir = operator.config("@alice.coder", "@alice.*", 1);
     let text = std::fs::read_to_string(dir.config()).unwrap();
     dir.write(
         "config.toml",
@@ -592,7 +371,7 @@ async fn envelopes_of_the_same_millisecond_are_each_answered_once() {
         &["@alice.coder", "@alice.boss"],
         &["--frozen-clock", "1764000000000"],
     );
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let bridge = Bridge::start(&dir, 1);
     let envelope = |id: &str, subject: &str| {
         json!({"id": id, "to": ["@alice.coder"], "subject": subject, "date_ms": 1_764_000_000_000u64,
@@ -629,7 +408,7 @@ async fn envelopes_of_the_same_millisecond_are_each_answered_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_3_mb_answer_reaches_the_sender_as_a_file() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     dir.use_profile(
         "big.toml",
         "command = \"python3\"\nargs = [\"-c\", \"import sys\\nfor i in range(120000): sys.stdout.write('line %06d of a long answer\\\\n' % i)\"]\ntimeout_secs = 60\n[output]\nmax_bytes = 4000000\n",
@@ -686,7 +465,7 @@ async fn a_reply_the_operator_refuses_is_shown_as_undelivered() {
             Some(json!({"handle": "@alice.coder"})),
         )
         .await;
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let mut bridge = Bridge::start(&dir, 1);
     let sent = operator
         .send("@alice.boss", "@alice.coder", "Blocked", "say hello")
@@ -731,7 +510,7 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
         &["@alice.coder", "@alice.boss"],
         &["--admin-token", "admin-secret"],
     );
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let dir = operator.config("@alice.coder", "@alice.boss", 600);
     let mut bridge = Bridge::start(&dir, 1);
     wait_push_connected(&mut bridge, 1);
     let rotated = reqwest::Client::new()
@@ -748,13 +527,11 @@ async fn after_a_token_rotation_status_says_the_mailbox_is_refused() {
     operator
         .send("@alice.boss", "@alice.coder", "After", "say hello")
         .await;
-    support::wait_until("the refusal is logged", || {
-        bridge.log().contains("refused the credentials")
-    });
+    bridge.wait_log("refused the credentials").await;
     let text = dir.run(&["status"]);
     assert!(!text.contains("push over websocket"), "{text}");
     assert!(text.contains("auth_failed"), "{text}");
-    let json: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let json = dir.status_json();
     assert_eq!(json["agents"][0]["reading"], Value::Null, "{json}");
     assert!(bridge.stop().success());
 }
@@ -768,28 +545,10 @@ async fn replied_within(
     since: std::time::Instant,
     within: Duration,
 ) -> Option<Duration> {
-    loop {
-        let listed = operator
-            .call(
-                handle,
-                reqwest::Method::GET,
-                "/mailbox?direction=in&order=asc&limit=1000",
-                None,
-            )
-            .await;
-        if listed["envelope_headers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|h| h["in_reply_to"] == parent)
-        {
-            return Some(since.elapsed());
-        }
-        if since.elapsed() > within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::found_within(since, within, || async {
+        !operator.reply_headers(handle, parent).await.is_empty()
+    })
+    .await
 }
 
 /// Issue 37: the agent's token rotated at the operator, the new one written to `token_file`,
@@ -802,7 +561,7 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
         &["@alice.coder", "@alice.boss"],
         &["--admin-token", "admin-secret"],
     );
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let dir = operator.config("@alice.coder", "@alice.boss", 600);
     let gate = dir.use_gated_profile();
     let mut bridge = Bridge::start(&dir, 1);
     wait_push_connected(&mut bridge, 1);
@@ -834,9 +593,7 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
             "answered with the new token",
         )
         .await;
-    support::wait_until("the refusal is logged", || {
-        bridge.log().contains("refused the credentials")
-    });
+    bridge.wait_log("refused the credentials").await;
     dir.replace_private("asmtp.token", &token);
     let replaced = std::time::Instant::now();
     if sighup {
@@ -845,7 +602,7 @@ async fn a_rotated_token_is_used(sighup: bool) -> (f64, f64) {
     let within = Duration::from_secs(5);
     let answered = replied_within(&operator, "@alice.boss", &waiting, replaced, within).await;
     let next_answered = replied_within(&operator, "@alice.boss", &next, replaced, within).await;
-    let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let status = dir.status_json();
     let log = bridge.log();
     assert!(
         answered.is_some() && next_answered.is_some(),
@@ -920,7 +677,7 @@ async fn a_token_rotated_on_disk_without_a_reload_is_used_at_the_next_retry() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_three_turn_conversation_sent_like_the_reference_cli_keeps_one_session() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     dir.use_profile(
         "session.toml",
         "command = \"python3\"\nargs = [\"-c\", \"import os; print('session=' + os.environ.get('AAMP_SESSION_KEY', ''))\"]\ntimeout_secs = 60\n",
@@ -986,7 +743,7 @@ async fn a_task_the_agent_is_cc_d_on_is_answered_once_to_its_sender_only() {
         &["--no-size-hint"],
     );
     // Polling every ten minutes: the bridge reads by push and its catch-ups.
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 600);
+    let dir = operator.config("@alice.coder", "@alice.boss", 600);
     let mut bridge = Bridge::start(&dir, 1);
     wait_push_connected(&mut bridge, 1);
     let mut request = format!("ws://127.0.0.1:{}/connect", operator.port)
@@ -1074,9 +831,7 @@ async fn a_task_the_agent_is_cc_d_on_is_answered_once_to_its_sender_only() {
         }
     };
     assert_eq!(u16::from(close.code), 1001);
-    support::wait_until("the close is logged", || {
-        bridge.log().contains("1001 operator shutting down")
-    });
+    bridge.wait_log("1001 operator shutting down").await;
     operator.restart();
     let later = operator
         .send("@alice.boss", "@alice.coder", "Later", "say hello")
@@ -1175,7 +930,7 @@ async fn the_test_operator_refuses_as_the_reference_does() {
 /// `@alice.coder` on `operator` running the asking agent (it asks before it edits), tasks from
 /// `@alice.boss`.
 fn asking_config(operator: &Operator) -> ConfigDir {
-    let dir = config(operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     dir.write_asking_agent(120);
     let config = std::fs::read_to_string(dir.config()).unwrap();
     dir.write(
@@ -1319,7 +1074,7 @@ async fn an_envelope_the_bridge_cannot_read_costs_that_envelope_only() {
         &["@alice.coder", "@alice.boss"],
         &["--malformed-subject", "POISON"],
     );
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let mut bridge = Bridge::start(&dir, 1);
     let poison = operator
         .send(
@@ -1376,7 +1131,7 @@ async fn an_envelope_the_bridge_cannot_read_costs_that_envelope_only() {
 #[tokio::test(flavor = "multi_thread")]
 async fn files_an_agent_hands_over_go_as_file_parts() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     dir.use_profile(
         "results.toml",
         &format!(
@@ -1429,7 +1184,7 @@ async fn files_an_agent_hands_over_go_as_file_parts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_envelope_over_the_size_limit_is_answered_rejected_unread() {
     let operator = Operator::start(&["@alice.coder", "@alice.boss"], &[]);
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let config = std::fs::read_to_string(dir.config()).unwrap();
     dir.write(
         "config.toml",
@@ -1506,7 +1261,7 @@ async fn an_envelope_read_before_the_first_start_is_answered_unless_answered_bef
     let unread = operator
         .send("@alice.boss", "@alice.coder", "Unread", "never opened")
         .await;
-    let dir = config(&operator, "@alice.coder", "@alice.boss", 1);
+    let dir = operator.config("@alice.coder", "@alice.boss", 1);
     let bridge = Bridge::start(&dir, 1);
     let reply = operator.replies("@alice.boss", &looked).await;
     assert!(text_of(&reply[0]).contains("looked at"), "{reply:?}");

@@ -5,146 +5,34 @@
 
 mod support;
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use support::{Bridge, ConfigDir};
+use serde_json::Value;
+use support::{AsmtpOperator as Operator, Bridge, ConfigDir};
 
-/// The operator, with these agents and tokens, and an admin token for rotations.
-struct Operator {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-    agents: Vec<(&'static str, String)>,
-}
-
+/// The operator's admin token, for rotations.
 const ADMIN: &str = "admin-secret";
 
-impl Operator {
-    fn start(handles: &[&'static str]) -> Operator {
-        let dir = tempfile::tempdir().unwrap();
-        let agents: Vec<(&'static str, String)> = handles
-            .iter()
-            .map(|h| (*h, format!("tok_{}", uuid::Uuid::new_v4().simple())))
-            .collect();
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "--port".into(),
-            "0".into(),
-            "--db".into(),
-            dir.path().join("operator.sqlite3").into(),
-            "--record".into(),
-            dir.path().join("record.jsonl").into(),
-            "--admin-token".into(),
-            ADMIN.into(),
-        ];
-        for (handle, token) in &agents {
-            args.push("--agent".into());
-            args.push(format!("{handle}:{token}").into());
-            for (other, _) in agents.iter().filter(|(o, _)| o != handle) {
-                args.push("--allow".into());
-                args.push(format!("{handle}={other}").into());
-            }
-        }
-        let (child, port) = support::spawn_test_server("asmtp_operator.py", &args);
-        Operator {
-            child,
-            port,
-            _dir: dir,
-            agents,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn token(&self, handle: &str) -> &str {
-        &self.agents.iter().find(|(h, _)| *h == handle).unwrap().1
-    }
-
-    async fn get(&self, as_handle: &str, path: &str) -> Value {
-        reqwest::Client::new()
-            .get(format!("{}{path}", self.url()))
-            .bearer_auth(self.token(as_handle))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    /// Posts a task from `from` to `to`: its envelope id.
-    async fn send(&self, from: &str, to: &str, text: &str) -> String {
-        let id = format!(
-            "01{}",
-            &uuid::Uuid::new_v4().simple().to_string().to_uppercase()[..24]
-        )
-        .replace(['I', 'L', 'O', 'U'], "0");
-        let response = reqwest::Client::new()
-            .post(format!("{}/messages", self.url()))
-            .bearer_auth(self.token(from))
-            .json(
-                &json!({"id": id, "to": [to], "subject": "Task", "date_ms": 1_764_000_000_000u64,
-                          "content_parts": [{"type": "text", "text": text}]}),
-            )
-            .send()
-            .await
-            .unwrap();
-        assert!(response.status().is_success(), "{}", response.status());
-        id
-    }
-
-    /// A new token for `handle` (the old one is refused from now on).
-    async fn rotate(&self, handle: &str) -> String {
-        let rotated: Value = reqwest::Client::new()
-            .post(format!(
-                "{}/_admin/agents/{handle}/rotate-token",
-                self.url()
-            ))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        rotated["token"].as_str().unwrap().to_string()
-    }
-
-    /// Whether `handle`'s mailbox holds a reply to `parent`.
-    async fn replied(&self, handle: &str, parent: &str) -> bool {
-        self.get(handle, "/mailbox?direction=in&order=asc&limit=1000")
-            .await["envelope_headers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|h| h["in_reply_to"] == parent)
-    }
+/// The operator with `@alice.coder` and `@alice.boss`, which takes token rotations.
+fn operator() -> Operator {
+    Operator::start(&["@alice.coder", "@alice.boss"], &["--admin-token", ADMIN])
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A new token for `handle` (the old one is refused from now on).
+async fn rotate(operator: &Operator, handle: &str) -> String {
+    let request = reqwest::Client::new()
+        .post(format!(
+            "{}/_admin/agents/{handle}/rotate-token",
+            operator.url()
+        ))
+        .bearer_auth(ADMIN);
+    let rotated = support::json_call(request, None).await;
+    rotated["token"].as_str().unwrap().to_string()
 }
 
 /// The mailbox `coder` of `handle` with `token`, polled every 10 minutes while push is down.
 fn config(operator: &Operator, handle: &str, token: &str, allow: &str) -> ConfigDir {
-    let dir = ConfigDir::empty();
-    dir.write_private("asmtp.token", token);
-    dir.write_config(
-        &support::Toml::new()
-            .mailbox_text(&format!(
-                "[mailboxes.coder]\nkind = \"asmtp\"\nasmtp_url = \"{}\"\nhandle = \"{handle}\"\ntoken_file = \"asmtp.token\"\npoll_interval_secs = 600\n",
-                operator.url()
-            ))
-            .agent("coder", "echo", &[allow], "")
-            .text(),
-    );
-    dir
+    operator.config_token(handle, token, allow, 600)
 }
 
 /// Issue 43: the token rotated at the operator while a task ran; its answer was refused (401)
@@ -153,7 +41,7 @@ fn config(operator: &Operator, handle: &str, token: &str, allow: &str) -> Config
 /// answer went out ~40 s after the new token was written without `reload` (AMP: 2 s).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_answer_refused_for_a_rotated_token_goes_within_seconds_of_the_new_token_file() {
-    let operator = Operator::start(&["@alice.coder", "@alice.boss"]);
+    let operator = operator();
     let dir = config(
         &operator,
         "@alice.coder",
@@ -164,22 +52,27 @@ async fn an_answer_refused_for_a_rotated_token_goes_within_seconds_of_the_new_to
     let mut bridge = Bridge::start(&dir, 1);
     bridge.wait_event("mailbox.push", |e| e["connected"] == true);
     let task = operator
-        .send("@alice.boss", "@alice.coder", "answered late")
+        .send("@alice.boss", "@alice.coder", "Task", "answered late")
         .await;
     bridge.wait_event("task.started", |_| true);
-    let token = operator.rotate("@alice.coder").await;
+    let token = rotate(&operator, "@alice.coder").await;
     std::fs::write(&gate, "").unwrap();
     bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
     // `status` shows the refusal, though no read was refused.
-    support::wait_until("status shows the refused credentials", || {
-        let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    support::poll_until("status shows the refused credentials", || {
+        let status = dir.status_json();
         status["agents"][0]["link"]["credentials"]["worked"] == false
-    });
+    })
+    .await;
     let text = dir.run(&["status"]);
     assert!(text.contains("credentials refused"), "{text}");
     dir.replace_private("asmtp.token", &token);
     let written = Instant::now();
-    while !operator.replied("@alice.boss", &task).await {
+    while operator
+        .reply_headers("@alice.boss", &task)
+        .await
+        .is_empty()
+    {
         assert!(
             written.elapsed() < Duration::from_secs(5),
             "no answer within 5 s of the new token\n{}",
@@ -201,7 +94,7 @@ async fn an_answer_refused_for_a_rotated_token_goes_within_seconds_of_the_new_to
 /// right token passes.
 #[tokio::test(flavor = "multi_thread")]
 async fn doctor_fails_a_token_of_another_agent_naming_both() {
-    let operator = Operator::start(&["@alice.coder", "@alice.boss"]);
+    let operator = operator();
     let dir = config(
         &operator,
         "@alice.coder",

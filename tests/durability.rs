@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use aamp_bridge::config::Account;
 use aamp_bridge::protocol::{Body, Intent, Status};
-use support::{alive, lines, mailhost, wait_until, Bridge, ConfigDir, Gate, MailHost, Peer};
+use support::{alive, lines, mailhost, poll_until, Bridge, ConfigDir, Gate, MailHost, Peer};
 
 fn fault_agent() -> String {
     format!("{}/tests/agents/fault_agent.py", env!("CARGO_MANIFEST_DIR"))
@@ -94,16 +94,17 @@ async fn a_bridge_killed_mid_task_runs_it_again_once_and_answers_once() {
         .await;
     bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
     peer.wait_for(task.task_id(), Intent::TaskAck).await;
-    wait_until("the agent runs and left a process behind", || {
+    poll_until("the agent runs and left a process behind", || {
         lines(&left).len() == 1
-    });
+    })
+    .await;
     let first_agent: i32 = lines(&runs)[0].parse().unwrap();
     let first_left: i32 = lines(&left)[0].parse().unwrap();
     bridge.kill();
 
     // The agent dies with the bridge (parent-death signal); what it started in a session of
     // its own is still there until the next start.
-    wait_until("the agent dies with the bridge", || !alive(first_agent));
+    poll_until("the agent dies with the bridge", || !alive(first_agent)).await;
     assert!(alive(first_left), "the escaped process outlives the crash");
 
     std::fs::write(&release, "").unwrap();
@@ -154,7 +155,7 @@ async fn a_task_whose_profile_must_not_run_twice_is_answered_interrupted() {
         .send(peer.dispatch_to(&agent.email, "Once", "not twice"))
         .await;
     bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
-    wait_until("the agent runs", || lines(&runs).len() == 1);
+    poll_until("the agent runs", || lines(&runs).len() == 1).await;
     bridge.kill();
 
     let bridge = Bridge::start(&dir, 1);
@@ -243,7 +244,9 @@ async fn a_result_waits_out_a_minute_without_the_submission_port() {
     std::fs::write(&release, "").unwrap();
     bridge.wait_event("task.completed", |e| e["taskId"] == task.task_id());
     bridge.wait_event("mail.retrying", |e| e["intent"] == "task.result");
-    std::thread::sleep(std::time::Duration::from_secs(60).saturating_sub(closed_at.elapsed()));
+    // The outage lasts a minute (the fault schedule, not a wait for anything).
+    tokio::time::sleep(std::time::Duration::from_secs(60).saturating_sub(closed_at.elapsed()))
+        .await;
     gate.open();
     // The outbox retries with backoff (capped at 5 minutes), so the next try comes within
     // about a minute and a quarter of the last failure.
@@ -292,7 +295,7 @@ async fn every_answer_waiting_out_a_45_s_smtp_cut_arrives_within_15_s_of_its_end
         bridge.wait_event("task.completed", |e| e["taskId"] == task.as_str());
     }
     // The cut lasts 45 s (the fault schedule, not a wait for anything).
-    std::thread::sleep(std::time::Duration::from_secs(45).saturating_sub(cut.elapsed()));
+    tokio::time::sleep(std::time::Duration::from_secs(45).saturating_sub(cut.elapsed())).await;
     gate.open();
     let back = std::time::Instant::now();
     for task in &tasks {
@@ -817,11 +820,9 @@ async fn a_changed_password_is_used(host: &MailHost, sighup: bool) -> (f64, f64)
     let next = peer
         .send(peer.dispatch_to(&agent.email, "After", "answered with the new password"))
         .await;
-    wait_until("the mail server refuses the old password", || {
-        bridge
-            .log()
-            .contains("the mail server refused the credentials")
-    });
+    bridge
+        .wait_log("the mail server refused the credentials")
+        .await;
     dir.replace_private("password", &password);
     let replaced = std::time::Instant::now();
     if sighup {
@@ -834,7 +835,7 @@ async fn a_changed_password_is_used(host: &MailHost, sighup: bool) -> (f64, f64)
     peer.wait_for_within(next.task_id(), Intent::TaskResult, within)
         .await;
     let next_answered = replaced.elapsed();
-    let status: serde_json::Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let status = dir.status_json();
     assert_eq!(
         status["agents"][0]["link"]["credentials"]["worked"], true,
         "{status}"

@@ -253,7 +253,7 @@ async fn hostile_mails_through_the_live_daemon() {
         if now <= allowed || Instant::now() > deadline {
             break now;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(
         rss <= allowed,
@@ -261,7 +261,8 @@ async fn hostile_mails_through_the_live_daemon() {
     );
     // No worker spins once the work is done: under 5 % of a core over two seconds.
     let before = cpu_ticks(pid);
-    std::thread::sleep(Duration::from_secs(2));
+    // A measurement window, not a wait for anything.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let busy = cpu_ticks(pid) - before;
     assert!(busy <= 10, "the idle bridge used {busy} CPU ticks in 2 s");
     bridge.wait_event("task.completed", |e| e["taskId"] == after.task_id());
@@ -318,14 +319,14 @@ async fn random_kills_of_the_bridge_lose_nothing_and_answer_once() {
         // A kill at a random point among the dispatches.
         if killed < kills && rng.below(tasks as u64 / kills as u64 + 1) == 0 {
             // The fault's timing, not a wait for something: the bridge dies wherever it is.
-            std::thread::sleep(Duration::from_millis(rng.below(1500)));
+            tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
             bridge.kill();
             killed += 1;
             bridge = Bridge::start(&dir, 1);
         }
     }
     while killed < kills {
-        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         bridge.kill();
         killed += 1;
         bridge = Bridge::start(&dir, 1);

@@ -11,89 +11,10 @@
 mod support;
 
 use std::io::{Read as _, Write as _};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{chromedriver, repo, Bridge, Browser, ConfigDir, Toml};
-
-/// The AMP test broker, with one user whose key registers the agents.
-struct Broker {
-    child: Child,
-    port: u16,
-    key: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Broker {
-    fn start() -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
-        let args: Vec<std::ffi::OsString> = vec![
-            "--port".into(),
-            "0".into(),
-            "--db".into(),
-            dir.path().join("broker.sqlite3").into(),
-            "--record".into(),
-            dir.path().join("record.jsonl").into(),
-            "--user".into(),
-            format!("alice:{key}").into(),
-        ];
-        let (child, port) = support::spawn_test_server("amp_broker.py", &args);
-        Broker {
-            child,
-            port,
-            key,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        let response = reqwest::Client::new()
-            .post(format!("{}{path}", self.url()))
-            .header("X-API-Key", &self.key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(response.status().is_success(), "{path}: {response:?}");
-        response.json().await.unwrap()
-    }
-
-    /// Registers an agent: (id, address).
-    async fn register(&self, name: &str) -> (String, String) {
-        let agent = self
-            .post(
-                "/agents/register",
-                json!({"name": name, "role": name, "system_prompt": "test"}),
-            )
-            .await;
-        (
-            agent["id"].as_str().unwrap().to_string(),
-            agent["address"].as_str().unwrap().to_string(),
-        )
-    }
-
-    async fn send(&self, from: &(String, String), to: &str, subject: &str, body: &str) {
-        self.post(
-            "/messages/send",
-            json!({"agent_id": from.0, "from_agent": from.1, "to_agent": to,
-                   "action": "send", "subject": subject, "body": body}),
-        )
-        .await;
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::{chromedriver, repo, AmpBroker as Broker, Bridge, Browser, ConfigDir, Toml};
 
 /// A bridge serving the live view on a free loopback port, with two agents on the broker:
 /// `plain`, a CLI profile without a stream format that prints a line, waits for the file
@@ -110,7 +31,7 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Setup {
-        let broker = Broker::start();
+        let broker = Broker::start(&[]);
         let boss = broker.register("boss").await;
         let plain = broker.register("plain").await;
         let asker = broker.register("asker").await;
@@ -138,19 +59,11 @@ impl Setup {
                 dir.dir.path().join("asking-script.json").display()
             ),
         );
-        let mailbox = |name: &str, agent: &(String, String)| {
-            format!(
-                "[mailboxes.{name}]\nkind = \"amp\"\namp_url = \"{}\"\naddress = \"{}\"\nagent_id = \"{}\"\napi_key_file = \"amp.key\"\npoll_interval_secs = 1\n",
-                broker.url(),
-                agent.1,
-                agent.0
-            )
-        };
         dir.write_config(
             &Toml::new()
                 .top("[ui]\nlisten = \"127.0.0.1:0\"\n")
-                .mailbox_text(&mailbox("plain", &plain))
-                .mailbox_text(&mailbox("asker", &asker))
+                .mailbox_text(&broker.mailbox("plain", &plain, ""))
+                .mailbox_text(&broker.mailbox("asker", &asker, ""))
                 .agent("plain", "plain.toml", &[&boss.1], "")
                 .agent("asker", "asking.toml", &[&boss.1], "")
                 .text(),

@@ -47,8 +47,7 @@ fn start_then_close_reader(dir: &ConfigDir) -> Child {
             line.clear();
         }
     });
-    ready
-        .recv_timeout(WAIT)
+    support::blocking(|| ready.recv_timeout(WAIT))
         .expect("the bridge's agent.ready event on its stdout");
     child
 }
@@ -63,8 +62,8 @@ impl Drop for Killed {
     }
 }
 
-/// Waits up to `max` for `child` to exit.
-fn exit_within(child: &mut Child, max: Duration) -> Option<std::process::ExitStatus> {
+/// Waits up to `max` for `child` to exit, looking every 20 ms without blocking the runtime.
+async fn exit_within(child: &mut Child, max: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + max;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -73,7 +72,7 @@ fn exit_within(child: &mut Child, max: Duration) -> Option<std::process::ExitSta
         if Instant::now() > deadline {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -96,7 +95,7 @@ async fn a_bridge_whose_output_reader_left_answers_and_stops_at_sigterm() {
     let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
     let asked = Instant::now();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = exit_within(&mut child.0, Duration::from_secs(GRACE_SECS));
+    let status = exit_within(&mut child.0, Duration::from_secs(GRACE_SECS)).await;
     let status = status.expect("the bridge exits within its grace after SIGTERM");
     println!("stopped {:?} after SIGTERM, with {status}", asked.elapsed());
     assert!(status.success(), "{status}");

@@ -10,31 +10,15 @@ use std::time::{Duration, Instant};
 use aamp_bridge::protocol::Intent;
 use support::{mailhost, Bridge, ConfigDir, MailHost, Peer};
 
-/// A config folder for replica `name` of `agent`'s mailbox (lease 10 s), whose agent takes
-/// half a second over a task.
+/// A config folder for replica `name` of `agent`'s mailbox, whose agent takes half a second
+/// over a task.
 fn replica(
     host: &MailHost,
     agent: &aamp_bridge::config::Account,
     boss: &str,
     name: &str,
 ) -> ConfigDir {
-    let dir = ConfigDir::new(
-        host,
-        &support::Toml::new()
-            .host_mailbox(
-                host,
-                "agent",
-                agent,
-                &format!("replica = \"{name}\"\nlease_secs = 10\n"),
-            )
-            .agent("agent", "sleeper.toml", &[boss], "")
-            .text(),
-    );
-    dir.write(
-        "sleeper.toml",
-        "name = \"sleeper\"\ncommand = \"python3\"\nargs = [\"-c\", \"import sys, time; sys.stdin.read(); time.sleep(0.5); print('done')\"]\nstdin = \"{{prompt}}\"\ntimeout_secs = 60\n",
-    );
-    dir
+    support::replica(host, agent, boss, name, &support::sleeper(0.5), "")
 }
 
 /// The `mail.sent` events of `bridge` for `task`'s result.
@@ -99,7 +83,7 @@ async fn a_replica_back_after_a_takeover_does_not_send_the_result_it_recorded() 
         "{intents:?}"
     );
     // `status` shows the journal's size and its limit (issue 43, item 4).
-    let status: serde_json::Value = serde_json::from_str(&d1.run(&["status", "--json"])).unwrap();
+    let status = d1.status_json();
     assert!(status["journal"]["bytes"].as_u64().unwrap() > 0, "{status}");
     assert_eq!(status["journal"]["maxBytes"], 1024 << 20, "{status}");
     assert!(d1.run(&["status"]).contains("(kept under 1024 MB)"));

@@ -8,16 +8,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use aamp_bridge::protocol::Intent;
-use support::{mailhost, Bridge, ConfigDir, MailHost, Peer};
+use support::{
+    assert_answered_once, mailhost, replicas, send_burst, sleeper, wait_results, Bridge, ConfigDir,
+    MailHost, Peer,
+};
 
-/// A CLI agent that takes `seconds` over every task.
-fn sleeper(seconds: f64) -> String {
-    format!(
-        "name = \"sleeper\"\ncommand = \"python3\"\nargs = [\"-c\", \"import sys, time; sys.stdin.read(); time.sleep({seconds}); print('done')\"]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 120\n"
-    )
-}
-
-/// A config folder for replica `name` of the agent's mailbox.
+/// A config folder for replica `name` of the agent's mailbox, whose agent takes `seconds`
+/// over a task, two at a time.
 fn replica(
     host: &MailHost,
     agent: &aamp_bridge::config::Account,
@@ -36,20 +33,7 @@ fn replica_with(
     name: &str,
     profile: &str,
 ) -> ConfigDir {
-    let dir = ConfigDir::new(
-        host,
-        &support::Toml::new()
-            .host_mailbox(
-                host,
-                "agent",
-                agent,
-                &format!("replica = \"{name}\"\nlease_secs = 10\n"),
-            )
-            .agent("agent", "sleeper.toml", &[boss], "max_concurrent_tasks = 2")
-            .text(),
-    );
-    dir.write("sleeper.toml", profile);
-    dir
+    support::replica(host, agent, boss, name, profile, "max_concurrent_tasks = 2")
 }
 
 /// The tasks each bridge completed.
@@ -69,6 +53,7 @@ fn completed(bridges: &mut [Bridge]) -> Vec<HashSet<String>> {
 
 /// Waits until one of `bridges` has started a task (`task_id`, or any when `None`): its index.
 async fn runner_of(bridges: &mut [Bridge], task_id: Option<&str>) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let started = bridges.iter_mut().position(|b| {
             b.take_events();
@@ -79,6 +64,10 @@ async fn runner_of(bridges: &mut [Bridge], task_id: Option<&str>) -> usize {
         if let Some(i) = started {
             return i;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replica started {task_id:?} within a minute"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -87,30 +76,13 @@ async fn runner_of(bridges: &mut [Bridge], task_id: Option<&str>) -> usize {
 async fn three_replicas_run_a_burst_once_each_and_share_it() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
-    let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
-        .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 0.2))
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2", "r3"], 0.2, 2);
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
-    let mut tasks = Vec::new();
-    for n in 0..300 {
-        let sent = peer
-            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a little"))
-            .await;
-        tasks.push(sent.task_id().to_string());
-    }
-    for task in &tasks {
-        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(300))
-            .await;
-    }
+    let tasks = send_burst(&peer, &agent.email, 300, "sleep a little").await;
+    wait_results(&mut peer, &tasks, Duration::from_secs(300)).await;
     peer.settle(&via).await;
-    for task in &tasks {
-        let intents = peer.intents_for(task);
-        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
-        assert_eq!(count(Intent::TaskAck), 1, "{task}: {intents:?}");
-        assert_eq!(count(Intent::TaskResult), 1, "{task}: {intents:?}");
-    }
+    assert_answered_once(&peer, &tasks, "");
     let ran = completed(&mut bridges);
     let mut owners: HashMap<&String, usize> = HashMap::new();
     for (i, set) in ran.iter().enumerate() {
@@ -141,26 +113,14 @@ async fn three_replicas_run_a_burst_once_each_and_share_it() {
 async fn a_replica_killed_mid_task_loses_its_tasks_to_the_others_after_the_lease() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
-    let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
-        .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 3.0))
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2", "r3"], 3.0, 2);
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
-    let mut tasks = Vec::new();
-    for n in 0..6 {
-        let sent = peer
-            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep"))
-            .await;
-        tasks.push(sent.task_id().to_string());
-    }
+    let tasks = send_burst(&peer, &agent.email, 6, "sleep").await;
     // The first replica seen starting one: killed (no stop, no answer, no lease release).
     let victim = runner_of(&mut bridges, None).await;
     bridges.remove(victim).kill();
-    for task in &tasks {
-        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(90))
-            .await;
-    }
+    wait_results(&mut peer, &tasks, Duration::from_secs(90)).await;
     peer.settle(&via).await;
     for task in &tasks {
         let results = peer
@@ -185,10 +145,7 @@ async fn a_replica_killed_mid_task_loses_its_tasks_to_the_others_after_the_lease
 async fn a_cancel_stops_the_task_on_the_replica_that_runs_it() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
-    let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
-        .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 60.0))
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2", "r3"], 60.0, 2);
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
     let dispatch = peer.dispatch_to(&agent.email, "Long", "sleep long");
@@ -230,10 +187,7 @@ async fn a_dispatch_the_replicas_refuse_is_answered_once() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
     let stranger = host.user("stranger");
-    let dirs: Vec<ConfigDir> = ["r1", "r2", "r3"]
-        .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 0.1))
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2", "r3"], 0.1, 2);
     let bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut boss = Peer::new(boss).await;
     let mut stranger = Peer::new(stranger).await;
@@ -468,50 +422,13 @@ async fn two_replicas_answer_120_dispatches_once_on_a_mailbox_with_few_names_lef
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
     age_keyword_table(host, &agent, 60).await;
-    let dirs: Vec<ConfigDir> = ["r1", "r2"]
-        .iter()
-        .map(|name| {
-            let dir = ConfigDir::new(
-                host,
-                &support::Toml::new()
-                    .host_mailbox(
-                        host,
-                        "agent",
-                        &agent,
-                        &format!("replica = \"{name}\"\nlease_secs = 10\n"),
-                    )
-                    .agent(
-                        "agent",
-                        "sleeper.toml",
-                        &[&boss.email],
-                        "max_concurrent_tasks = 2",
-                    )
-                    .text(),
-            );
-            dir.write("sleeper.toml", &sleeper(1.2));
-            dir
-        })
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2"], 1.2, 2);
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
-    let mut tasks = Vec::new();
-    for n in 0..120 {
-        let sent = peer
-            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a little"))
-            .await;
-        tasks.push(sent.task_id().to_string());
-    }
-    for task in &tasks {
-        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(240))
-            .await;
-    }
+    let tasks = send_burst(&peer, &agent.email, 120, "sleep a little").await;
+    wait_results(&mut peer, &tasks, Duration::from_secs(240)).await;
     peer.settle(&via).await;
-    for task in &tasks {
-        let intents = peer.intents_for(task);
-        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
-        assert_eq!(count(Intent::TaskAck), 1, "{task}: {intents:?}");
-        assert_eq!(count(Intent::TaskResult), 1, "{task}: {intents:?}");
-    }
+    assert_answered_once(&peer, &tasks, "");
     let ran = completed(&mut bridges);
     assert_eq!(
         ran.iter().map(HashSet::len).sum::<usize>(),
@@ -545,7 +462,7 @@ async fn a_claim_the_server_refuses_for_good_parks_the_task_and_says_why() {
         let reason = parked["reason"].as_str().unwrap();
         assert!(reason.contains("Too many user flags"), "{parked}");
     }
-    let status: serde_json::Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let status = dir.status_json();
     let a = &status["agents"][0];
     assert_eq!(a["parked"], 2, "{status}");
     assert_eq!(a["queued"], 0, "{status}");
@@ -627,10 +544,7 @@ async fn doctor_tries_the_claims_keywords_once_a_task_is_answered() {
 async fn a_dispatch_delivered_twice_to_two_replicas_runs_once() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
-    let dirs: Vec<ConfigDir> = ["r1", "r2"]
-        .iter()
-        .map(|name| replica(host, &agent, &boss.email, name, 3.0))
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2"], 3.0, 2);
     let mut bridges: Vec<Bridge> = dirs.iter().map(|d| Bridge::start(d, 1)).collect();
     let mut peer = Peer::new(boss).await;
     let mut task = peer.dispatch_to(&agent.email, "Twice", "delivered twice");
@@ -755,30 +669,7 @@ async fn a_claim_on_one_copy_of_a_dispatch_holds_every_copy() {
 async fn two_replicas_answer_150_dispatches_once_through_700_claims_and_renewals() {
     let Some(host) = mailhost() else { return };
     let (agent, boss, via) = (host.user("agent"), host.user("boss"), host.user("via"));
-    let dirs: Vec<ConfigDir> = ["r1", "r2"]
-        .iter()
-        .map(|name| {
-            let dir = ConfigDir::new(
-                host,
-                &support::Toml::new()
-                    .host_mailbox(
-                        host,
-                        "agent",
-                        &agent,
-                        &format!("replica = \"{name}\"\nlease_secs = 10\n"),
-                    )
-                    .agent(
-                        "agent",
-                        "sleeper.toml",
-                        &[&boss.email],
-                        "max_concurrent_tasks = 25",
-                    )
-                    .text(),
-            );
-            dir.write("sleeper.toml", &sleeper(15.0));
-            dir
-        })
-        .collect();
+    let dirs = replicas(host, &agent, &boss.email, &["r1", "r2"], 15.0, 25);
     let env = [(
         "AAMP_BRIDGE_LOG",
         "info,aamp_bridge::dispatch::claims=debug",
@@ -789,17 +680,8 @@ async fn two_replicas_answer_150_dispatches_once_through_700_claims_and_renewals
         .collect();
     let started = std::time::Instant::now();
     let mut peer = Peer::new(boss).await;
-    let mut tasks = Vec::new();
-    for n in 0..150 {
-        let sent = peer
-            .send(peer.dispatch_to(&agent.email, &format!("Task {n}"), "sleep a while"))
-            .await;
-        tasks.push(sent.task_id().to_string());
-    }
-    for task in &tasks {
-        peer.wait_for_within(task, Intent::TaskResult, Duration::from_secs(600))
-            .await;
-    }
+    let tasks = send_burst(&peer, &agent.email, 150, "sleep a while").await;
+    wait_results(&mut peer, &tasks, Duration::from_secs(600)).await;
     let took = started.elapsed();
     peer.settle(&via).await;
     let takeovers: Vec<String> = bridges
@@ -812,20 +694,7 @@ async fn two_replicas_answer_150_dispatches_once_through_700_claims_and_renewals
                 .collect::<Vec<_>>()
         })
         .collect();
-    for task in &tasks {
-        let intents = peer.intents_for(task);
-        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
-        assert_eq!(
-            count(Intent::TaskAck),
-            1,
-            "{task}: {intents:?}; {takeovers:#?}"
-        );
-        assert_eq!(
-            count(Intent::TaskResult),
-            1,
-            "{task}: {intents:?}; {takeovers:#?}"
-        );
-    }
+    assert_answered_once(&peer, &tasks, &format!("; {takeovers:#?}"));
     let ran = completed(&mut bridges);
     assert_eq!(
         ran.iter().map(HashSet::len).sum::<usize>(),

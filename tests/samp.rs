@@ -11,35 +11,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::{Bridge, ConfigDir, SampPeer as Peer, SampServer as Server};
 
-/// A config of one agent on a SAMP mailbox, answering `boss`.
-fn config(server: &Server, key: &str, boss: &str, profile: &str) -> ConfigDir {
-    config_named(server, "coder", key, boss, profile)
-}
-
-/// The same for the agent and mailbox `name`.
-fn config_named(server: &Server, name: &str, key: &str, boss: &str, profile: &str) -> ConfigDir {
-    let dir = ConfigDir::empty();
-    dir.write_private("samp.key", key);
-    dir.write_config(
-        &support::Toml::new()
-            .mailbox_text(&format!(
-                "[mailboxes.{name}]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"samp.key\"\npoll_interval_secs = 1\n",
-                server.url
-            ))
-            .agent(name, profile, &[boss], "")
-            .text(),
-    );
-    dir
-}
-
 async fn setup(profile: &str) -> (Server, Peer, String, ConfigDir) {
     let server = Server::start();
     let key = server.agent("coder").await;
-    let boss = Peer {
-        url: server.url.clone(),
-        key: server.agent("boss").await,
-    };
-    let dir = config(&server, &key, "boss@127.0.0.1", profile);
+    let boss = server.peer("boss").await;
+    let dir = server.agent_config("coder", &key, "boss@127.0.0.1", profile);
     (server, boss, key, dir)
 }
 
@@ -94,10 +70,7 @@ async fn a_task_is_answered_in_its_thread_once_and_acked() {
         1
     );
     // A sender the policy does not allow is refused in the thread; nothing runs.
-    let stranger = Peer {
-        url: server.url.clone(),
-        key: server.agent("stranger").await,
-    };
+    let stranger = server.peer("stranger").await;
     let refused = stranger.send("coder", "Do it", "rm -rf /", None).await;
     let answer = server
         .replies("coder", &refused, 1, Duration::from_secs(60))
@@ -149,25 +122,11 @@ async fn a_revoked_key_is_shown_by_status_and_a_new_key_file_fixes_it_at_reload(
     server
         .replies("coder", &sent, 1, Duration::from_secs(60))
         .await;
-    server
-        .control(
-            reqwest::Method::POST,
-            "/test/revoke",
-            Some(json!({"key": key})),
-        )
+    server.revoke(&key).await;
+    bridge
+        .wait_log("the SAMP server refused the credentials")
         .await;
-    support::wait_until("the refusal is logged", || {
-        bridge
-            .log()
-            .contains("the SAMP server refused the credentials")
-    });
-    let status = dir.run(&["status", "--json"]);
-    assert!(status.contains("auth_failed"), "{status}");
-    let json: Value = serde_json::from_str(&status).unwrap();
-    assert_eq!(
-        json["agents"][0]["link"]["credentials"]["worked"], false,
-        "{json}"
-    );
+    dir.assert_status_refused();
     let text = dir.run(&["status"]);
     assert!(
         text.contains("401") && text.contains("revoked"),
@@ -178,16 +137,7 @@ async fn a_revoked_key_is_shown_by_status_and_a_new_key_file_fixes_it_at_reload(
         "never shown"
     );
     // A new key in the file, and a reload.
-    let fresh = server
-        .control(
-            reqwest::Method::POST,
-            "/test/keys",
-            Some(json!({"agent": "coder"})),
-        )
-        .await["key"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let fresh = server.new_key("coder").await;
     dir.replace_private("samp.key", &fresh);
     let said = dir.run(&["reload"]);
     assert!(said.contains("credentials reloaded for coder"), "{said}");
@@ -195,7 +145,7 @@ async fn a_revoked_key_is_shown_by_status_and_a_new_key_file_fixes_it_at_reload(
     server
         .replies("coder", &after, 1, Duration::from_secs(30))
         .await;
-    let json: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let json = dir.status_json();
     assert_eq!(json["agents"][0]["link"]["mailbox"], "connected", "{json}");
     assert!(!bridge.log().contains(&fresh));
     assert!(bridge.stop().success());
@@ -243,9 +193,7 @@ async fn the_send_rate_and_a_full_inbox_are_waited_out_none_lost_none_twice() {
         .await;
     // Boss holds the answer to A unread: the answer to B meets a full inbox.
     let b = boss.send("coder", "B", "second", None).await;
-    support::wait_until("the full inbox is said", || {
-        bridge.log().contains("inbox_full")
-    });
+    bridge.wait_log("inbox_full").await;
     let status = dir.run(&["status"]);
     let _ = status;
     boss.read_all().await;
@@ -331,8 +279,8 @@ async fn two_bridges_that_allow_each_other_do_not_answer_each_others_answers() {
     let server = Server::start();
     let coder_key = server.agent("coder").await;
     let helper_key = server.agent("helper").await;
-    let coder_dir = config_named(&server, "coder", &coder_key, "helper@127.0.0.1", "echo");
-    let helper_dir = config_named(&server, "helper", &helper_key, "coder@127.0.0.1", "echo");
+    let coder_dir = server.agent_config("coder", &coder_key, "helper@127.0.0.1", "echo");
+    let helper_dir = server.agent_config("helper", &helper_key, "coder@127.0.0.1", "echo");
     let mut coder_bridge = Bridge::start(&coder_dir, 1);
     let mut helper_bridge = Bridge::start(&helper_dir, 1);
     // The helper's side asks the coder (as its agent would, with its own key).
@@ -447,10 +395,7 @@ async fn an_answer_whose_confirmation_was_lost_is_not_sent_again_after_its_recip
 async fn init_from_answers_sets_up_a_samp_agent_that_answers() {
     let server = Server::start();
     let key = server.agent("coder").await;
-    let boss = Peer {
-        url: server.url.clone(),
-        key: server.agent("boss").await,
-    };
+    let boss = server.peer("boss").await;
     let dir = ConfigDir::empty();
     let init = |key: &str| {
         dir.write_private("coder.samp-key", key);

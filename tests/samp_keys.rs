@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{Bridge, ConfigDir, SampPeer, SampServer};
+use support::{Bridge, ConfigDir, SampServer};
 
 /// Failed keys the server takes from one address before it refuses every request from it.
 const LOCKOUT: usize = 3;
@@ -47,36 +47,22 @@ async fn a_revoked_key_never_locks_out_the_other_agents_and_a_new_key_file_is_tr
         .await;
     let coder_key = server.agent("coder").await;
     let helper_key = server.agent("helper").await;
-    let boss = SampPeer {
-        url: server.url.clone(),
-        key: server.agent("boss").await,
-    };
+    let boss = server.peer("boss").await;
     let dir = ConfigDir::empty();
     dir.write_private("coder.key", &coder_key);
     dir.write_private("helper.key", &helper_key);
     let mut toml = support::Toml::new();
     for name in ["coder", "helper"] {
         toml = toml
-            .mailbox_text(&format!(
-                "[mailboxes.{name}]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"{name}.key\"\npoll_interval_secs = 1\n",
-                server.url
-            ))
+            .mailbox_text(&server.mailbox(name, &format!("{name}.key")))
             .agent(name, "echo", &["boss@127.0.0.1"], "");
     }
     dir.write_config(&toml.text());
     let bridge = Bridge::start(&dir, 2);
-    server
-        .control(
-            reqwest::Method::POST,
-            "/test/revoke",
-            Some(json!({"key": coder_key})),
-        )
+    server.revoke(&coder_key).await;
+    bridge
+        .wait_log("the SAMP server refused the credentials")
         .await;
-    support::wait_until("the refusal is logged", || {
-        bridge
-            .log()
-            .contains("the SAMP server refused the credentials")
-    });
     // A task for the agent whose key is refused waits on the server.
     let waiting = boss.send("coder", "Later", "after the new key", None).await;
     // Longer than two of the old 5-second retries: a measurement window, nothing to wait for.
@@ -92,16 +78,7 @@ async fn a_revoked_key_never_locks_out_the_other_agents_and_a_new_key_file_is_tr
         .replies("helper", &other, 1, Duration::from_secs(15))
         .await;
     // A new key written to the file, no reload: the waiting task is answered within seconds.
-    let fresh = server
-        .control(
-            reqwest::Method::POST,
-            "/test/keys",
-            Some(json!({"agent": "coder"})),
-        )
-        .await["key"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let fresh = server.new_key("coder").await;
     dir.replace_private("coder.key", &fresh);
     let written = Instant::now();
     server
@@ -110,7 +87,7 @@ async fn a_revoked_key_never_locks_out_the_other_agents_and_a_new_key_file_is_tr
     let took = written.elapsed();
     eprintln!("new key file to the waiting task's answer: {took:?}; failed keys: {failures}");
     assert!(auth_failures(&server).await < LOCKOUT);
-    let status: Value = serde_json::from_str(&dir.run(&["status", "--json"])).unwrap();
+    let status = dir.status_json();
     let coder = status["agents"]
         .as_array()
         .unwrap()

@@ -457,9 +457,7 @@ async fn cards_early_cancels_silent_cancels_and_automatic_mail() {
     cancel.envelope.references.clear();
     peer.send(cancel).await;
     // The cancel is read before the dispatch is sent.
-    support::wait_until("the bridge reads the cancel", || {
-        bridge.log().contains("cancel before its dispatch")
-    });
+    bridge.wait_log("cancel before its dispatch").await;
     let early = peer.send(early).await;
     let (status, why) = result_of(&peer.wait_for(early.task_id(), Intent::TaskResult).await);
     assert_eq!(status, Status::Rejected);
@@ -882,9 +880,7 @@ async fn a_cancel_from_anyone_but_the_dispatcher_stops_nothing() {
     bridge.wait_event("task.started", |e| e["taskId"] == task.task_id());
     let cancel = |from: &Peer| from.cancel_of(&task, &agent.email);
     meddler.send(cancel(&meddler)).await;
-    support::wait_until("the bridge reads the foreign cancel", || {
-        bridge.log().contains("cancel before its dispatch")
-    });
+    bridge.wait_log("cancel before its dispatch").await;
     assert!(
         !bridge.log().contains("cancel received; stopping the task"),
         "another sender's cancel stops nothing"

@@ -471,9 +471,10 @@ async fn the_live_view_streams_tasks_answers_questions_cancels_and_refuses_stran
         foreign == "opaque" || foreign.as_str().unwrap_or_default().starts_with("blocked"),
         "{foreign}"
     );
-    support::wait_until("the server refuses the cross-site POST", || {
+    support::poll_until("the server refuses the cross-site POST", || {
         refused(&bridge.log()) > before
-    });
+    })
+    .await;
     assert!(
         browser.find_all(".task").await.is_empty(),
         "the foreign page shows nothing"

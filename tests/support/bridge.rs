@@ -96,6 +96,23 @@ impl ConfigDir {
         gate
     }
 
+    /// `aamp-bridge status --json`, parsed.
+    pub fn status_json(&self) -> Value {
+        let status = self.run(&["status", "--json"]);
+        serde_json::from_str(&status).unwrap_or_else(|e| panic!("status --json: {e}: {status}"))
+    }
+
+    /// Asserts `status` shows the first agent's mailbox refused: `auth_failed`, and the
+    /// credentials in use as not working (issue 37).
+    pub fn assert_status_refused(&self) {
+        let status = self.status_json();
+        assert!(status.to_string().contains("auth_failed"), "{status}");
+        assert_eq!(
+            status["agents"][0]["link"]["credentials"]["worked"], false,
+            "{status}"
+        );
+    }
+
     /// `aamp-bridge --config CONFIG ARGS...`: what it printed on stdout, whatever its exit.
     pub fn run(&self, args: &[&str]) -> String {
         let out = Command::new(bin())
@@ -193,7 +210,7 @@ impl Bridge {
         let deadline = Instant::now() + WAIT;
         while self.seen.iter().filter(|e| pred(e)).count() < n {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
+            match blocking(|| self.events.recv_timeout(left)) {
                 Ok(e) => self.seen.push(e),
                 Err(_) => panic!(
                     "fewer than {n} {name} events within {WAIT:?}; events: {:#?}\nbridge log:\n{}",
@@ -218,7 +235,7 @@ impl Bridge {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
+            match blocking(|| self.events.recv_timeout(left)) {
                 Ok(e) => {
                     self.seen.push(e.clone());
                     if pred(&e) {
@@ -245,6 +262,14 @@ impl Bridge {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// Waits (up to WAIT, without blocking the runtime) until the log says `text`.
+    pub async fn wait_log(&self, text: &str) {
+        poll_until(&format!("the bridge's log says {text:?}"), || {
+            self.log().contains(text)
+        })
+        .await
+    }
+
     /// SIGTERM, and waits for a clean exit.
     pub fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()
@@ -268,6 +293,10 @@ impl Bridge {
 
     /// Waits (up to WAIT) for the bridge to exit on its own, reading its events meanwhile.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        blocking(|| self.wait_exit_here())
+    }
+
+    fn wait_exit_here(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + WAIT;
         loop {
             while let Ok(e) = self.events.try_recv() {
@@ -289,6 +318,10 @@ impl Bridge {
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
+        blocking(|| self.terminate_here())
+    }
+
+    fn terminate_here(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + WAIT;

@@ -2,6 +2,8 @@
 //! running, fresh mailboxes per test, a running bridge process, and a dispatcher peer.
 #![allow(dead_code, unused_imports)]
 
+mod amp;
+mod asmtp;
 mod bridge;
 mod browser;
 mod config;
@@ -10,9 +12,12 @@ mod links;
 mod mailhost;
 mod peer;
 mod procfs;
+mod replica;
 mod samp;
 mod servers;
 
+pub use amp::AmpBroker;
+pub use asmtp::{envelope_text, ulid, AsmtpOperator};
 pub use bridge::*;
 pub use browser::*;
 pub use config::*;
@@ -21,6 +26,7 @@ pub use links::*;
 pub use mailhost::*;
 pub use peer::*;
 pub use procfs::*;
+pub use replica::*;
 pub use samp::{SampPeer, SampServer};
 pub use servers::*;
 
@@ -98,13 +104,102 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
-/// Waits up to WAIT for `cond`, looking every 50 ms.
+/// Waits up to WAIT for `cond`, looking every 50 ms. For a test without a runtime; an async
+/// test awaits [`poll_until`] instead, which leaves its worker free meanwhile.
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
         assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Waits up to WAIT for `cond`, looking every 50 ms without blocking the runtime.
+pub async fn poll_until(what: &str, mut cond: impl FnMut() -> bool) {
+    poll(what, WAIT, || std::future::ready(cond().then_some(()))).await
+}
+
+/// Looks with `look` every 50 ms until it finds something, for up to `within`; fails the
+/// test with `what` if it finds nothing.
+pub async fn poll<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    within: Duration,
+    mut look: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(found) = look().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long after `since` `look` first found what it looks for (looking every 50 ms); `None`
+/// when it did not within `within` of `since`. For a test that measures how soon.
+pub async fn found_within<F: std::future::Future<Output = bool>>(
+    since: Instant,
+    within: Duration,
+    mut look: impl FnMut() -> F,
+) -> Option<Duration> {
+    loop {
+        if look().await {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fails the test if a test server's record (`--record`) holds a request or frame it marked
+/// invalid (against the API's rules).
+pub fn assert_none_invalid(record: Vec<Value>) {
+    let invalid: Vec<Value> = record
+        .into_iter()
+        .filter(|r| r.get("invalid").is_some())
+        .collect();
+    assert!(
+        invalid.is_empty(),
+        "requests or frames against the server's rules: {invalid:?}"
+    );
+}
+
+/// Runs a blocking wait (for a child process, or a channel the bridge's events come in on)
+/// so that it does not hold up a runtime: in a multi-threaded runtime the worker hands its
+/// other tasks over first; outside a runtime it just runs.
+pub fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
+/// The JSON lines of a file (a test server's `--record`), skipping any that is not JSON.
+pub fn json_lines(path: &Path) -> Vec<Value> {
+    lines(path)
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Sends `request` (with `body` as JSON when there is one) and returns the JSON answer,
+/// failing the test on a status other than success.
+pub async fn json_call(request: reqwest::RequestBuilder, body: Option<Value>) -> Value {
+    let request = match body {
+        Some(body) => request.json(&body),
+        None => request,
+    };
+    let response = request.send().await.unwrap();
+    let (status, url) = (response.status(), response.url().path().to_string());
+    let value: Value = response.json().await.unwrap();
+    assert!(status.is_success(), "{url}: {status} {value}");
+    value
 }
 
 /// The lines of a file (none when it does not exist).

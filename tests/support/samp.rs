@@ -58,18 +58,71 @@ impl SampServer {
         self.url.trim_end_matches("/mcp").to_string()
     }
 
+    /// A call to the server's test controls, as its admin.
     pub async fn control(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let mut request = reqwest::Client::new()
+        let request = reqwest::Client::new()
             .request(method, format!("{}{path}", self.base()))
             .bearer_auth(&self.admin);
-        if let Some(body) = body {
-            request = request.json(&body);
+        super::json_call(request, body).await
+    }
+
+    /// Revokes `key`: the server refuses it from now on.
+    pub async fn revoke(&self, key: &str) {
+        self.control(
+            reqwest::Method::POST,
+            "/test/revoke",
+            Some(json!({"key": key})),
+        )
+        .await;
+    }
+
+    /// A new key for `agent`, as a person makes one after a revocation.
+    pub async fn new_key(&self, agent: &str) -> String {
+        self.control(
+            reqwest::Method::POST,
+            "/test/keys",
+            Some(json!({"agent": agent})),
+        )
+        .await["key"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// A new agent `name`, and its side of MCP.
+    pub async fn peer(&self, name: &str) -> SampPeer {
+        SampPeer {
+            url: self.url.clone(),
+            key: self.agent(name).await,
         }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let value: Value = response.json().await.unwrap();
-        assert!(status.is_success(), "{path}: {status} {value}");
-        value
+    }
+
+    /// The `[mailboxes.NAME]` table of a SAMP mailbox on this server, its key in `key_file`,
+    /// polled every second.
+    pub fn mailbox(&self, name: &str, key_file: &str) -> String {
+        format!(
+            "[mailboxes.{name}]\nkind = \"samp\"\nsamp_url = \"{}\"\nkey_file = \"{key_file}\"\npoll_interval_secs = 1\n",
+            self.url
+        )
+    }
+
+    /// A config of the agent and mailbox `name` with `key`, answering `boss` with `profile`.
+    pub fn agent_config(
+        &self,
+        name: &str,
+        key: &str,
+        boss: &str,
+        profile: &str,
+    ) -> super::ConfigDir {
+        let dir = super::ConfigDir::empty();
+        dir.write_private("samp.key", key);
+        dir.write_config(
+            &super::Toml::new()
+                .mailbox_text(&self.mailbox(name, "samp.key"))
+                .agent(name, profile, &[boss], "")
+                .text(),
+        );
+        dir
     }
 
     /// A new agent: its key.
@@ -106,23 +159,17 @@ impl SampServer {
         n: usize,
         within: Duration,
     ) -> Vec<Value> {
-        let deadline = std::time::Instant::now() + within;
-        loop {
+        let what = format!("{n} replies from {from} to {message}");
+        super::poll(&what, within, || async {
             let replies: Vec<Value> = self
                 .sent_by(from)
                 .await
                 .into_iter()
                 .filter(|m| m["in_reply_to"] == message)
                 .collect();
-            if replies.len() >= n {
-                return replies;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no reply from {from} to {message}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            (replies.len() >= n).then_some(replies)
+        })
+        .await
     }
 
     pub fn no_invalid_calls(&self) {

@@ -1,0 +1,83 @@
+//! Replicas: several bridges serving one agent address on the mail host, coordinated by
+//! claims on the server, for the replica tests.
+
+use super::*;
+
+/// A CLI agent that takes `seconds` over every task.
+pub fn sleeper(seconds: f64) -> String {
+    format!(
+        "name = \"sleeper\"\ncommand = \"python3\"\nargs = [\"-c\", \"import sys, time; sys.stdin.read(); time.sleep({seconds}); print('done')\"]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 120\n"
+    )
+}
+
+/// A config folder for replica `name` of `agent`'s mailbox (lease 10 s), its agent running
+/// `profile` (a [`sleeper`], say) with more agent keys `agent_keys`, answering `boss`.
+pub fn replica(
+    host: &MailHost,
+    agent: &Account,
+    boss: &str,
+    name: &str,
+    profile: &str,
+    agent_keys: &str,
+) -> ConfigDir {
+    let dir = ConfigDir::new(
+        host,
+        &Toml::new()
+            .host_mailbox(
+                host,
+                "agent",
+                agent,
+                &format!("replica = \"{name}\"\nlease_secs = 10\n"),
+            )
+            .agent("agent", "sleeper.toml", &[boss], agent_keys)
+            .text(),
+    );
+    dir.write("sleeper.toml", profile);
+    dir
+}
+
+/// Config folders for the replicas `names` of `agent`'s mailbox, each running a [`sleeper`]
+/// of `seconds`, `slots` tasks at a time.
+pub fn replicas(
+    host: &MailHost,
+    agent: &Account,
+    boss: &str,
+    names: &[&str],
+    seconds: f64,
+    slots: usize,
+) -> Vec<ConfigDir> {
+    let keys = format!("max_concurrent_tasks = {slots}");
+    names
+        .iter()
+        .map(|name| replica(host, agent, boss, name, &sleeper(seconds), &keys))
+        .collect()
+}
+
+/// Sends `n` dispatches titled `Task 0`... to `to`: their task ids, in order.
+pub async fn send_burst(peer: &Peer, to: &str, n: usize, body: &str) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let sent = peer
+            .send(peer.dispatch_to(to, &format!("Task {i}"), body))
+            .await;
+        tasks.push(sent.task_id().to_string());
+    }
+    tasks
+}
+
+/// Waits for every task's result, each within `within`.
+pub async fn wait_results(peer: &mut Peer, tasks: &[String], within: Duration) {
+    for task in tasks {
+        peer.wait_for_within(task, Intent::TaskResult, within).await;
+    }
+}
+
+/// Asserts each task was acknowledged once and answered once; `context` is said on failure.
+pub fn assert_answered_once(peer: &Peer, tasks: &[String], context: &str) {
+    for task in tasks {
+        let intents = peer.intents_for(task);
+        let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
+        assert_eq!(count(Intent::TaskAck), 1, "{task}: {intents:?}{context}");
+        assert_eq!(count(Intent::TaskResult), 1, "{task}: {intents:?}{context}");
+    }
+}
