@@ -13,8 +13,7 @@ const MAX_FN_LINES: usize = 100;
 const LARGE_FILES: &[(&str, usize)] = &[];
 
 /// Functions over the limit (`file::name`), with their length when they were listed.
-const LONG_FUNCTIONS: &[(&str, usize)] = &[
-];
+const LONG_FUNCTIONS: &[(&str, usize)] = &[];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

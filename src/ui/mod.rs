@@ -88,12 +88,16 @@ impl<O: Backend> Operator for Vec<Engine<O>> {
 
     fn answer(&self, action: &Action, answer: &str) -> Result<(), ActionError> {
         let engine = engine(self, &action.agent)?;
-        Ok(engine.desk().operator_answer(&action.from, &action.task_id, answer)?)
+        Ok(engine
+            .desk()
+            .operator_answer(&action.from, &action.task_id, answer)?)
     }
 
     fn cancel(&self, action: &Action) -> Result<(), ActionError> {
         let engine = engine(self, &action.agent)?;
-        Ok(engine.desk().operator_cancel(&action.from, &action.task_id)?)
+        Ok(engine
+            .desk()
+            .operator_cancel(&action.from, &action.task_id)?)
     }
 }
 
