@@ -26,97 +26,90 @@
 //! and the parts of one module (its files, and its folders taken whole) never name each other
 //! in a circle, of any length (`use` trees are parsed, re-exports followed).
 //!
-//! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates,
-//!   RFC 5322 rendering/reading (with attachments), timestamps, delivery status
-//!   notifications (`protocol::dsn`). It names no other module.
-//! - [`config`]: the config file (read, and written back by `config::render`) and the value
-//!   types it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per
-//!   mailbox system, holding only its keys and the few every mailbox has, read by `kind`;
-//!   the kinds are listed once, in `config/mailboxes.rs`), the sender policy
-//!   (`config::policy`: rules, globs, the text form, what a refused sender hears, how a
-//!   cancel is answered), and each mailbox's secret (`config::secret`: one handle its
-//!   clients share, read again at a reload or a refusal).
-//! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`,
-//!   `Mail`, `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the
-//!   back-end found about the sender). Below both `mailbox` and `dispatch`.
-//! - [`backend`]: the outbound seam, also below both: [`backend::Backend`] (what dispatch asks
-//!   of an agent's mailbox back-end: submit rendered mail, fetch an attachment, feed a live
-//!   stream, read an earlier thread, claim a task; all but `submit` have defaults for a
-//!   back-end without them), its error and the claim's outcome. Each back-end implements it in
-//!   its own folder.
-//! - [`error`], [`events`], [`paths`], [`fsio`], [`backoff`]: error classes, the closed set
-//!   of events and their JSON lines, the state directory's layout, atomic files, the state
-//!   lock and the one way to open a file an agent made (`fsio::open_inside`), the one retry
-//!   schedule.
-//! - [`mailbox`]: the only code that knows mail and the mailbox systems. `mailbox::open` is
-//!   the one call the daemon makes: `mailbox::kinds` chooses the agent's mailbox system by
-//!   its kind (one line per kind) and that system's `System` (from its folder) opens it,
-//!   giving its `Outlet` (the agent's [`backend::Backend`], whatever the system) and its
-//!   `Intake` (its reading loop); the types they share are `mailbox::outlet`'s. One folder
-//!   per back-end, each turning its messages into the inbound model and implementing the
-//!   outbound seam: `mailbox::aamp` (AAMP mail: JMAP reading from a persisted cursor in
-//!   `aamp::intake` with push over WebSocket or EventSource in `aamp::push`, Inbox and
-//!   address filtering, attachments, SMTP submission with Sent copies, the AAMP service's
-//!   helper API, sender authenticity in `aamp::auth` with `Received:` fields read by their
-//!   grammar in `aamp::received`, failing closed, plain replies and delivery reports, claims
-//!   on dispatches when several bridges serve one mailbox in `aamp::claims`, the outbound
-//!   seam in `aamp::outlet`, what `doctor` and `init` check of a mailbox in `aamp::probe`
-//!   (each part a `mailbox::Finding`, which `mailbox::check` gives for every kind), the
-//!   person's own `dispatch` in `aamp::dispatcher`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up,
-//!   reply envelopes with client ids), `mailbox::amp` (an AMP broker, polled; answers as
-//!   replies in the thread) and `mailbox::samp` (an Agent Mailbox server over MCP: its own
-//!   small JSON-RPC client in `samp::rpc`, tool arguments mapped from the schemas the server
-//!   lists in `samp::tools`, messages journaled before they are acked, sends paced to the
-//!   server's rate, the answers the server confirmed kept so a lost confirmation never sends
-//!   one twice), all three shaped `client`, `wire`, `intake`, `replies` and sharing
-//!   `mailbox::answer` (an answer's text); each marks the bridge's answers in its own
-//!   metadata so an answer never starts a task. Shared by all:
-//!   `mailbox::intake` (the one reading loop `watch`, `Health`, the one rule for a mailbox's
-//!   link state, refused keys and retries, and the one push supervisor `supervise_push` over
-//!   each pushed back-end's connection, run beside the loop by `watch_pushed`), HTTP clients, errors, the link state a status
-//!   command reads, and the questions an agent posted where replies link by the back-end's
-//!   own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or `runner`.
+//! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates, RFC 5322
+//!   rendering/reading (with attachments), timestamps, delivery status notifications
+//!   (`protocol::dsn`). It names no other module.
+//! - [`config`]: the config file (read, and written back by `config::render`) and the value types
+//!   it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per mailbox system,
+//!   holding only its keys and the few every mailbox has, read by `kind`; the kinds are listed
+//!   once, in `config/mailboxes.rs`), the sender policy (`config::policy`: rules, globs, the text
+//!   form, what a refused sender hears, how a cancel is answered), and each mailbox's secret
+//!   (`config::secret`: one handle its clients share, read again at a reload or a refusal).
+//! - [`inbound`]: the inbound model every mailbox back-end hands to dispatch (`Inbound`, `Mail`,
+//!   `Reply`, `Bounce` (a delivery report), `Attachment`, and `SenderCheck`, what the back-end
+//!   found about the sender). Below both `mailbox` and `dispatch`.
+//! - [`backend`]: the outbound seam, also below both: [`backend::Backend`] (what dispatch asks of
+//!   an agent's mailbox back-end: submit rendered mail, fetch an attachment, feed a live stream,
+//!   read an earlier thread, claim a task; all but `submit` have defaults for a back-end without
+//!   them), its error and the claim's outcome. Each back-end implements it in its own folder.
+//! - [`error`], [`events`], [`paths`], [`fsio`], [`backoff`]: error classes, the closed set of
+//!   events and their JSON lines, the state directory's layout, atomic files, the state lock and
+//!   the one way to open a file an agent made (`fsio::open_inside`), the one retry schedule.
+//! - [`mailbox`]: the only code that knows mail and the mailbox systems. `mailbox::open` is the one
+//!   call the daemon makes: `mailbox::kinds` chooses the agent's mailbox system by its kind (one
+//!   line per kind) and that system's `System` (from its folder) opens it, giving its `Outlet` (the
+//!   agent's [`backend::Backend`], whatever the system) and its `Intake` (its reading loop); the
+//!   types they share are `mailbox::outlet`'s. One folder per back-end, each turning its messages
+//!   into the inbound model and implementing the outbound seam: `mailbox::aamp` (AAMP mail: JMAP
+//!   reading from a persisted cursor in `aamp::intake` with push over WebSocket or EventSource in
+//!   `aamp::push`, Inbox and address filtering, attachments, SMTP submission with Sent copies, the
+//!   AAMP service's helper API, sender authenticity in `aamp::auth` with `Received:` fields read by
+//!   their grammar in `aamp::received`, failing closed, plain replies and delivery reports, claims
+//!   on dispatches when several bridges serve one mailbox in `aamp::claims`, the outbound seam in
+//!   `aamp::outlet`, what `doctor` and `init` check of a mailbox in `aamp::probe` (each part a
+//!   `mailbox::Finding`, which `mailbox::check` gives for every kind), the person's own `dispatch`
+//!   in `aamp::dispatcher`), `mailbox::asmtp` (an ASMTP operator: push, keyset catch-up, reply
+//!   envelopes with client ids), `mailbox::amp` (an AMP broker, polled; answers as replies in the
+//!   thread) and `mailbox::samp` (an Agent Mailbox server over MCP: its own small JSON-RPC client
+//!   in `samp::rpc`, tool arguments mapped from the schemas the server lists in `samp::tools`,
+//!   messages journaled before they are acked, sends paced to the server's rate, the answers the
+//!   server confirmed kept so a lost confirmation never sends one twice), all three shaped
+//!   `client`, `wire`, `intake`, `replies` and sharing `mailbox::answer` (an answer's text); each
+//!   marks the bridge's answers in its own metadata so an answer never starts a task. Shared by
+//!   all: `mailbox::intake` (the one reading loop `watch`, `Health`, the one rule for a mailbox's
+//!   link state, refused keys and retries, and the one push supervisor `supervise_push` over each
+//!   pushed back-end's connection, run beside the loop by `watch_pushed`), HTTP clients, errors,
+//!   the link state a status command reads, and the questions an agent posted where replies link by
+//!   the back-end's own id (`mailbox::Questions`, kept on disk). It never names `dispatch` or
+//!   `runner`.
 //! - [`runner`]: the only code that knows agents: ACP sessions (`runner::acp`, where
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
-//!   permission requests, terminals, file writes and reads), CLI profiles
-//!   (`runner::profile`, which owns the permission policy both kinds apply) and their stream
-//!   formats (`runner::stream`), templates, process groups and tagged leftovers
-//!   (`runner::process`), the agent scan (`runner::scan`) and the one login check
-//!   (`runner::login`, read as each agent reads it, for `agents`, `doctor`, `init` and
-//!   `status`). It names only the bottom modules.
-//! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite:
-//!   what was received, decided, run and answered, and the outbox of mail to send), sender
-//!   policy applied (from `config::policy`, plus rules kept in the journal and pairing), limits
-//!   and loop guards, de-duplication, expiry, a slot scheduler by priority and arrival, one
-//!   task at a time per conversation (a sender's Session-Key), the lifecycle, recovery at
-//!   start, cancel, claims (one of several bridges runs a task only once it won its claim,
-//!   through [`backend::Backend`]), each conversation's turns (given as text to an agent
-//!   that lost its session), questions to the dispatcher, the prompt, and what a result carries
-//!   (`dispatch::results`: fields and files from the workspace only). Pure where it can be
-//!   ([`dispatch::admit`], [`config::policy`], [`dispatch::results::extract`]); answers leave
-//!   as rendered bytes through [`backend::Backend`]. One agent's [`dispatch::Engine`] keeps the
-//!   task's path (routing, the runs, the lifecycle's five steps, recovery, pairing); its
-//!   long-lived parts are types of their own, each in its file with its own state: the
-//!   [`dispatch::Outbox`] (answers composed, queued and sent by its worker), the
-//!   [`dispatch::Claims`] (claims among replicas) and the [`dispatch::Desk`] (questions and
-//!   the operator's acts: what mail answers and the live view reach). It names `runner`,
-//!   `inbound` and `backend`, never `mailbox`.
-//! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one
-//!   feed of the bridge's events (the [`events::tap`]; its token a header, never a cookie),
-//!   the read model `status`, `tasks` and `task show` share (`ui::snapshot`), and the
-//!   operator's answers and cancels, taken through
-//!   the engines' own paths (their [`dispatch::Desk`]). It names neither `daemon` nor the
-//!   shells; the daemon starts it.
-//! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake,
-//!   an engine (`dispatch::Engine`) and its outbox's worker (`dispatch::Outbox::run`) over the `mailbox::Outlet` that `mailbox::open` gave
-//!   (no arm per kind of mailbox); stop, abort and reload from its caller
-//!   (`daemon::Controls`; the binary ties them to signals); the owner-only control socket
-//!   `status` asks.
-//! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (printing that a closed
-//!   stdout or stderr never turns into a panic, `output`, which `cli` and `wizard` share; the commands; `init`, its
-//!   answers and `import`, turned into a config by `wizard::apply`, and the profile-maker,
-//!   with the only prompts in the crate in `wizard::prompt`; the systemd unit and launchd
-//!   agent; logging).
+//!   permission requests, terminals, file writes and reads), CLI profiles (`runner::profile`, which
+//!   owns the permission policy both kinds apply) and their stream formats (`runner::stream`),
+//!   templates, process groups and tagged leftovers (`runner::process`), the agent scan
+//!   (`runner::scan`) and the one login check (`runner::login`, read as each agent reads it, for
+//!   `agents`, `doctor`, `init` and `status`). It names only the bottom modules.
+//! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite: what
+//!   was received, decided, run and answered, and the outbox of mail to send), sender policy
+//!   applied (from `config::policy`, plus rules kept in the journal and pairing), limits and loop
+//!   guards, de-duplication, expiry, a slot scheduler by priority and arrival, one task at a time
+//!   per conversation (a sender's Session-Key), the lifecycle, recovery at start, cancel, claims
+//!   (one of several bridges runs a task only once it won its claim, through [`backend::Backend`]),
+//!   each conversation's turns (given as text to an agent that lost its session), questions to the
+//!   dispatcher, the prompt, and what a result carries (`dispatch::results`: fields and files from
+//!   the workspace only). Pure where it can be ([`dispatch::admit`], [`config::policy`],
+//!   [`dispatch::results::extract`]); answers leave as rendered bytes through [`backend::Backend`].
+//!   One agent's [`dispatch::Engine`] keeps the task's path (routing, the runs, the lifecycle's
+//!   five steps, recovery, pairing); its long-lived parts are types of their own, each in its file
+//!   with its own state: the [`dispatch::Outbox`] (answers composed, queued and sent by its
+//!   worker), the [`dispatch::Claims`] (claims among replicas) and the [`dispatch::Desk`]
+//!   (questions and the operator's acts: what mail answers and the live view reach). It names
+//!   `runner`, `inbound` and `backend`, never `mailbox`.
+//! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one feed
+//!   of the bridge's events (the [`events::tap`]; its token a header, never a cookie), the read
+//!   model `status`, `tasks` and `task show` share (`ui::snapshot`), and the operator's answers and
+//!   cancels, taken through the engines' own paths (their [`dispatch::Desk`]). It names neither
+//!   `daemon` nor the shells; the daemon starts it.
+//! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake, an
+//!   engine (`dispatch::Engine`) and its outbox's worker (`dispatch::Outbox::run`) over the
+//!   `mailbox::Outlet` that `mailbox::open` gave (no arm per kind of mailbox); stop, abort and
+//!   reload from its caller (`daemon::Controls`; the binary ties them to signals); the owner-only
+//!   control socket `status` asks.
+//! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (printing that a closed stdout or
+//!   stderr never turns into a panic, `output`, which `cli` and `wizard` share; the commands;
+//!   `init`, its answers and `import`, turned into a config by `wizard::apply`, and the
+//!   profile-maker, with the only prompts in the crate in `wizard::prompt`; the systemd unit and
+//!   launchd agent; logging).
 
 pub mod backend;
 pub mod backoff;
