@@ -9,29 +9,6 @@ use std::time::Duration;
 
 use aamp_bridge::config::LoadedConfig;
 use aamp_bridge::daemon::{self, Controls, RunOptions};
-use serde_json::{json, Value};
-
-async fn amp(
-    url: &str,
-    key: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> Value {
-    let mut request = reqwest::Client::new()
-        .request(method, format!("{url}{path}"))
-        .header("X-API-Key", key);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    assert!(
-        response.status().is_success(),
-        "{path}: {}",
-        response.status()
-    );
-    response.json().await.unwrap()
-}
 
 /// Waits (on real time: the daemon's own clock runs) until `cond` holds.
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -50,55 +27,14 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp() {
     let config_dir = support::ConfigDir::empty();
     let dir = &config_dir.dir;
-    let key = format!("amk_{}", uuid::Uuid::new_v4().simple());
-    let (mut broker, amp_port) = support::spawn_test_server(
-        "amp_broker.py",
-        &[
-            "--port".into(),
-            "0".into(),
-            "--db".into(),
-            dir.path().join("broker.sqlite3").into(),
-            "--record".into(),
-            dir.path().join("broker.jsonl").into(),
-            "--user".into(),
-            format!("alice:{key}").into(),
-        ],
-    );
-    let (mut operator, asmtp_port) = support::spawn_test_server(
-        "asmtp_operator.py",
-        &[
-            "--port".into(),
-            "0".into(),
-            "--db".into(),
-            dir.path().join("operator.sqlite3").into(),
-            "--record".into(),
-            dir.path().join("operator.jsonl").into(),
-            "--agent".into(),
-            "@alice.coder:tok_valid".into(),
-        ],
-    );
-    let amp_url = format!("http://127.0.0.1:{amp_port}");
-    let register = |name: &'static str| {
-        let (url, key) = (amp_url.clone(), key.clone());
-        async move {
-            let agent = amp(
-                &url,
-                &key,
-                reqwest::Method::POST,
-                "/agents/register",
-                Some(json!({"name": name, "role": name, "system_prompt": "test"})),
-            )
-            .await;
-            (
-                agent["id"].as_str().unwrap().to_string(),
-                agent["address"].as_str().unwrap().to_string(),
-            )
-        }
-    };
+    let broker = support::AmpBroker::start(&[]);
+    // The operator knows @alice.coder by another token than the one the config gives it.
+    let operator = support::AsmtpOperator::start(&["@alice.coder"], &[]);
+    let (amp_url, asmtp_port, key) = (broker.url(), operator.port, broker.key.clone());
     let (coder, boss, locked) = (
-        register("coder").await,
-        register("boss").await,
-        register("locked").await,
+        broker.register("coder").await,
+        broker.register("boss").await,
+        broker.register("locked").await,
     );
     config_dir.write_private("amp.key", &key);
     config_dir.write_private("revoked.key", "amk_revoked");
@@ -127,45 +63,9 @@ async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp
         controls.clone(),
     ));
 
-    let sent = amp(
-        &amp_url,
-        &key,
-        reqwest::Method::POST,
-        "/messages/send",
-        Some(
-            json!({"agent_id": boss.0, "from_agent": boss.1, "to_agent": coder.1,
-                    "action": "send", "subject": "Greet", "body": "say hello"}),
-        ),
-    )
-    .await;
-    let thread = sent["thread_id"].as_str().unwrap().to_string();
-    let mut reply = None;
-    let deadline = std::time::Instant::now() + support::WAIT;
-    while reply.is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no reply in the thread"
-        );
-        let messages = amp(
-            &amp_url,
-            &key,
-            reqwest::Method::GET,
-            &format!("/messages/thread/{thread}"),
-            None,
-        )
-        .await;
-        reply = messages
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["from_agent"] == coder.1.as_str())
-            .cloned();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reply.unwrap()["body"]
-        .as_str()
-        .unwrap()
-        .contains("say hello"));
+    let sent = broker.send(&boss, &coder.1, "Greet", "say hello").await;
+    let reply = broker.replies_to(&sent, &coder.1).await;
+    assert!(reply[0]["body"].as_str().unwrap().contains("say hello"));
 
     let link = |agent: &str| {
         std::fs::read_to_string(state.join("agents").join(agent).join("link.json"))
@@ -187,8 +87,4 @@ async fn the_daemon_in_process_answers_and_records_revoked_keys_on_amp_and_asmtp
         .expect("the daemon stops")
         .unwrap()
         .expect("and ends without an error");
-    let _ = broker.kill();
-    let _ = operator.kill();
-    let _ = broker.wait();
-    let _ = operator.wait();
 }
