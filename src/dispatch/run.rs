@@ -159,7 +159,15 @@ impl<B: Backend> Engine<B> {
         let (to_stream, from_run) =
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
-        let observe = observe(self.common.events, &spec.name, &env.task_id, rx, to_stream);
+        let watched = Watched {
+            events: self.common.events,
+            agent: &spec.name,
+            task_id: &env.task_id,
+            journal,
+            row: task.row,
+            run: runs,
+        };
+        let observe = observe(watched, rx, to_stream);
         let pump = self.stream(task, runs, from_run);
         let run = agent_run(spec, input, cancel, tx, overrides, (run_tag, first_pid));
         let asking = async {
@@ -345,20 +353,35 @@ fn input(
     }
 }
 
-/// Feeds the agent's stream events to the log and `--json`, and those for the dispatcher to
-/// the task's stream.
-async fn observe(
+/// The run [`observe`] watches.
+struct Watched<'a> {
     events: Events,
-    agent: &str,
-    task_id: &str,
+    agent: &'a str,
+    task_id: &'a str,
+    journal: &'a Journal,
+    row: i64,
+    run: u32,
+}
+
+/// Feeds the agent's stream events to the log and `--json`, and those for the dispatcher to
+/// the task's stream; journals what the agent reported its model calls cost as each report
+/// comes (so a crash mid-task loses none of what was reported).
+async fn observe(
+    run: Watched<'_>,
     mut rx: tokio::sync::mpsc::Receiver<runner::StreamEvent>,
     to_stream: tokio::sync::mpsc::Sender<(&'static str, serde_json::Value)>,
 ) {
     while let Some(event) = rx.recv().await {
+        if let runner::StreamEvent::Usage { key, usage } = &event {
+            let at = std::time::SystemTime::now();
+            if let Err(e) = run.journal.record_usage(run.row, run.run, key, usage, at) {
+                tracing::warn!(error = %e, "could not record what the agent's model calls cost");
+            }
+        }
         let (kind, payload) = event.to_aamp();
-        events.emit_detail(
+        run.events.emit_detail(
             crate::events::Event::TaskStream,
-            json!({"agent": agent, "taskId": task_id, "type": kind, "payload": payload}),
+            json!({"agent": run.agent, "taskId": run.task_id, "type": kind, "payload": payload}),
         );
         if event.for_dispatcher() {
             let _ = to_stream.send((kind, payload)).await;

@@ -10,9 +10,11 @@ pub mod rfc5322;
 pub mod sse;
 mod text;
 pub mod time;
+pub mod usage;
 
 pub use message::{
     address, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, MailView, NotAamp,
     Priority, Status, TaskResult, VERSION,
 };
 pub use rfc5322::{parse_raw, render, render_with, OutgoingFile, RenderedMail};
+pub use usage::Usage;

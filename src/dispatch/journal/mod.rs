@@ -32,6 +32,8 @@ pub use turns::Turn;
 mod tasks;
 pub use tasks::{Limits, Recent, RecentCounts};
 mod trust;
+mod usage;
+pub use usage::{hour_of, Spender, UsageHour, USAGE_HOURS_KEPT};
 
 /// Where a task is in its life. Closed: these are all the states there are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -341,6 +343,38 @@ CREATE TABLE IF NOT EXISTS answer_budget (
     at    INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS answer_budget_by_kind ON answer_budget (agent, kind, at);
+-- What each task's model calls cost, one row per report (see journal/usage.rs).
+CREATE TABLE IF NOT EXISTS usage (
+    task        INTEGER NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+    run         INTEGER NOT NULL,
+    key         TEXT NOT NULL,
+    input       INTEGER NOT NULL,
+    output      INTEGER NOT NULL,
+    cache_read  INTEGER NOT NULL,
+    cache_write INTEGER NOT NULL,
+    cost_micros INTEGER,
+    model       TEXT,
+    at          INTEGER NOT NULL,
+    PRIMARY KEY (task, run, key)
+);
+-- The same summed per agent, hour, sender and model, kept after the tasks go: what budgets
+-- read (a month of one agent's or one sender's hours from an index), and reports.
+CREATE TABLE IF NOT EXISTS usage_hours (
+    agent       TEXT NOT NULL,
+    hour        INTEGER NOT NULL,
+    sender      TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    input       INTEGER NOT NULL,
+    output      INTEGER NOT NULL,
+    cache_read  INTEGER NOT NULL,
+    cache_write INTEGER NOT NULL,
+    cost_micros INTEGER NOT NULL,
+    uncosted    INTEGER NOT NULL,
+    reports     INTEGER NOT NULL,
+    PRIMARY KEY (agent, hour, sender, model)
+);
+CREATE INDEX IF NOT EXISTS usage_hours_by_sender ON usage_hours (sender, hour);
+CREATE INDEX IF NOT EXISTS usage_hours_by_hour ON usage_hours (hour);
 ";
 
 /// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early
@@ -382,8 +416,9 @@ pub(super) const COUNT_CONVERSATION: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM
 /// The schema this build writes (`PRAGMA user_version`). 1: tasks, outbox, sessions;
 /// 2: tasks.session_key, policy, pair codes and failures, early cancels; 3: timeline;
 /// 4: turns; 5: outbox.claim; 6: answer_budget; 7: admission counts from covering indexes
-/// (tasks_by_time and tasks_by_session replaced), incremental auto_vacuum.
-const SCHEMA_VERSION: i64 = 7;
+/// (tasks_by_time and tasks_by_session replaced), incremental auto_vacuum; 8: usage,
+/// usage_hours.
+const SCHEMA_VERSION: i64 = 8;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {

@@ -59,6 +59,9 @@ impl Journal {
             )?;
             tx.execute("DELETE FROM pair_codes WHERE expires_at < ?1", params![millis(before)])?;
             tx.execute("DELETE FROM pair_failures WHERE at < ?1", params![millis(before)])?;
+            // The hourly sums outlive the tasks (a month's budget, a year's report).
+            let hours = super::hour_of(before) - (super::USAGE_HOURS_KEPT.as_secs() / 3600) as i64;
+            tx.execute("DELETE FROM usage_hours WHERE hour < ?1", params![hours])?;
             tx.commit()?;
             Ok(n)
         })

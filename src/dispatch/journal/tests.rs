@@ -43,6 +43,9 @@ fn the_queries_run_for_every_task_use_indexes_not_scans() {
         ("TURNS_EXPIRE", turns::TURNS_EXPIRE),
         ("TURNS_READ", turns::TURNS_READ),
         ("UNSENT", outbox::UNSENT),
+        ("SPENT_AGENT", usage::SPENT_AGENT),
+        ("SPENT_AGENT_SENDER", usage::SPENT_AGENT_SENDER),
+        ("SPENT_SENDER", usage::SPENT_SENDER),
     ] {
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let values: Vec<rusqlite::types::Value> = (0..stmt.parameter_count())

@@ -75,12 +75,20 @@ pub enum StreamEvent {
     /// output is the answer itself, which the result carries; a stream (and its
     /// `task.stream.opened` mail) for every plain task would cost more than it tells.
     Output(String),
+    /// What some of the agent's model calls cost, from its own report. `key` names the report
+    /// within one [`crate::runner::run`] (the agent's message or turn id, or a counter): a
+    /// report seen twice under one key is counted once. Tokens are what those calls used, not
+    /// a running total. Not for the dispatcher's stream: the result carries the task's sum.
+    Usage {
+        key: String,
+        usage: crate::protocol::Usage,
+    },
 }
 
 impl StreamEvent {
     /// Whether the event goes on the dispatcher's stream too (all but [`StreamEvent::Output`]).
     pub fn for_dispatcher(&self) -> bool {
-        !matches!(self, StreamEvent::Output(_))
+        !matches!(self, StreamEvent::Output(_) | StreamEvent::Usage { .. })
     }
 
     /// The AAMP event type and payload.
@@ -119,6 +127,9 @@ impl StreamEvent {
                 "todo",
                 serde_json::json!({ "items": items.iter().map(|t| serde_json::json!({"id": t.id, "content": t.content, "status": t.status})).collect::<Vec<_>>() }),
             ),
+            StreamEvent::Usage { key, usage } => {
+                ("usage", serde_json::json!({ "key": key, "usage": usage }))
+            }
         }
     }
 }
