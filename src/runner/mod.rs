@@ -154,6 +154,14 @@ pub enum RunError {
     /// The agent said it has no login (an ACP agent's auth error; its words).
     #[error("the agent is installed but not logged in: {0}")]
     NotLoggedIn(String),
+    /// The agent hit its provider's usage limit (a plan's window, a quota), in its own words:
+    /// not a failure of the task, which can run again once the limit resets (`resets`, when
+    /// the agent said when; else unknown, to be probed again later).
+    #[error("the agent hit its usage limit: {said}")]
+    UsageLimit {
+        said: String,
+        resets: Option<std::time::SystemTime>,
+    },
     #[error("the task was cancelled")]
     Cancelled,
     #[error("{0}")]
@@ -253,7 +261,10 @@ impl Classify for RunError {
             | RunError::Reported(_)
             | RunError::Stopped(_)
             | RunError::NotLoggedIn(_) => ErrorClass::Permanent,
-            RunError::TimedOut(_) | RunError::Io(_) | RunError::Prepare(_) => ErrorClass::Transient,
+            RunError::TimedOut(_)
+            | RunError::Io(_)
+            | RunError::Prepare(_)
+            | RunError::UsageLimit { .. } => ErrorClass::Transient,
             RunError::Cancelled => ErrorClass::Cancelled,
         }
     }
