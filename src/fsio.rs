@@ -1,5 +1,6 @@
 //! Files the bridge keeps: one way to write a file atomically, a small JSON state file
-//! written that way, and the lock that makes a state directory belong to one running bridge.
+//! written that way, the lock that makes a state directory belong to one running bridge, and
+//! the words that are safe in a path.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
@@ -36,6 +37,20 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> JsonFile<T> {
         let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
         write_atomic(&self.path, &bytes, 0o600)
     }
+}
+
+/// `text` as a word safe in a path or an argument: ASCII letters, digits, `-` and `_` kept,
+/// any other character written as `other`, at most `max` characters.
+pub fn safe_word(text: &str, other: char, max: usize) -> String {
+    text.chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                true => c,
+                false => other,
+            },
+        )
+        .take(max)
+        .collect()
 }
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a mix:

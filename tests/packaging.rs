@@ -45,22 +45,29 @@ fn assert_manual_installed(doc: &Path) {
     );
 }
 
-/// Builds the packages into `out`: (the .deb, the tarball).
-fn package(out: &Path) -> (PathBuf, PathBuf) {
-    let listed = run(Command::new("bash")
-        .arg(support::repo().join("scripts/package.sh"))
-        .arg(support::bin())
-        .arg(out));
-    let mut lines = listed.lines().map(PathBuf::from);
-    (lines.next().unwrap(), lines.next().unwrap())
+/// The packages (the .deb, the tarball; SHA256SUMS beside them), built once for the tests
+/// that install them: packaging the debug binary (compressed into both) took over a minute
+/// of the suite each time, and each test reads the packages without changing them.
+fn package() -> &'static (PathBuf, PathBuf) {
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("packages");
+        let _ = std::fs::remove_dir_all(&out);
+        let listed = run(Command::new("bash")
+            .arg(support::repo().join("scripts/package.sh"))
+            .arg(support::bin())
+            .arg(&out));
+        let mut lines = listed.lines().map(PathBuf::from);
+        (lines.next().unwrap(), lines.next().unwrap())
+    })
 }
 
 #[test]
 fn the_deb_installs_runs_and_removes_cleanly() {
     let work = tempfile::tempdir().unwrap();
-    let (deb, tarball) = package(&work.path().join("dist"));
-    let sums = std::fs::read_to_string(work.path().join("dist/SHA256SUMS")).unwrap();
-    for file in [&deb, &tarball] {
+    let (deb, tarball) = package();
+    let sums = std::fs::read_to_string(deb.with_file_name("SHA256SUMS")).unwrap();
+    for file in [deb, tarball] {
         assert!(
             sums.contains(file.file_name().unwrap().to_str().unwrap()),
             "{sums}"
@@ -174,7 +181,7 @@ fn the_deb_installs_runs_and_removes_cleanly() {
 #[test]
 fn the_tarball_installs_without_root_and_refuses_a_changed_file() {
     let work = tempfile::tempdir().unwrap();
-    let (_, tarball) = package(&work.path().join("dist"));
+    let (_, tarball) = package();
     let unpacked = work.path().join("unpacked");
     std::fs::create_dir_all(&unpacked).unwrap();
     run(Command::new("tar")
@@ -449,7 +456,7 @@ fn install_sh_refuses_a_binary_that_cannot_run_here() {
 #[test]
 fn service_status_accepts_the_tarballs_own_unit() {
     let work = tempfile::tempdir().unwrap();
-    let (_, tarball) = package(&work.path().join("dist"));
+    let (_, tarball) = package();
     let unpacked = work.path().join("unpacked");
     std::fs::create_dir_all(&unpacked).unwrap();
     run(Command::new("tar")

@@ -50,7 +50,7 @@ impl fmt::Debug for Account {
 }
 
 /// An AMP mailbox, checked and with its API key read.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AmpAccount {
     pub name: String,
     pub url: url::Url,
@@ -69,19 +69,9 @@ pub struct AmpAccount {
     pub max_message_bytes: u64,
 }
 
-impl fmt::Debug for AmpAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AmpAccount")
-            .field("name", &self.name)
-            .field("url", &self.url.as_str())
-            .field("address", &self.address)
-            .finish_non_exhaustive()
-    }
-}
-
 /// A SAMP mailbox (Agent Mailbox, an MCP server), checked and with its key read. The agent's
 /// name is not configured: the server's `whoami` tells it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SampAccount {
     pub name: String,
     /// The MCP endpoint (`.../mcp`).
@@ -92,15 +82,6 @@ pub struct SampAccount {
     /// How long one HTTP call may take.
     pub timeout: std::time::Duration,
     pub insecure_tls: bool,
-}
-
-impl fmt::Debug for SampAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SampAccount")
-            .field("name", &self.name)
-            .field("url", &self.url.as_str())
-            .finish_non_exhaustive()
-    }
 }
 
 /// What every kind's checked account tells, whatever the kind.
@@ -141,7 +122,7 @@ impl Checked for SampAccount {
 }
 
 /// An ASMTP mailbox, checked and with its token read.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AsmtpAccount {
     pub name: String,
     pub url: url::Url,
@@ -156,16 +137,6 @@ pub struct AsmtpAccount {
     pub skip_backlog: bool,
     /// The largest envelope fetched; a larger one is answered rejected.
     pub max_message_bytes: u64,
-}
-
-impl fmt::Debug for AsmtpAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AsmtpAccount")
-            .field("name", &self.name)
-            .field("url", &self.url.as_str())
-            .field("handle", &self.handle)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Checked for AsmtpAccount {

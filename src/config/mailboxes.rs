@@ -393,39 +393,32 @@ impl Default for MailboxCommon {
 }
 
 /// `kind = "aamp"` (or no `kind`): a mail account, JMAP to read and SMTP to send.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AampMailbox {
     /// The mailbox's address; mail to it is the agent's work. Not needed with
     /// `credentials_file`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
     /// A credentials file (`{"email", "mailboxToken", "smtpPassword"}`, mode 0600) instead of
     /// email and password. When it does not exist and `aamp_url` is set, the bridge registers
     /// a mailbox with the AAMP service and writes it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     /// For registration: the wanted address prefix (default: the mailbox's name).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub slug: Option<String>,
     /// For registration: what the mailbox is for.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The JMAP session URL (`https://host/.well-known/jmap`) or the server's base URL.
     #[serde(default)]
     pub jmap_url: String,
     /// Login name for JMAP and SMTP; default: `email`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub login: Option<String>,
     /// The password inline (the config file must then be private), or ...
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
     /// ... a file holding it (mode 0600), which is preferred.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
     #[serde(default)]
     pub smtp_host: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub smtp_port: Option<u16>,
     #[serde(default)]
     pub smtp_security: SmtpSecurity,
@@ -444,7 +437,6 @@ pub struct AampMailbox {
     pub push_transport: PushTransport,
     /// The AAMP service in front of the mail server (its `/.well-known/aamp`), for live task
     /// streams. Without it tasks run without a stream.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub aamp_url: Option<String>,
     /// Keep a copy of every mail the bridge sends in this mailbox's Sent folder.
     #[serde(default = "default_true")]
@@ -456,7 +448,6 @@ pub struct AampMailbox {
     pub sender_auth: SenderAuth,
     /// The receiving server's RFC 8601 authserv-id, whose `Authentication-Results` are
     /// believed (dmarc=pass, or dkim/spf pass aligned with the From domain).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub authserv_id: Option<String>,
     /// While push is up, seconds between safety polls (a missed push costs at most this).
     #[serde(default = "default_reconcile_secs")]
@@ -466,7 +457,6 @@ pub struct AampMailbox {
     /// by the one replica that won the claim (see docs/durability.md). Only AAMP
     /// mailboxes have it: the other systems mark a message read for whoever asks, so two
     /// bridges there would both run a task.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
     /// With `replica`: seconds a claim holds without being renewed; a replica that stops
     /// renewing (it died) loses its tasks to the others after this.
@@ -489,50 +479,42 @@ impl fmt::Debug for AampMailbox {
 }
 
 /// `kind = "amp"`: a mailbox on an AMP broker.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmpMailbox {
     /// The broker's base URL.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub amp_url: Option<String>,
     /// The agent's address on the broker (`name@user.domain`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// The agent's id on the broker (from `POST /agents/register`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
     /// A file holding the user's API key (`amk_...`), mode 0600.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<PathBuf>,
     /// A message body larger than this is not taken as a task; it is answered rejected,
     /// saying so (default 16 MiB).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_message_bytes: Option<u64>,
     /// Every this many seconds (and at each start) the newest messages are read even when
     /// the inbox's counts did not change, for an arrival that a message archived or trashed
     /// at the same time hid from them (default 300; 0: never).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub recheck_secs: Option<u64>,
     /// Seconds one HTTP call to the broker may take (default 120, since the broker renders
     /// every message it returns).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     #[serde(flatten, skip_deserializing)]
     pub common: MailboxCommon,
 }
 
 /// `kind = "asmtp"`: a mailbox on an ASMTP operator.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AsmtpMailbox {
     /// The operator's base URL.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub asmtp_url: Option<String>,
     /// The agent's handle (`@owner.name`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub handle: Option<String>,
     /// A file holding the agent's bearer token, mode 0600.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
     /// At the first start, begin with what arrives from then on instead of answering the
     /// unread envelopes already waiting.
@@ -541,27 +523,23 @@ pub struct AsmtpMailbox {
     /// An envelope larger than this (by the operator's `size_hint`) is not fetched; it is
     /// answered rejected, saying so (default 16 MiB), so one message cannot cost the bridge
     /// more than that.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_message_bytes: Option<u64>,
     /// Seconds one HTTP call to the operator may take (default 30).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     #[serde(flatten, skip_deserializing)]
     pub common: MailboxCommon,
 }
 
 /// `kind = "samp"`: a mailbox on a SAMP server (Agent Mailbox, over MCP).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SampMailbox {
     /// The server's MCP endpoint (`https://.../mcp`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub samp_url: Option<String>,
     /// A file holding the agent's `amk_...` bearer key, mode 0600.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
     /// Seconds one HTTP call to the server may take (default 60).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     #[serde(flatten, skip_deserializing)]
     pub common: MailboxCommon,

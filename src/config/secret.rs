@@ -264,12 +264,18 @@ mod tests {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 
+    /// A secret read from a private file `name` holding `text`, in a folder of its own.
+    fn secret_in(name: &str, text: &str, form: SecretForm) -> (tempfile::TempDir, PathBuf, Secret) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        private(&file, text);
+        let secret = Secret::from_file("coder", &file, form).unwrap();
+        (dir, file, secret)
+    }
+
     #[test]
     fn a_changed_file_is_taken_once_and_heard_by_every_clone() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        private(&file, "amk_one\n");
-        let secret = Secret::from_file("coder", &file, SecretForm::Trimmed).unwrap();
+        let (_dir, file, secret) = secret_in("key", "amk_one\n", SecretForm::Trimmed);
         let clone = secret.clone();
         let mut changes = clone.changes();
         assert_eq!(secret.value(), "amk_one");
@@ -287,10 +293,7 @@ mod tests {
 
     #[test]
     fn a_file_that_cannot_be_read_keeps_the_value_in_use() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("password");
-        private(&file, " pass word \r\n");
-        let secret = Secret::from_file("agent", &file, SecretForm::Line).unwrap();
+        let (_dir, file, secret) = secret_in("password", " pass word \r\n", SecretForm::Line);
         assert_eq!(secret.value(), " pass word ");
         std::fs::write(&file, "leaked").unwrap();
         use std::os::unix::fs::PermissionsExt;

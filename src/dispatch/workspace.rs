@@ -193,17 +193,7 @@ pub fn prune(dir: &Path, max_age: Duration, keep: usize, in_use: &HashSet<PathBu
 
 /// The task's folder below `root`: readable, safe, and its own (the journal row is in it).
 pub fn path(root: &Path, task_id: &str, row: i64) -> PathBuf {
-    let safe: String = task_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
+    let safe = crate::fsio::safe_word(task_id, '_', 48);
     root.join(format!("{safe}-{row}"))
 }
 
@@ -329,21 +319,15 @@ mod tests {
             other.finish(&in_use);
         }
         assert!(running.dir.exists(), "in use");
+        let prune_all = || {
+            let conversations = root.path().join("conversations");
+            prune(&conversations, Duration::ZERO, 1, &in_use.now())
+        };
         drop(holding);
-        prune(
-            &root.path().join("conversations"),
-            Duration::ZERO,
-            1,
-            &in_use.now(),
-        );
+        prune_all();
         assert!(running.dir.exists(), "still held by its second task");
         drop(twice);
-        prune(
-            &root.path().join("conversations"),
-            Duration::ZERO,
-            1,
-            &in_use.now(),
-        );
+        prune_all();
         assert!(!running.dir.exists());
         assert!(in_use
             .hold(&Workspace::of(root.path(), "t9", 9, None))

@@ -11,32 +11,30 @@ use serde::Deserialize;
 use super::stream::StreamFormat;
 use super::template::{self, Template};
 
+/// `(name, TOML)` for each of `names`, read from `profiles/NAME.toml` at build time.
+macro_rules! built_in {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../profiles/", $name, ".toml")))),*]
+    };
+}
+
 /// The profiles shipped with the binary: (name, TOML).
-const BUILT_IN: &[(&str, &str)] = &[
-    ("echo", include_str!("../../profiles/echo.toml")),
-    (
-        "echo-prompt",
-        include_str!("../../profiles/echo-prompt.toml"),
-    ),
-    ("claude", include_str!("../../profiles/claude.toml")),
-    ("codex", include_str!("../../profiles/codex.toml")),
-    ("gemini", include_str!("../../profiles/gemini.toml")),
-    ("claude-acp", include_str!("../../profiles/claude-acp.toml")),
-    ("codex-acp", include_str!("../../profiles/codex-acp.toml")),
-    ("gemini-acp", include_str!("../../profiles/gemini-acp.toml")),
-    ("qwen-acp", include_str!("../../profiles/qwen-acp.toml")),
-    (
-        "copilot-acp",
-        include_str!("../../profiles/copilot-acp.toml"),
-    ),
-    (
-        "opencode-acp",
-        include_str!("../../profiles/opencode-acp.toml"),
-    ),
-    ("goose-acp", include_str!("../../profiles/goose-acp.toml")),
-    ("cursor-acp", include_str!("../../profiles/cursor-acp.toml")),
-    ("kiro-acp", include_str!("../../profiles/kiro-acp.toml")),
-    ("auggie-acp", include_str!("../../profiles/auggie-acp.toml")),
+const BUILT_IN: &[(&str, &str)] = built_in![
+    "echo",
+    "echo-prompt",
+    "claude",
+    "codex",
+    "gemini",
+    "claude-acp",
+    "codex-acp",
+    "gemini-acp",
+    "qwen-acp",
+    "copilot-acp",
+    "opencode-acp",
+    "goose-acp",
+    "cursor-acp",
+    "kiro-acp",
+    "auggie-acp",
 ];
 
 /// The text of a profile as `find` would read it: its file, or the built-in's TOML.

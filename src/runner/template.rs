@@ -111,17 +111,7 @@ impl Template {
 
 /// A session key reduced to `[A-Za-z0-9_-]`, at most 64 characters; `aamp-<agent>` when empty.
 pub fn safe_session_key(key: &str, agent: &str) -> String {
-    let safe: String = key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(64)
-        .collect();
+    let safe = crate::fsio::safe_word(key, '-', 64);
     if safe.trim_matches('-').is_empty() {
         format!("aamp-{agent}")
     } else {

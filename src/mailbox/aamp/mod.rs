@@ -484,12 +484,10 @@ impl Reader {
 #[serde(rename_all = "camelCase")]
 pub struct Position {
     pub state: String,
-    #[serde(default)]
     pub last_received_at: Option<String>,
     #[serde(default)]
     pub last_ids: Vec<String>,
     /// When this cursor was made (RFC 3339 UTC): the scan's start before any mail was seen.
-    #[serde(default)]
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scan: Option<Scan>,

@@ -27,7 +27,6 @@ pub struct AmpMessage {
     pub body: String,
     #[serde(default)]
     pub is_read: bool,
-    #[serde(default)]
     pub parent_id: Option<String>,
     #[serde(default)]
     pub created_at: String,

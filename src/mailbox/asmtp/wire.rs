@@ -23,15 +23,12 @@ pub(super) const LAST_ID: &str = "01ZZZZZZZZZZZZZZZZZZZZZZZZ";
 pub struct Header {
     pub id: String,
     pub created_at: i64,
-    #[serde(default)]
     pub from: Option<String>,
     /// The envelope it answers (rows of the agent's own envelopes name it).
-    #[serde(default)]
     pub in_reply_to: Option<String>,
     /// The envelope's size as the operator estimates it: its content parts' JSON length
     /// over four, rounded up, as the reference operator counts it (a token estimate, not
     /// bytes; older operators leave it out).
-    #[serde(default)]
     pub size_hint: Option<u64>,
 }
 
@@ -49,9 +46,7 @@ pub struct AsmtpEnvelope {
     pub from: String,
     #[serde(default)]
     pub to: Vec<String>,
-    #[serde(default)]
     pub subject: Option<String>,
-    #[serde(default)]
     pub in_reply_to: Option<String>,
     #[serde(default)]
     pub references: Vec<String>,

@@ -18,18 +18,13 @@ pub(super) const BELIEVED: &str = "the SAMP server stamps the sender from its ke
 #[derive(Clone, Debug, Deserialize)]
 pub struct SampMessage {
     pub id: String,
-    #[serde(default)]
     pub thread_id: Option<String>,
-    #[serde(default)]
     pub in_reply_to: Option<String>,
     pub from: String,
     #[serde(default)]
     pub to: String,
-    #[serde(default)]
     pub subject: Option<String>,
-    #[serde(default)]
     pub body: Option<String>,
-    #[serde(default)]
     pub data: Option<Value>,
 }
 

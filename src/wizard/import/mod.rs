@@ -240,10 +240,7 @@ impl Import<'_> {
 
     /// The agent's name here; `None` (with a note) when it is not usable or already taken.
     fn name(&mut self, source: &Source, agent: &BridgeAgent) -> Option<String> {
-        let mut name = agent.name.to_ascii_lowercase().replace(
-            |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "-",
-        );
+        let mut name = crate::fsio::safe_word(&agent.name.to_ascii_lowercase(), '-', usize::MAX);
         if self.config.agents.iter().any(|a| a.name == name) {
             if self.plan.sources.len() == 1 || source.kind == "acp-bridge" {
                 self.plan.notes.push(format!(

@@ -46,16 +46,7 @@ fn list(text: &str) -> Vec<String> {
 }
 
 fn agent_name(profile: &str) -> String {
-    profile
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
+    crate::fsio::safe_word(profile, '-', usize::MAX).to_ascii_lowercase()
 }
 
 /// An agent to choose in the multi-select.
