@@ -190,6 +190,10 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             Vec::new()
         }
         SessionUpdate::Plan(plan) => shared.plan(plan).into_iter().collect(),
+        SessionUpdate::UsageUpdate(update) => {
+            shared.usage_update(update);
+            Vec::new()
+        }
         _ => Vec::new(),
     }
 }

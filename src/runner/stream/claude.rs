@@ -87,11 +87,15 @@ impl StreamParser {
         }
         match str_of(v, &["type"]).unwrap_or_default() {
             "stream_event" => self.claude_partial(v),
-            "assistant" => self.claude_assistant(v),
+            "assistant" => {
+                let mut events = self.claude_assistant(v);
+                events.extend(self.claude_message_usage(v));
+                events
+            }
             "user" => self.claude_tool_results(v),
             "result" => {
                 self.claude_result(v);
-                Vec::new()
+                self.claude_result_usage(v).into_iter().collect()
             }
             _ => Vec::new(),
         }
