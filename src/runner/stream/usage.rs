@@ -8,7 +8,9 @@
 //!   `message.usage` (`input_tokens` without the cache, `cache_read_input_tokens`,
 //!   `cache_creation_input_tokens`, `output_tokens`), repeated on each content block of one
 //!   message, and with the `output_tokens` of the message's start (the API's `message_delta`
-//!   comes later). The `result` line's `usage`, `modelUsage` (per model, side calls too) and
+//!   comes later: with `--include-partial-messages` its `stream_event` lines carry the API's
+//!   `message_start` and `message_delta`, whose final counts are reported as the message
+//!   ends, key `msg:ID:end`). The `result` line's `usage`, `modelUsage` (per model, side calls too) and
 //!   `total_cost_usd` are the run's totals, for this process only (a `--resume` starts again
 //!   from 0). So: one report per message id, then the difference to the result's totals
 //!   under the key `result`, with the stated cost. Qwen Code's stream is Claude's.
@@ -39,6 +41,8 @@ use crate::protocol::Usage;
 pub(super) struct UsageState {
     /// Claude: the message ids reported, and what they summed to.
     sent: std::collections::HashSet<String>,
+    /// Claude: the message streamed now (partial messages) and what was reported of it.
+    current: Option<(String, Usage)>,
     sum: Usage,
     /// Generic and Codex: reports made so far (for keys).
     count: u64,
@@ -84,9 +88,9 @@ fn minus(total: &Usage, part: &Usage) -> Usage {
 }
 
 impl StreamParser {
-    /// Claude: an assistant message's usage, once per message id.
-    pub(super) fn claude_message_usage(&mut self, v: &Value) -> Option<StreamEvent> {
-        let message = &v["message"];
+    /// Claude: an API message's usage (an `assistant` line's `message`, or a partial
+    /// message's `message_start`), once per message id.
+    pub(super) fn claude_message_usage(&mut self, message: &Value) -> Option<StreamEvent> {
         let id = str_of(message, &["id"])?;
         let mut usage = anthropic_usage(&message["usage"])?;
         if !self.usage.sent.insert(id.to_string()) {
@@ -94,7 +98,28 @@ impl StreamParser {
         }
         usage.model = str_of(message, &["model"]).map(str::to_string);
         self.usage.sum.add(&usage);
+        self.usage.current = Some((id.to_string(), usage.clone()));
         report(format!("msg:{id}"), usage)
+    }
+
+    /// Claude's partial messages: `message_delta` gives the message's final counts (its
+    /// `output_tokens` above all): what they add to what was reported of it.
+    pub(super) fn claude_message_end_usage(&mut self, event: &Value) -> Option<StreamEvent> {
+        let (id, reported) = self.usage.current.take()?;
+        let u = &event["usage"];
+        let at_end = Usage {
+            input_tokens: num(u, &["input_tokens"]).unwrap_or(reported.input_tokens),
+            output_tokens: num(u, &["output_tokens"]).unwrap_or(reported.output_tokens),
+            cache_read_tokens: num(u, &["cache_read_input_tokens"])
+                .unwrap_or(reported.cache_read_tokens),
+            cache_write_tokens: num(u, &["cache_creation_input_tokens"])
+                .unwrap_or(reported.cache_write_tokens),
+            ..Usage::default()
+        };
+        let mut more = minus(&at_end, &reported);
+        more.model = reported.model.clone();
+        self.usage.sum.add(&more);
+        report(format!("msg:{id}:end"), more)
     }
 
     /// Claude: the result's totals (all models in `modelUsage`, else `usage`) less what the
@@ -291,14 +316,48 @@ mod tests {
     fn claude_messages_once_each_and_the_result_makes_up_the_rest() {
         let got = reports(StreamFormat::Claude, "claude-usage.jsonl");
         let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["msg:msg_standin_2", "msg:msg_standin_3", "result"]);
+        assert_eq!(
+            keys,
+            [
+                "msg:msg_standin_2",
+                "msg:msg_standin_2:end",
+                "msg:msg_standin_3",
+                "msg:msg_standin_3:end",
+                "result"
+            ]
+        );
         assert_eq!(tokens(&got[0].1), (1021, 649, 278, 1));
         assert_eq!(got[0].1.model.as_deref(), Some("claude-opus-4-8"));
-        assert_eq!(tokens(&got[2].1), (0, 0, 0, 11));
-        assert_eq!(got[2].1.cost_micros, Some(14_686));
-        assert_eq!(got[2].1.model.as_deref(), Some("claude-opus-4-8"));
+        assert_eq!(tokens(&got[1].1), (0, 0, 0, 6));
+        // The messages said it all: the result adds its cost only.
+        assert_eq!(tokens(&got[4].1), (0, 0, 0, 0));
+        assert_eq!(got[4].1.cost_micros, Some(14_686));
+        assert_eq!(got[4].1.model.as_deref(), Some("claude-opus-4-8"));
         let total = sum(&got);
         assert_eq!(tokens(&total), (2046, 1300, 557, 13));
+    }
+
+    /// Without partial messages only the `assistant` lines tell: the result makes up the rest.
+    #[test]
+    fn without_partial_messages_the_result_makes_up_the_output() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/streams/claude-usage.jsonl"),
+        )
+        .unwrap();
+        let mut parser = StreamParser::new(StreamFormat::Claude);
+        let got: Vec<(String, Usage)> = text
+            .lines()
+            .filter(|l| !l.contains("\"stream_event\""))
+            .flat_map(|l| parser.line(l))
+            .filter_map(|e| match e {
+                StreamEvent::Usage { key, usage } => Some((key, usage)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(tokens(&got[2].1), (0, 0, 0, 11));
+        assert_eq!(tokens(&sum(&got)), (2046, 1300, 557, 13));
     }
 
     /// A failed run reports nothing: its result's usage is all zeros and it states no cost.
