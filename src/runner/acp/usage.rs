@@ -147,7 +147,12 @@ mod tests {
         };
         assert_eq!(key, "turn");
         assert_eq!(
-            (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens),
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens
+            ),
             (10, 3, 4, 2)
         );
         assert_eq!(usage.cost_micros, Some(25_000));

@@ -106,7 +106,10 @@ impl StreamParser {
         let event = &v["event"];
         match str_of(event, &["type"]) {
             Some("message_start") => {
-                return self.claude_message_usage(&event["message"]).into_iter().collect()
+                return self
+                    .claude_message_usage(&event["message"])
+                    .into_iter()
+                    .collect()
             }
             Some("message_delta") => {
                 return self.claude_message_end_usage(event).into_iter().collect()

@@ -79,7 +79,9 @@ fn minus(total: &Usage, part: &Usage) -> Usage {
     Usage {
         input_tokens: total.input_tokens.saturating_sub(part.input_tokens),
         output_tokens: total.output_tokens.saturating_sub(part.output_tokens),
-        cache_read_tokens: total.cache_read_tokens.saturating_sub(part.cache_read_tokens),
+        cache_read_tokens: total
+            .cache_read_tokens
+            .saturating_sub(part.cache_read_tokens),
         cache_write_tokens: total
             .cache_write_tokens
             .saturating_sub(part.cache_write_tokens),
@@ -149,7 +151,12 @@ impl StreamParser {
         rest.model = match (per_model.as_slice(), &self.usage.sum.model) {
             ([_], Some(named)) => Some(named.clone()),
             ([(name, _)], None) => Some(name.to_string()),
-            _ => self.usage.sum.model.clone().filter(|_| per_model.is_empty()),
+            _ => self
+                .usage
+                .sum
+                .model
+                .clone()
+                .filter(|_| per_model.is_empty()),
         };
         report("result".into(), rest)
     }
@@ -232,7 +239,14 @@ impl StreamParser {
         if input.is_none() && output.is_none() && cost.is_none() {
             return None;
         }
-        let cached = num(u, &["cache_read_input_tokens", "cached_tokens", "cacheReadTokens"]);
+        let cached = num(
+            u,
+            &[
+                "cache_read_input_tokens",
+                "cached_tokens",
+                "cacheReadTokens",
+            ],
+        );
         self.usage.count += 1;
         report(
             format!("usage:{}", self.usage.count),
@@ -364,7 +378,10 @@ mod tests {
     #[test]
     fn a_claude_result_with_nothing_in_it_sends_nothing() {
         assert_eq!(reports(StreamFormat::Claude, "qwen-no-auth.jsonl"), []);
-        assert_eq!(reports(StreamFormat::Claude, "claude-not-logged-in.jsonl").len(), 0);
+        assert_eq!(
+            reports(StreamFormat::Claude, "claude-not-logged-in.jsonl").len(),
+            0
+        );
     }
 
     /// Codex 0.1xx: `turn.completed` counts the thread's whole total; the resumed run
