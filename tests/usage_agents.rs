@@ -139,6 +139,7 @@ fn path(adapters: bool) -> String {
         parts.push(bin_path("acp"));
     }
     parts.push(bin_path("npm"));
+    parts.push(bin_path("qwen"));
     parts.push(std::env::var("PATH").unwrap_or_default());
     parts.join(":")
 }
@@ -172,11 +173,33 @@ fn env_for(agent: &str, model: &ModelApi, home: &Path) -> Vec<(String, String)> 
         .unwrap();
         env.push(s("CODEX_API_KEY", "sk-test"));
         env.push(s("CODEX_HOME", codex_home.to_str().unwrap()));
+    } else if agent.starts_with("qwen") {
+        if agent == "qwen-acp" {
+            // Qwen Code's ACP agent reports no call of its memory subagent nor of its
+            // follow-up suggestion, both made after each answer by default: off, so what it
+            // reports can be checked exactly.
+            std::fs::create_dir_all(home.join(".qwen")).unwrap();
+            std::fs::write(
+                home.join(".qwen/settings.json"),
+                r#"{"memory": {"enableManagedAutoMemory": false}, "ui": {"enableFollowupSuggestions": false}}"#,
+            )
+            .unwrap();
+        }
+        env.push(s("OPENAI_API_KEY", "sk-qwen-test"));
+        env.push(s("OPENAI_BASE_URL", &format!("{}/v1", model.url)));
+        env.push(s("OPENAI_MODEL", "standin"));
     } else {
         std::fs::create_dir_all(home.join(".gemini")).unwrap();
+        // Gemini's `--acp` leaves its model router's call out of what it reports: a named
+        // model (no router) for it; the CLI's stream-json counts the router's call.
+        let named = if agent == "gemini-acp" {
+            r#", "model": {"name": "gemini-2.5-flash"}"#
+        } else {
+            ""
+        };
         std::fs::write(
             home.join(".gemini/settings.json"),
-            r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
+            format!(r#"{{"security": {{"auth": {{"selectedType": "gemini-api-key"}}}}{named}}}"#),
         )
         .unwrap();
         env.push(s("GEMINI_API_KEY", "test-key"));
@@ -205,9 +228,16 @@ impl Setup {
         let model = ModelApi::start();
         let home = tempfile::tempdir().unwrap();
         let config = support::Toml::new()
+            .top("profiles_dir = \"profiles\"")
             .host_mailbox(host, "agent", &agent, "")
             .agent("agent", profile, &[&boss.email], extra);
         let dir = ConfigDir::new(host, &config.text());
+        // Qwen Code ships no CLI profile: one as `profile new` makes it (Claude's stream).
+        std::fs::create_dir_all(dir.dir.path().join("profiles")).unwrap();
+        dir.write(
+            "profiles/qwen.toml",
+            "command = \"qwen\"\nargs = [\"--output-format\", \"stream-json\", \"--resume\", \"{{resume_id}}\"]\nstdin = \"{{prompt}}\"\nstream = \"claude\"\n",
+        );
         let env = env_for(profile, &model, home.path());
         Some(Setup {
             agent,
@@ -258,8 +288,10 @@ impl Setup {
             );
         }
         assert_eq!(
-            journal, ledger,
-            "journal (left) against the stand-in's ledger"
+            journal,
+            ledger,
+            "journal (left) against the stand-in's ledger: {}",
+            std::fs::read_to_string(&self.model.ledger).unwrap_or_default()
         );
         assert_eq!(ledger.len(), tasks.len(), "{ledger:?}");
     }
@@ -313,6 +345,21 @@ async fn claude_agent_acp_tokens_equal_the_ledger() {
 #[tokio::test(flavor = "multi_thread")]
 async fn codex_acp_tokens_equal_the_ledger() {
     exact_over_a_conversation("codex-acp").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen_code_tokens_equal_the_ledger() {
+    exact_over_a_conversation("qwen").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen_acp_tokens_equal_the_ledger() {
+    exact_over_a_conversation("qwen-acp").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gemini_acp_tokens_equal_the_ledger() {
+    exact_over_a_conversation("gemini-acp").await;
 }
 
 /// Claude Code keeps its sessions per folder under its home: with them gone, `--resume`

@@ -213,12 +213,26 @@ def task_marker(body):
     return found[-1] if found else None
 
 
+def system_head(body):
+    """The start of the request's system prompt, telling a side call (a router, a memory
+    subagent) from the agent's own turn in a ledger line."""
+    system = body.get("system") or body.get("instructions") or body.get("systemInstruction")
+    messages = body.get("messages") or []
+    if system is None and messages and messages[0].get("role") == "system":
+        system = messages[0].get("content")
+    if isinstance(system, dict):
+        system = system.get("parts")
+    if isinstance(system, list):
+        system = " ".join(p.get("text", "") for p in system if isinstance(p, dict))
+    return (system or "")[:60]
+
+
 def ledger(api, body, tokens):
     """Appends one answered request to the ledger (`--ledger FILE`)."""
     if not opts.ledger:
         return
     model = body.get("model") or MODEL_IN_PATH.get(threading.get_ident())
-    line = dict(tokens, api=api, model=model, task=task_marker(body))
+    line = dict(tokens, api=api, model=model, task=task_marker(body), system=system_head(body))
     with LEDGER_LOCK, open(opts.ledger, "a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -399,10 +413,12 @@ class Handler(BaseHTTPRequestHandler):
                   "function": {"name": b["name"], "arguments": json.dumps(b["arguments"])}}
                  for b in blocks if b["type"] == "function_call"]
         finish = "tool_calls" if calls else "stop"
-        tokens = usage_of(body, blocks)
+        tokens = usage_of(body, blocks, cached=True)
         ledger("chat", body, tokens)
-        usage = {"prompt_tokens": tokens["input"], "completion_tokens": tokens["output"],
-                 "total_tokens": tokens["input"] + tokens["output"]}
+        prompt = tokens["input"] + tokens["cache_read"]
+        usage = {"prompt_tokens": prompt, "completion_tokens": tokens["output"],
+                 "total_tokens": prompt + tokens["output"],
+                 "prompt_tokens_details": {"cached_tokens": tokens["cache_read"]}}
         head = {"id": "chatcmpl-standin", "created": 0, "model": body.get("model", "standin")}
         if not body.get("stream"):
             message = {"role": "assistant", "content": text or None}

@@ -13,6 +13,11 @@
 //!   0.61's `--acp` (which sends no `usage`: `promptTokenCount`, cache included, and
 //!   `candidatesTokenCount` of each model call of the prompt). Read when `usage` is absent;
 //!   the model named when one is.
+//! - `_meta.usage` of an empty `agent_message_chunk`, one per model call: Qwen Code 0.24's
+//!   `--acp` (`createTranscriptUsageUpdate`: `inputTokens` its `promptTokenCount`, the cache
+//!   included, `cachedReadTokens`, `outputTokens`; subagents' calls too), which puts no usage
+//!   in its answer. Sent as they come (key `call:N`); when any came, the answer's tokens are
+//!   not counted again.
 //! - `usage_update` session updates: `used`/`size` are the context window (not spent
 //!   tokens); `cost` is "cumulative session cost". claude-agent-acp sends Claude Code's
 //!   `total_cost_usd`, which counts from 0 in each process (`claude -p --resume` showed it:
@@ -36,6 +41,8 @@ pub(super) struct AcpUsage {
     cost_micros: Option<u64>,
     /// The tokens of the prompt's answer.
     tokens: Option<Usage>,
+    /// Per-call reports sent (Qwen Code).
+    calls: u64,
 }
 
 impl Shared {
@@ -83,10 +90,43 @@ impl Shared {
         self.usage.lock().expect("usage lock").tokens = Some(tokens);
     }
 
-    /// The run's report: the prompt's tokens with the cost seen, when either said anything.
+    /// A model call's usage in a message chunk's `_meta.usage` (Qwen Code), as a report.
+    pub(super) fn chunk_usage(
+        &self,
+        meta: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Option<StreamEvent> {
+        let u = meta?.get("usage")?;
+        let n = |k: &str| u.get(k).and_then(|v| v.as_u64());
+        let (input, output) = (n("inputTokens"), n("outputTokens"));
+        if input.is_none() && output.is_none() {
+            return None;
+        }
+        let cached = n("cachedReadTokens").unwrap_or(0);
+        let usage = Usage {
+            input_tokens: input.unwrap_or(0).saturating_sub(cached),
+            cache_read_tokens: cached,
+            output_tokens: output.unwrap_or(0),
+            ..Usage::default()
+        };
+        if usage.total_tokens() == 0 {
+            return None;
+        }
+        let mut state = self.usage.lock().expect("usage lock");
+        state.calls += 1;
+        Some(StreamEvent::Usage {
+            key: format!("call:{}", state.calls),
+            usage,
+        })
+    }
+
+    /// The run's report: the prompt's tokens (unless its calls were reported one by one) with
+    /// the cost seen, when either said anything.
     pub(super) fn usage_report(&self) -> Option<StreamEvent> {
         let usage = self.usage.lock().expect("usage lock");
-        let mut report = usage.tokens.clone().unwrap_or_default();
+        let mut report = match usage.calls {
+            0 => usage.tokens.clone().unwrap_or_default(),
+            _ => Usage::default(),
+        };
         report.cost_micros = usage.cost_micros;
         (report.total_tokens() > 0 || report.cost_micros.is_some_and(|c| c > 0)).then(|| {
             StreamEvent::Usage {
@@ -156,6 +196,33 @@ mod tests {
             (10, 3, 4, 2)
         );
         assert_eq!(usage.cost_micros, Some(25_000));
+    }
+
+    #[test]
+    fn qwen_calls_are_reported_one_by_one_and_not_again_at_the_end() {
+        let shared = Shared::default();
+        let meta = serde_json::json!({"usage": {"inputTokens": 100, "outputTokens": 5,
+                                                "cachedReadTokens": 40, "totalTokens": 105}});
+        let Some(StreamEvent::Usage { key, usage }) = shared.chunk_usage(meta.as_object()) else {
+            panic!("no report")
+        };
+        assert_eq!(key, "call:1");
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.cache_read_tokens,
+                usage.output_tokens
+            ),
+            (60, 40, 5)
+        );
+        assert!(shared
+            .chunk_usage(serde_json::json!({"usage": {}}).as_object())
+            .is_none());
+        shared.prompt_usage(&response(serde_json::json!({
+            "stopReason": "end_turn",
+            "_meta": {"quota": {"token_count": {"input_tokens": 100, "output_tokens": 5}}}
+        })));
+        assert!(shared.usage_report().is_none());
     }
 
     #[test]

@@ -13,7 +13,12 @@
 //!   ends, key `msg:ID:end`). The `result` line's `usage`, `modelUsage` (per model, side calls too) and
 //!   `total_cost_usd` are the run's totals, for this process only (a `--resume` starts again
 //!   from 0). So: one report per message id, then the difference to the result's totals
-//!   under the key `result`, with the stated cost. Qwen Code's stream is Claude's.
+//!   under the key `result`, with the stated cost. Qwen Code 0.24's stream is Claude's, each
+//!   content block a message of its own id (the API call's usage on one of them, zeros on
+//!   the others), its usage with a `total_tokens` and `input_tokens` counting the cache reads
+//!   (its `createUsage`: Gemini's `promptTokenCount`); no cost, no `modelUsage`. Its result
+//!   counts calls no message reports (its memory-extraction subagent after the answer) and,
+//!   when resumed, the session's earlier runs too: made per run as Codex's are.
 //! - Codex (`exec --json`): `turn.completed.usage` (`input_tokens` counting the cached ones,
 //!   `cached_input_tokens`, `output_tokens` with `reasoning_output_tokens` a part of it) is the *thread's*
 //!   running total: `codex exec resume` starts from the earlier runs' sum. The parser keeps
@@ -65,10 +70,18 @@ fn report(key: String, usage: Usage) -> Option<StreamEvent> {
 fn anthropic_usage(v: &Value) -> Option<Usage> {
     let input = num(v, &["input_tokens"]);
     let output = num(v, &["output_tokens"]);
+    let cache_read = num(v, &["cache_read_input_tokens"]).unwrap_or(0);
+    // Qwen Code's (it alone adds `total_tokens`) counts the cache reads in `input_tokens`
+    // (Gemini's `promptTokenCount`); Anthropic's does not.
+    let in_input = if v.get("total_tokens").is_some() {
+        cache_read
+    } else {
+        0
+    };
     (input.is_some() || output.is_some()).then(|| Usage {
-        input_tokens: input.unwrap_or(0),
+        input_tokens: input.unwrap_or(0).saturating_sub(in_input),
         output_tokens: output.unwrap_or(0),
-        cache_read_tokens: num(v, &["cache_read_input_tokens"]).unwrap_or(0),
+        cache_read_tokens: cache_read,
         cache_write_tokens: num(v, &["cache_creation_input_tokens"]).unwrap_or(0),
         ..Usage::default()
     })
@@ -143,8 +156,17 @@ impl StreamParser {
             }
             Some(sum)
         };
+        let mut total = total?;
+        // Qwen Code's result (no `modelUsage`; a `total_tokens`) counts the whole session's,
+        // earlier runs' too when resumed: less the total its session had last.
+        if per_model.is_empty() && v["usage"].get("total_tokens").is_some() {
+            if let Some(session) = &self.session_id {
+                let before = running_total(&format!("qwen:{session}"), &total);
+                total = minus(&total, &before.unwrap_or_default());
+            }
+        }
         let cost = v["total_cost_usd"].as_f64().and_then(micros_from_usd);
-        let mut rest = minus(&total?, &self.usage.sum);
+        let mut rest = minus(&total, &self.usage.sum);
         rest.cost_micros = cost;
         // The model the messages named, when the result names one only (its name there
         // may carry a suffix such as `[1m]`); else the result's own, when one.
@@ -182,7 +204,7 @@ impl StreamParser {
             .usage
             .thread
             .as_deref()
-            .and_then(|t| thread_total(t, &total));
+            .and_then(|t| running_total(&format!("codex:{t}"), &total));
         self.usage.count += 1;
         report(
             format!("turn:{}", self.usage.count),
@@ -266,12 +288,13 @@ impl StreamParser {
     }
 }
 
-/// Codex threads whose running total this process saw last, at most this many.
+/// Sessions (Codex threads, Qwen Code sessions) whose running total this process saw last,
+/// at most this many.
 const THREADS_KEPT: usize = 4096;
 
 /// The running total of `thread` seen last (`None`: never seen), and `total` kept as its new
 /// one.
-fn thread_total(thread: &str, total: &Usage) -> Option<Usage> {
+fn running_total(thread: &str, total: &Usage) -> Option<Usage> {
     static TOTALS: Mutex<Option<HashMap<String, Usage>>> = Mutex::new(None);
     let mut guard = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
     let totals = guard.get_or_insert_with(HashMap::new);
@@ -372,6 +395,22 @@ mod tests {
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(tokens(&got[2].1), (0, 0, 0, 11));
         assert_eq!(tokens(&sum(&got)), (2046, 1300, 557, 13));
+    }
+
+    /// Resumed, Qwen Code's result counts the session's earlier run (3833 input with the
+    /// cache, 13 output) and a call no message reported (its memory subagent's, 846 + 281
+    /// cached, 3 output): the run's own is what the stand-in's ledger says.
+    #[test]
+    fn a_resumed_qwen_result_counts_its_own_run() {
+        // Qwen Code 0.24 (`--output-format stream-json`, Claude's format) against the
+        // stand-in's Chat Completions with cached tokens: its `input_tokens` count them.
+        let first = reports(StreamFormat::Claude, "qwen-usage.jsonl");
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert_eq!(tokens(&first[0].1), (1434, 477, 0, 7));
+        assert_eq!(sum(&first).cost_micros, None);
+        let resumed = reports(StreamFormat::Claude, "qwen-usage-resumed.jsonl");
+        assert_eq!(tokens(&sum(&first)), (2876, 957, 0, 13));
+        assert_eq!(tokens(&sum(&resumed)), (1147 + 846, 382 + 281, 0, 6));
     }
 
     /// A failed run reports nothing: its result's usage is all zeros and it states no cost.
