@@ -2,7 +2,7 @@
 """A stand-in for a model's API, for running the real agent CLIs in tests without a key or
 the internet. Stdlib only.
 
-    model_api.py --port N --record FILE
+    model_api.py --port N --record FILE [--ledger FILE]
 
 The Anthropic Messages API (`POST /v1/messages`, streamed as server-sent events or not), as
 Claude Code and the Claude ACP adapters call it; and the OpenAI Responses API
@@ -29,6 +29,16 @@ Anthropic turn, a text ("Planning first.") and a `Bash` call, then (once its res
 error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_command` tool, then a final
 text naming the last line the command's output ended with; in a Chat Completions turn, a call of
 Qwen Code's `run_shell_command` the same way.
+
+Usage: every answer reports tokens in its API's own shape (Anthropic `message_start` usage
+with `cache_read_input_tokens` and `cache_creation_input_tokens` and the final `output_tokens`
+in `message_delta`; Responses `response.completed` usage whose `input_tokens` count the
+`cached_tokens`; Gemini `usageMetadata` in every chunk; Chat Completions `usage` with
+`prompt_tokens_details.cached_tokens`, streamed in a last chunk when asked), made per request
+(see `usage_of`). `--ledger FILE` gets a JSON line per answered request: `api`, `model`,
+`input` (not cached), `cache_read`, `cache_write`, `output`, `task` (the last `Task ID: X`
+of the bridge's prompt in the request, else the last `ledger: WORD`, else null) and `system`
+(the start of its system prompt).
 
 What it leaves out: other tools, other errors and
 overload answers, WebSocket transports, token counting
