@@ -497,3 +497,48 @@ async fn plain_output_is_shown_a_line_at_a_time_as_it_comes() {
     let out = run.await.unwrap().unwrap();
     assert_eq!(out.output, "first line\nsecond line\nno end");
 }
+
+/// Issue 45: a resumed run that failed (reporting what its calls used) and was run again in a
+/// new session: both runs' usage reports arrive, the second's keyed apart, so none is taken
+/// for another; a usage report alone does not stop the new session.
+#[tokio::test]
+async fn usage_keys_of_a_run_in_a_new_session_are_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys
+if '--resume' in sys.argv:
+    print('{"type":"result","subtype":"error_during_execution","is_error":true,"usage":{"input_tokens":5,"output_tokens":1},"total_cost_usd":0.001}')
+    sys.exit(1)
+print('{"type":"assistant","message":{"id":"m1","model":"x","content":[{"type":"text","text":"fresh"}],"usage":{"input_tokens":7,"output_tokens":2}}}')
+print('{"type":"result","subtype":"success","is_error":false,"result":"fresh","usage":{"input_tokens":7,"output_tokens":2},"total_cost_usd":0.002}')
+"#;
+    let p = profile(&format!(
+        "command = \"python3\"\nargs = [\"-c\", {script:?}, \"--resume\", \"{{{{resume_id}}}}\"]\nstream = \"claude\"\n"
+    ));
+    let mut resuming = task(dir.path(), "go on");
+    resuming.resume_id = Some("stale-id".into());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let keys = async move {
+        let mut keys = Vec::new();
+        while let Some(e) = rx.recv().await {
+            if let aamp_bridge::runner::StreamEvent::Usage { key, usage } = e {
+                keys.push((key, usage.total_tokens()));
+            }
+        }
+        keys
+    };
+    let run = async move {
+        aamp_bridge::runner::run(&p, &resuming, &CancellationToken::new(), &tx).await
+    };
+    let (out, keys) = tokio::join!(run, keys);
+    let out = out.unwrap();
+    assert!(out.context_lost);
+    assert_eq!(
+        keys,
+        vec![
+            ("result".to_string(), 6),
+            ("new-session/msg:m1".to_string(), 9),
+            ("new-session/result".to_string(), 0),
+        ]
+    );
+}

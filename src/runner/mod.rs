@@ -316,7 +316,9 @@ pub async fn run(
     let mut said_anything = false;
     let forward = async {
         while let Some(event) = seen_rx.recv().await {
-            said_anything = true;
+            // A usage report alone (Claude's failed resume reports its empty result) is
+            // not the agent taking up the session.
+            said_anything |= !matches!(event, StreamEvent::Usage { .. });
             if events.send(event).await.is_err() {
                 break;
             }
@@ -338,12 +340,47 @@ pub async fn run(
                 session = resume_id,
                 "the agent could not continue its session; running the task in a new one"
             );
-            let mut out = run_once(profile, &retold(task), cancel, events).await?;
+            let mut out = run_in_new_session(profile, task, cancel, events).await?;
             out.context_lost = true;
             Ok(out)
         }
         other => other,
     }
+}
+
+/// [`run_once`] of [`retold`] `task` after a first run in the same [`run`]: its usage
+/// reports keyed `new-session/KEY`, so a key the first run used is not taken for the same
+/// report.
+async fn run_in_new_session(
+    profile: &Profile,
+    task: &TaskInput,
+    cancel: &CancellationToken,
+    events: &mpsc::Sender<StreamEvent>,
+) -> Result<RunOutput, RunError> {
+    let (tx, mut rx) = mpsc::channel::<StreamEvent>(1);
+    let forward = async move {
+        while let Some(event) = rx.recv().await {
+            let event = match event {
+                StreamEvent::Usage { key, usage } => StreamEvent::Usage {
+                    key: format!("new-session/{key}"),
+                    usage,
+                },
+                other => other,
+            };
+            if events.send(event).await.is_err() {
+                break;
+            }
+        }
+    };
+    let (out, ()) = tokio::join!(
+        async {
+            let r = run_once(profile, &retold(task), cancel, &tx).await;
+            drop(tx);
+            r
+        },
+        forward
+    );
+    out
 }
 
 /// `task` in a new session: its prompt with the conversation's earlier turns retold, when

@@ -2,7 +2,7 @@
 """A stand-in for a model's API, for running the real agent CLIs in tests without a key or
 the internet. Stdlib only.
 
-    model_api.py --port N --record FILE
+    model_api.py --port N --record FILE [--ledger FILE]
 
 The Anthropic Messages API (`POST /v1/messages`, streamed as server-sent events or not), as
 Claude Code and the Claude ACP adapters call it; and the OpenAI Responses API
@@ -30,18 +30,31 @@ error. `run: COMMAND` in a Responses turn scripts a call of Codex's `exec_comman
 text naming the last line the command's output ended with; in a Chat Completions turn, a call of
 Qwen Code's `run_shell_command` the same way.
 
+Usage: every answer reports tokens in its API's own shape (Anthropic `message_start` usage
+with `cache_read_input_tokens` and `cache_creation_input_tokens` and the final `output_tokens`
+in `message_delta`; Responses `response.completed` usage whose `input_tokens` count the
+`cached_tokens`; Gemini `usageMetadata` in every chunk; Chat Completions `usage` with
+`prompt_tokens_details.cached_tokens`, streamed in a last chunk when asked), made per request
+(see `usage_of`). `--ledger FILE` gets a JSON line per answered request: `api`, `model`,
+`input` (not cached), `cache_read`, `cache_write`, `output`, `task` (the last `Task ID: X`
+of the bridge's prompt in the request, else the last `ledger: WORD`, else null) and `system`
+(the start of its system prompt).
+
 What it leaves out: other tools, other errors and
 overload answers, WebSocket transports, token counting
 (`/v1/messages/count_tokens` answers a fixed count), other providers' APIs.
 """
 import argparse
 import json
+import itertools
 import re
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = argparse.ArgumentParser()
 args.add_argument("--port", type=int, required=True)
 args.add_argument("--record", required=True)
+args.add_argument("--ledger", help="a JSON line per answered request: its API, task and tokens")
 opts = args.parse_args()
 
 
@@ -156,6 +169,83 @@ def thirds(text):
     third = max(1, len(text) // 3)
     return [p for p in (text[:third], text[third:2 * third], text[2 * third:]) if p]
 
+# Usage: every answer reports tokens that vary per request and that a test can check: input
+# from the request's size (a token per 40 bytes of its JSON, at least 7), output from the
+# answer's words (and 5 per tool call), at least 1. The Anthropic answer puts a third of the
+# input in cache reads and a seventh in cache writes; the Responses answer counts a quarter
+# of its (total) input as cached. Each answered request is one line of the ledger.
+LEDGER_LOCK = threading.Lock()
+IDS = itertools.count(1)
+# Gemini names its model in the path (`/v1beta/models/NAME:generateContent`), by thread.
+MODEL_IN_PATH = {}
+
+
+def next_id(prefix):
+    return "%s%d" % (prefix, next(IDS))
+
+
+def words_of(blocks):
+    count = 0
+    for b in blocks:
+        text = b.get("text") if isinstance(b, dict) else None
+        count += len(str(text).split()) if text else 5
+    return count
+
+
+def usage_of(body, blocks, cache=False, cached=False):
+    """The tokens a request and its answer report, in the bridge's own terms: `input` not read
+    from a cache, `cache_read`, `cache_write`, `output`."""
+    size = max(7, len(json.dumps(body)) // 40)
+    out = {"input": size, "output": max(1, words_of(blocks)), "cache_read": 0, "cache_write": 0}
+    if cache:
+        out["cache_read"], out["cache_write"] = size // 3, size // 7
+        out["input"] = size - out["cache_read"] - out["cache_write"]
+    if cached:
+        out["cache_read"] = size // 4
+        out["input"] = size - out["cache_read"]
+    return out
+
+
+def responses_usage(tokens):
+    """Responses' usage: `input_tokens` counts the cached ones too."""
+    total_in = tokens["input"] + tokens["cache_read"]
+    return {"input_tokens": total_in, "input_tokens_details": {"cached_tokens": tokens["cache_read"]},
+            "output_tokens": tokens["output"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": total_in + tokens["output"]}
+
+
+def task_marker(body):
+    """The task a request works for: the last `Task ID: ...` the bridge's prompt carries (a
+    resumed conversation carries earlier tasks' prompts before it), else the last
+    `ledger: WORD`; None when there is neither."""
+    text = json.dumps(body)
+    found = re.findall(r"Task ID: ([A-Za-z0-9._@:+-]+)", text) or re.findall(r"ledger: (\w+)", text)
+    return found[-1] if found else None
+
+
+def system_head(body):
+    """The start of the request's system prompt, telling a side call (a router, a memory
+    subagent) from the agent's own turn in a ledger line."""
+    system = body.get("system") or body.get("instructions") or body.get("systemInstruction")
+    messages = body.get("messages") or []
+    if system is None and messages and messages[0].get("role") == "system":
+        system = messages[0].get("content")
+    if isinstance(system, dict):
+        system = system.get("parts")
+    if isinstance(system, list):
+        system = " ".join(p.get("text", "") for p in system if isinstance(p, dict))
+    return (system or "")[:60]
+
+
+def ledger(api, body, tokens):
+    """Appends one answered request to the ledger (`--ledger FILE`)."""
+    if not opts.ledger:
+        return
+    model = body.get("model") or MODEL_IN_PATH.get(threading.get_ident())
+    line = dict(tokens, api=api, model=model, task=task_marker(body), system=system_head(body))
+    with LEDGER_LOCK, open(opts.ledger, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -192,6 +282,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         with open(opts.record, "a") as f:
             f.write(json.dumps({"path": path, "body": body}) + "\n")
+        MODEL_IN_PATH[threading.get_ident()] = path.rsplit("/", 1)[-1].split(":")[0]
         if ":streamGenerateContent" in path or ":generateContent" in path:
             return self.gemini(body, stream=":streamGenerateContent" in path)
         if ":countTokens" in path:
@@ -209,11 +300,15 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
         blocks = script_for(body)
         stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-        message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": body.get("model", "standin"),
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": 100, "output_tokens": 1}}
+        tokens = usage_of(body, blocks, cache=True)
+        ledger("anthropic", body, tokens)
+        usage = {"input_tokens": tokens["input"], "cache_creation_input_tokens": tokens["cache_write"],
+                 "cache_read_input_tokens": tokens["cache_read"], "output_tokens": 1}
+        message = {"id": next_id("msg_standin_"), "type": "message", "role": "assistant",
+                   "model": body.get("model", "standin"),
+                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
         if not body.get("stream"):
-            message.update(content=blocks, stop_reason=stop)
+            message.update(content=blocks, stop_reason=stop, usage=dict(usage, output_tokens=tokens["output"]))
             return self.send_json(200, message)
         self.start_sse()
 
@@ -238,7 +333,7 @@ class Handler(BaseHTTPRequestHandler):
                                                         "partial_json": json.dumps(block["input"])}})
             event("content_block_stop", {"type": "content_block_stop", "index": index})
         event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                "usage": {"output_tokens": 10}})
+                                "usage": {"output_tokens": tokens["output"]}})
         event("message_stop", {"type": "message_stop"})
 
 
@@ -252,7 +347,10 @@ class Handler(BaseHTTPRequestHandler):
             parts = [{"text": json.dumps(fill(schema))}]
         else:
             parts = gemini_script(body.get("contents", []))
-        usage = {"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110}
+        tokens = usage_of(body, parts)
+        ledger("gemini", body, tokens)
+        usage = {"promptTokenCount": tokens["input"], "candidatesTokenCount": tokens["output"],
+                 "totalTokenCount": tokens["input"] + tokens["output"]}
 
         def chunk(parts, last):
             candidate = {"content": {"role": "model", "parts": parts}, "index": 0}
@@ -282,7 +380,10 @@ class Handler(BaseHTTPRequestHandler):
         response = {"id": "resp_standin", "object": "response", "status": "in_progress", "model": body.get("model"), "output": []}
         event("response.created", {"response": response})
         done = []
-        for index, block in enumerate(responses_script(body)):
+        blocks = responses_script(body)
+        tokens = usage_of(body, blocks, cached=True)
+        ledger("responses", body, tokens)
+        for index, block in enumerate(blocks):
             if block["type"] == "text":
                 mid = "msg_standin_%d" % index
                 item = {"type": "message", "id": mid, "role": "assistant", "status": "in_progress", "content": []}
@@ -305,9 +406,7 @@ class Handler(BaseHTTPRequestHandler):
             event("response.output_item.done", {"output_index": index, "item": item})
             done.append(item)
         event("response.completed", {"response": dict(response, status="completed", output=done,
-                                                      usage={"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
-                                                             "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 0},
-                                                             "total_tokens": 110})})
+                                                      usage=responses_usage(tokens))})
 
     def chat_completions(self, body):
         """The OpenAI Chat Completions API, streamed or not (Qwen Code): the same answer rule over
@@ -324,7 +423,12 @@ class Handler(BaseHTTPRequestHandler):
                   "function": {"name": b["name"], "arguments": json.dumps(b["arguments"])}}
                  for b in blocks if b["type"] == "function_call"]
         finish = "tool_calls" if calls else "stop"
-        usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        tokens = usage_of(body, blocks, cached=True)
+        ledger("chat", body, tokens)
+        prompt = tokens["input"] + tokens["cache_read"]
+        usage = {"prompt_tokens": prompt, "completion_tokens": tokens["output"],
+                 "total_tokens": prompt + tokens["output"],
+                 "prompt_tokens_details": {"cached_tokens": tokens["cache_read"]}}
         head = {"id": "chatcmpl-standin", "created": 0, "model": body.get("model", "standin")}
         if not body.get("stream"):
             message = {"role": "assistant", "content": text or None}

@@ -44,6 +44,7 @@ mod permissions;
 mod probe;
 mod terminals;
 mod updates;
+mod usage;
 
 use framing::*;
 use fs::*;
@@ -124,6 +125,8 @@ struct Shared {
     granted: gate::Granted,
     /// The task's workspace, kept out of what is mailed.
     workspace: PathBuf,
+    /// What the agent said its turn used (`usage`).
+    usage: Mutex<usage::AcpUsage>,
 }
 
 impl Shared {
@@ -178,6 +181,9 @@ pub async fn run_acp(
         },
     );
     let (connection, status, stderr_text) = settle(&mut child, stderr, connection, &done).await;
+    if let Some(report) = shared.usage_report() {
+        let _ = events.send(report).await;
+    }
     let driven = match (verdict.into_inner().expect("verdict lock"), connection) {
         (Some(driven), _) => Ok(driven),
         (None, Err(e)) => Err(e),
@@ -574,7 +580,10 @@ async fn drive(
     let mut reply = std::pin::pin!(cx.send_request(request).block_task());
     let ended = tokio::select! {
         r = &mut reply => return Ok(match r {
-            Ok(r) => Driven::Stopped { stop: r.stop_reason, session_id },
+            Ok(r) => {
+                shared.prompt_usage(&r);
+                Driven::Stopped { stop: r.stop_reason, session_id }
+            }
             Err(e) => Driven::PromptFailed(e),
         }),
         _ = cancel.cancelled() => Driven::Cancelled,
@@ -586,6 +595,7 @@ async fn drive(
     cx.send_notification(CancelNotification::new(session_id.clone()))?;
     match tokio::time::timeout(profile.cancel_grace, &mut reply).await {
         Ok(Ok(r)) => {
+            shared.prompt_usage(&r);
             tracing::info!(stop = ?r.stop_reason, "the agent stopped after session/cancel")
         }
         Ok(Err(e)) => tracing::info!(error = %e.message, "the prompt failed after session/cancel"),

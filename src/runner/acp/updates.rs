@@ -182,7 +182,11 @@ pub(super) fn embedded_file(
 /// One `session/update` as stream events. Thoughts never reach the output.
 pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamEvent> {
     match update {
-        SessionUpdate::AgentMessageChunk(chunk) => shared.message(&chunk.content),
+        SessionUpdate::AgentMessageChunk(chunk) => {
+            let mut events = shared.message(&chunk.content);
+            events.extend(shared.chunk_usage(chunk.meta.as_ref()));
+            events
+        }
         SessionUpdate::ToolCall(call) => vec![shared.tool_call(call)],
         SessionUpdate::ToolCallUpdate(update) => vec![shared.tool_call_update(update)],
         SessionUpdate::SessionInfoUpdate(info) => {
@@ -190,6 +194,10 @@ pub(super) fn map_update(update: &SessionUpdate, shared: &Shared) -> Vec<StreamE
             Vec::new()
         }
         SessionUpdate::Plan(plan) => shared.plan(plan).into_iter().collect(),
+        SessionUpdate::UsageUpdate(update) => {
+            shared.usage_update(update);
+            Vec::new()
+        }
         _ => Vec::new(),
     }
 }

@@ -87,11 +87,15 @@ impl StreamParser {
         }
         match str_of(v, &["type"]).unwrap_or_default() {
             "stream_event" => self.claude_partial(v),
-            "assistant" => self.claude_assistant(v),
+            "assistant" => {
+                let mut events = self.claude_assistant(v);
+                events.extend(self.claude_message_usage(&v["message"]));
+                events
+            }
             "user" => self.claude_tool_results(v),
             "result" => {
                 self.claude_result(v);
-                Vec::new()
+                self.claude_result_usage(v).into_iter().collect()
             }
             _ => Vec::new(),
         }
@@ -100,6 +104,18 @@ impl StreamParser {
     /// A partial message (`--include-partial-messages`): the top level's text as it comes.
     fn claude_partial(&mut self, v: &Value) -> Vec<StreamEvent> {
         let event = &v["event"];
+        match str_of(event, &["type"]) {
+            Some("message_start") => {
+                return self
+                    .claude_message_usage(&event["message"])
+                    .into_iter()
+                    .collect()
+            }
+            Some("message_delta") => {
+                return self.claude_message_end_usage(event).into_iter().collect()
+            }
+            _ => {}
+        }
         if str_of(event, &["type"]) == Some("content_block_delta")
             && event["delta"]["type"] == "text_delta"
             && v["parent_tool_use_id"].is_null()

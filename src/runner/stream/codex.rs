@@ -8,12 +8,13 @@ impl StreamParser {
         match str_of(v, &["type"]).unwrap_or_default() {
             "thread.started" => {
                 self.session_id = str_of(v, &["thread_id"]).map(str::to_string);
+                self.codex_thread(str_of(v, &["thread_id"]));
                 Vec::new()
             }
             "turn.completed" => {
                 self.end.finished = true;
                 self.end.error = None;
-                Vec::new()
+                self.codex_turn_usage(v).into_iter().collect()
             }
             "turn.failed" => {
                 self.end.finished = true;

@@ -34,7 +34,7 @@ impl StreamParser {
                             .to_string(),
                     );
                 }
-                Vec::new()
+                self.gemini_usage(v)
             }
             _ => Vec::new(),
         }

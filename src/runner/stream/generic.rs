@@ -41,6 +41,12 @@ impl StreamParser {
             .get("payload")
             .or_else(|| value.get("data"))
             .unwrap_or(value);
+        let mut events = self.generic_events(kind, payload);
+        events.extend(self.generic_usage(value, payload));
+        events
+    }
+
+    fn generic_events(&mut self, kind: &str, payload: &Value) -> Vec<StreamEvent> {
         if let Value::String(s) = payload {
             return if matches!(kind, "delta" | "text.delta" | "text" | "message") {
                 self.delta(s)

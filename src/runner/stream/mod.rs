@@ -7,6 +7,7 @@ mod claude;
 mod codex;
 mod gemini;
 mod generic;
+mod usage;
 
 use serde_json::Value;
 
@@ -175,6 +176,8 @@ pub struct StreamParser {
     /// Where in `text` the answer starts: after the last tool call (Gemini; what it said
     /// before is progress).
     answer_from: usize,
+    /// The usage reports sent so far (`usage`).
+    usage: usage::UsageState,
 }
 
 /// Answer text kept by a parser made with [`StreamParser::new`].
@@ -228,6 +231,7 @@ impl StreamParser {
             claude_tasks: Vec::new(),
             claude_creating: Default::default(),
             answer_from: 0,
+            usage: Default::default(),
         }
     }
 
