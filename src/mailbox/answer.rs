@@ -44,6 +44,13 @@ pub(crate) fn text(body: &Body, markup: Markup) -> Option<String> {
                 let status = markup.strong(r.status.as_str());
                 text.push_str(&format!("{status}: {error}"));
             }
+            if let Some(usage) = &r.usage {
+                if !text.is_empty() {
+                    text.push_str("\n\n");
+                }
+                let line = crate::protocol::usage_wire::line(usage);
+                text.push_str(&format!("{} {line}", markup.strong("Usage:")));
+            }
             text
         }
         Body::HelpNeeded(h) => {
