@@ -2,7 +2,8 @@
 //! and a real `aamp-bridge start`: the result mail's `X-AAMP-Usage` header and its body, what
 //! the dispatcher's parser reads, `task show --json`, `tasks --json`, `status --json`, the
 //! `task.completed` event, and `usage --json` / `--csv`, all giving the same totals; a task
-//! whose agent reported nothing carries no usage anywhere (not zeros).
+//! whose agent reported nothing carries no usage anywhere (not zeros), and a failed task's
+//! `rejected` result says what it spent before it failed.
 //!
 //! The usage is journaled while the agent runs through the journal's own API
 //! (`Journal::record_usage`, what `dispatch/run.rs` calls for each `StreamEvent::Usage` a runner
@@ -44,9 +45,11 @@ async fn a_tasks_usage_is_the_same_in_its_result_task_show_status_events_and_the
         &support::one_agent(host, &agent, "waiting.toml", &boss.email).text(),
     );
     let go_on = dir.dir.path().join("go-on");
+    let fail = dir.dir.path().join("fail");
     let script = format!(
-        "printf 'working\\n'; while [ ! -e '{}' ]; do sleep 0.05; done; printf 'all done\\n'",
-        go_on.display()
+        "printf 'working\\n'; while [ ! -e '{}' ]; do sleep 0.05; done; if [ -e '{}' ]; then echo 'out of luck' >&2; exit 3; fi; printf 'all done\\n'",
+        go_on.display(),
+        fail.display()
     );
     dir.write(
         "waiting.toml",
@@ -219,8 +222,43 @@ async fn a_tasks_usage_is_the_same_in_its_result_task_show_status_events_and_the
     assert_eq!(none["rows"], serde_json::json!([]));
     assert_eq!(none["total"]["costUsd"], "unknown");
 
+    // Task C: a failed run's result says what it spent before it failed.
+    std::fs::remove_file(&go_on).unwrap();
+    std::fs::write(&fail, "").unwrap();
+    let c = peer
+        .send(peer.dispatch_to(&agent.email, "Doomed", "fail"))
+        .await;
+    let c_id = c.task_id().to_string();
+    bridge.wait_event("task.started", |e| e["taskId"] == c_id.as_str());
+    let row_c = journal.find_tasks(&c_id).unwrap()[0].id;
+    let spent = report(7, 1, 0, Some(9), "model-a");
+    assert!(journal
+        .record_usage(row_c, 1, "m", &spent, SystemTime::now())
+        .unwrap());
+    std::fs::write(&go_on, "").unwrap();
+    let result_c = peer.wait_for(&c_id, Intent::TaskResult).await;
+    let Body::Result(rc) = &result_c.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(rc.status, Status::Rejected);
+    assert!(
+        rc.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("out of luck"),
+        "{rc:?}"
+    );
+    assert_eq!(rc.usage.as_ref(), Some(&spent));
+    let raw_c = peer.raw_headers(&result_c.email_id).await;
+    assert_eq!(
+        header(&raw_c, "X-AAMP-Usage"),
+        Some("input=7; output=1; cache_read=0; cache_write=3; cost_usd=0.000009; model=model-a")
+    );
+    let after = json_of(&dir, &["usage", "--json"]);
+    assert_eq!(after["total"]["totalTokens"], 7424 + 11, "{after}");
+
     // A stopped bridge reports the same.
     assert!(bridge.stop().success());
     let stopped = json_of(&dir, &["usage", "--json"]);
-    assert_eq!(stopped["total"], by_agent["total"]);
+    assert_eq!(stopped["total"], after["total"]);
 }
