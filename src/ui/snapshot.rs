@@ -160,8 +160,7 @@ pub fn recent_tasks(journal: &Journal, agents: &[&str]) -> Result<Vec<Value>, Jo
             .then(b.id.cmp(&a.id))
     });
     let subjects = journal.subjects(&rows.iter().map(|r| r.id).collect::<Vec<_>>())?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|row| {
             let title = subjects
                 .get(&row.id)
@@ -175,7 +174,7 @@ pub fn recent_tasks(journal: &Journal, agents: &[&str]) -> Result<Vec<Value>, Jo
             value["usage"] = usage_of(journal, value["id"].as_i64().unwrap_or(0))?;
             Ok(value)
         })
-        .collect::<Result<_, JournalError>>()?)
+        .collect()
 }
 
 /// Task rows as `tasks --json` prints them: each with its `usage` (null when its agent
