@@ -112,6 +112,23 @@ async fn a_tasks_usage_is_the_same_in_its_result_task_show_status_events_and_the
         sent,
         "input=2010; output=405; cache_read=5000; cache_write=9; cost_usd=0.016345; cost_partial=true"
     );
+    // The PyPI AAMP SDK reads it with the parser it has for X-AAMP-Dispatch-Context.
+    let python = support::test_agents().join("venv/bin/python");
+    let parsed = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import json, sys; from aamp_sdk.protocol import parse_dispatch_context_header as p; print(json.dumps(p(sys.argv[1])))",
+            sent,
+        ])
+        .output()
+        .unwrap();
+    let parsed: Value = serde_json::from_slice(&parsed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&parsed.stderr)));
+    assert_eq!(
+        parsed,
+        serde_json::json!({"input": "2010", "output": "405", "cache_read": "5000",
+                           "cache_write": "9", "cost_usd": "0.016345", "cost_partial": "true"})
+    );
     let body = result
         .message
         .envelope
