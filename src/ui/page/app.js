@@ -540,6 +540,9 @@ function refreshUsage() {
   }, 1000);
 }
 
+// Reports journaled while tasks still run, and the hours as they turn: read again each minute.
+setInterval(refreshUsage, 60000);
+
 function usageTable(kind, sums, hour) {
   const names = Object.keys(sums || {}).sort();
   if (!names.length) return el("p", { class: "quiet" }, "no " + kind + " spent anything today");
