@@ -532,9 +532,13 @@ function refreshUsage() {
   if (usageTimer) return;
   usageTimer = setTimeout(async () => {
     usageTimer = null;
-    const response = await fetch("/api/usage", { headers: auth() });
-    if (!response.ok) return;
-    state.usage = await response.json();
+    try {
+      const response = await fetch("/api/usage", { headers: auth() });
+      if (!response.ok) return;
+      state.usage = await response.json();
+    } catch (_) {
+      return; // the feed's own reconnect says the bridge is away
+    }
     renderUsage();
     renderAgents();
   }, 1000);
