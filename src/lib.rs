@@ -28,7 +28,9 @@
 //!
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates, RFC 5322
 //!   rendering/reading (with attachments), timestamps, delivery status notifications
-//!   (`protocol::dsn`). It names no other module.
+//!   (`protocol::dsn`), the unit of accounting (`protocol::Usage`) and what a result says a task
+//!   cost (`protocol::usage_wire`: the `X-AAMP-Usage` header, its JSON and its line). It names no
+//!   other module.
 //! - [`config`]: the config file (read, and written back by `config::render`) and the value types
 //!   it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per mailbox system,
 //!   holding only its keys and the few every mailbox has, read by `kind`; the kinds are listed
@@ -97,7 +99,8 @@
 //!   `runner`, `inbound` and `backend`, never `mailbox`.
 //! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one feed
 //!   of the bridge's events (the [`events::tap`]; its token a header, never a cookie), the read
-//!   model `status`, `tasks` and `task show` share (`ui::snapshot`), and the operator's answers and
+//!   model `status`, `tasks` and `task show` share (`ui::snapshot`), the usage sums the `usage`
+//!   report, `status` and the page read from the journal's hours (`ui::usage`), and the operator's answers and
 //!   cancels, taken through the engines' own paths (their [`dispatch::Desk`]). It names neither
 //!   `daemon` nor the shells; the daemon starts it.
 //! - [`daemon`]: wires the layers: the state directory's lock and journal, per agent an intake, an

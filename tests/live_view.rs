@@ -6,7 +6,9 @@
 //! - a right-to-left override in a title stays inside the title, and in a question it is shown
 //!   as `<U+202E>`;
 //! - a CLI profile without a stream format shows its lines as they come; "Recent tasks" is
-//!   newest first across agents, by title.
+//!   newest first across agents, by title;
+//! - what the model calls cost shows per agent and per sender, today and this hour, with a
+//!   24-hour chart (issue 45).
 
 mod support;
 
@@ -381,6 +383,112 @@ async fn what_senders_and_agents_write_is_isolated_shown_as_it_comes_and_listed_
         [json!("Edit the README"), json!(title)],
         "{rows:?}"
     );
+    drop(browser);
+    s.bridge.stop();
+}
+
+/// Issue 45: what a task cost, journaled while it runs (as `dispatch/run.rs` journals each
+/// report its runner sends), reaches the page when it finishes: today's tokens and cost and
+/// this hour's, per agent and per sender, the agent's card, and the 24-hour chart of tokens,
+/// with the same totals `usage --json` reports.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_view_shows_usage_per_agent_and_sender_today_and_per_hour() {
+    let Some(driver) = chromedriver() else { return };
+    let mut s = Setup::start().await;
+    let (link, _, _) = s.link();
+    let browser = Browser::start(driver).await;
+    browser.goto(&link).await;
+    live(&browser).await;
+    browser
+        .wait_text("#usage .total", |t| t.contains("nothing reported"))
+        .await;
+
+    s.broker.send(&s.boss, &s.plain.1, "Spend", "go").await;
+    let started = s
+        .bridge
+        .wait_event("task.started", |e| e["agent"] == "plain");
+    let task_id = started["taskId"].as_str().unwrap().to_string();
+    let loaded = aamp_bridge::config::LoadedConfig::load(&s.dir.config()).unwrap();
+    let journal = aamp_bridge::dispatch::Journal::open(&loaded.state().journal()).unwrap();
+    let row = journal.find_tasks(&task_id).unwrap()[0].id;
+    let report = |input, cost, model: &str| aamp_bridge::protocol::Usage {
+        input_tokens: input,
+        output_tokens: 400,
+        cache_read_tokens: 5000,
+        cache_write_tokens: 0,
+        cost_micros: cost,
+        cost_partial: false,
+        model: Some(model.into()),
+    };
+    let now = std::time::SystemTime::now();
+    assert!(journal
+        .record_usage(row, 1, "a", &report(2000, Some(16_000), "model-a"), now)
+        .unwrap());
+    assert!(journal
+        .record_usage(row, 1, "b", &report(24, None, "model-b"), now)
+        .unwrap());
+    std::fs::write(s.dir.dir.path().join("go-on"), "").unwrap();
+    let done = s
+        .bridge
+        .wait_event("task.completed", |e| e["taskId"] == task_id.as_str());
+    assert_eq!(done["usage"]["totalTokens"], 12_824, "{done}");
+
+    let spent = "12,824 tokens · $0.0160+";
+    let total = browser
+        .wait_text("#usage .total", |t| t.contains("12,824"))
+        .await;
+    assert!(total.contains(spent), "{total}");
+    let agent = ".usage-agent tr[data-key=\"plain\"]";
+    let day = browser.wait_text(&format!("{agent} .day"), |_| true).await;
+    assert_eq!(day, spent);
+    // The hour the reports were journaled in is the page's last hour, unless the clock
+    // passed an hour meanwhile.
+    let same_hour = aamp_bridge::dispatch::journal::hour_of(std::time::SystemTime::now())
+        == aamp_bridge::dispatch::journal::hour_of(now);
+    let hour = browser.wait_text(&format!("{agent} .hour"), |_| true).await;
+    if same_hour {
+        assert_eq!(hour, spent);
+    }
+    let senders: Value = browser
+        .execute(
+            "return [...document.querySelectorAll('.usage-sender tbody tr')].map(r => [r.dataset.key, r.querySelector('.day').textContent]);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(senders, json!([[s.boss.1.to_ascii_lowercase(), spent]]));
+    let card = browser
+        .wait_text(".agent[data-agent=\"plain\"] .spent", |t| {
+            t.contains("12,824")
+        })
+        .await;
+    assert_eq!(card, spent);
+    let note = browser.wait_text("#usage .uncosted", |_| true).await;
+    assert!(
+        note.contains("model-b") && !note.contains("model-a"),
+        "{note}"
+    );
+    // The chart: 24 hourly bars, this hour's the tallest.
+    let bars: Value = browser
+        .execute(
+            "return [...document.querySelectorAll('#usage svg rect.tokens')].map(r => Number(r.getAttribute('height')));",
+            json!([]),
+        )
+        .await;
+    let bars: Vec<f64> = bars
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_f64().unwrap())
+        .collect();
+    assert_eq!(bars.len(), 24, "{bars:?}");
+    assert_eq!(bars.iter().filter(|b| **b > 0.0).count(), 1, "{bars:?}");
+    if same_hour {
+        assert_eq!(bars[23], 100.0, "{bars:?}");
+    }
+    // The report says the same.
+    let report: Value = serde_json::from_str(&s.dir.run(&["usage", "--json"])).unwrap();
+    assert_eq!(report["total"]["totalTokens"], 12_824, "{report}");
+    assert_eq!(report["total"]["costMicros"], 16_000);
     drop(browser);
     s.bridge.stop();
 }

@@ -159,6 +159,8 @@ fn every_command_ends_quietly_when_its_reader_left() {
         &["status"],
         &["status", "--json"],
         &["tasks"],
+        &["usage"],
+        &["usage", "--csv"],
         &["doctor"],
         &["doctor", "--json"],
         &["agents"],
@@ -186,6 +188,13 @@ fn tasks_before_the_first_start_are_none_yet() {
     assert!(said.starts_with("no tasks yet"), "{said}");
     let (code, said) = run(&dir, &["tasks", "--json"]);
     assert_eq!((code, said.trim()), (Some(0), "[]"));
+    // Nothing spent yet either: an empty report, its cost unknown (issue 45).
+    let (code, said) = run(&dir, &["usage", "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let report: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(report["rows"], serde_json::json!([]));
+    assert_eq!(report["total"]["totalTokens"], 0);
+    assert_eq!(report["total"]["costUsd"], "unknown");
     assert!(
         !dir.dir.path().join("state/journal.sqlite3").exists(),
         "looking made no journal"

@@ -88,12 +88,25 @@ fn every_intent() -> Vec<Body> {
             structured_result: Some(
                 json!([{"fieldKey": "summary", "fieldTypeKey": "text", "value": "ok"}]),
             ),
+            usage: Some(aamp_bridge::protocol::Usage {
+                input_tokens: 1200,
+                output_tokens: 340,
+                cache_read_tokens: 5000,
+                cache_write_tokens: 0,
+                cost_micros: Some(12_345),
+                cost_partial: false,
+                model: Some("claude-sonnet-4-5".into()),
+            }),
         }),
         Body::Result(TaskResult {
             status: Status::Rejected,
             output: String::new(),
             error: Some("agent exited with status 3".into()),
             structured_result: None,
+            usage: Some(aamp_bridge::protocol::Usage {
+                input_tokens: 7,
+                ..Default::default()
+            }),
         }),
         Body::StreamOpened {
             stream_id: "str_42".into(),
@@ -144,6 +157,7 @@ fn ascii_headers_are_never_encoded_words() {
             output: "ok".into(),
             error: None,
             structured_result: Some(structured.clone()),
+            usage: None,
         }),
     };
     let mail = render(&msg, SystemTime::now());
@@ -167,6 +181,7 @@ fn hostile_values_cannot_add_headers() {
             output: String::new(),
             error: Some("boom\r\nX-AAMP-Status: completed".into()),
             structured_result: None,
+            usage: None,
         }),
     };
     let mail = render(&msg, SystemTime::now());
@@ -261,6 +276,7 @@ proptest! {
                 output: if rejected { String::new() } else { output.clone() },
                 error: (rejected && !error.is_empty()).then(|| error.clone()),
                 structured_result: (!structured.is_empty()).then(|| json!(structured)),
+                usage: None,
             }),
         };
         let back = trip(&msg);

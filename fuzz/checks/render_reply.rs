@@ -17,6 +17,7 @@ fn replies(env: &Envelope, text: &str) -> Vec<AampMessage> {
             output: text.to_string(),
             error,
             structured_result: None,
+            usage: None,
         })
     };
     [

@@ -198,6 +198,9 @@ impl Waiting<'_> {
                     let why = r.error.as_deref().unwrap_or("no reason given");
                     errln!("rejected: {why}");
                 }
+                if let (Some(usage), false) = (&r.usage, args.json) {
+                    errln!("usage: {}", crate::protocol::usage_wire::line(usage));
+                }
                 return Ok(Some(if r.status == Status::Completed { 0 } else { 1 }));
             }
             _ => {}

@@ -16,6 +16,7 @@ mod setup;
 mod status;
 mod stream_printer;
 mod tasks;
+mod usage;
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -147,6 +148,27 @@ pub enum Command {
         limit: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// What the agents' model calls cost (tokens by kind, and money where the agent stated it
+    /// or the config prices its model), summed by agent, sender, model or day, with the total
+    /// at the end: this month (UTC) by default. A cost nobody stated is "unknown", never 0, and
+    /// the models without one are named. Read from the journal: the bridge may run or not.
+    Usage {
+        /// From when: a date (2026-11-01), a time (2026-11-01T08:00:00Z) or a span back from
+        /// now (90m, 12h, 7d, 2w) [default: the start of this month, UTC]
+        #[arg(long, value_name = "DATE|DURATION")]
+        since: Option<String>,
+        /// Up to when, in the same forms [default: now]
+        #[arg(long, value_name = "DATE|DURATION")]
+        until: Option<String>,
+        /// One row per agent, sender, model or day (UTC).
+        #[arg(long, default_value = "agent", value_parser = ["agent", "sender", "model", "day"])]
+        by: String,
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Comma-separated values (RFC 4180), a header line first and the total last.
+        #[arg(long)]
+        csv: bool,
     },
     /// One task's timeline, from the inbound mail to the reply.
     Task {
@@ -435,6 +457,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Task {
             action: TaskAction::Show { id, json },
         } => tasks::task_show(&LoadedConfig::load(&config_path)?, &id, json),
+        Command::Usage {
+            since,
+            until,
+            by,
+            json,
+            csv,
+        } => usage::usage(
+            &LoadedConfig::load(&config_path)?,
+            usage::Args {
+                since,
+                until,
+                by,
+                json,
+                csv,
+            },
+        ),
         Command::Pair {
             agent,
             ttl_secs,

@@ -83,6 +83,9 @@ fn print_agent(a: &Value, link: Option<&LinkState>) {
         print_credentials(c);
     }
     print_queue(a);
+    if let Some(u) = crate::protocol::usage_wire::from_json(&a["usageToday"]) {
+        outln!("    today (UTC): {}", crate::protocol::usage_wire::line(&u));
+    }
     if let Some(me) = a["replica"].as_str() {
         print_replicas(me, &a["replicas"]);
     }

@@ -39,20 +39,22 @@ pub(super) fn tasks(
         }
         None => journal.tasks(agent.as_deref(), None, limit)?,
     };
+    let shown = crate::ui::snapshot::with_usage(&journal, &rows)?;
     if json {
-        outln!("{}", crate::events::json_text(&rows)?);
+        outln!("{}", crate::events::json_text(&shown)?);
         return Ok(0);
     }
     if rows.is_empty() {
         outln!("no tasks");
     }
-    for t in rows {
+    for (t, v) in rows.into_iter().zip(&shown) {
         outln!(
-            "{:>5}  {}  {:<10} {:<11} {}  from {}{}{}",
+            "{:>5}  {}  {:<10} {:<11} {:>22}  {}  from {}{}{}",
             t.id,
             ms_time(t.received_at_ms),
             t.agent,
             t.state,
+            usage_column(&v["usage"]),
             t.task_id,
             t.sender,
             t.reason
@@ -64,6 +66,14 @@ pub(super) fn tasks(
         );
     }
     Ok(0)
+}
+
+/// A task's tokens and cost in a column of `tasks`: `-` when its agent reported nothing.
+fn usage_column(usage: &serde_json::Value) -> String {
+    match crate::protocol::usage_wire::from_json(usage) {
+        Some(u) => format!("{} tok {}", u.total_tokens(), u.cost_text()),
+        None => "-".to_string(),
+    }
 }
 
 pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::Result<i32> {
@@ -106,6 +116,10 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         }
         if let Some(why) = t["undelivered"].as_str() {
             outln!("  delivery    UNDELIVERED: the server refused the answer ({why})");
+        }
+        match crate::protocol::usage_wire::from_json(&item["usage"]) {
+            Some(u) => outln!("  usage       {}", crate::protocol::usage_wire::line(&u)),
+            None => outln!("  usage       none reported by the agent"),
         }
         let start = item["timeline"][0]["atMs"].as_i64().unwrap_or(0);
         for step in item["timeline"].as_array().into_iter().flatten() {

@@ -225,6 +225,10 @@ impl<B: Backend> Engine<B> {
         }
         let (state, result, files) = self.result_of(task, outcome);
         let (status, error) = (result.status, result.error.clone());
+        let usage = result
+            .usage
+            .as_ref()
+            .map(crate::protocol::usage_wire::to_json);
         let took = started.elapsed().as_millis();
         let why = error
             .as_deref()
@@ -251,7 +255,7 @@ impl<B: Backend> Engine<B> {
         events.emit(
             crate::events::Event::TaskCompleted,
             json!({"agent": self.common.spec().name, "taskId": task.env.task_id, "status": status.as_str(),
-                   "error": error, "durationMs": started.elapsed().as_millis() as u64}),
+                   "error": error, "durationMs": started.elapsed().as_millis() as u64, "usage": usage}),
         );
     }
 
@@ -311,6 +315,7 @@ impl<B: Backend> Engine<B> {
             output,
             error,
             structured_result: structured,
+            usage: self.outbox.usage_of(task.row),
         };
         (state, result, files)
     }

@@ -24,7 +24,7 @@ use super::{results, Common, Task};
 use crate::backend::{Backend, BackendError, ClaimOutcome};
 use crate::backoff::Backoff;
 use crate::error::{Classify, ErrorClass};
-use crate::protocol::{AampMessage, Body, Envelope, OutgoingFile, Status, TaskResult};
+use crate::protocol::{AampMessage, Body, Envelope, OutgoingFile, Status, TaskResult, Usage};
 
 /// One agent's outbox: the answers composed, queued in the journal, and sent by its worker
 /// ([`Outbox::run`], which the daemon runs). Cheap to clone.
@@ -146,8 +146,39 @@ impl<B: Backend> Outbox<B> {
             output: String::new(),
             error: Some(reason.to_string()),
             structured_result: None,
+            usage: None,
         };
         self.compose(env, key, Body::Result(result), 0)
+    }
+
+    /// [`Outbox::rejection`] for a task that ran (journal row `row`): with what it spent.
+    pub(super) fn spent_rejection(
+        &self,
+        row: i64,
+        env: &Envelope,
+        key: &str,
+        reason: &str,
+    ) -> Outgoing {
+        let result = TaskResult {
+            status: Status::Rejected,
+            output: String::new(),
+            error: Some(reason.to_string()),
+            structured_result: None,
+            usage: self.usage_of(row),
+        };
+        self.compose(env, key, Body::Result(result), 0)
+    }
+
+    /// What task `row` cost over all its runs, for its result; `None` when its agent reported
+    /// nothing, or the journal could not say (logged: the result still goes, without it).
+    pub(super) fn usage_of(&self, row: i64) -> Option<Usage> {
+        self.common
+            .journal
+            .task_usage(row)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the task's usage; the result goes without it");
+                None
+            })
     }
 
     /// `reply` as one of several replicas sends it: only if it wins (or still holds, or

@@ -44,7 +44,7 @@ impl<B: Backend> Engine<B> {
                     // one has claimed it.
                     rerun_refused = Some(reason);
                 } else {
-                    let reply = self.outbox.rejection(env, key, &reason);
+                    let reply = self.outbox.spent_rejection(left.id, env, key, &reason);
                     inner.journal.finish(
                         name,
                         left.id,

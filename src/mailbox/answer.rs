@@ -44,6 +44,13 @@ pub(crate) fn text(body: &Body, markup: Markup) -> Option<String> {
                 let status = markup.strong(r.status.as_str());
                 text.push_str(&format!("{status}: {error}"));
             }
+            if let Some(usage) = &r.usage {
+                if !text.is_empty() {
+                    text.push_str("\n\n");
+                }
+                let line = crate::protocol::usage_wire::line(usage);
+                text.push_str(&format!("{} {line}", markup.strong("Usage:")));
+            }
             text
         }
         Body::HelpNeeded(h) => {
@@ -56,4 +63,37 @@ pub(crate) fn text(body: &Body, markup: Markup) -> Option<String> {
         Body::CardResponse { summary, text } => format!("{}\n\n{text}", markup.strong(summary)),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Status, TaskResult, Usage};
+
+    fn result(usage: Option<Usage>) -> Body {
+        Body::Result(TaskResult {
+            status: Status::Rejected,
+            output: "partial".into(),
+            error: Some("failed".into()),
+            structured_result: None,
+            usage,
+        })
+    }
+
+    #[test]
+    fn a_results_text_ends_with_its_usage_and_has_none_when_none_was_reported() {
+        let usage = Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            model: Some("m".into()),
+            ..Usage::default()
+        };
+        let said = text(&result(Some(usage)), Markup::Markdown).unwrap();
+        assert_eq!(
+            said,
+            "partial\n\n**rejected**: failed\n\n**Usage:** 10 input, 2 output, 0 cache read, 0 cache write tokens (12 in all); cost unknown (m)"
+        );
+        let said = text(&result(None), Markup::Plain).unwrap();
+        assert_eq!(said, "partial\n\nrejected: failed");
+    }
 }

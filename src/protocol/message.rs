@@ -7,13 +7,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::codec;
 pub use super::text::normalize_message_id;
 use super::text::{
     first_line_after, marker_line, message_ids, section, strip_list_marker, strip_prefix_ci,
 };
+use super::usage::Usage;
+use super::usage_wire;
 
 /// The protocol version this crate writes, and the one assumed when a message omits it.
 pub const VERSION: &str = "1.1";
@@ -153,6 +155,8 @@ pub mod header {
     pub const PAIR_CODE: &str = "X-AAMP-Pair-Code";
     pub const DISPATCH_CONTEXT_RULES: &str = "X-AAMP-Dispatch-Context-Rules";
     pub const CARD_SUMMARY: &str = "X-AAMP-Card-Summary";
+    /// aamp-bridge's extension: what the task's model calls cost (`protocol::usage_wire`).
+    pub const USAGE: &str = "X-AAMP-Usage";
     /// Legacy headers: still read (and preferred) when present, never written.
     pub const LEGACY_OUTPUT: &str = "X-AAMP-Output";
     pub const LEGACY_QUESTION: &str = "X-AAMP-Question";
@@ -232,6 +236,9 @@ pub struct TaskResult {
     pub output: String,
     pub error: Option<String>,
     pub structured_result: Option<Value>,
+    /// What the agent's model calls cost, as its own reports said; `None` when it reported
+    /// nothing (never zeros).
+    pub usage: Option<Usage>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -456,6 +463,8 @@ impl AampMessage {
                 }
                 let structured = r.structured_result.as_ref().map(codec::encode_json);
                 opt(&mut out, header::STRUCTURED_RESULT, structured.as_deref());
+                let usage = r.usage.as_ref().map(usage_wire::header_value);
+                opt(&mut out, header::USAGE, usage.as_deref());
             }
             Body::HelpNeeded(h) => {
                 // The SDKs always write this header, empty when there are no options.
@@ -514,6 +523,10 @@ impl AampMessage {
                     let error = r.error.as_deref().unwrap_or("rejected");
                     text.push_str(&format!("Error: {}\n\n", codec::clean_header_text(error)));
                 }
+                // Before the output, which readers take up to the end of the body.
+                if let Some(usage) = &r.usage {
+                    text.push_str(&format!("Usage: {}\n\n", usage_wire::line(usage)));
+                }
                 if r.status == Status::Completed || !r.output.is_empty() {
                     text.push_str(&format!("Output:\n{}\n", r.output));
                 }
@@ -534,83 +547,6 @@ impl AampMessage {
             Body::CardQuery { text } => text.clone(),
             Body::CardResponse { text, .. } => text.clone(),
         }
-    }
-
-    /// The message as lower-camel-case JSON, in the shape of the upstream conformance corpus
-    /// (fields that do not apply are left out). Used by `--json` output and the corpus tests.
-    pub fn to_json(&self) -> Value {
-        let env = &self.envelope;
-        let mut m = Map::new();
-        let mut put = |k: &str, v: Value| {
-            m.insert(k.to_string(), v);
-        };
-        put("protocolVersion", json!(env.version));
-        put("intent", json!(self.intent().as_str()));
-        put("taskId", json!(env.task_id));
-        put("from", json!(env.from));
-        put("to", json!(env.to.join(", ")));
-        put("messageId", json!(env.message_id));
-        put("subject", json!(env.subject));
-        if let Some(v) = &env.in_reply_to {
-            put("inReplyTo", json!(v));
-        }
-        let body_text = env
-            .received_body
-            .clone()
-            .unwrap_or_else(|| self.body_text());
-        put("bodyText", json!(body_text));
-        match &self.body {
-            Body::Dispatch(d) => {
-                put("title", json!(d.title));
-                put("priority", json!(d.priority.as_str()));
-                if let Some(v) = &d.expires_at {
-                    put("expiresAt", json!(v));
-                }
-                if let Some(v) = &d.session_key {
-                    put("sessionKey", json!(v));
-                }
-                if !d.dispatch_context.is_empty() {
-                    put("dispatchContext", json!(d.dispatch_context));
-                }
-                if let Some(v) = &d.parent_task_id {
-                    put("parentTaskId", json!(v));
-                }
-            }
-            Body::Cancel { .. } => {}
-            Body::Ack => {}
-            Body::HelpNeeded(h) => {
-                put("question", json!(h.question));
-                put("blockedReason", json!(h.blocked_reason));
-                put("suggestedOptions", json!(h.suggested_options));
-            }
-            Body::Result(r) => {
-                put("status", json!(r.status.as_str()));
-                put("output", json!(r.output));
-                if let Some(e) = &r.error {
-                    put("errorMsg", json!(e));
-                }
-                if let Some(s) = &r.structured_result {
-                    put("structuredResult", s.clone());
-                }
-            }
-            Body::StreamOpened { stream_id } => put("streamId", json!(stream_id)),
-            Body::PairRequest { pair_code, rules } => {
-                put("pairCode", json!(pair_code));
-                if let Some(r) = rules {
-                    put("dispatchContextRules", r.clone());
-                }
-            }
-            Body::PairRespond { status, reason } => {
-                put("status", json!(status.as_str()));
-                put("success", json!(*status == Status::Completed));
-                if let Some(r) = reason {
-                    put("reason", json!(r));
-                }
-            }
-            Body::CardQuery { .. } => {}
-            Body::CardResponse { summary, .. } => put("summary", json!(summary)),
-        }
-        Value::Object(m)
     }
 
     /// A new task from `from` to `to`: `dispatch` with a fresh envelope (no Message-ID yet:
@@ -743,6 +679,9 @@ fn read_result(mail: &MailView) -> TaskResult {
         structured_result: mail
             .non_empty(header::STRUCTURED_RESULT)
             .and_then(|s| codec::decode_json(&s)),
+        usage: mail
+            .non_empty(header::USAGE)
+            .and_then(|u| usage_wire::parse_header(&u)),
     }
 }
 

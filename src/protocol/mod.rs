@@ -5,12 +5,14 @@
 
 pub mod codec;
 pub mod dsn;
+mod json;
 pub mod message;
 pub mod rfc5322;
 pub mod sse;
 mod text;
 pub mod time;
 pub mod usage;
+pub mod usage_wire;
 
 pub use message::{
     address, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, MailView, NotAamp,

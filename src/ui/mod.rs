@@ -19,6 +19,7 @@ mod conns;
 mod feed;
 mod server;
 pub mod snapshot;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -169,6 +170,10 @@ impl Context {
             "tasks": tasks,
             "active": active,
             "questions": self.operator.questions(),
+            "usage": usage::live(&self.journal, std::time::SystemTime::now()).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the live view could not read the usage");
+                Value::Null
+            }),
         })
     }
 }

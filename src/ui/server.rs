@@ -292,6 +292,18 @@ async fn data(req: Request<Incoming>, shared: &Shared, host: &str, path: &str) -
                 }
             }
         }
+        (Method::GET, "/api/usage") => {
+            match super::usage::live(&shared.context.journal, std::time::SystemTime::now()) {
+                Ok(usage) => json(StatusCode::OK, &usage),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the live view could not read the usage");
+                    refuse(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the journal could not be read",
+                    )
+                }
+            }
+        }
         (Method::POST, "/api/answer" | "/api/cancel") => {
             if !auth::same_origin(header_str(&req, header::ORIGIN), host) {
                 return refuse(StatusCode::FORBIDDEN, "a cross-site request");
@@ -311,7 +323,7 @@ async fn data(req: Request<Incoming>, shared: &Shared, host: &str, path: &str) -
             };
             act(path, &action, shared)
         }
-        (_, "/events" | "/api/task") => {
+        (_, "/events" | "/api/task" | "/api/usage") => {
             refuse(StatusCode::METHOD_NOT_ALLOWED, "not with this method")
         }
         _ => refuse(StatusCode::NOT_FOUND, "no such page"),

@@ -8,9 +8,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::config::LoadedConfig;
+use crate::dispatch::journal::TaskRow;
 use crate::dispatch::{Journal, JournalError, TaskState};
 use crate::mailbox::link::LinkState;
 use crate::protocol::message::dispatch_title;
+use crate::protocol::usage_wire;
 
 /// One agent as `status` shows it: the JSON `status --json` prints, and its link state for
 /// the text form.
@@ -100,6 +102,10 @@ pub async fn agents(
                 "unsent": count("unsent"), "slots": slots,
                 "parked": count("parked"), "parkedReason": parked_reason,
                 "login": login,
+                "usageToday": match journal {
+                    Some(j) => super::usage::agent_today(j, &agent.name, now)?,
+                    None => Value::Null,
+                },
             }),
             link,
         });
@@ -131,7 +137,9 @@ pub fn task_details(journal: &Journal, id: &str) -> Result<Vec<Value>, JournalEr
     let mut shown = Vec::new();
     for task in journal.find_tasks(id)? {
         let steps = journal.timeline(task.id)?;
-        shown.push(json!({"task": task, "timeline": steps}));
+        let usage = journal.task_usage(task.id)?;
+        shown.push(json!({"task": task, "timeline": steps,
+                          "usage": usage.as_ref().map(usage_wire::to_json)}));
     }
     Ok(shown)
 }
@@ -152,8 +160,7 @@ pub fn recent_tasks(journal: &Journal, agents: &[&str]) -> Result<Vec<Value>, Jo
             .then(b.id.cmp(&a.id))
     });
     let subjects = journal.subjects(&rows.iter().map(|r| r.id).collect::<Vec<_>>())?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|row| {
             let title = subjects
                 .get(&row.id)
@@ -163,7 +170,31 @@ pub fn recent_tasks(journal: &Journal, agents: &[&str]) -> Result<Vec<Value>, Jo
             value["title"] = Value::from(title);
             value
         })
-        .collect())
+        .map(|mut value| {
+            value["usage"] = usage_of(journal, value["id"].as_i64().unwrap_or(0))?;
+            Ok(value)
+        })
+        .collect()
+}
+
+/// Task rows as `tasks --json` prints them: each with its `usage` (null when its agent
+/// reported nothing).
+pub fn with_usage(journal: &Journal, rows: &[TaskRow]) -> Result<Vec<Value>, JournalError> {
+    rows.iter()
+        .map(|row| {
+            let mut value = serde_json::to_value(row).unwrap_or_default();
+            value["usage"] = usage_of(journal, row.id)?;
+            Ok(value)
+        })
+        .collect()
+}
+
+/// One task's usage as JSON, null when none was reported (an index read per task).
+fn usage_of(journal: &Journal, row: i64) -> Result<Value, JournalError> {
+    Ok(journal
+        .task_usage(row)?
+        .as_ref()
+        .map_or(Value::Null, usage_wire::to_json))
 }
 
 /// Tasks admitted and not finished, with the title their mail carried, oldest first.

@@ -78,6 +78,7 @@ fn an_envelope_becomes_a_task_and_its_answer_a_reply_the_same_every_time() {
             output: "fixed".into(),
             error: None,
             structured_result: None,
+            usage: None,
         }),
     );
     reply.envelope.message_id = "<task.result.1@x>".into();
@@ -106,6 +107,7 @@ fn answer_to(e: &AsmtpEnvelope, output: &str) -> serde_json::Value {
             output: output.into(),
             error: None,
             structured_result: None,
+            usage: None,
         }),
     );
     let rendered = protocol::rfc5322::render(&reply, std::time::SystemTime::now());

@@ -32,6 +32,7 @@ const state = {
   tasks: [], // the journal's rows, newest first
   active: new Map(), // agent \n taskId -> task under way (with its stream)
   questions: new Map(), // agent \n taskId -> question waiting
+  usage: null, // today's and the last 24 hours' tokens and cost (the snapshot's `usage`)
 };
 
 const FINISHED_KEPT = 10; // finished tasks kept on the page with their stream
@@ -159,6 +160,8 @@ function onSnapshot(snap) {
     if (!seen.has(k) && !t.finished) state.active.delete(k);
   }
   state.questions = new Map((snap.questions || []).map((q) => [key(q.agent, q.taskId), q]));
+  state.usage = snap.usage || null;
+  renderUsage();
   renderAgents();
   renderActive();
   renderQuestions();
@@ -225,6 +228,7 @@ function onEvent(ev) {
       renderAgents();
       renderRecent();
       renderCharts();
+      if (ev.usage) refreshUsage();
       break;
     }
     case "task.rejected": {
@@ -376,6 +380,7 @@ function renderAgents() {
         el("dt", {}, "slots"), el("dd", { class: "slots" }, running + " of " + (slots.maxConcurrent || "?") + " in use"),
         el("dt", {}, "queue"), el("dd", { class: "queue" }, String(under.length - running)),
         el("dt", {}, "today"), el("dd", { class: "today" }, today(a.agent)),
+        el("dt", {}, "spent today"), el("dd", { class: "spent" }, spent(agentUsage(a.agent))),
         ...(link.lastError ? [el("dt", {}, "last error"), el("dd", { class: "error" }, bdi(link.lastError))] : [])));
   }));
 }
@@ -506,6 +511,66 @@ function renderCharts() {
       el("div", { class: "meta" }, "dispatch → result, mean per " + BUCKET_MIN + " min (longest " + slowest.toFixed(1) + " s)"),
       bars(meanSecs, "time", "seconds from dispatch to result"));
   }));
+}
+
+// ---- usage: tokens and cost today and per hour, per agent and per sender (UTC) ----
+
+// Tokens and cost in a few words; "unknown" is never shown as $0.
+function spent(u) {
+  if (!u || !u.totalTokens) return "nothing reported";
+  const cost = typeof u.costUsd === "number" ? "$" + u.costUsd.toFixed(4) + (u.costPartial ? "+" : "") : "cost unknown";
+  return u.totalTokens.toLocaleString("en") + " tokens · " + cost;
+}
+
+function agentUsage(agent) {
+  return state.usage && state.usage.agents ? state.usage.agents[agent] : null;
+}
+
+let usageTimer = null;
+// A task finished with usage: the sums are read again (at most once a second).
+function refreshUsage() {
+  if (usageTimer) return;
+  usageTimer = setTimeout(async () => {
+    usageTimer = null;
+    try {
+      const response = await fetch("/api/usage", { headers: auth() });
+      if (!response.ok) return;
+      state.usage = await response.json();
+    } catch (_) {
+      return; // the feed's own reconnect says the bridge is away
+    }
+    renderUsage();
+    renderAgents();
+  }, 1000);
+}
+
+// Reports journaled while tasks still run, and the hours as they turn: read again each minute.
+setInterval(refreshUsage, 60000);
+
+function usageTable(kind, sums, hour) {
+  const names = Object.keys(sums || {}).sort();
+  if (!names.length) return el("p", { class: "quiet" }, "no " + kind + " spent anything today");
+  const row = (name) => el("tr", { "data-key": name },
+    el("td", {}, bdi(name)), el("td", { class: "day" }, spent(sums[name])), el("td", { class: "hour" }, spent((hour || {})[name])));
+  return el("table", { class: "usage-" + kind },
+    el("thead", {}, el("tr", {}, el("th", {}, kind), el("th", {}, "today"), el("th", {}, "this hour"))),
+    el("tbody", {}, ...names.map(row)));
+}
+
+function renderUsage() {
+  const u = state.usage;
+  if (!u) { $("usage").replaceChildren(el("p", { class: "quiet" }, "no usage read")); return; }
+  const hours = u.hours || [];
+  const last = hours[hours.length - 1] || {};
+  const tokens = hours.map((h) => (h.usage && h.usage.totalTokens) || 0);
+  const note = (u.uncostedModels || []).length ? el("div", { class: "meta uncosted" }, "no cost known for: ", bdi(u.uncostedModels.join(", "))) : null;
+  $("usage").replaceChildren(el("article", { class: "card usage" },
+    el("div", { class: "total" }, "today (" + u.day + ", UTC): " + spent(u.today)),
+    el("div", { class: "meta" }, "tokens per hour, last 24 h (peak " + Math.max(0, ...tokens).toLocaleString("en") + ")"),
+    bars(tokens, "tokens", "tokens per hour"),
+    note,
+    usageTable("agent", u.agents, last.agents),
+    usageTable("sender", u.senders, last.senders)));
 }
 
 connect();
