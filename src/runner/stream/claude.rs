@@ -91,7 +91,7 @@ impl StreamParser {
             "user" => self.claude_tool_results(v),
             "result" => {
                 self.claude_result(v);
-                Vec::new()
+                claude_result_usage(v).into_iter().collect()
             }
             _ => Vec::new(),
         }
@@ -220,4 +220,32 @@ impl StreamParser {
                 }),
         );
     }
+}
+
+/// The usage of a run from its `result` event (`usage`, `total_cost_usd`, and the model when
+/// `modelUsage` names one), keyed `result` (one per run). Budgets' own reading, until the
+/// runners' usage reports (issue 45, usage-runner) take its place: the lead reconciles them.
+/// Fields as Claude Code's `--output-format stream-json` writes them (read from its SDK's
+/// `SDKResultMessage` type; not copied).
+fn claude_result_usage(v: &Value) -> Option<StreamEvent> {
+    let u = v.get("usage")?;
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    let models = v["modelUsage"].as_object();
+    let model = models
+        .filter(|m| m.len() == 1)
+        .and_then(|m| m.keys().next().cloned());
+    Some(StreamEvent::Usage {
+        key: "result".into(),
+        usage: crate::protocol::Usage {
+            input_tokens: n("input_tokens"),
+            output_tokens: n("output_tokens"),
+            cache_read_tokens: n("cache_read_input_tokens"),
+            cache_write_tokens: n("cache_creation_input_tokens"),
+            cost_micros: v["total_cost_usd"]
+                .as_f64()
+                .and_then(crate::protocol::usage::micros_from_usd),
+            cost_partial: false,
+            model,
+        },
+    })
 }
