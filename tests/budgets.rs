@@ -137,8 +137,13 @@ async fn a_hard_budget_stops_a_running_task_with_its_reason_from_the_price_table
     // No stated cost: 10,000 input tokens at $3 a million are $0.03, over the day's $0.01;
     // then the agent stays at work for two minutes, unless it is stopped.
     let line = result_line(10_000, 0, "test-model", None);
-    let dir = setup((host, &agent, &boss.email), (prices, budget), &line, (120, false));
-    let mut bridge = Bridge::start(&dir, 1);
+    let dir = setup(
+        (host, &agent, &boss.email),
+        (prices, budget),
+        &line,
+        (120, false),
+    );
+    let bridge = Bridge::start(&dir, 1);
     let mut peer = Peer::new(boss.clone()).await;
     let before = SystemTime::now();
 
@@ -151,10 +156,7 @@ async fn a_hard_budget_stops_a_running_task_with_its_reason_from_the_price_table
         "{error}"
     );
     says_it_resets_at_midnight(&error, before);
-    assert!(
-        before.elapsed().unwrap() < wait,
-        "not stopped while it ran"
-    );
+    assert!(before.elapsed().unwrap() < wait, "not stopped while it ran");
 
     let next = run_task(&mut peer, &agent.email, "Next", support::WAIT).await;
     assert_eq!(next.status, Status::Rejected, "{next:?}");
@@ -177,9 +179,13 @@ async fn a_queued_task_is_refused_when_its_slot_comes_if_the_budget_was_spent_me
     let mut peer = Peer::new(boss.clone()).await;
 
     // The first runs and has spent nothing yet when the second is let in behind it.
-    let first = peer.send(peer.dispatch_to(&agent.email, "First", "work")).await;
+    let first = peer
+        .send(peer.dispatch_to(&agent.email, "First", "work"))
+        .await;
     bridge.wait_event("task.started", |e| e["taskId"] == first.task_id());
-    let second = peer.send(peer.dispatch_to(&agent.email, "Second", "work")).await;
+    let second = peer
+        .send(peer.dispatch_to(&agent.email, "Second", "work"))
+        .await;
     bridge.wait_event("task.acked", |e| e["taskId"] == second.task_id());
     dir.write("gate", "");
 
@@ -198,7 +204,10 @@ async fn a_queued_task_is_refused_when_its_slot_comes_if_the_budget_was_spent_me
     );
     // Its one answer: no second result, and the agent never started for it.
     peer.settle(&host.user("marker")).await;
-    assert_eq!(peer.intents_for(second.task_id()), vec![Intent::TaskAck, Intent::TaskResult]);
+    assert_eq!(
+        peer.intents_for(second.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
     let started: Vec<_> = bridge
         .seen
         .iter()
@@ -206,4 +215,17 @@ async fn a_queued_task_is_refused_when_its_slot_comes_if_the_budget_was_spent_me
         .collect();
     assert_eq!(started.len(), 1, "{started:?}");
     assert!(bridge.stop().success());
+    // The agent stated no cost and its model has no price: `doctor` names it.
+    let doctor: serde_json::Value = serde_json::from_str(&dir.run(&["doctor", "--json"])).unwrap();
+    let prices = doctor
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["check"] == "prices"))
+        .unwrap_or_else(|| panic!("no prices check: {doctor}"));
+    assert!(
+        prices["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"claude-test\""),
+        "{prices}"
+    );
 }

@@ -100,7 +100,9 @@ impl Price {
                 if !(usd.is_finite() && (0.0..=MAX_USD).contains(&usd)) {
                     return Some((
                         format!("{key}.{name}"),
-                        format!("{usd} is not a price in dollars per million tokens (0 to {MAX_USD})"),
+                        format!(
+                            "{usd} is not a price in dollars per million tokens (0 to {MAX_USD})"
+                        ),
                         "write the provider's list price, e.g. 3 or 0.30".into(),
                     ));
                 }
@@ -177,23 +179,36 @@ mod tests {
         // The mailbox's password file is missing: only the budget part is looked at here.
         let err = loaded.as_ref().err().map(|e| e.to_string());
         assert!(
-            err.as_deref().is_none_or(|e| !e.contains("budget") && !e.contains("prices")),
+            err.as_deref()
+                .is_none_or(|e| !e.contains("budget") && !e.contains("prices")),
             "{err:?}"
         );
         let said = error_of("", "[agents.budget]\ntokens_per_dya = 5");
         assert!(said.contains("tokens_per_dya"), "{said}");
         let said = error_of("", "[agents.budget]\ntokens_per_day = -5");
-        assert!(said.contains("tokens_per_day") || said.contains("-5"), "{said}");
+        assert!(
+            said.contains("tokens_per_day") || said.contains("-5"),
+            "{said}"
+        );
         let said = error_of("", "[agents.budget]\nusd_per_day = -5");
         assert!(said.contains("agents[0].budget.usd_per_day"), "{said}");
         assert!(said.contains("positive"), "{said}");
         let said = error_of("", "[agents.sender_budget]\ntokens_per_month = 0");
-        assert!(said.contains("agents[0].sender_budget.tokens_per_month"), "{said}");
+        assert!(
+            said.contains("agents[0].sender_budget.tokens_per_month"),
+            "{said}"
+        );
         let said = error_of("[sender_budget]\nusd_per_month = 1e9", "");
         assert!(said.contains("sender_budget.usd_per_month"), "{said}");
-        let said = error_of("[prices.\"m\"]\ninput_per_million = -1\noutput_per_million = 1", "");
+        let said = error_of(
+            "[prices.\"m\"]\ninput_per_million = -1\noutput_per_million = 1",
+            "",
+        );
         assert!(said.contains("input_per_million"), "{said}");
-        let said = error_of("[prices.\"a*b\"]\ninput_per_million = 1\noutput_per_million = 1", "");
+        let said = error_of(
+            "[prices.\"a*b\"]\ninput_per_million = 1\noutput_per_million = 1",
+            "",
+        );
         assert!(said.contains("prefix ending in '*'"), "{said}");
         let said = error_of("[prices.\"m\"]\ninput_per_million = 1", "");
         assert!(said.contains("output_per_million"), "{said}");

@@ -112,7 +112,10 @@ pub fn admit(
             ));
         }
     }
-    if let Some(over) = spec.budgets.over(&load.spent, (&spec.name, &env.from), now, false) {
+    if let Some(over) = spec
+        .budgets
+        .over(&load.spent, (&spec.name, &env.from), now, false)
+    {
         return reject(over.refusal());
     }
     if let (Some(max), Some(_)) = (limits.turns_per_session, &dispatch.session_key) {
@@ -191,7 +194,6 @@ mod tests_support {
             ..Dispatch::default()
         }
     }
-
 }
 
 #[cfg(test)]
@@ -350,7 +352,17 @@ mod budget_tests {
             ),
             ..Load::default()
         };
-        let admit = |load: &Load| admit(&spec, &policy, &env("a@x.test"), &dispatch(None), false, load, now);
+        let admit = |load: &Load| {
+            admit(
+                &spec,
+                &policy,
+                &env("a@x.test"),
+                &dispatch(None),
+                false,
+                load,
+                now,
+            )
+        };
         assert_eq!(admit(&spent(99)), Admission::Run);
         assert_eq!(
             admit(&spent(100)),

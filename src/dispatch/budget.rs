@@ -18,7 +18,7 @@ use super::{Engine, Task};
 use crate::backend::Backend;
 use crate::config::{Budget, Price};
 use crate::protocol::Usage;
-use crate::runner::StreamEvent;
+use crate::runner::{RunError, StreamEvent};
 
 /// A model's price: millionths of a dollar per million tokens of each kind (input, output,
 /// cache read, cache write).
@@ -53,7 +53,9 @@ impl Prices {
                 }
             }
         }
-        prices.prefixes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        prices
+            .prefixes
+            .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         prices
     }
 
@@ -325,7 +327,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -336,7 +338,11 @@ fn grouped(n: u64) -> String {
 /// Dollars for people: cents when whole cents say it, else four decimals.
 fn dollars(micros: u64) -> String {
     match micros % 10_000 {
-        0 => format!("${}.{:02}", grouped(micros / 1_000_000), micros % 1_000_000 / 10_000),
+        0 => format!(
+            "${}.{:02}",
+            grouped(micros / 1_000_000),
+            micros % 1_000_000 / 10_000
+        ),
         _ => format!("${:.4}", micros as f64 / 1_000_000.0),
     }
 }
@@ -362,7 +368,11 @@ impl Over {
 
     /// Whose budget, its size and period: "agent coder's budget of $5.00 a day (UTC)".
     fn budget_text(&self) -> String {
-        let kind = if self.limit.hard { "hard budget" } else { "budget" };
+        let kind = if self.limit.hard {
+            "hard budget"
+        } else {
+            "budget"
+        };
         let whose = match self.limit.scope {
             Scope::Agent => format!("agent {}'s {kind}", self.agent),
             Scope::SenderHere => format!("sender {}'s {kind} on agent {}", self.sender, self.agent),
@@ -425,23 +435,50 @@ pub(super) struct Guard<'a> {
 }
 
 impl<'a> Guard<'a> {
-    pub fn new(budgets: &'a Budgets, agent: &'a str, sender: &'a str, stop: CancellationToken) -> Self {
+    /// The guard of a run whose own token is a child of `cancel`.
+    pub fn new(
+        budgets: &'a Budgets,
+        (agent, sender): (&'a str, &'a str),
+        cancel: &CancellationToken,
+    ) -> Self {
         Guard {
             budgets,
             agent,
             sender,
-            stop,
+            stop: cancel.child_token(),
             why: OnceLock::new(),
+        }
+    }
+
+    /// The token the run is cancelled by: `cancel`'s, or the guard's own.
+    pub fn token(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// The run's outcome, a stop of the guard's own said with its budget's words (a cancel
+    /// by the dispatcher or the bridge's shutdown stays a cancel).
+    pub fn explain<T>(
+        &self,
+        outcome: Result<T, RunError>,
+        cancel: &CancellationToken,
+    ) -> Result<T, RunError> {
+        match (outcome, self.why.get()) {
+            (Err(RunError::Cancelled), Some(why)) if !cancel.is_cancelled() => {
+                Err(RunError::Stopped(why.clone()))
+            }
+            (outcome, _) => outcome,
         }
     }
 
     /// A usage report with its cost from the price table, when the agent stated none.
     pub fn priced(&self, event: StreamEvent) -> StreamEvent {
         match event {
-            StreamEvent::Usage { key, usage } if usage.cost_micros.is_none() => StreamEvent::Usage {
-                key,
-                usage: self.budgets.prices.priced(&usage),
-            },
+            StreamEvent::Usage { key, usage } if usage.cost_micros.is_none() => {
+                StreamEvent::Usage {
+                    key,
+                    usage: self.budgets.prices.priced(&usage),
+                }
+            }
             other => other,
         }
     }
@@ -466,11 +503,25 @@ impl<'a> Guard<'a> {
             self.stop.cancel();
         }
     }
+}
 
-    /// Why the guard stopped the run, if it did.
-    pub fn stopped(&self) -> Option<&str> {
-        self.why.get().map(String::as_str)
-    }
+/// The models seen from `from` to `to` in reports with no stated cost that `prices` has no
+/// price for (`""`: reports that named no model), by name: money budgets cannot count them.
+pub fn unpriced_models(
+    journal: &Journal,
+    prices: &Prices,
+    (from, to): (SystemTime, SystemTime),
+) -> Result<Vec<String>, JournalError> {
+    let mut models: Vec<String> = journal
+        .usage_hours(from, to)?
+        .into_iter()
+        .filter(|h| h.usage.cost_micros.is_none() || h.usage.cost_partial)
+        .filter(|h| h.model.is_empty() || !prices.knows(&h.model))
+        .map(|h| h.model)
+        .collect();
+    models.sort();
+    models.dedup();
+    Ok(models)
 }
 
 impl<B: Backend> Engine<B> {
@@ -481,9 +532,15 @@ impl<B: Backend> Engine<B> {
         if !spec.budgets.any(false) {
             return None;
         }
-        let (now, who) = (SystemTime::now(), (spec.name.as_str(), task.env.from.as_str()));
+        let (now, who) = (
+            SystemTime::now(),
+            (spec.name.as_str(), task.env.from.as_str()),
+        );
         match spec.budgets.read(&self.common.journal, who, now, false) {
-            Ok(spent) => spec.budgets.over(&spent, who, now, false).map(|o| o.refusal()),
+            Ok(spent) => spec
+                .budgets
+                .over(&spent, who, now, false)
+                .map(|o| o.refusal()),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read what was spent against the budgets; the task starts");
                 None

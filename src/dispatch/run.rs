@@ -161,8 +161,7 @@ impl<B: Backend> Engine<B> {
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
         // A hard budget crossed stops the run through a token of its own (see budget.rs).
-        let over_budget = cancel.child_token();
-        let guard = Guard::new(&spec.budgets, &spec.name, &env.from, over_budget.clone());
+        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel);
         let watched = Watched {
             events: self.common.events,
             agent: &spec.name,
@@ -174,19 +173,21 @@ impl<B: Backend> Engine<B> {
         };
         let observe = observe(watched, rx, to_stream);
         let pump = self.stream(task, runs, from_run);
-        let run = agent_run(spec, input, &over_budget, tx, overrides, (run_tag, first_pid));
+        let run = agent_run(
+            spec,
+            input,
+            guard.token(),
+            tx,
+            overrides,
+            (run_tag, first_pid),
+        );
         let asking = async {
             while let Some(question) = questions_rx.recv().await {
                 self.desk.ask(task, question).await;
             }
         };
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
-        let outcome = match (outcome, guard.stopped()) {
-            (Err(RunError::Cancelled), Some(why)) if !cancel.is_cancelled() => {
-                Err(RunError::Stopped(why.to_string()))
-            }
-            (outcome, _) => outcome,
-        };
+        let outcome = guard.explain(outcome, cancel);
         if let Some((stream_id, appends)) = &streamed {
             let status = if outcome.is_ok() {
                 "completed"
