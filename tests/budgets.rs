@@ -229,3 +229,49 @@ async fn a_queued_task_is_refused_when_its_slot_comes_if_the_budget_was_spent_me
         "{prices}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_was_spent_survives_a_kill_mid_task_and_refuses_the_task_when_it_is_picked_up() {
+    let Some(host) = mailhost() else { return };
+    let (agent, boss) = (host.user("agent"), host.user("boss"));
+    let budget = "[agents.budget]\ntokens_per_day = 1000\n";
+    let line = result_line(600, 500, "claude-test", Some(0.01));
+    let dir = setup(
+        (host, &agent, &boss.email),
+        ("", budget),
+        &line,
+        (120, false),
+    );
+    let mut bridge = Bridge::start(&dir, 1);
+    let mut peer = Peer::new(boss.clone()).await;
+
+    // The agent reported 1,100 tokens and is still at work when the bridge is killed.
+    let task = peer
+        .send(peer.dispatch_to(&agent.email, "Long", "work"))
+        .await;
+    bridge.wait_event("task.stream", |e| {
+        e["taskId"] == task.task_id() && e["type"] == "usage"
+    });
+    bridge.kill();
+
+    // At the next start the task is picked up again, and its budget is spent: refused.
+    let bridge = Bridge::start(&dir, 1);
+    let result = peer.wait_for(task.task_id(), Intent::TaskResult).await;
+    let Body::Result(r) = result.message.body else {
+        panic!("not a result")
+    };
+    assert_eq!(r.status, Status::Rejected, "{r:?}");
+    let error = r.error.unwrap_or_default();
+    assert!(
+        error.starts_with("over budget: agent agent's budget of 1,000 tokens a day (UTC) is used up: 1,100 tokens spent today;"),
+        "{error}"
+    );
+    peer.settle(&host.user("marker")).await;
+    let results = peer
+        .intents_for(task.task_id())
+        .into_iter()
+        .filter(|i| *i == Intent::TaskResult)
+        .count();
+    assert_eq!(results, 1, "one answer");
+    assert!(bridge.stop().success());
+}
