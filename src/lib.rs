@@ -84,7 +84,9 @@
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite: what
 //!   was received, decided, run and answered, and the outbox of mail to send), sender policy
 //!   applied (from `config::policy`, plus rules kept in the journal and pairing), limits and loop
-//!   guards, de-duplication, expiry, a slot scheduler by priority and arrival, one task at a time
+//!   guards, budgets in tokens and money with the price table (`dispatch::budget`: a report
+//!   priced before it is journaled, a task over budget refused, a hard budget's run stopped),
+//!   de-duplication, expiry, a slot scheduler by priority and arrival, one task at a time
 //!   per conversation (a sender's Session-Key), the lifecycle, recovery at start, cancel, claims
 //!   (one of several bridges runs a task only once it won its claim, through [`backend::Backend`]),
 //!   each conversation's turns (given as text to an agent that lost its session), questions to the

@@ -40,6 +40,7 @@ pub(super) async fn doctor(config_path: &std::path::Path, json: bool) -> anyhow:
         checks.push(bridge_runs(config));
         checks.extend(mailboxes(config, &spinner).await?);
         checks.extend(agents(config, &spinner).await);
+        checks.extend(unpriced(config));
     }
     spinner.clear();
     print(&checks, json)?;
@@ -343,4 +344,29 @@ fn no_known_login(
             profile.name
         )
     }
+}
+
+/// The models of the last 30 days' usage reports that stated no cost and have no
+/// `[prices]` entry: money budgets count none of their spending.
+fn unpriced(config: &LoadedConfig) -> Option<Check> {
+    use crate::dispatch::{budget, Journal};
+    let path = config.state().journal();
+    let journal = path.exists().then(|| Journal::open(&path).ok()).flatten()?;
+    let prices = budget::Prices::new(&config.config.prices);
+    let now = std::time::SystemTime::now();
+    let month = now - std::time::Duration::from_secs(30 * 24 * 3600);
+    let models = budget::unpriced_models(&journal, &prices, (month, now)).ok()?;
+    let named: Vec<String> = models
+        .iter()
+        .map(|m| match m.as_str() {
+            "" => "(reports that name no model)".to_string(),
+            m => format!("{m:?}"),
+        })
+        .collect();
+    (!models.is_empty()).then(|| check(
+        "prices",
+        Verdict::Warn,
+        format!("no stated cost and no price for: {}; money budgets do not count their spending", named.join(", ")),
+        "add a [prices.\"MODEL\"] table for each (US dollars per million input and output tokens, from the provider's price list; docs/configuration.md)",
+    ))
 }

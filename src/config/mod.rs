@@ -12,10 +12,12 @@ mod render;
 pub use render::render;
 
 mod accounts;
+mod budgets;
 mod mailboxes;
 mod schema;
 mod secret;
 pub use accounts::*;
+pub use budgets::{Budget, Price};
 pub use mailboxes::*;
 pub use schema::*;
 pub use secret::*;
@@ -122,6 +124,7 @@ impl LoadedConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.check_ui()?;
+        self.check_budgets()?;
         let mut names = BTreeSet::new();
         for (i, agent) in self.config.agents.iter().enumerate() {
             let key = format!("agents[{i}]");

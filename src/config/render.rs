@@ -202,6 +202,18 @@ mod tests {
             sender_policy = """allow_from: d@x
             context_equals: k=v"""
             unknown_senders = "ignore"
+            [agents.budget]
+            tokens_per_day = 1000
+            usd_per_month = 12.5
+            hard = true
+            [agents.sender_budget]
+            usd_per_day = 1
+            [sender_budget]
+            tokens_per_month = 5000
+            [prices."claude-sonnet-4*"]
+            input_per_million = 3
+            output_per_million = 15
+            cache_read_per_million = 0.3
             "#,
         );
     }

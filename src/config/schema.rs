@@ -39,6 +39,13 @@ pub struct Config {
     /// The live view in the browser (`aamp-bridge ui`): served by `start` only when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ui: Option<UiConfig>,
+    /// `[sender_budget]`: what each sender may spend across all agents together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_budget: Option<Budget>,
+    /// `[prices."MODEL"]`: dollars per million tokens, for reports that state no cost (a
+    /// model's name as the agent reports it, or a prefix ending in `*`). None built in.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, Price>,
 }
 
 /// `[ui]`: where the live view listens, and who may reach it.
@@ -151,6 +158,12 @@ pub struct AgentConfig {
     /// Tasks this agent takes per 24 hours at most (no limit when unset).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daily_task_budget: Option<u32>,
+    /// `[agents.budget]`: what this agent may spend, all senders together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// `[agents.sender_budget]`: what each sender may spend on this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_budget: Option<Budget>,
     /// Turns one conversation (Session-Key) may take.
     #[serde(default = "default_turns")]
     pub max_turns_per_session: u32,

@@ -510,6 +510,12 @@ pub fn agent_spec(
         max_queued: agent.max_queued_tasks,
         profile,
         workspace_root: config.state().workspaces(&agent.name),
+        budgets: crate::dispatch::budget::Budgets::new(
+            agent.budget.as_ref(),
+            agent.sender_budget.as_ref(),
+            config.config.sender_budget.as_ref(),
+            &config.config.prices,
+        ),
     };
     if spec.policy.is_empty() {
         tracing::warn!(agent = %agent.name, "allow_from is empty: every dispatch to this agent will be rejected");

@@ -40,6 +40,8 @@ pub struct Load {
     pub session_turns: u32,
     /// A cancel for this (sender, TaskId) came before the dispatch.
     pub cancelled_before: bool,
+    /// What the agent and the sender spent in their budgets' current periods.
+    pub spent: super::budget::Spent,
 }
 
 /// Limits on how much one sender, one session or the whole agent may ask (kept with the
@@ -110,6 +112,12 @@ pub fn admit(
             ));
         }
     }
+    if let Some(over) = spec
+        .budgets
+        .over(&load.spent, (&spec.name, &env.from), now, false)
+    {
+        return reject(over.refusal());
+    }
     if let (Some(max), Some(_)) = (limits.turns_per_session, &dispatch.session_key) {
         if load.session_turns >= max {
             return reject(format!(
@@ -133,14 +141,14 @@ pub fn admit(
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use crate::dispatch::SenderPolicy;
     use crate::protocol::Priority;
     use crate::runner::Profile;
     use std::path::PathBuf;
 
-    fn spec() -> AgentSpec {
+    pub(super) fn spec() -> AgentSpec {
         AgentSpec {
             name: "coder".into(),
             email: "coder@x.test".into(),
@@ -160,10 +168,11 @@ mod tests {
             refusals_per_hour: 20,
             max_hops: 4,
             replica: None,
+            budgets: Default::default(),
         }
     }
 
-    fn env(from: &str) -> Envelope {
+    pub(super) fn env(from: &str) -> Envelope {
         Envelope {
             version: "1.1".into(),
             task_id: "t".into(),
@@ -177,7 +186,7 @@ mod tests {
         }
     }
 
-    fn dispatch(expires: Option<&str>) -> Dispatch {
+    pub(super) fn dispatch(expires: Option<&str>) -> Dispatch {
         Dispatch {
             title: "t".into(),
             priority: Priority::Normal,
@@ -185,6 +194,12 @@ mod tests {
             ..Dispatch::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
 
     #[test]
     fn admission_checks_duplicates_policy_the_queue_and_expiry() {
@@ -305,6 +320,56 @@ mod tests {
                 now
             ),
             Admission::Run
+        );
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::tests_support::*;
+    use super::*;
+    use crate::dispatch::budget::{Budgets, Period, Scope, Spent};
+    use crate::protocol::Usage;
+
+    #[test]
+    fn a_used_up_budget_rejects_with_its_words() {
+        let mut spec = spec();
+        let budget = crate::config::Budget {
+            tokens_per_day: Some(100),
+            ..Default::default()
+        };
+        spec.budgets = Budgets::new(None, Some(&budget), None, &Default::default());
+        let policy = spec.policy.clone();
+        let now = crate::protocol::time::parse("2026-12-03T23:30:00Z").unwrap();
+        let spent = |tokens| Load {
+            spent: Spent::default().with(
+                Scope::SenderHere,
+                Period::Day,
+                Usage {
+                    input_tokens: tokens,
+                    ..Usage::default()
+                },
+            ),
+            ..Load::default()
+        };
+        let admit = |load: &Load| {
+            admit(
+                &spec,
+                &policy,
+                &env("a@x.test"),
+                &dispatch(None),
+                false,
+                load,
+                now,
+            )
+        };
+        assert_eq!(admit(&spent(99)), Admission::Run);
+        assert_eq!(
+            admit(&spent(100)),
+            Admission::Reject {
+                reason: "over budget: sender a@x.test's budget on agent coder of 100 tokens a day (UTC) is used up: 100 tokens spent today; it resets at 2026-12-04T00:00:00Z (in 30 min); dispatch again after that".into(),
+                state: TaskState::Rejected,
+            }
         );
     }
 }

@@ -163,6 +163,10 @@ impl<B: Backend> Engine<B> {
             (Some(slot), Some(Ok(prepared))) => (slot, prepared),
             _ => return Ok(Err(RunError::Cancelled)),
         };
+        // A budget used up while the task waited: refused now, its one answer.
+        if let Some(why) = self.over_budget(task) {
+            return Ok(Err(RunError::Stopped(why)));
+        }
         let runs = match self.common.journal.start_run(task.row) {
             Ok(runs) => runs,
             Err(e) => {

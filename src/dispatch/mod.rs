@@ -23,6 +23,7 @@
 
 pub mod admission;
 mod attachments;
+pub mod budget;
 mod claims;
 mod compose;
 mod desk;
@@ -94,6 +95,9 @@ pub struct AgentSpec {
     /// Several bridges serve the mailbox: this one's name and the claims' lease. Each task is
     /// claimed on the mail server before it is acknowledged.
     pub replica: Option<ReplicaSpec>,
+    /// Budgets in tokens and money (the agent's, its senders', each sender's everywhere), and
+    /// the prices that cost a report without a stated cost.
+    pub budgets: budget::Budgets,
 }
 
 /// How the engine lives with the rest of the bridge.

@@ -348,6 +348,7 @@ impl<B: Backend> Engine<B> {
             agent_last_day: recent.agent_last_day,
             session_turns: recent.session_turns,
             cancelled_before: journal.was_cancelled(name, &env.from, &env.task_id)?,
+            spent: spec.budgets.read(journal, (name, &env.from), now, false)?,
         };
         let policy = self.policy(&spec)?;
         let admitted = admit(&spec, &policy, env, dispatch, earlier.is_some(), &load, now);

@@ -8,6 +8,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::attachments::Prepared;
+use super::budget::Guard;
 use super::{
     conversation_key, prompt, results, session_scope, task_key, AgentSpec, Engine, Journal, Task,
     HOPS_VAR, OWNER_VAR, RUN_VAR,
@@ -159,6 +160,8 @@ impl<B: Backend> Engine<B> {
         let (to_stream, from_run) =
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
+        // A hard budget crossed stops the run through a token of its own (see budget.rs).
+        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel);
         let watched = Watched {
             events: self.common.events,
             agent: &spec.name,
@@ -166,16 +169,25 @@ impl<B: Backend> Engine<B> {
             journal,
             row: task.row,
             run: runs,
+            guard: &guard,
         };
         let observe = observe(watched, rx, to_stream);
         let pump = self.stream(task, runs, from_run);
-        let run = agent_run(spec, input, cancel, tx, overrides, (run_tag, first_pid));
+        let run = agent_run(
+            spec,
+            input,
+            guard.token(),
+            tx,
+            overrides,
+            (run_tag, first_pid),
+        );
         let asking = async {
             while let Some(question) = questions_rx.recv().await {
                 self.desk.ask(task, question).await;
             }
         };
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
+        let outcome = guard.explain(outcome, cancel);
         if let Some((stream_id, appends)) = &streamed {
             let status = if outcome.is_ok() {
                 "completed"
@@ -361,21 +373,29 @@ struct Watched<'a> {
     journal: &'a Journal,
     row: i64,
     run: u32,
+    /// Prices the reports, and stops the run at a hard budget.
+    guard: &'a Guard<'a>,
 }
 
 /// Feeds the agent's stream events to the log and `--json`, and those for the dispatcher to
 /// the task's stream; journals what the agent reported its model calls cost as each report
-/// comes (so a crash mid-task loses none of what was reported).
+/// comes (so a crash mid-task loses none of what was reported), priced first where the agent
+/// stated no cost; a hard budget crossed stops the run.
 async fn observe(
     run: Watched<'_>,
     mut rx: tokio::sync::mpsc::Receiver<runner::StreamEvent>,
     to_stream: tokio::sync::mpsc::Sender<(&'static str, serde_json::Value)>,
 ) {
     while let Some(event) = rx.recv().await {
+        let event = run.guard.priced(event);
         if let runner::StreamEvent::Usage { key, usage } = &event {
             let at = std::time::SystemTime::now();
-            if let Err(e) = run.journal.record_usage(run.row, run.run, key, usage, at) {
-                tracing::warn!(error = %e, "could not record what the agent's model calls cost");
+            match run.journal.record_usage(run.row, run.run, key, usage, at) {
+                Ok(true) => run.guard.counted(run.journal, at),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record what the agent's model calls cost")
+                }
             }
         }
         let (kind, payload) = event.to_aamp();
