@@ -160,6 +160,7 @@ impl<B: Backend> Engine<B> {
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
         let watched = Watched {
+            quota: &self.quota,
             events: self.common.events,
             agent: &spec.name,
             task_id: &env.task_id,
@@ -177,12 +178,12 @@ impl<B: Backend> Engine<B> {
         };
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
         if let Some((stream_id, appends)) = &streamed {
-            let status = if outcome.is_ok() {
-                "completed"
-            } else {
-                "rejected"
+            let reason = match &outcome {
+                Ok(_) => json!({"reason": "task.result", "status": "completed"}),
+                // Parked: the task runs again after the reset, in a stream of its own.
+                Err(RunError::UsageLimit { .. }) => json!({"reason": "waiting_for_quota"}),
+                Err(_) => json!({"reason": "task.result", "status": "rejected"}),
             };
-            let reason = json!({"reason": "task.result", "status": status});
             self.backend().close_stream(stream_id, reason).await;
             tracing::debug!(appends, "stream closed");
         }
@@ -355,6 +356,9 @@ fn input(
 
 /// The run [`observe`] watches.
 struct Watched<'a> {
+    /// Told when the run is past its first model call (a tool call, a plan, tokens used):
+    /// the agent's usage limit, if it was at one, is over.
+    quota: &'a super::quota::Quota,
     events: Events,
     agent: &'a str,
     task_id: &'a str,
@@ -372,6 +376,9 @@ async fn observe(
     to_stream: tokio::sync::mpsc::Sender<(&'static str, serde_json::Value)>,
 ) {
     while let Some(event) = rx.recv().await {
+        if past_a_model_call(&event) {
+            run.quota.ran(run.row);
+        }
         if let runner::StreamEvent::Usage { key, usage } = &event {
             let at = std::time::SystemTime::now();
             if let Err(e) = run.journal.record_usage(run.row, run.run, key, usage, at) {
@@ -386,6 +393,16 @@ async fn observe(
         if event.for_dispatcher() {
             let _ = to_stream.send((kind, payload)).await;
         }
+    }
+}
+
+/// Whether the event shows a model call that went through (not text alone: Claude Code
+/// says its usage limit as an assistant message of its own).
+fn past_a_model_call(event: &runner::StreamEvent) -> bool {
+    match event {
+        runner::StreamEvent::ToolCall { .. } | runner::StreamEvent::Todo(_) => true,
+        runner::StreamEvent::Usage { usage, .. } => usage.total_tokens() > 0,
+        _ => false,
     }
 }
 

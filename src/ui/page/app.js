@@ -376,6 +376,7 @@ function renderAgents() {
         el("dt", {}, "slots"), el("dd", { class: "slots" }, running + " of " + (slots.maxConcurrent || "?") + " in use"),
         el("dt", {}, "queue"), el("dd", { class: "queue" }, String(under.length - running)),
         el("dt", {}, "today"), el("dd", { class: "today" }, today(a.agent)),
+        ...(a.quota ? [el("dt", {}, "quota"), el("dd", { class: "quota" }, "waiting for quota " + (a.quota.until ? "until " + a.quota.until : "(no reset stated; probing)") + ": ", bdi(a.quota.said || ""))] : []),
         ...(link.lastError ? [el("dt", {}, "last error"), el("dd", { class: "error" }, bdi(link.lastError))] : [])));
   }));
 }
