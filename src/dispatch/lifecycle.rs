@@ -89,7 +89,6 @@ impl<B: Backend> Engine<B> {
                 other => break other,
             }
         };
-        self.quota.left(task.row);
         match ran {
             Ok(outcome) => {
                 self.leave(&task, &workspace);
@@ -97,6 +96,8 @@ impl<B: Backend> Engine<B> {
             }
             Err(gone) => self.hand_off(&task, &workspace, gone),
         }
+        // Answered (or gone): the next task held at the agent's limit may go.
+        self.quota.left(task.row);
     }
 
     /// Before step 2: the agent's usage-limit gate ([`super::quota`]), passed at once unless
