@@ -154,6 +154,16 @@ fn print_queue(a: &Value) {
             a["parkedReason"].as_str().unwrap_or("the server refused their claims")
         );
     }
+    if let Some(quota) = a["quota"].as_object() {
+        let until = match quota.get("until").and_then(Value::as_str) {
+            Some(t) => format!("until {t}"),
+            None => "(no reset stated; tried again with backoff)".to_string(),
+        };
+        outln!(
+            "    waiting for quota {until}: {}",
+            quota.get("said").and_then(Value::as_str).unwrap_or("")
+        );
+    }
     if a["undelivered"].as_u64().unwrap_or(0) > 0 {
         outln!(
             "    {} answers could not be delivered in the last 7 days (aamp-bridge tasks --state undelivered)",

@@ -19,7 +19,7 @@ const MAX_ATTACHMENTS: usize = 32;
 const DOWNLOADS_AT_ONCE: usize = 4;
 
 /// A task's workspace made ready: the attachments saved in it, and those left out.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(super) struct Prepared {
     pub files: Vec<prompt::File>,
     pub left_out: Vec<prompt::File>,

@@ -20,6 +20,17 @@ use crate::backend::{Backend, ClaimOutcome};
 use crate::protocol::{Body, Status, TaskResult};
 use crate::runner::RunError;
 
+/// The conversation lock a task's place names (held or to be taken), to take again when a
+/// parked task goes round once more.
+fn conversation_lock(place: &Place) -> Option<std::sync::Arc<tokio::sync::Mutex<()>>> {
+    match place {
+        Place::Queued { session, .. } => session
+            .as_ref()
+            .map(|g| tokio::sync::OwnedMutexGuard::mutex(g).clone()),
+        Place::Later(lock) => lock.clone(),
+    }
+}
+
 /// A slot granted, with the task's conversation lock (if any) held.
 type Granted = (Option<tokio::sync::OwnedMutexGuard<()>>, slots::Slot);
 
@@ -45,17 +56,38 @@ impl<B: Backend> Engine<B> {
         let workspace = self.workspace_of(&task);
         // Its conversation's folder is not pruned while the task waits or runs in it.
         let _in_use = self.runs.conversations.hold(&workspace);
-        let prepared = self.make_ready(&task, &workspace, &cancel).await;
-        let slot = match &prepared {
-            Some(Ok(_)) => self.wait_for_slot(&task, place, &cancel).await,
+        let mut prepared = self.make_ready(&task, &workspace, &cancel).await;
+        let ready = match &prepared {
+            Some(Ok(p)) => Some(p.clone()),
             _ => None,
         };
-        let ran = match self.claim(&task, slot, replica.as_ref(), &cancel).await {
-            Ok(held) => {
-                self.execute(&task, held, prepared, replica.as_ref(), &cancel)
-                    .await
+        let conversation = conversation_lock(&place);
+        let mut place = Some(place);
+        // Run until the run does not end at the agent's usage limit: a limit parks the task
+        // (journaled) and it goes round again once the limit resets.
+        let ran = loop {
+            let prepared = prepared.take().or_else(|| ready.clone().map(Ok));
+            let place = place.take().unwrap_or(Place::Later(conversation.clone()));
+            let slot = match &prepared {
+                Some(Ok(_)) => self.gate_then_slot(&task, place, &cancel).await,
+                _ => None,
+            };
+            let ran = match self.claim(&task, slot, replica.as_ref(), &cancel).await {
+                Ok(held) => {
+                    self.execute(&task, held, prepared, replica.as_ref(), &cancel)
+                        .await
+                }
+                Err(gone) => Err(gone),
+            };
+            match ran {
+                Ok(Err(RunError::UsageLimit { .. })) if cancel.is_cancelled() => {
+                    break Ok(Err(RunError::Cancelled))
+                }
+                Ok(Err(RunError::UsageLimit { said, resets })) => {
+                    self.park(&task, &said, resets).await
+                }
+                other => break other,
             }
-            Err(gone) => Err(gone),
         };
         match ran {
             Ok(outcome) => {
@@ -63,6 +95,56 @@ impl<B: Backend> Engine<B> {
                 self.answer(&task, outcome, started, replica.as_ref()).await;
             }
             Err(gone) => self.hand_off(&task, &workspace, gone),
+        }
+        // Answered (or gone): the next task held at the agent's limit may go.
+        self.quota.left(task.row);
+    }
+
+    /// Before step 2: the agent's usage-limit gate ([`super::quota`]), passed at once unless
+    /// the agent is at its limit or tasks parked at it go first; a task that waits there holds
+    /// no slot and no conversation lock, and its dispatcher is told once.
+    async fn gate_then_slot(
+        &self,
+        task: &Task,
+        place: Place,
+        cancel: &CancellationToken,
+    ) -> Option<Granted> {
+        let Some(waiting) = self.quota.enter(task.row) else {
+            return self.wait_for_slot(task, place, cancel).await;
+        };
+        let place = match place {
+            Place::Queued { session, ticket } => {
+                drop(ticket);
+                Place::Later(session.map(|g| tokio::sync::OwnedMutexGuard::mutex(&g).clone()))
+            }
+            later => later,
+        };
+        if self.quota.first_told(task.row) {
+            super::quota::tell(&self.common, &self.outbox, task, &waiting).await;
+        }
+        if !self.quota.pass(task.row, cancel).await {
+            return None;
+        }
+        self.common
+            .note(task.row, "let through the usage-limit gate", None);
+        self.wait_for_slot(task, place, cancel).await
+    }
+
+    /// The run ended at the agent's usage limit: the task is parked (journaled; not
+    /// answered), the agent's gate closes until the reset, and the dispatcher is told once.
+    async fn park(&self, task: &Task, said: &str, resets: Option<std::time::SystemTime>) {
+        let (waiting, first) = self.quota.hit(task.row, said, resets);
+        let until = resets.map(crate::protocol::time::format_utc_ms);
+        tracing::warn!(until = ?until, said, "the agent is at its usage limit: the task is parked");
+        self.common
+            .note(task.row, "parked at the agent's usage limit", Some(said));
+        self.common.events.emit(
+            crate::events::Event::TaskParked,
+            json!({"agent": self.common.spec().name, "taskId": task.env.task_id,
+                   "reason": "waiting_for_quota", "until": until, "said": said}),
+        );
+        if first {
+            super::quota::tell(&self.common, &self.outbox, task, &waiting).await;
         }
     }
 

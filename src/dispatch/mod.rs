@@ -19,7 +19,9 @@
 //! - [`Desk`] (`desk.rs`): the person-facing side, questions to the task's dispatcher and
 //!   their answers ([`questions`]) and the live view's answers and cancels ([`operator`]);
 //! - [`Outbox`] (`outbox.rs`, with `compose.rs`): the answers' mails, queued in the journal
-//!   and sent by its worker, which the daemon runs.
+//!   and sent by its worker, which the daemon runs;
+//! - `quota.rs`: the agent's gate at its provider's usage limit: tasks parked (journaled),
+//!   held until the reset, then let through one at a time.
 
 pub mod admission;
 mod attachments;
@@ -34,6 +36,7 @@ mod outbox;
 mod pairing;
 pub mod prompt;
 pub mod questions;
+mod quota;
 mod recover;
 pub mod results;
 mod route;
@@ -244,6 +247,8 @@ pub struct Engine<B> {
     desk: Desk<B>,
     /// Tasks admitted and not finished, their conversations' locks and folders ([`runs`]).
     runs: Arc<runs::Runs>,
+    /// The agent's gate at its provider's usage limit ([`quota`]).
+    quota: Arc<quota::Quota>,
 }
 
 impl<B> Clone for Engine<B> {
@@ -254,6 +259,7 @@ impl<B> Clone for Engine<B> {
             claims: self.claims.clone(),
             desk: self.desk.clone(),
             runs: self.runs.clone(),
+            quota: self.quota.clone(),
         }
     }
 }
@@ -274,6 +280,7 @@ impl<B: Backend> Engine<B> {
         abort: CancellationToken,
     ) -> Self {
         settings.slots.add_agent(&spec.name, spec.max_concurrent);
+        let quota = Arc::new(quota::Quota::new(&spec.name, journal.clone()));
         let common = Arc::new(Common {
             spec: std::sync::RwLock::new(Arc::new(spec)),
             backend,
@@ -291,6 +298,7 @@ impl<B: Backend> Engine<B> {
             outbox,
             runs,
             common,
+            quota,
         }
     }
 

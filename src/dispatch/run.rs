@@ -163,6 +163,7 @@ impl<B: Backend> Engine<B> {
         // A hard budget crossed stops the run through a token of its own (see budget.rs).
         let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel);
         let watched = Watched {
+            quota: &self.quota,
             events: self.common.events,
             agent: &spec.name,
             task_id: &env.task_id,
@@ -189,12 +190,12 @@ impl<B: Backend> Engine<B> {
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
         let outcome = guard.explain(outcome, cancel);
         if let Some((stream_id, appends)) = &streamed {
-            let status = if outcome.is_ok() {
-                "completed"
-            } else {
-                "rejected"
+            let reason = match &outcome {
+                Ok(_) => json!({"reason": "task.result", "status": "completed"}),
+                // Parked: the task runs again after the reset, in a stream of its own.
+                Err(RunError::UsageLimit { .. }) => json!({"reason": "waiting_for_quota"}),
+                Err(_) => json!({"reason": "task.result", "status": "rejected"}),
             };
-            let reason = json!({"reason": "task.result", "status": status});
             self.backend().close_stream(stream_id, reason).await;
             tracing::debug!(appends, "stream closed");
         }
@@ -367,6 +368,9 @@ fn input(
 
 /// The run [`observe`] watches.
 struct Watched<'a> {
+    /// Told when the run is past its first model call (a tool call, a plan, tokens used):
+    /// the agent's usage limit, if it was at one, is over.
+    quota: &'a super::quota::Quota,
     events: Events,
     agent: &'a str,
     task_id: &'a str,
@@ -388,6 +392,9 @@ async fn observe(
 ) {
     while let Some(event) = rx.recv().await {
         let event = run.guard.priced(event);
+        if past_a_model_call(&event) {
+            run.quota.ran(run.row);
+        }
         if let runner::StreamEvent::Usage { key, usage } = &event {
             let at = std::time::SystemTime::now();
             match run.journal.record_usage(run.row, run.run, key, usage, at) {
@@ -406,6 +413,16 @@ async fn observe(
         if event.for_dispatcher() {
             let _ = to_stream.send((kind, payload)).await;
         }
+    }
+}
+
+/// Whether the event shows a model call that went through (not text alone: Claude Code
+/// says its usage limit as an assistant message of its own).
+fn past_a_model_call(event: &runner::StreamEvent) -> bool {
+    match event {
+        runner::StreamEvent::ToolCall { .. } | runner::StreamEvent::Todo(_) => true,
+        runner::StreamEvent::Usage { usage, .. } => usage.total_tokens() > 0,
+        _ => false,
     }
 }
 

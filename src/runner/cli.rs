@@ -200,7 +200,7 @@ fn judge(
     let (mut output, truncated, session_id) = match stdout {
         Stdout::Text(bytes, truncated) => {
             if let Some(status) = exit_failure {
-                return Err(failed(status));
+                return Err(limit::or_failure(&stderr_text, None, failed(status)));
             }
             let text = clean(&String::from_utf8_lossy(&bytes), opts.strip_ansi, opts.trim);
             (text, truncated, None)
@@ -208,10 +208,15 @@ fn judge(
         Stdout::Stream(parser) => {
             // The stream's own error says most; then the exit status with stderr.
             if let Some(error) = parser.end.error {
-                return Err(RunError::Reported(error));
+                let stated = parser.end.usage_limit;
+                return Err(limit::or_failure(
+                    &error,
+                    stated,
+                    RunError::Reported(error.clone()),
+                ));
             }
             if let Some(status) = exit_failure {
-                return Err(failed(status));
+                return Err(limit::or_failure(&stderr_text, None, failed(status)));
             }
             let (text, truncated) = stream_answer(&parser, opts);
             (text, truncated, parser.session_id)

@@ -6,6 +6,7 @@
 
 pub mod acp;
 mod cli;
+mod limit;
 pub mod login;
 pub use cli::run_cli;
 pub mod process;

@@ -70,6 +70,10 @@ pub async fn agents(
                 .and_then(|t| t.reason),
             None => None,
         };
+        let quota = match journal {
+            Some(j) => quota_of(j, &agent.name)?,
+            None => Value::Null,
+        };
         let slots = live.and_then(|l| {
             l["agents"]
                 .as_array()?
@@ -101,7 +105,7 @@ pub async fn agents(
                 "queued": count("received") + count("acked"), "running": running_tasks,
                 "unsent": count("unsent"), "slots": slots,
                 "parked": count("parked"), "parkedReason": parked_reason,
-                "login": login,
+                "login": login, "quota": quota,
                 "usageToday": match journal {
                     Some(j) => super::usage::agent_today(j, &agent.name, now)?,
                     None => Value::Null,
@@ -111,6 +115,17 @@ pub async fn agents(
         });
     }
     Ok(agents)
+}
+
+/// The agent's wait at its provider's usage limit (issue 45), null when there is none:
+/// `{"until": the reset it stated (null when it did not say), "said", "since", "tries"}`.
+fn quota_of(journal: &Journal, agent: &str) -> Result<Value, JournalError> {
+    let fmt = crate::protocol::time::format_utc_ms;
+    Ok(match journal.quota_wait(agent)? {
+        Some(w) => json!({"until": w.resets.map(fmt), "said": w.said, "since": fmt(w.since),
+                          "tries": w.tries}),
+        None => Value::Null,
+    })
 }
 
 /// For a mailbox served by several bridges: this one's name and, read from the server, the

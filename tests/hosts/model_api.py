@@ -55,6 +55,7 @@ args = argparse.ArgumentParser()
 args.add_argument("--port", type=int, required=True)
 args.add_argument("--record", required=True)
 args.add_argument("--ledger", help="a JSON line per answered request: its API, task and tokens")
+args.add_argument("--limits", help="a JSON file of limit windows (see limit_window)")
 opts = args.parse_args()
 
 
@@ -283,6 +284,8 @@ class Handler(BaseHTTPRequestHandler):
         with open(opts.record, "a") as f:
             f.write(json.dumps({"path": path, "body": body}) + "\n")
         MODEL_IN_PATH[threading.get_ident()] = path.rsplit("/", 1)[-1].split(":")[0]
+        if limited(self, path):
+            return
         if ":streamGenerateContent" in path or ":generateContent" in path:
             return self.gemini(body, stream=":streamGenerateContent" in path)
         if ":countTokens" in path:
@@ -536,6 +539,97 @@ def responses_script(body):
     return [{"type": "text", "text": remembered(part.get("text") for item in items
                                                 if item.get("type") == "message" and item.get("role") == "user"
                                                 for part in item.get("content", []))}]
+
+
+# ---- Limit windows (issue 45) -------------------------------------------------------------
+# `--limits FILE`: a JSON object a test writes (and rewrites, by rename) saying, per API, until
+# when every request is answered with that provider's own usage-limit error:
+#   {"anthropic": {"until": EPOCH, "reset": true}, "openai": {...}, "gemini": {...}}
+# `until` is seconds since the epoch; `reset: false` leaves the stated reset time out (a limit
+# that does not say when it ends). Each answered request is counted in the file's
+# `FILE.hits` (one line per refused request: API and time), so a test can see the probes.
+# The shapes, and what was guessed, are in tests/hosts/README.md.
+import time
+
+def limit_window(api):
+    """The window the limits file holds for `api` now, or None."""
+    if not opts.limits:
+        return None
+    try:
+        with open(opts.limits) as f:
+            windows = json.load(f)
+    except (OSError, ValueError):
+        return None
+    window = windows.get(api)
+    if not isinstance(window, dict) or time.time() >= float(window.get("until", 0)):
+        return None
+    return window
+
+
+def api_of(path):
+    if ":streamGenerateContent" in path or ":generateContent" in path:
+        return "gemini"
+    if path in ("/v1/responses", "/responses"):
+        return "openai"
+    if path in ("/v1/chat/completions", "/chat/completions"):
+        return "chat"
+    if path == "/v1/messages":
+        return "anthropic"
+    return None
+
+
+def limited(handler, path):
+    """Answers the request with its API's limit error when a window is open; says whether."""
+    api = api_of(path)
+    window = limit_window(api) if api else None
+    if window is None:
+        return False
+    until = float(window["until"])
+    stated = window.get("reset", True)
+    with open(opts.limits + ".hits", "a") as f:
+        f.write(json.dumps({"api": api, "at": time.time()}) + "\n")
+    left = max(1, int(until - time.time() + 0.999))
+    if api == "anthropic":
+        # A subscription's window as the unified rate-limit headers say it (Claude Code reads
+        # `anthropic-ratelimit-unified-*`); `x-should-retry: false` as the API sends with it.
+        headers = {"x-should-retry": "false"}
+        if stated:
+            headers.update({"anthropic-ratelimit-unified-status": "rejected",
+                            "anthropic-ratelimit-unified-reset": str(int(until + 0.999)),
+                            "anthropic-ratelimit-unified-representative-claim": "five_hour",
+                            "retry-after": str(left)})
+        body = {"type": "error", "error": {"type": "rate_limit_error",
+                                           "message": "This request would exceed your account's rate limit. Please try again later."}}
+    elif api in ("openai", "chat"):
+        # Codex's ChatGPT plan limit: `usage_limit_reached` with its reset (`resets_at`, and
+        # the older `resets_in_seconds`).
+        error = {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                 "plan_type": "pro", "code": None, "param": None}
+        if stated:
+            error.update(resets_at=int(until + 0.999), resets_in_seconds=left)
+        headers, body = {}, {"error": error}
+    else:
+        # Google's RESOURCE_EXHAUSTED with a RetryInfo delay (stated) or a per-day quota
+        # violation (no time: the Gemini CLI calls it its daily quota).
+        details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
+                    "domain": "generativelanguage.googleapis.com", "metadata": {"service": "generativelanguage.googleapis.com"}}]
+        if stated:
+            details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "%ds" % left})
+        else:
+            details.append({"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
+                {"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                 "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]})
+        headers = {}
+        body = {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": details,
+                          "message": "You exceeded your current quota, please check your plan and billing details."}}
+    data = json.dumps(body).encode()
+    handler.send_response(429)
+    for key, value in dict(headers, **{"Content-Type": "application/json", "Content-Length": str(len(data))}).items():
+        handler.send_header(key, value)
+    handler.end_headers()
+    handler.wfile.write(data)
+    return True
+# ---- end of limit windows -------------------------------------------------------------------
 
 
 server = ThreadingHTTPServer(("127.0.0.1", opts.port), Handler)

@@ -31,7 +31,9 @@ mod turns;
 pub use turns::Turn;
 mod tasks;
 pub use tasks::{Limits, Recent, RecentCounts};
+mod quota;
 mod trust;
+pub use quota::QuotaWait;
 mod usage;
 pub use usage::{hour_of, Spender, UsageHour, USAGE_HOURS_KEPT};
 
@@ -375,6 +377,21 @@ CREATE TABLE IF NOT EXISTS usage_hours (
 );
 CREATE INDEX IF NOT EXISTS usage_hours_by_sender ON usage_hours (sender, hour);
 CREATE INDEX IF NOT EXISTS usage_hours_by_hour ON usage_hours (hour);
+-- An agent waiting for its provider's usage limit to reset, and the tasks parked at it
+-- (see journal/quota.rs).
+CREATE TABLE IF NOT EXISTS quota_waits (
+    agent  TEXT PRIMARY KEY,
+    said   TEXT NOT NULL,
+    resets INTEGER,
+    tries  INTEGER NOT NULL,
+    since  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quota_parked (
+    task  INTEGER PRIMARY KEY REFERENCES tasks (id) ON DELETE CASCADE,
+    agent TEXT NOT NULL,
+    at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS quota_parked_by_agent ON quota_parked (agent);
 ";
 
 /// Rows of mail not admitted (refused, rejected, plain replies) kept per agent, and early

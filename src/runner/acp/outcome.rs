@@ -51,6 +51,10 @@ pub(super) fn judge(
             "did not answer initialize within {}s",
             profile.init_timeout.as_secs()
         ))),
+        // Its provider's usage limit (issue 45), whichever way the process ended.
+        Ok(Driven::PromptFailed(e)) if usage_limit(&e).is_some() => {
+            Err(usage_limit(&e).unwrap_or(RunError::Cancelled))
+        }
         // The agent refused the task with an error of its own, still running: its words, not
         // a broken connection and its stderr.
         Ok(Driven::PromptFailed(e)) if status.is_none_or(|s| s.success()) => {
@@ -150,6 +154,25 @@ pub(super) fn agent_error(e: &agent_client_protocol::Error) -> String {
     }
 }
 
+/// The usage limit an adapter's failed `session/prompt` tells of: claude-agent-acp 0.49 sends
+/// -32603 "Internal error: " and Claude Code's words ("You've hit your session limit · resets
+/// 5:58pm (UTC)") with `data.errorKind` "rate_limit"; others are read by their words
+/// (`runner::limit`).
+pub(super) fn usage_limit(e: &agent_client_protocol::Error) -> Option<RunError> {
+    let kind = e
+        .data
+        .as_ref()
+        .and_then(|d| d.get("errorKind"))
+        .and_then(|k| k.as_str());
+    let said = agent_error(e);
+    let said = said.strip_prefix("Internal error: ").unwrap_or(&said);
+    let stated = (kind == Some("rate_limit")).then_some(None);
+    match crate::runner::limit::or_failure(said, stated, RunError::Cancelled) {
+        RunError::Cancelled => None,
+        limit => Some(limit),
+    }
+}
+
 pub(super) fn not_logged_in(detail: &str) -> RunError {
     RunError::NotLoggedIn(detail.to_string())
 }
@@ -187,4 +210,33 @@ fn refused_as_root(detail: &str, profile: &Profile) -> Option<String> {
     .iter()
     .any(|said| detail.contains(said));
     (exited && nix::unistd::geteuid().is_root() && sandbox != "1").then_some(sandbox)
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn an_adapters_rate_limit_error_is_a_usage_limit() {
+        // What claude-agent-acp 0.49 answers `session/prompt` with when Claude Code hit it.
+        let e = agent_client_protocol::Error::new(
+            -32603,
+            "Internal error: You've hit your session limit · resets 5pm (UTC)",
+        )
+        .data(serde_json::json!({"errorKind": "rate_limit"}));
+        let Some(RunError::UsageLimit { said, resets }) = usage_limit(&e) else {
+            panic!("not a limit")
+        };
+        assert_eq!(said, "You've hit your session limit · resets 5pm (UTC)");
+        assert!(resets.is_some());
+        // The kind alone is enough, without a time.
+        let e = agent_client_protocol::Error::new(-32603, "Internal error: slow down")
+            .data(serde_json::json!({"errorKind": "rate_limit"}));
+        assert!(matches!(
+            usage_limit(&e),
+            Some(RunError::UsageLimit { resets: None, .. })
+        ));
+        let e = agent_client_protocol::Error::new(-32603, "Internal error: something broke");
+        assert!(usage_limit(&e).is_none());
+    }
 }

@@ -95,9 +95,29 @@ impl StreamParser {
             "user" => self.claude_tool_results(v),
             "result" => {
                 self.claude_result(v);
+                self.claude_limit(v);
                 self.claude_result_usage(v).into_iter().collect()
             }
+            "rate_limit_event" => {
+                self.claude_limit(v);
+                Vec::new()
+            }
             _ => Vec::new(),
+        }
+    }
+
+    /// A usage limit the stream states (issue 45): a `rate_limit_event` whose status is
+    /// "rejected", with `resetsAt` in seconds since the epoch (Claude Code 2.1 on a
+    /// subscription), or a result that failed with `api_error_status` 429 (an API key).
+    fn claude_limit(&mut self, v: &Value) {
+        let info = &v["rate_limit_info"];
+        if str_of(info, &["status"]) == Some("rejected") {
+            let resets = info["resetsAt"]
+                .as_u64()
+                .and_then(|s| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(s)));
+            self.end.usage_limit = Some(resets.or(self.end.usage_limit.flatten()));
+        } else if v["api_error_status"].as_u64() == Some(429) && self.end.usage_limit.is_none() {
+            self.end.usage_limit = Some(None);
         }
     }
 

@@ -148,6 +148,10 @@ pub struct StreamEnd {
     /// command it declined, or one its read-only sandbox stopped), each once, named for the
     /// answer's note.
     pub refused: Vec<String>,
+    /// The stream itself said the agent hit its usage limit (Claude: a rejected
+    /// `rate_limit_event`, a result with `api_error_status` 429): `Some(resets)`, with the
+    /// reset time when it gave one. Read with `error` (`runner::limit`).
+    pub usage_limit: Option<Option<std::time::SystemTime>>,
 }
 
 /// Reads one stream, line by line.

@@ -381,6 +381,7 @@ function renderAgents() {
         el("dt", {}, "queue"), el("dd", { class: "queue" }, String(under.length - running)),
         el("dt", {}, "today"), el("dd", { class: "today" }, today(a.agent)),
         el("dt", {}, "spent today"), el("dd", { class: "spent" }, spent(agentUsage(a.agent))),
+        ...(a.quota ? [el("dt", {}, "quota"), el("dd", { class: "quota" }, "waiting for quota " + (a.quota.until ? "until " + a.quota.until : "(no reset stated; probing)") + ": ", bdi(a.quota.said || ""))] : []),
         ...(link.lastError ? [el("dt", {}, "last error"), el("dd", { class: "error" }, bdi(link.lastError))] : [])));
   }));
 }
