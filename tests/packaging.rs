@@ -73,17 +73,17 @@ fn the_deb_installs_runs_and_removes_cleanly() {
             "{sums}"
         );
     }
-    let control = run(Command::new("dpkg-deb").arg("-f").arg(&deb));
+    let control = run(Command::new("dpkg-deb").arg("-f").arg(deb));
     assert!(control.contains("Package: aamp-bridge"), "{control}");
     assert!(control.contains("Depends: libc6 (>= 2."), "{control}");
     // Issue 33: Debian 11's nodejs (12) is too old for every agent and has no npm.
     assert!(!control.contains("Recommends:"), "{control}");
-    let md5sums = run(Command::new("dpkg-deb").arg("-I").arg(&deb).arg("md5sums"));
+    let md5sums = run(Command::new("dpkg-deb").arg("-I").arg(deb).arg("md5sums"));
     assert!(md5sums.contains("usr/bin/aamp-bridge"), "{md5sums}");
     // Removing it stops the users' services (prerm) and clears their enable links (postrm):
     // scripts a POSIX shell reads.
     for script in ["prerm", "postrm"] {
-        let text = run(Command::new("dpkg-deb").arg("-I").arg(&deb).arg(script));
+        let text = run(Command::new("dpkg-deb").arg("-I").arg(deb).arg(script));
         assert!(text.contains("aamp-bridge.service"), "{script}: {text}");
         let file = work.path().join(script);
         std::fs::write(&file, &text).unwrap();
@@ -109,7 +109,7 @@ fn the_deb_installs_runs_and_removes_cleanly() {
             .args(args);
         c
     };
-    run(dpkg(&["-i"]).arg(&deb));
+    run(dpkg(&["-i"]).arg(deb));
     let installed = root.join("usr/bin/aamp-bridge");
     assert!(run(Command::new(&installed).arg("--version")).starts_with("aamp-bridge "));
     for file in [
@@ -186,7 +186,7 @@ fn the_tarball_installs_without_root_and_refuses_a_changed_file() {
     std::fs::create_dir_all(&unpacked).unwrap();
     run(Command::new("tar")
         .arg("-xzf")
-        .arg(&tarball)
+        .arg(tarball)
         .arg("-C")
         .arg(&unpacked));
     let tree = std::fs::read_dir(&unpacked)
@@ -461,7 +461,7 @@ fn service_status_accepts_the_tarballs_own_unit() {
     std::fs::create_dir_all(&unpacked).unwrap();
     run(Command::new("tar")
         .arg("-xzf")
-        .arg(&tarball)
+        .arg(tarball)
         .arg("-C")
         .arg(&unpacked));
     let tree = std::fs::read_dir(&unpacked)
