@@ -220,16 +220,20 @@ impl Setup {
     }
 }
 
-/// The events of `bridge` for `agent`'s tasks (started, completed) in the order they first
-/// came, as `(event, taskId)`, read until `done` of them completed.
+/// The events of `bridge` for `agent`'s tasks (started, its first model call as the stream's
+/// first usage or tool call, completed) in the order they first came, as `(event, taskId)`,
+/// read until `done` of them completed.
 fn task_events(bridge: &mut Bridge, agent: &str, done: usize) -> Vec<(String, String)> {
     let seen = RefCell::new(Vec::new());
     bridge.wait_count_of("task.completed", done, |e| {
         let name = e["event"].as_str().unwrap_or_default();
         let ours = e["agent"] == agent;
-        if ours && matches!(name, "task.started" | "task.completed") {
+        let called =
+            name == "task.stream" && matches!(e["type"].as_str(), Some("usage" | "tool_call"));
+        if ours && (called || matches!(name, "task.started" | "task.completed")) {
             // The predicate is asked again of every event seen so far while it waits.
             let id = e["taskId"].as_str().unwrap_or_default();
+            let name = if called { "called" } else { name };
             let event = (name.to_string(), id.to_string());
             if !seen.borrow().contains(&event) {
                 seen.borrow_mut().push(event);
@@ -238,6 +242,14 @@ fn task_events(bridge: &mut Bridge, agent: &str, done: usize) -> Vec<(String, St
         ours && name == "task.completed"
     });
     seen.into_inner()
+}
+
+/// Where `event` of `task` is in `events`.
+fn at(events: &[(String, String)], event: &str, task: &str) -> usize {
+    events
+        .iter()
+        .position(|(e, t)| e == event && t == task)
+        .unwrap_or_else(|| panic!("no {event} of {task} in {events:?}"))
 }
 
 /// A Claude Code subscription's limit window parks every task of that agent, not another
@@ -304,18 +316,18 @@ async fn a_limit_window_parks_an_agents_tasks_and_resumes_them_in_order_across_a
     }
     let first = done[0].duration_since(until).unwrap_or_default();
     assert!(first < AFTER_RESET, "resumed {first:?} after the reset");
-    // One at a time, in the order they came, never a burst.
+    // One at a time, in the order they came, never a burst: each starts only once the one
+    // before it got past its first model call (the limit is over) or finished.
     let events = task_events(&mut bridge, "claude", 3);
-    let expected: Vec<(String, String)> = claude
-        .iter()
-        .flat_map(|t| {
-            [
-                ("task.started".to_string(), t.clone()),
-                ("task.completed".to_string(), t.clone()),
-            ]
-        })
-        .collect();
-    assert_eq!(events, expected);
+    for pair in claude.windows(2) {
+        let before = at(&events, "called", &pair[0]).min(at(&events, "task.completed", &pair[0]));
+        assert!(
+            before < at(&events, "task.started", &pair[1]),
+            "{} started before {} was past its first model call: {events:?}",
+            pair[1],
+            pair[0]
+        );
+    }
     assert!(setup.model.refused("anthropic") >= 1);
     let mut all: Vec<&str> = claude.iter().map(String::as_str).collect();
     all.push(&codex);
