@@ -9,7 +9,7 @@ import sys
 # Seconds each binary took in a full run (scripts/test.sh prints them: "NAME ok in N s").
 KNOWN = {
     "real_agents": 420, "replicas": 394, "faults": 273, "packaging": 157, "soak": 147,
-    "amp": 110, "durability": 99, "samp": 87, "trust": 67, "e2e": 53, "usage_agents": 125,
+    "amp": 110, "durability": 99, "samp": 87, "trust": 67, "e2e": 53, "usage_agents": 170,
     "third_party_agents": 46, "asmtp": 30, "streams_e2e": 23, "wizard": 22, "fast": 21,
     "sdk_peer": 20, "limits": 20, "samp_keys": 20, "results": 19, "replica_restart": 19,
     "usage_show": 10, "budgets": 11,
