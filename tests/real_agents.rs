@@ -782,7 +782,7 @@ fn profile_test_shows_the_real_claude_codes_events_in_order() {
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains("1. text.delta") && text.contains("todo"),
+        text.contains(". text.delta") && text.contains("todo") && text.contains(". usage"),
         "{text}"
     );
 }
