@@ -78,7 +78,9 @@
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
 //!   permission requests, terminals, file writes and reads), CLI profiles (`runner::profile`, which
 //!   owns the permission policy both kinds apply) and their stream formats (`runner::stream`),
-//!   templates, process groups and tagged leftovers (`runner::process`), the agent scan
+//!   templates, process groups and tagged leftovers (`runner::process`), each agent's usage
+//!   reports (`runner::stream::usage`, `runner::acp::usage`) and its usage limit told apart from
+//!   a failure in its own words (`runner::limit`), the agent scan
 //!   (`runner::scan`) and the one login check (`runner::login`, read as each agent reads it, for
 //!   `agents`, `doctor`, `init` and `status`). It names only the bottom modules.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite: what
@@ -96,8 +98,10 @@
 //!   One agent's [`dispatch::Engine`] keeps the task's path (routing, the runs, the lifecycle's
 //!   five steps, recovery, pairing); its long-lived parts are types of their own, each in its file
 //!   with its own state: the [`dispatch::Outbox`] (answers composed, queued and sent by its
-//!   worker), the [`dispatch::Claims`] (claims among replicas) and the [`dispatch::Desk`]
-//!   (questions and the operator's acts: what mail answers and the live view reach). It names
+//!   worker), the [`dispatch::Claims`] (claims among replicas), the [`dispatch::Desk`]
+//!   (questions and the operator's acts: what mail answers and the live view reach) and each
+//!   agent's usage-limit gate (`dispatch::quota`: a task whose agent hit its limit parked and
+//!   journaled, the agent's queue held until the reset, then let through one at a time). It names
 //!   `runner`, `inbound` and `backend`, never `mailbox`.
 //! - [`ui`]: the live view in the browser (`[ui]`): an HTTP server of one static page and one feed
 //!   of the bridge's events (the [`events::tap`]; its token a header, never a cookie), the read
