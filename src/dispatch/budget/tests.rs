@@ -181,21 +181,11 @@ fn a_budget_used_up_says_which_what_was_spent_and_when_it_resets() {
 
 #[test]
 fn spent_is_read_from_the_journal_per_scope_and_period() {
-    use crate::dispatch::journal::{NewTask, TaskState};
+    use crate::dispatch::journal::NewTask;
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
     let task = |key: &str, sender: &str| {
-        let new = NewTask {
-            agent: "coder",
-            message_key: key,
-            sender,
-            task_id: key,
-            session_key: None,
-            state: TaskState::Received,
-            admitted: true,
-            mail: "{}",
-            reason: None,
-        };
+        let new = NewTask::received("coder", key, sender);
         journal.record(&new, None).unwrap().unwrap()
     };
     let (a, b) = (task("a", "ann@x.test"), task("b", "bob@x.test"));
