@@ -312,3 +312,26 @@ fn each_kind_reads_its_own_keys_and_the_common_ones() {
     assert!(b.push && b.save_sent);
     assert_eq!(b.lease_secs, 60);
 }
+
+/// The number keys left out take their defaults (the figures the docs give).
+#[test]
+fn number_keys_left_out_take_their_defaults() {
+    let config: Config = toml::from_str(GOOD).unwrap();
+    let top = (
+        config.shutdown_grace_secs,
+        config.outbox_retry_hours,
+        config.journal_retention_days,
+        config.journal_max_size_mb,
+    );
+    assert_eq!(top, (30, 24, 30, 1024));
+    let agent = &config.agents[0];
+    let per_agent = (
+        agent.max_concurrent_tasks,
+        agent.max_queued_tasks,
+        agent.max_refusals_per_hour,
+        agent.max_tasks_per_sender_per_hour,
+        agent.max_turns_per_session,
+        agent.max_hops,
+    );
+    assert_eq!(per_agent, (1, 100, 20, 1000, 100, 8));
+}
