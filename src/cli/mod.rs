@@ -386,6 +386,7 @@ pub struct DispatchArgs {
 /// The process exit code for a finished command.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config_path = cli.config.clone().unwrap_or_else(default_config_path);
+    let config = || LoadedConfig::load(&config_path);
     match cli.command {
         Command::Start { json, agents } => {
             if let Some(why) = crate::service::launchd_start() {
@@ -398,7 +399,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     config_path.display()
                 );
             }
-            let config = LoadedConfig::load(&config_path)?;
+            let config = config()?;
             crate::telemetry::fall_back_to(config.state().log());
             let controls = daemon::Controls::default();
             let done = CancellationToken::new();
@@ -420,14 +421,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             json,
         } => setup::import(&config_path, from, dry_run, json),
         Command::Profile { action } => profile::profile(&config_path, action).await,
-        Command::Dispatch(args) => {
-            dispatch::dispatch(&LoadedConfig::load(&config_path)?, args).await
-        }
+        Command::Dispatch(args) => dispatch::dispatch(&config()?, args).await,
         Command::Inspect { file, json } => setup::inspect(&file, json),
-        Command::Policy { action } => policy::policy(&LoadedConfig::load(&config_path)?, action),
-        Command::Ui { open } => ui(&LoadedConfig::load(&config_path)?, open),
-        Command::Status { json } => status::status(&LoadedConfig::load(&config_path)?, json).await,
-        Command::Reload { json } => status::reload(&LoadedConfig::load(&config_path)?, json),
+        Command::Policy { action } => policy::policy(&config()?, action),
+        Command::Ui { open } => ui(&config()?, open),
+        Command::Status { json } => status::status(&config()?, json).await,
+        Command::Reload { json } => status::reload(&config()?, json),
         Command::Doctor { json } => doctor::doctor(&config_path, json).await,
         Command::Service { action } => service::service(&config_path, action),
         Command::Man { dir } => {
@@ -447,16 +446,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             state,
             limit,
             json,
-        } => tasks::tasks(
-            &LoadedConfig::load(&config_path)?,
-            agent,
-            state,
-            limit,
-            json,
-        ),
+        } => tasks::tasks(&config()?, agent, state, limit, json),
         Command::Task {
             action: TaskAction::Show { id, json },
-        } => tasks::task_show(&LoadedConfig::load(&config_path)?, &id, json),
+        } => tasks::task_show(&config()?, &id, json),
         Command::Usage {
             since,
             until,
@@ -464,7 +457,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             json,
             csv,
         } => usage::usage(
-            &LoadedConfig::load(&config_path)?,
+            &config()?,
             usage::Args {
                 since,
                 until,
@@ -477,7 +470,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             agent,
             ttl_secs,
             json,
-        } => policy::pair(&LoadedConfig::load(&config_path)?, &agent, ttl_secs, json),
+        } => policy::pair(&config()?, &agent, ttl_secs, json),
         Command::Agents { json, probe } => agents::agents(&config_path, json, probe).await,
     }
 }

@@ -13,16 +13,13 @@ const MAX_USD: f64 = 1_000_000.0;
 /// One budget: limits per UTC day and per UTC month, in tokens (all kinds, cache reads
 /// included) and in US dollars; each optional. Soft unless `hard`: a soft budget refuses the
 /// next task once spent, a hard one also stops a running task when it crosses it.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_day: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_month: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_per_day: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_per_month: Option<f64>,
     /// Stop a running task that crosses the budget (else it finishes, and the next waits).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -31,14 +28,13 @@ pub struct Budget {
 
 /// What a model costs, in US dollars per million tokens of each kind. Cache prices left out
 /// are the input price (a budget then counts cache tokens at the dearer rate, never free).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
     pub input_per_million: f64,
     pub output_per_million: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_per_million: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_per_million: Option<f64>,
 }
 

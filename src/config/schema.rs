@@ -3,33 +3,31 @@
 
 use super::*;
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where cursors and task workspaces live. Default: `$XDG_STATE_HOME/aamp-bridge`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
     /// Extra folder of profile files, searched before the user's and the built-in ones.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub profiles_dir: Option<PathBuf>,
     /// Tasks running at once across all agents (each agent also has its own limit); no
     /// limit when unset. Waiting tasks go by X-AAMP-Priority, then by arrival.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_tasks: Option<usize>,
     /// After SIGTERM/SIGINT, how long running tasks get to finish before they are stopped
     /// and left in the journal for the next start.
-    #[serde(default = "default_grace_secs")]
+    #[serde(default = "number::<_, 30>")]
     pub shutdown_grace_secs: u64,
     /// How long an ack or result that cannot be sent is retried (across restarts) before the
     /// bridge gives up on it.
-    #[serde(default = "default_outbox_hours")]
+    #[serde(default = "number::<_, 24>")]
     pub outbox_retry_hours: u64,
     /// Finished tasks are kept in the journal this many days (for duplicates and history).
-    #[serde(default = "default_journal_days")]
+    #[serde(default = "number::<_, 30>")]
     pub journal_retention_days: u64,
     /// The journal is kept under this size (MB): past it, the oldest finished tasks are
     /// forgotten first (never one still to be answered), checked every hour.
-    #[serde(default = "default_journal_mb")]
+    #[serde(default = "number::<_, 1024>")]
     pub journal_max_size_mb: u64,
     /// `[mailboxes.NAME]`, each read by its `kind` (see [`MailboxConfig`]).
     #[serde(default, deserialize_with = "mailboxes::deserialize_mailboxes")]
@@ -37,10 +35,8 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agents: Vec<AgentConfig>,
     /// The live view in the browser (`aamp-bridge ui`): served by `start` only when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ui: Option<UiConfig>,
     /// `[sender_budget]`: what each sender may spend across all agents together.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender_budget: Option<Budget>,
     /// `[prices."MODEL"]`: dollars per million tokens, for reports that state no cost (a
     /// model's name as the agent reports it, or a prefix ending in `*`). None built in.
@@ -67,53 +63,18 @@ pub struct UiConfig {
     pub hosts: Vec<String>,
 }
 
-fn default_refusals() -> u32 {
-    20
+/// A number key's default, written at the key: `#[serde(default = "number::<_, 30>")]`.
+fn number<T: From<u16>, const N: u16>() -> T {
+    T::from(N)
 }
 
-fn default_per_sender() -> u32 {
-    1000
-}
-
-fn default_hops() -> u32 {
-    8
-}
-
-fn default_turns() -> u32 {
-    100
-}
-
-fn default_grace_secs() -> u64 {
-    30
-}
-
-fn default_outbox_hours() -> u64 {
-    24
-}
-
-fn default_journal_days() -> u64 {
-    30
-}
-
-fn default_journal_mb() -> u64 {
-    1024
-}
-
-fn default_concurrency() -> usize {
-    1
-}
-
-fn default_queue() -> usize {
-    100
-}
-
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// Lower-case letters, digits, `-` and `_`.
     pub name: String,
     /// A key of `[mailboxes]`; default: the agent's name.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub mailbox: Option<String>,
     /// A profile name (from the profile folders) or a path to a profile file.
     pub profile: String,
@@ -121,26 +82,22 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_from: Vec<String>,
     /// Tasks this agent runs at once; the rest wait in order.
-    #[serde(default = "default_concurrency")]
+    #[serde(default = "number::<_, 1>")]
     pub max_concurrent_tasks: usize,
     /// A one-line summary of what the agent does, for the AAMP service's directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// The agent's card (markdown) for the directory, inline or ...
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub card: Option<String>,
     /// ... in a file.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub card_file: Option<PathBuf>,
     /// Tasks running or waiting at most; further dispatches are answered "busy".
-    #[serde(default = "default_queue")]
+    #[serde(default = "number::<_, 100>")]
     pub max_queued_tasks: usize,
     /// Allow rules with dispatch-context conditions (`[[agents.senders]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub senders: Vec<policy::Rule>,
     /// Allow rules in the reference bridges' text form (`allow_from: ...` and
     /// `context_equals: key=value` lines).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sender_policy: Option<String>,
     /// Senders refused whatever else allows them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -150,26 +107,23 @@ pub struct AgentConfig {
     pub unknown_senders: policy::UnknownSenders,
     /// Rejections sent to refused senders per hour at most (the rest get nothing), so the
     /// bridge cannot be used to send mail to addresses of someone else's choosing.
-    #[serde(default = "default_refusals")]
+    #[serde(default = "number::<_, 20>")]
     pub max_refusals_per_hour: u32,
     /// Tasks one sender may dispatch to this agent per hour.
-    #[serde(default = "default_per_sender")]
+    #[serde(default = "number::<_, 1000>")]
     pub max_tasks_per_sender_per_hour: u32,
     /// Tasks this agent takes per 24 hours at most (no limit when unset).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub daily_task_budget: Option<u32>,
     /// `[agents.budget]`: what this agent may spend, all senders together.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
     /// `[agents.sender_budget]`: what each sender may spend on this agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender_budget: Option<Budget>,
     /// Turns one conversation (Session-Key) may take.
-    #[serde(default = "default_turns")]
+    #[serde(default = "number::<_, 100>")]
     pub max_turns_per_session: u32,
     /// A dispatch that agents passed on this many times (`X-AAMP-Hop-Count`) is rejected
     /// instead of run: two agents handing each other work stop there.
-    #[serde(default = "default_hops")]
+    #[serde(default = "number::<_, 8>")]
     pub max_hops: u32,
     /// How a cancelled task is answered: `result` (rejected, "cancelled") or `silent`.
     #[serde(default)]

@@ -42,6 +42,14 @@ fn a_good_config_loads() {
     );
 }
 
+/// [`GOOD`] with `keys` added to its mailbox's table.
+fn good_with(keys: &str) -> String {
+    GOOD.replace(
+        "smtp_security = \"plain\"",
+        &format!("smtp_security = \"plain\"\n{keys}"),
+    )
+}
+
 fn load_err(config: &str, pass_mode: u32, config_mode: u32) -> String {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "coder.pass", "secret\n", pass_mode);
@@ -49,27 +57,27 @@ fn load_err(config: &str, pass_mode: u32, config_mode: u32) -> String {
     LoadedConfig::load(&path).unwrap_err().to_string()
 }
 
+/// Asserts that `config` (beside a private password file) is refused with an error that
+/// says each of `says`.
+#[track_caller]
+fn assert_refused(config: &str, says: &[&str]) {
+    let e = load_err(config, 0o600, 0o644);
+    assert!(says.iter().all(|s| e.contains(s)), "{says:?}: {e}");
+}
+
 /// Issue 18: `jmap_url = "http://mail.example.com/…"` loaded without a word and sent the
 /// password with Basic auth in clear.
 #[test]
 fn plain_http_to_another_host_is_refused_unless_the_mailbox_says_so() {
     let remote = GOOD.replace("http://127.0.0.1:18080", "http://mail.example.com");
-    let e = load_err(&remote, 0o600, 0o644);
-    assert!(
-        e.contains("mailboxes.coder.jmap_url")
-            && e.contains("unencrypted")
-            && e.contains("insecure_http"),
-        "{e}"
+    assert_refused(
+        &remote,
+        &["mailboxes.coder.jmap_url", "unencrypted", "insecure_http"],
     );
-    let e = load_err(
-        &GOOD.replace(
-            "smtp_security = \"plain\"",
-            "smtp_security = \"plain\"\naamp_url = \"http://aamp.example.com\"",
-        ),
-        0o600,
-        0o644,
+    assert_refused(
+        &good_with("aamp_url = \"http://aamp.example.com\""),
+        &["mailboxes.coder.aamp_url"],
     );
-    assert!(e.contains("mailboxes.coder.aamp_url"), "{e}");
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "coder.pass", "secret\n", 0o600);
     let allowed = remote.replace(
@@ -148,10 +156,7 @@ fn loopback_hosts() {
 fn replicas_are_named_well_and_only_on_aamp_mailboxes() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "coder.pass", "secret\n", 0o600);
-    let named = GOOD.replace(
-        "smtp_security = \"plain\"",
-        "smtp_security = \"plain\"\nreplica = \"Host-A\"\nlease_secs = 30",
-    );
+    let named = good_with("replica = \"Host-A\"\nlease_secs = 30");
     let path = write(dir.path(), "config.toml", &named, 0o644);
     let replica = LoadedConfig::load(&path)
         .unwrap()
@@ -161,15 +166,10 @@ fn replicas_are_named_well_and_only_on_aamp_mailboxes() {
         .unwrap();
     assert_eq!(replica.name, "host-a");
     assert_eq!(replica.lease, std::time::Duration::from_secs(30));
-    let e = load_err(
-        &GOOD.replace(
-            "smtp_security = \"plain\"",
-            "smtp_security = \"plain\"\nreplica = \"host a\"",
-        ),
-        0o600,
-        0o644,
+    assert_refused(
+        &good_with("replica = \"host a\""),
+        &["mailboxes.coder.replica"],
     );
-    assert!(e.contains("mailboxes.coder.replica"), "{e}");
     let asmtp = r#"
 [mailboxes.coder]
 kind = "asmtp"
@@ -183,10 +183,9 @@ name = "coder"
 profile = "echo"
 allow_from = ["@owner.boss"]
 "#;
-    let e = load_err(asmtp, 0o600, 0o644);
-    assert!(
-        e.contains("line 7: mailboxes.coder.replica") && e.contains("AAMP mailboxes only"),
-        "{e}"
+    assert_refused(
+        asmtp,
+        &["line 7: mailboxes.coder.replica", "AAMP mailboxes only"],
     );
 }
 
@@ -218,25 +217,13 @@ fn recheck_secs_and_timeout_secs_of_amp_mailboxes() {
         account_of(&amp("timeout_secs = 20")).timeout,
         std::time::Duration::from_secs(20)
     );
-    let e = load_err(&amp("timeout_secs = 0"), 0o600, 0o644);
-    assert!(
-        e.contains("timeout_secs") && e.contains("at least 1"),
-        "{e}"
-    );
+    assert_refused(&amp("timeout_secs = 0"), &["timeout_secs", "at least 1"]);
     assert_eq!(
         recheck_of(&amp("")),
         Some(std::time::Duration::from_secs(300))
     );
     assert_eq!(recheck_of(&amp("recheck_secs = 0")), None);
-    let e = load_err(
-        &GOOD.replace(
-            "smtp_security = \"plain\"",
-            "smtp_security = \"plain\"\nrecheck_secs = 10",
-        ),
-        0o600,
-        0o644,
-    );
-    assert!(e.contains("recheck_secs"), "{e}");
+    assert_refused(&good_with("recheck_secs = 10"), &["recheck_secs"]);
 }
 
 /// Issue 34: each kind of mailbox reads only its own keys. A key of another kind is refused
@@ -244,53 +231,45 @@ fn recheck_secs_and_timeout_secs_of_amp_mailboxes() {
 /// takes; so is a key of no kind, a value of the wrong type, and an unknown kind.
 #[test]
 fn a_key_of_another_kind_is_refused_naming_the_mailbox_the_key_and_its_kind() {
-    let with = |extra: &str| {
-        GOOD.replace(
-            "smtp_security = \"plain\"",
-            &format!("smtp_security = \"plain\"\n{extra}"),
-        )
-    };
-    let e = load_err(&with("recheck_secs = 10"), 0o600, 0o644);
-    assert!(
-        e.contains("line 9: mailboxes.coder.recheck_secs: a key of AMP mailboxes only")
-            && e.contains("kind is not set")
-            && e.contains("set kind = \"amp\"")
-            && e.contains("kind = \"aamp\" takes email, credentials_file"),
-        "{e}"
+    assert_refused(
+        &good_with("recheck_secs = 10"),
+        &[
+            "line 9: mailboxes.coder.recheck_secs: a key of AMP mailboxes only",
+            "kind is not set",
+            "set kind = \"amp\"",
+            "kind = \"aamp\" takes email, credentials_file",
+        ],
     );
-    let e = load_err(&with("timeout_secs = 10"), 0o600, 0o644);
-    assert!(
-        e.contains("a key of AMP, ASMTP and SAMP mailboxes only")
-            && e.contains("set kind = \"amp\", \"asmtp\" or \"samp\""),
-        "{e}"
+    assert_refused(
+        &good_with("timeout_secs = 10"),
+        &[
+            "a key of AMP, ASMTP and SAMP mailboxes only",
+            "set kind = \"amp\", \"asmtp\" or \"samp\"",
+        ],
     );
     let samp = "\n[mailboxes.coder]\nkind = \"samp\"\nsamp_url = \"http://127.0.0.1:9/mcp\"\nkey_file = \"coder.pass\"\npoll_interval_secs = 2\nsmtp_host = \"x\"\n";
-    let e = load_err(samp, 0o600, 0o644);
-    assert!(
-        e.contains("line 7: mailboxes.coder.smtp_host: a key of AAMP mailboxes only, and this mailbox is kind = \"samp\"")
-            && e.contains("fix: drop smtp_host")
-            && e.contains("kind = \"samp\" takes samp_url, key_file, timeout_secs (and, like every mailbox, insecure_tls, poll_interval_secs)"),
-        "{e}"
+    assert_refused(
+        samp,
+        &[
+            "line 7: mailboxes.coder.smtp_host: a key of AAMP mailboxes only, and this mailbox is kind = \"samp\"",
+            "fix: drop smtp_host",
+            "kind = \"samp\" takes samp_url, key_file, timeout_secs (and, like every mailbox, insecure_tls, poll_interval_secs)",
+        ],
     );
-    let e = load_err(
+    assert_refused(
         &samp.replace("smtp_host = \"x\"", "samp_ulr = \"x\""),
-        0o600,
-        0o644,
+        &[
+            "line 7: mailboxes.coder.samp_ulr: no mailbox takes this key",
+            "check its spelling",
+        ],
     );
-    assert!(
-        e.contains("line 7: mailboxes.coder.samp_ulr: no mailbox takes this key")
-            && e.contains("check its spelling"),
-        "{e}"
+    assert_refused(
+        &GOOD.replace("15587", "\"x\""),
+        &["line 7: mailboxes.coder.smtp_port: invalid type"],
     );
-    let e = load_err(&GOOD.replace("15587", "\"x\""), 0o600, 0o644);
-    assert!(
-        e.contains("line 7: mailboxes.coder.smtp_port: invalid type"),
-        "{e}"
-    );
-    let e = load_err(&with("kind = \"imap\""), 0o600, 0o644);
-    assert!(
-        e.contains("line 9: mailboxes.coder.kind:") && e.contains("\"asmtp\""),
-        "{e}"
+    assert_refused(
+        &good_with("kind = \"imap\""),
+        &["line 9: mailboxes.coder.kind:", "\"asmtp\""],
     );
     // The same in an inline table, and with a mailbox of another kind before it.
     let inline = format!(
@@ -332,4 +311,27 @@ fn each_kind_reads_its_own_keys_and_the_common_ones() {
     assert_eq!(b.common, MailboxCommon::default());
     assert!(b.push && b.save_sent);
     assert_eq!(b.lease_secs, 60);
+}
+
+/// The number keys left out take their defaults (the figures the docs give).
+#[test]
+fn number_keys_left_out_take_their_defaults() {
+    let config: Config = toml::from_str(GOOD).unwrap();
+    let top = (
+        config.shutdown_grace_secs,
+        config.outbox_retry_hours,
+        config.journal_retention_days,
+        config.journal_max_size_mb,
+    );
+    assert_eq!(top, (30, 24, 30, 1024));
+    let agent = &config.agents[0];
+    let per_agent = (
+        agent.max_concurrent_tasks,
+        agent.max_queued_tasks,
+        agent.max_refusals_per_hour,
+        agent.max_tasks_per_sender_per_hour,
+        agent.max_turns_per_session,
+        agent.max_hops,
+    );
+    assert_eq!(per_agent, (1, 100, 20, 1000, 100, 8));
 }

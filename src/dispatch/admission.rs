@@ -172,6 +172,25 @@ mod tests_support {
         }
     }
 
+    /// What [`admit`] says now of `d` from `env`, to the agent of [`spec`] under its policy.
+    pub(super) fn admit_now(
+        env: &Envelope,
+        d: &Dispatch,
+        duplicate: bool,
+        load: &Load,
+    ) -> Admission {
+        let spec = spec();
+        admit(
+            &spec,
+            &spec.policy,
+            env,
+            d,
+            duplicate,
+            load,
+            SystemTime::now(),
+        )
+    }
+
     pub(super) fn env(from: &str) -> Envelope {
         Envelope {
             version: "1.1".into(),
@@ -203,25 +222,22 @@ mod tests {
 
     #[test]
     fn admission_checks_duplicates_policy_the_queue_and_expiry() {
-        let spec = spec();
-        let policy = spec.policy.clone();
-        let now = SystemTime::now();
         let ok = env("a@x.test");
         let idle = Load::default();
-        let admit = |env: &Envelope, d: &Dispatch, dup: bool, load: &Load| {
-            admit(&spec, &policy, env, d, dup, load, now)
-        };
-        assert_eq!(admit(&ok, &dispatch(None), false, &idle), Admission::Run);
         assert_eq!(
-            admit(&ok, &dispatch(None), true, &idle),
+            admit_now(&ok, &dispatch(None), false, &idle),
+            Admission::Run
+        );
+        assert_eq!(
+            admit_now(&ok, &dispatch(None), true, &idle),
             Admission::Duplicate
         );
-        let refused = admit(&env("a@evil.test"), &dispatch(None), false, &idle);
+        let refused = admit_now(&env("a@evil.test"), &dispatch(None), false, &idle);
         assert!(
             matches!(&refused, Admission::Refuse { reason } if reason.contains("a@evil.test") && reason.starts_with("Unauthorized sender policy")),
             "{refused:?}"
         );
-        let busy = admit(
+        let busy = admit_now(
             &ok,
             &dispatch(None),
             false,
@@ -231,7 +247,7 @@ mod tests {
             },
         );
         assert!(matches!(&busy, Admission::Reject { reason, .. } if reason.contains("busy")));
-        let expired = admit(&ok, &dispatch(Some("2020-01-01T00:00:00Z")), false, &idle);
+        let expired = admit_now(&ok, &dispatch(Some("2020-01-01T00:00:00Z")), false, &idle);
         assert!(matches!(
             &expired,
             Admission::Reject {
@@ -240,21 +256,18 @@ mod tests {
             }
         ));
         assert_eq!(
-            admit(&ok, &dispatch(Some("2999-01-01T00:00:00Z")), false, &idle),
+            admit_now(&ok, &dispatch(Some("2999-01-01T00:00:00Z")), false, &idle),
             Admission::Run
         );
     }
 
     #[test]
     fn limits_sessions_and_early_cancels() {
-        let spec = spec();
-        let policy = spec.policy.clone();
-        let now = SystemTime::now();
         let ok = env("a@x.test");
         let mut keyed = dispatch(None);
         keyed.session_key = Some("k".into());
         let check = |d: &Dispatch, load: Load, needle: &str| {
-            let got = admit(&spec, &policy, &ok, d, false, &load, now);
+            let got = admit_now(&ok, d, false, &load);
             assert!(
                 matches!(&got, Admission::Reject { reason, .. } if reason.contains(needle)),
                 "{needle}: {got:?}"
@@ -287,9 +300,7 @@ mod tests {
             },
             "turns",
         );
-        let early = admit(
-            &spec,
-            &policy,
+        let early = admit_now(
             &ok,
             &dispatch(None),
             false,
@@ -297,7 +308,6 @@ mod tests {
                 cancelled_before: true,
                 ..Load::default()
             },
-            now,
         );
         assert!(matches!(
             early,
@@ -307,9 +317,7 @@ mod tests {
             }
         ));
         assert_eq!(
-            admit(
-                &spec,
-                &policy,
+            admit_now(
                 &ok,
                 &keyed,
                 false,
@@ -317,7 +325,6 @@ mod tests {
                     session_turns: 2,
                     ..Load::default()
                 },
-                now
             ),
             Admission::Run
         );

@@ -16,7 +16,6 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::compose;
 use super::journal::{JournalError, Outgoing, Pending, TaskState};
@@ -344,7 +343,7 @@ impl<B: Backend> Outbox<B> {
                 return Ok(());
             }
             for pending in &due {
-                match self.send_one(pending, backoff).await? {
+                match self.attempt(pending, backoff).await? {
                     Sent::Yes | Sent::Elsewhere(_) => {
                         backoff.reset();
                         if probe.take().is_some() {
@@ -372,17 +371,11 @@ impl<B: Backend> Outbox<B> {
     /// and Message-ID). The span is the future's (`instrument`), not entered across the
     /// awaits: a guard held over an await leaves the lines after it without the span once
     /// the task resumes on another thread.
-    async fn send_one(
-        &self,
-        pending: &Pending,
-        backoff: &mut Backoff,
-    ) -> Result<Sent, JournalError> {
-        let mail = &pending.mail;
-        let span = tracing::info_span!("outbox", task_id = pending.task_id.as_deref().unwrap_or(""),
-            intent = %mail.intent, message_id = %mail.mail.message_id);
-        self.attempt(pending, backoff).instrument(span).await
-    }
-
+    #[tracing::instrument(name = "outbox", level = "info", skip_all, fields(
+        task_id = pending.task_id.as_deref().unwrap_or(""),
+        intent = %pending.mail.intent,
+        message_id = %pending.mail.mail.message_id,
+    ))]
     async fn attempt(
         &self,
         pending: &Pending,

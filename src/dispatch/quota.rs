@@ -324,15 +324,8 @@ mod tests {
         for n in 1..=9 {
             let (key, id) = (format!("m{n}"), format!("t{n}"));
             let task = super::super::journal::NewTask {
-                agent: "a",
-                message_key: &key,
-                sender: "boss@x",
                 task_id: &id,
-                session_key: None,
-                state: super::super::TaskState::Received,
-                admitted: true,
-                mail: "{}",
-                reason: None,
+                ..super::super::journal::NewTask::received("a", &key, "boss@x")
             };
             assert_eq!(journal.record(&task, None).unwrap(), Some(n));
         }

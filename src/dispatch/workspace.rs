@@ -252,6 +252,20 @@ pub fn unique_name(name: &str, taken: &mut HashSet<String>) -> String {
 mod tests {
     use super::*;
 
+    /// One turn in `ws`: its folder prepared, then the turn finished.
+    fn turn(ws: &Workspace, in_use: &InUse) {
+        ws.prepare().unwrap();
+        ws.finish(in_use);
+    }
+
+    /// Another sender's (eve's) conversations, more than are kept, one turn each.
+    fn many_of_eves(root: &Path, in_use: &InUse) {
+        for n in 0..CONVERSATIONS_KEPT + 5 {
+            let conversation = format!("eve\nkey-{n}");
+            turn(&Workspace::of(root, "t", 2, Some(&conversation)), in_use);
+        }
+    }
+
     #[test]
     fn attachment_names_are_safe_and_distinct() {
         assert_eq!(safe_file_name("../../etc/passwd"), "passwd");
@@ -286,11 +300,9 @@ mod tests {
         );
         second.finish(&none);
         // Pruned: a sender's least recently used beyond the count, and the old.
-        other.prepare().unwrap();
-        other.finish(&none);
+        turn(&other, &none);
         let newer = Workspace::of(root.path(), "t5", 5, Some("boss\nkey-2"));
-        newer.prepare().unwrap();
-        newer.finish(&none);
+        turn(&newer, &none);
         let all = root.path().join("conversations");
         prune(&all, CONVERSATION_MAX_AGE, 1, &HashSet::new());
         assert!(newer.dir.exists() && other.dir.exists() && !first.dir.exists());
@@ -298,8 +310,7 @@ mod tests {
         assert!(!other.dir.exists() && !newer.dir.exists());
         // A task outside a conversation: its own folder, removed after.
         let lone = Workspace::of(root.path(), "t4", 4, None);
-        lone.prepare().unwrap();
-        lone.finish(&none);
+        turn(&lone, &none);
         assert!(!lone.dir.exists());
     }
 
@@ -313,11 +324,7 @@ mod tests {
         running.prepare().unwrap();
         let holding = in_use.hold(&running).expect("a conversation is held");
         let twice = in_use.hold(&running);
-        for n in 0..CONVERSATIONS_KEPT + 5 {
-            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
-            other.prepare().unwrap();
-            other.finish(&in_use);
-        }
+        many_of_eves(root.path(), &in_use);
         assert!(running.dir.exists(), "in use");
         let prune_all = || {
             let conversations = root.path().join("conversations");
@@ -345,11 +352,7 @@ mod tests {
         boss.prepare().unwrap();
         std::fs::write(boss.dir.join("notes.md"), "mine").unwrap();
         boss.finish(&none);
-        for n in 0..CONVERSATIONS_KEPT + 5 {
-            let other = Workspace::of(root.path(), "t", 2, Some(&format!("eve\nkey-{n}")));
-            other.prepare().unwrap();
-            other.finish(&none);
-        }
+        many_of_eves(root.path(), &none);
         assert!(
             boss.dir.join("notes.md").exists(),
             "another sender's do not count"

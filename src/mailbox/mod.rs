@@ -212,6 +212,21 @@ pub async fn read_json(
     })
 }
 
+/// A text an answer must hold, or a `Protocol` error saying that `what` came with no `name`.
+pub fn required_text(
+    value: &serde_json::Value,
+    what: &str,
+    name: &str,
+) -> Result<String, MailboxError> {
+    value
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| MailboxError::Protocol {
+            what: what.into(),
+            detail: format!("no {name}"),
+        })
+}
+
 /// The files attached to a rendered mail (an answer's `FILE:` files), as the systems without
 /// MIME mail send them: name, content type (lower case; `application/octet-stream` when the
 /// part names none), bytes.

@@ -46,6 +46,22 @@ pub fn parse_header(text: &str) -> Option<Usage> {
     let fields = codec::parse_dispatch_context(text);
     let tokens = |key: &str| fields.get(key).and_then(|v| v.trim().parse::<u64>().ok());
     let kinds = ["input", "output", "cache_read", "cache_write"].map(tokens);
+    Some(Usage {
+        cost_micros: fields.get("cost_usd").and_then(|c| micros_from_text(c)),
+        cost_partial: fields
+            .get("cost_partial")
+            .is_some_and(|p| p.trim().eq_ignore_ascii_case("true")),
+        model: fields
+            .get("model")
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty()),
+        ..of_tokens(kinds)?
+    })
+}
+
+/// A usage of these tokens (input, output, cache read, cache write), a missing kind read as
+/// 0, and nothing else; `None` when all four are missing.
+fn of_tokens(kinds: [Option<u64>; 4]) -> Option<Usage> {
     if kinds.iter().all(Option::is_none) {
         return None;
     }
@@ -55,14 +71,7 @@ pub fn parse_header(text: &str) -> Option<Usage> {
         output_tokens: output,
         cache_read_tokens: cache_read,
         cache_write_tokens: cache_write,
-        cost_micros: fields.get("cost_usd").and_then(|c| micros_from_text(c)),
-        cost_partial: fields
-            .get("cost_partial")
-            .is_some_and(|p| p.trim().eq_ignore_ascii_case("true")),
-        model: fields
-            .get("model")
-            .map(|m| m.trim().to_string())
-            .filter(|m| !m.is_empty()),
+        ..Usage::default()
     })
 }
 
@@ -122,18 +131,11 @@ pub fn from_json(v: &Value) -> Option<Usage> {
         n("cacheReadTokens"),
         n("cacheWriteTokens"),
     ];
-    if kinds.iter().all(Option::is_none) {
-        return None;
-    }
-    let [input, output, cache_read, cache_write] = kinds.map(Option::unwrap_or_default);
     Some(Usage {
-        input_tokens: input,
-        output_tokens: output,
-        cache_read_tokens: cache_read,
-        cache_write_tokens: cache_write,
         cost_micros: n("costMicros").or_else(|| v["costUsd"].as_f64().and_then(micros_from_usd)),
         cost_partial: v["costPartial"].as_bool().unwrap_or(false),
         model: v["model"].as_str().map(str::to_string),
+        ..of_tokens(kinds)?
     })
 }
 

@@ -286,6 +286,10 @@ mod tests {
         recognise(text, now()).expect(text).resets
     }
 
+    fn recognised(text: &str) -> bool {
+        recognise(text, now()).is_some()
+    }
+
     #[test]
     fn claude_codes_words_and_reset_times_are_read() {
         // What Claude Code 2.1.197 printed against the stand-in (a subscription's window).
@@ -313,11 +317,7 @@ mod tests {
         // An API key's 429 after Claude Code's own retries: a limit, no time.
         let api = "API Error: Request rejected (429) · This request would exceed your account's rate limit. Please try again later.";
         assert_eq!(resets(api), None);
-        assert!(recognise(
-            "API Error: 429 {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"x\"}}",
-            now()
-        )
-        .is_some());
+        assert!(recognised("API Error: 429 {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"x\"}}"));
     }
 
     #[test]
@@ -343,11 +343,9 @@ mod tests {
             resets("You've hit your usage limit. Try again later."),
             None
         );
-        assert!(recognise(
-            "unexpected status 429: {\"error\":{\"type\":\"usage_limit_reached\"}}",
-            now()
-        )
-        .is_some());
+        assert!(recognised(
+            "unexpected status 429: {\"error\":{\"type\":\"usage_limit_reached\"}}"
+        ));
     }
 
     #[test]

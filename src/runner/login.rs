@@ -530,18 +530,43 @@ fn qwen(env: &AgentEnv) -> Option<LoginState> {
 mod tests {
     use super::*;
 
-    fn home() -> tempfile::TempDir {
-        tempfile::tempdir().unwrap()
-    }
+    /// A home folder of the test's own (or a `CODEX_HOME`, a `CLAUDE_CONFIG_DIR`).
+    struct Home(tempfile::TempDir);
 
-    fn write(dir: &Path, name: &str, text: &str) {
-        let path = dir.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
+    impl Home {
+        fn new() -> Home {
+            Home(tempfile::tempdir().unwrap())
+        }
+
+        fn path(&self) -> &str {
+            self.0.path().to_str().unwrap()
+        }
+
+        /// The login state of `family` with this folder as `HOME`, beside `pairs`.
+        fn state(&self, family: Family, pairs: &[(&str, &str)]) -> LoginState {
+            state(family, &[&[("HOME", self.path())], pairs].concat())
+        }
+
+        fn logged_in(&self, family: Family, pairs: &[(&str, &str)]) -> bool {
+            self.state(family, pairs).logged_in
+        }
+
+        /// Writes `text` to the file `name` below it.
+        fn write(&self, name: &str, text: &str) {
+            let path = self.0.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
     }
 
     fn state(family: Family, pairs: &[(&str, &str)]) -> LoginState {
         check_in(family, &AgentEnv::from_pairs(pairs)).unwrap()
+    }
+
+    /// Asserts that `s` is no login and that its detail says `says`.
+    #[track_caller]
+    fn assert_no_login(s: &LoginState, says: &str) {
+        assert!(!s.logged_in && s.detail.contains(says), "{s:?}");
     }
 
     #[test]
@@ -556,207 +581,164 @@ mod tests {
 
     #[test]
     fn an_empty_claude_credentials_file_is_not_a_login() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        write(h.path(), ".claude/.credentials.json", "");
-        write(h.path(), ".claude.json", r#"{"numStartups": 1}"#);
-        let s = state(Family::Claude, &[("HOME", hs)]);
+        let h = Home::new();
+        h.write(".claude/.credentials.json", "");
+        h.write(".claude.json", r#"{"numStartups": 1}"#);
+        let s = h.state(Family::Claude, &[]);
         assert!(!s.logged_in, "{s:?}");
         assert!(
             s.detail.contains("Please run /login") && s.fix.unwrap().contains("claude auth login")
         );
-        write(
-            h.path(),
+        h.write(
             ".claude/.credentials.json",
             r#"{"claudeAiOauth": {"accessToken": "t"}}"#,
         );
-        assert!(
-            !state(Family::Claude, &[("HOME", hs)]).logged_in,
-            "no scope"
-        );
-        write(
-            h.path(),
+        assert!(!h.logged_in(Family::Claude, &[]), "no scope");
+        h.write(
             ".claude/.credentials.json",
             r#"{"claudeAiOauth": {"accessToken": "t", "scopes": ["user:inference"]}}"#,
         );
-        assert!(state(Family::Claude, &[("HOME", hs)]).logged_in);
+        assert!(h.logged_in(Family::Claude, &[]));
         // CLAUDE_CONFIG_DIR moves it.
-        let other = home();
-        let os = other.path().to_str().unwrap();
-        assert!(!state(Family::Claude, &[("HOME", hs), ("CLAUDE_CONFIG_DIR", os)]).logged_in);
+        let other = Home::new();
+        let os = other.path();
+        assert!(!h.logged_in(Family::Claude, &[("CLAUDE_CONFIG_DIR", os)]));
         assert!(state(Family::Claude, &[("ANTHROPIC_API_KEY", "k")]).logged_in);
         assert!(state(Family::Claude, &[("CLAUDE_CODE_USE_VERTEX", "1")]).logged_in);
     }
 
     #[test]
     fn openai_api_key_alone_is_not_a_codex_cli_login() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        let s = state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
+        let h = Home::new();
+        let s = h.state(Family::CodexCli, &[("OPENAI_API_KEY", "k")]);
         assert!(!s.logged_in, "{s:?}");
         assert!(s.detail.contains("CODEX_API_KEY"), "{s:?}");
-        assert!(state(Family::CodexAcp, &[("HOME", hs), ("OPENAI_API_KEY", "k")]).logged_in);
-        assert!(state(Family::CodexCli, &[("HOME", hs), ("CODEX_API_KEY", "k")]).logged_in);
+        assert!(h.logged_in(Family::CodexAcp, &[("OPENAI_API_KEY", "k")]));
+        assert!(h.logged_in(Family::CodexCli, &[("CODEX_API_KEY", "k")]));
     }
 
     #[test]
     fn codex_reads_its_own_home_and_providers() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        write(h.path(), ".codex/auth.json", r#"{"OPENAI_API_KEY": "k"}"#);
-        assert!(state(Family::CodexCli, &[("HOME", hs)]).logged_in);
+        let h = Home::new();
+        h.write(".codex/auth.json", r#"{"OPENAI_API_KEY": "k"}"#);
+        assert!(h.logged_in(Family::CodexCli, &[]));
         // CODEX_HOME elsewhere: ~/.codex does not count.
-        let other = home();
-        let os = other.path().to_str().unwrap();
-        assert!(!state(Family::CodexCli, &[("HOME", hs), ("CODEX_HOME", os)]).logged_in);
-        write(
-            other.path(),
+        let other = Home::new();
+        let os = other.path();
+        assert!(!h.logged_in(Family::CodexCli, &[("CODEX_HOME", os)]));
+        other.write(
             "config.toml",
             "model_provider = \"standin\"\n[model_providers.standin]\nenv_key = \"STANDIN_KEY\"\n",
         );
-        let s = state(Family::CodexCli, &[("HOME", hs), ("CODEX_HOME", os)]);
+        let s = h.state(Family::CodexCli, &[("CODEX_HOME", os)]);
         assert!(
             !s.logged_in && s.fix.as_deref() == Some("set STANDIN_KEY in the profile's env"),
             "{s:?}"
         );
-        let s = state(
+        let s = h.state(
             Family::CodexCli,
-            &[("HOME", hs), ("CODEX_HOME", os), ("STANDIN_KEY", "k")],
+            &[("CODEX_HOME", os), ("STANDIN_KEY", "k")],
         );
         assert!(s.logged_in && s.detail.contains("STANDIN_KEY"), "{s:?}");
     }
 
     #[test]
     fn a_commented_out_gemini_key_is_not_a_login() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        write(
-            h.path(),
-            ".gemini/.env",
-            "# GEMINI_API_KEY=abc\nGOOGLE_API_KEY=\n",
-        );
-        assert!(!state(Family::Gemini, &[("HOME", hs)]).logged_in);
-        write(h.path(), ".gemini/.env", "export GEMINI_API_KEY=\"abc\"\n");
-        assert!(state(Family::Gemini, &[("HOME", hs)]).logged_in);
+        let h = Home::new();
+        h.write(".gemini/.env", "# GEMINI_API_KEY=abc\nGOOGLE_API_KEY=\n");
+        assert!(!h.logged_in(Family::Gemini, &[]));
+        h.write(".gemini/.env", "export GEMINI_API_KEY=\"abc\"\n");
+        assert!(h.logged_in(Family::Gemini, &[]));
     }
 
     #[test]
     fn google_api_key_alone_chooses_no_gemini_method() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        let s = state(Family::Gemini, &[("HOME", hs), ("GOOGLE_API_KEY", "k")]);
-        assert!(
-            !s.logged_in && s.detail.contains("Please set an Auth method"),
-            "{s:?}"
-        );
+        let h = Home::new();
+        let s = h.state(Family::Gemini, &[("GOOGLE_API_KEY", "k")]);
+        assert_no_login(&s, "Please set an Auth method");
         // A base URL chooses the gateway; a key with a chosen method is a login.
-        write(
-            h.path(),
+        h.write(
             ".gemini/settings.json",
             r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
         );
-        assert!(!state(Family::Gemini, &[("HOME", hs)]).logged_in);
-        assert!(state(Family::Gemini, &[("HOME", hs), ("GEMINI_API_KEY", "k")]).logged_in);
+        assert!(!h.logged_in(Family::Gemini, &[]));
+        assert!(h.logged_in(Family::Gemini, &[("GEMINI_API_KEY", "k")]));
     }
 
     /// Issue 43: GOOGLE_GEMINI_BASE_URL with no selectedType makes Gemini choose "gateway",
     /// which it refuses with exit 41 "Invalid auth method selected" on every task.
     #[test]
     fn a_gemini_base_url_without_a_selected_type_is_not_a_login() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
+        let h = Home::new();
         let env = [
-            ("HOME", hs),
             ("GOOGLE_GEMINI_BASE_URL", "http://127.0.0.1:9/"),
             ("GEMINI_API_KEY", "k"),
         ];
-        let s = state(Family::Gemini, &env);
-        assert!(
-            !s.logged_in && s.detail.contains("Invalid auth method selected"),
-            "{s:?}"
-        );
+        let s = h.state(Family::Gemini, &env);
+        assert_no_login(&s, "Invalid auth method selected");
         assert!(s.fix.as_deref().unwrap().contains("selectedType"), "{s:?}");
-        write(
-            h.path(),
+        h.write(
             ".gemini/settings.json",
             r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}}"#,
         );
-        assert!(state(Family::Gemini, &env).logged_in);
-        write(
-            h.path(),
+        assert!(h.logged_in(Family::Gemini, &env));
+        h.write(
             ".gemini/settings.json",
             r#"{"security": {"auth": {"selectedType": "gateway"}}}"#,
         );
-        assert!(!state(Family::Gemini, &env).logged_in);
+        assert!(!h.logged_in(Family::Gemini, &env));
     }
 
     /// Codex sends only the provider's env_key when it has one (CODEX_API_KEY does not stand
     /// in), and OPENAI_API_KEY when an env_key names it, `requires_openai_auth` or not.
     #[test]
     fn a_codex_provider_key_is_the_only_key_sent() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        write(
-            h.path(),
+        let h = Home::new();
+        h.write(
             ".codex/config.toml",
             "model_provider = \"x\"\n[model_providers.x]\nenv_key = \"FOO\"\n",
         );
-        let s = state(Family::CodexCli, &[("HOME", hs), ("CODEX_API_KEY", "k")]);
-        assert!(!s.logged_in && s.detail.contains("FOO"), "{s:?}");
-        write(
-            h.path(),
-            ".codex/config.toml",
-            "model_provider = \"x\"\n[model_providers.x]\nenv_key = \"OPENAI_API_KEY\"\nrequires_openai_auth = true\n",
-        );
-        assert!(state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]).logged_in);
+        let s = h.state(Family::CodexCli, &[("CODEX_API_KEY", "k")]);
+        assert_no_login(&s, "FOO");
+        h.write(".codex/config.toml", "model_provider = \"x\"\n[model_providers.x]\nenv_key = \"OPENAI_API_KEY\"\nrequires_openai_auth = true\n");
+        assert!(h.logged_in(Family::CodexCli, &[("OPENAI_API_KEY", "k")]));
         // Without an env_key, requires_openai_auth or not, OPENAI_API_KEY is not sent.
-        write(
-            h.path(),
+        h.write(
             ".codex/config.toml",
             "model_provider = \"x\"\n[model_providers.x]\nrequires_openai_auth = true\n",
         );
-        let s = state(Family::CodexCli, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
-        assert!(!s.logged_in && s.detail.contains("env_key"), "{s:?}");
+        let s = h.state(Family::CodexCli, &[("OPENAI_API_KEY", "k")]);
+        assert_no_login(&s, "env_key");
     }
 
     #[test]
     fn qwen_needs_a_key_a_base_url_and_a_model_or_a_chosen_auth_type() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        let s = state(Family::Qwen, &[("HOME", hs), ("OPENAI_API_KEY", "k")]);
-        assert!(
-            !s.logged_in && s.detail.contains("No auth type is selected"),
-            "{s:?}"
-        );
+        let h = Home::new();
+        let s = h.state(Family::Qwen, &[("OPENAI_API_KEY", "k")]);
+        assert_no_login(&s, "No auth type is selected");
         let all = [
-            ("HOME", hs),
             ("OPENAI_API_KEY", "k"),
             ("OPENAI_BASE_URL", "http://x/v1"),
             ("OPENAI_MODEL", "m"),
         ];
-        assert!(state(Family::Qwen, &all).logged_in);
+        assert!(h.logged_in(Family::Qwen, &all));
     }
 
     #[test]
     fn vertex_needs_credentials_and_a_project() {
-        let h = home();
-        let hs = h.path().to_str().unwrap();
-        let vertex = [("HOME", hs), ("GOOGLE_GENAI_USE_VERTEXAI", "true")];
-        let s = state(Family::Gemini, &vertex);
+        let h = Home::new();
+        let vertex = [("GOOGLE_GENAI_USE_VERTEXAI", "true")];
+        let s = h.state(Family::Gemini, &vertex);
         assert!(!s.logged_in && s.fix.unwrap().contains("GOOGLE_CLOUD_PROJECT"));
         let mut with_project = vertex.to_vec();
         with_project.extend([
             ("GOOGLE_CLOUD_PROJECT", "p"),
             ("GOOGLE_CLOUD_LOCATION", "us-central1"),
         ]);
-        let s = state(Family::Gemini, &with_project);
+        let s = h.state(Family::Gemini, &with_project);
         assert!(!s.logged_in && s.fix.unwrap().contains("gcloud"));
-        write(
-            h.path(),
-            ".config/gcloud/application_default_credentials.json",
-            "{}",
-        );
-        assert!(state(Family::Gemini, &with_project).logged_in);
+        h.write(".config/gcloud/application_default_credentials.json", "{}");
+        assert!(h.logged_in(Family::Gemini, &with_project));
     }
 
     #[test]

@@ -9,25 +9,24 @@ use serde::{Deserialize, Serialize};
 use crate::config::{MailboxKind, SmtpSecurity};
 
 /// Everything `init` asks, as a file (`init --non-interactive --answers FILE`, JSON or TOML).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Answers {
     /// The AAMP service (its `/.well-known/aamp`): registration and live task streams.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aamp_url: Option<String>,
     /// Where the journal and workspaces go (default: `$XDG_STATE_HOME/aamp-bridge`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub agents: Vec<AgentAnswers>,
     /// A mailbox of the person's own, to send tasks from (`aamp-bridge dispatch --from me`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub own_mailbox: Option<OwnMailbox>,
     /// Install and start the background service afterwards.
     #[serde(default)]
     pub service: bool,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAnswers {
@@ -41,7 +40,6 @@ pub struct AgentAnswers {
     /// Make a pairing code (and show its QR code) for the person who will send tasks.
     #[serde(default)]
     pub pair: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }
 
@@ -68,14 +66,13 @@ fn yes() -> bool {
 }
 
 /// Where an agent's mail lives.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum MailboxAnswers {
     /// A new mailbox registered with the AAMP service (`aamp_url`).
     Register {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         slug: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         description: Option<String>,
         #[serde(flatten)]
         servers: Servers,
@@ -83,13 +80,10 @@ pub enum MailboxAnswers {
     /// An account that exists: its address and password.
     Existing {
         email: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         login: Option<String>,
         /// The password; saved in a file of mode 0600 beside the config ...
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         password: Option<String>,
         /// ... or a file that already holds it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         password_file: Option<PathBuf>,
         #[serde(flatten)]
         servers: Servers,
@@ -124,15 +118,12 @@ pub enum MailboxAnswers {
 }
 
 /// The servers of a mailbox; for a registered one they default to the AAMP service's host.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Servers {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jmap_url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smtp_host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smtp_port: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smtp_security: Option<SmtpSecurity>,
     #[serde(default)]
     pub insecure_tls: bool,

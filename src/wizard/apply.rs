@@ -14,6 +14,7 @@ use super::{AgentAnswers, Answers, OwnMailbox, Pairing, Progress};
 use crate::config::{self, Config, LoadedConfig};
 
 /// What [`apply`] did, for the person (or `--json`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Default, Serialize)]
 pub struct Applied {
     pub config: PathBuf,
@@ -21,12 +22,11 @@ pub struct Applied {
     pub written: bool,
     pub agents: Vec<AppliedAgent>,
     /// The person's own mailbox: (its name in the config, its address).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub own_mailbox: Option<(String, String)>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 pub struct AppliedAgent {
     pub name: String,
@@ -36,7 +36,6 @@ pub struct AppliedAgent {
     /// `samp`.
     pub how: &'static str,
     pub allow_from: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pairing: Option<Pairing>,
 }
 

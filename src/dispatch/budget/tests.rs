@@ -134,35 +134,26 @@ fn a_budget_used_up_says_which_what_was_spent_and_when_it_resets() {
     let agent = budget(Some(1000), None, false);
     let each = budget(None, Some(5.0), true);
     let budgets = Budgets::new(Some(&agent), Some(&each), None, &BTreeMap::new());
-    let spent = |tokens: u64, cost: Option<u64>, partial: bool| {
+    // What these budgets say of a month and a day of `tokens` costing `cost`, before a task
+    // (`running` false) or while one runs.
+    let over = |tokens: u64, cost: Option<u64>, partial: bool, running: bool| {
         let mut usage = report(Some("m"), [tokens, 0, 0, 0], cost);
         usage.cost_partial = partial;
-        Spent(vec![
+        let spent = Spent(vec![
             (Scope::Agent, Period::Day, usage.clone()),
             (Scope::SenderHere, Period::Month, usage),
-        ])
+        ]);
+        budgets.over(&spent, who, now, running)
     };
+    assert_eq!(over(999, Some(4_999_999), false, false), None);
     assert_eq!(
-        budgets.over(&spent(999, Some(4_999_999), false), who, now, false),
-        None
-    );
-    let over = budgets
-        .over(&spent(1200, Some(1), false), who, now, false)
-        .unwrap();
-    assert_eq!(
-        over.refusal(),
+        over(1200, Some(1), false, false).unwrap().refusal(),
         "over budget: agent coder's budget of 1,000 tokens a day (UTC) is used up: 1,200 tokens spent today; it resets at 2026-12-04T00:00:00Z (in 6 h 55 min); dispatch again after that"
     );
     // The soft token budget is not a hard one: only the money budget stops a running task.
+    assert_eq!(over(1200, Some(1), false, true), None);
     assert_eq!(
-        budgets.over(&spent(1200, Some(1), false), who, now, true),
-        None
-    );
-    let over = budgets
-        .over(&spent(10, Some(5_000_000), true), who, now, true)
-        .unwrap();
-    assert_eq!(
-        over.stop(),
+        over(10, Some(5_000_000), true, true).unwrap().stop(),
         "stopped over budget: sender ann@x.test's hard budget on agent coder of $5.00 a month (UTC) was crossed while the task ran: $5.00 spent this month (counting only what has a known cost: some of the agent's reports stated none and their model has no price in the config's [prices]); it resets at 2027-01-01T00:00:00Z (in 28 d 6 h)"
     );
     let everywhere = budget(None, Some(0.5), false);
@@ -181,21 +172,11 @@ fn a_budget_used_up_says_which_what_was_spent_and_when_it_resets() {
 
 #[test]
 fn spent_is_read_from_the_journal_per_scope_and_period() {
-    use crate::dispatch::journal::{NewTask, TaskState};
+    use crate::dispatch::journal::NewTask;
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
     let task = |key: &str, sender: &str| {
-        let new = NewTask {
-            agent: "coder",
-            message_key: key,
-            sender,
-            task_id: key,
-            session_key: None,
-            state: TaskState::Received,
-            admitted: true,
-            mail: "{}",
-            reason: None,
-        };
+        let new = NewTask::received("coder", key, sender);
         journal.record(&new, None).unwrap().unwrap()
     };
     let (a, b) = (task("a", "ann@x.test"), task("b", "bob@x.test"));

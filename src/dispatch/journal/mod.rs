@@ -147,6 +147,24 @@ pub struct NewTask<'a> {
     pub reason: Option<&'a str>,
 }
 
+#[cfg(test)]
+impl<'a> NewTask<'a> {
+    /// A test's task: received and let in, with `key` as both its Message-ID and TaskId.
+    pub(crate) fn received(agent: &'a str, key: &'a str, sender: &'a str) -> Self {
+        NewTask {
+            agent,
+            message_key: key,
+            sender,
+            task_id: key,
+            session_key: None,
+            state: TaskState::Received,
+            admitted: true,
+            mail: "{}",
+            reason: None,
+        }
+    }
+}
+
 /// A mail to send, ready to the byte; its Message-ID is derived from the task, so a
 /// retried send is the same mail.
 #[derive(Clone, Debug, PartialEq, Eq)]

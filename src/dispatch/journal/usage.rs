@@ -241,20 +241,10 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::journal::{NewTask, TaskState};
+    use crate::dispatch::journal::NewTask;
 
     fn task(j: &Journal, key: &str, sender: &str) -> i64 {
-        let new = NewTask {
-            agent: "coder",
-            message_key: key,
-            sender,
-            task_id: key,
-            session_key: None,
-            state: TaskState::Received,
-            admitted: true,
-            mail: "{}",
-            reason: None,
-        };
+        let new = NewTask::received("coder", key, sender);
         j.record(&new, None).unwrap().unwrap()
     }
 

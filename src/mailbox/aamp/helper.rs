@@ -120,13 +120,7 @@ impl HelperApi {
                 json!({ "taskId": task_id, "peerEmail": peer }),
             )
             .await?;
-        state["streamId"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| MailboxError::Protocol {
-                what: "aamp.stream.create".into(),
-                detail: "no streamId".into(),
-            })
+        crate::mailbox::required_text(&state["streamId"], "aamp.stream.create", "streamId")
     }
 
     pub async fn append(
@@ -360,28 +354,21 @@ pub async fn register(
         .post(url.clone())
         .json(&json!({ "slug": registration.slug, "description": registration.description }));
     let registered = crate::mailbox::fetch_json(request, url.as_str()).await?;
-    let code = registered["registrationCode"]
-        .as_str()
-        .ok_or_else(|| MailboxError::Protocol {
-            what: "aamp.mailbox.register".into(),
-            detail: "no registrationCode".into(),
-        })?;
+    let code = crate::mailbox::required_text(
+        &registered["registrationCode"],
+        "aamp.mailbox.register",
+        "registrationCode",
+    )?;
 
     let mut url = api;
     url.query_pairs_mut()
         .append_pair("action", "aamp.mailbox.credentials")
-        .append_pair("code", code);
+        .append_pair("code", &code);
     // The URL carries the one-time code: errors name the action instead.
     let creds =
         crate::mailbox::fetch_json(http.get(url.clone()), "aamp.mailbox.credentials").await?;
-    let field = |v: &Value, name: &str| {
-        v.as_str()
-            .map(str::to_string)
-            .ok_or_else(|| MailboxError::Protocol {
-                what: "aamp.mailbox.credentials".into(),
-                detail: format!("no {name}"),
-            })
-    };
+    let field =
+        |v: &Value, name: &str| crate::mailbox::required_text(v, "aamp.mailbox.credentials", name);
     Ok(crate::config::Credentials {
         email: field(&creds["email"], "email")?,
         mailbox_token: field(&creds["mailbox"]["token"], "mailbox.token")?,

@@ -455,13 +455,7 @@ impl AsmtpClient {
             .bearer_auth(self.account.token.value());
         let request = crate::mailbox::with_file(request, filename, content_type, bytes);
         let value = crate::mailbox::fetch_json(request, url.as_str()).await?;
-        value["id"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| MailboxError::Protocol {
-                what: "the ASMTP upload answer".into(),
-                detail: "no file id".into(),
-            })
+        crate::mailbox::required_text(&value["id"], "the ASMTP upload answer", "file id")
     }
 
     /// Posts an envelope; a resend of the same id and body is accepted as a no-op.

@@ -3,19 +3,13 @@
 use super::*;
 
 pub(super) fn claude_todos(input: &Value) -> Vec<TodoItem> {
-    input["todos"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, t)| TodoItem {
-            id: str_of(t, &["id"])
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("todo-{i}")),
-            content: str_of(t, &["content"]).unwrap_or_default().to_string(),
-            status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
-        })
-        .collect()
+    todos_of(&input["todos"], |i, t| TodoItem {
+        id: str_of(t, &["id"])
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("todo-{i}")),
+        content: str_of(t, &["content"]).unwrap_or_default().to_string(),
+        status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
+    })
 }
 
 impl StreamParser {

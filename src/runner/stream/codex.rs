@@ -172,22 +172,14 @@ fn codex_mcp_call(item: &Value, id: String, done: bool) -> StreamEvent {
 
 /// Codex's plan, as todos with ids from the item's.
 fn codex_todos(item: &Value, id: &str) -> StreamEvent {
-    StreamEvent::Todo(
-        item["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, t)| TodoItem {
-                id: format!("{id}-{i}"),
-                content: str_of(t, &["text"]).unwrap_or_default().to_string(),
-                status: if t["completed"].as_bool().unwrap_or(false) {
-                    "completed"
-                } else {
-                    "pending"
-                }
-                .to_string(),
-            })
-            .collect(),
-    )
+    StreamEvent::Todo(todos_of(&item["items"], |i, t| TodoItem {
+        id: format!("{id}-{i}"),
+        content: str_of(t, &["text"]).unwrap_or_default().to_string(),
+        status: if t["completed"].as_bool().unwrap_or(false) {
+            "completed"
+        } else {
+            "pending"
+        }
+        .to_string(),
+    }))
 }

@@ -48,19 +48,14 @@ impl StreamParser {
         self.tool_names.insert(id.clone(), name.clone());
         let mut events = Vec::new();
         if name == "write_todos" {
-            let todos = v["parameters"]["todos"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, t)| TodoItem {
-                    id: format!("todo-{i}"),
-                    content: str_of(t, &["description", "content", "text"])
-                        .unwrap_or_default()
-                        .to_string(),
-                    status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
-                });
-            events.push(StreamEvent::Todo(todos.collect()));
+            let todos = todos_of(&v["parameters"]["todos"], |i, t| TodoItem {
+                id: format!("todo-{i}"),
+                content: str_of(t, &["description", "content", "text"])
+                    .unwrap_or_default()
+                    .to_string(),
+                status: normalize_todo_status(str_of(t, &["status"]).unwrap_or("pending")),
+            });
+            events.push(StreamEvent::Todo(todos));
         }
         events.push(StreamEvent::ToolCall {
             id,

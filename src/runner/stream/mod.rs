@@ -333,6 +333,13 @@ impl StreamParser {
     }
 }
 
+/// The todos of a JSON list (none when `list` is no list), each made by `todo` from its
+/// place in the list and its entry.
+fn todos_of(list: &Value, todo: impl Fn(usize, &Value) -> TodoItem) -> Vec<TodoItem> {
+    let entries = list.as_array().into_iter().flatten();
+    entries.enumerate().map(|(i, t)| todo(i, t)).collect()
+}
+
 fn normalize_todo_status(status: &str) -> String {
     match status {
         "in_progress" | "completed" | "pending" => status.to_string(),
