@@ -23,7 +23,9 @@
 # on its Postfix, one process doing both jobs):
 #   - signing: what its users submit (an authenticated SMTP client: OpenDKIM signs when
 #     Postfix passes the {auth_type} macro) is signed with the domain's key (d=DOMAIN, s=mail;
-#     an RSA key made by openssl at the first start, kept in $DIR/dkim/);
+#     an RSA key made by openssl at the first start, kept in $DIR/dkim/). The signature covers
+#     the Message-ID and every X-AAMP-* field too, not only RFC 6376's list, so a signed
+#     dispatch cannot be sent again as another task;
 #   - verifying: everything else arriving over SMTP. No loopback client counts as internal
 #     (InternalHosts names only TEST-NET-1, which no client here has): OpenDKIM's default,
 #     127.0.0.1, would sign what a stranger hands the inbound port. A signed mail gets
@@ -354,6 +356,7 @@ make_dkim_key() {
 
 # OpenDKIM's configuration (see the top of this file); every domain's public key must have
 # been made (make_dkim_key) first.
+SIGN_HEADERS=from,reply-to,subject,date,to,cc,resent-*,in-reply-to,references,list-*,sender,message-id,mime-version,content-type,content-transfer-encoding,x-aamp-*,traceparent,tracestate
 write_dkim_config() {
   local keys=$DIR/dkim
   cat >"$keys/opendkim.conf" <<CONF
@@ -366,7 +369,10 @@ UserID opendkim
 UMask 000
 Background yes
 Canonicalization relaxed/relaxed
-# A From field added below a signed mail's own breaks the signature.
+# Signed: RFC 6376's list, and what a mail's meaning rests on past it: its Message-ID, its
+# MIME structure, every AAMP header (which task, which intent). Each From field, one more
+# than the mail has: a From added on the way breaks the signature.
+SignHeaders $SIGN_HEADERS
 OversignHeaders From
 AuthservID $AUTHSERV_ID
 RemoveARFrom $AUTHSERV_ID

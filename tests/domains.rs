@@ -4,7 +4,8 @@
 //! bridge at the first domain trusts the second domain's senders only on that evidence
 //! (`sender_auth = "authentication-results"`): a dispatch signed at the other domain runs and
 //! its answer crosses back; a mail claiming the other domain's sender without its signature,
-//! or with a made-up verdict, is refused as an unauthenticated sender is: no ack, no answer.
+//! with a made-up verdict, or replayed from a signed one under a new TaskId, is refused as an
+//! unauthenticated sender is: no ack, no answer.
 
 mod support;
 
@@ -47,8 +48,21 @@ fn results_by<'a>(headers: &'a [(String, String)], authserv_id: &str) -> Vec<&'a
         .collect()
 }
 
+/// `mail` with the header fields named `name` (any case) given `value` instead.
+fn with_header(mail: &str, name: &str, value: &str) -> String {
+    let (head, body) = mail.split_once("\r\n\r\n").expect("a header and a body");
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|line| match line.split_once(':') {
+            Some((n, _)) if n.eq_ignore_ascii_case(name) => format!("{n}: {value}"),
+            _ => line.to_string(),
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n"))
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_dispatch_signed_at_the_other_domain_runs_and_its_answer_is_signed_back() {
+async fn a_dispatch_signed_at_the_other_domain_runs_once_and_its_answer_is_signed_back() {
     let (Some(a), Some(b)) = (mailhost(), mailhost2()) else {
         return;
     };
@@ -94,6 +108,37 @@ async fn a_dispatch_signed_at_the_other_domain_runs_and_its_answer_is_signed_bac
             .any(|v| v.contains("dkim=pass") && v.contains(&format!("header.d={}", a.domain))),
         "{verdicts:?}"
     );
+
+    // Whoever holds the signed mail cannot have it run again as another task: the signature
+    // covers the Message-ID and every X-AAMP header.
+    let signed = String::from_utf8(agent_view.raw_mail(&arrived.email_id).await).unwrap();
+    let replay = format!("replay-{}", uuid::Uuid::new_v4());
+    let replayed = with_header(&signed, "X-AAMP-TaskId", &replay);
+    let replayed = with_header(&replayed, "Message-ID", &format!("<{replay}@forger.test>"));
+    assert_ne!(replayed, signed);
+    inject_mx(a, &boss.email, &agent.email, &replayed);
+    let ignored = bridge.wait_event("message.ignored", |e| e["taskId"] == replay.as_str());
+    assert!(
+        ignored["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not authenticated"),
+        "{ignored}"
+    );
+    let replayed_here = agent_view.wait_for(&replay, Intent::TaskDispatch).await;
+    let headers = agent_view.raw_headers(&replayed_here.email_id).await;
+    let verdicts = results_by(&headers, &a.authserv_id);
+    assert!(
+        verdicts.len() == 1 && verdicts[0].contains("dkim=fail"),
+        "the server's own verdict on the replay, and only it: {verdicts:?}"
+    );
+    bridge.take_events();
+    let about: Vec<_> = bridge
+        .seen
+        .iter()
+        .filter(|e| e["taskId"] == replay.as_str() && e["event"] != "message.ignored")
+        .collect();
+    assert!(about.is_empty(), "the replay went on: {about:?}");
     assert!(bridge.stop().success());
 }
 
