@@ -14,8 +14,9 @@
 #   scripts/mailhost.sh clean               stop and delete the folders
 #
 # The first domain ($MAILHOST_DOMAIN, example.test) lives under $MAILHOST_DIR; the second
-# ($MAILHOST2_DOMAIN, example2.test) under $MAILHOST2_DIR, with ports from MAILHOST2_*
-# variables named as the first domain's. MAILHOST2_DOMAIN= (empty) runs the first alone.
+# ($MAILHOST2_DOMAIN, example2.test) under $MAILHOST2_DIR (default: the first's with a 2),
+# with ports from MAILHOST2_* variables named as the first domain's (defaults: the first's
+# plus 10000). MAILHOST2_DOMAIN= (empty) runs the first alone.
 #
 # Two organisations, for real: each domain's Postfix is the other's MX. A transport map sends
 # the other domain's mail to the other's inbound port on 127.0.0.1 (no DNS); every other
@@ -38,6 +39,8 @@
 #   - forged results: Authentication-Results fields that a sender wrote naming this domain's
 #     authserv-id are removed on the way in (RemoveARFrom mx.DOMAIN, RemoveARAll: not only
 #     those with a DKIM result), so a mail claims no pass the server did not write.
+# Mail that Cyrus' JMAP EmailSubmission sends enters the inbound port without a login, so it
+# leaves unsigned: across domains, submit over SMTP (as the bridge does).
 # The first domain's Postfix calls itself localhost, as before; the second's
 # mx.example2.test (two Postfix servers of one name refuse each other's mail as a loop).
 # Every user's password defaults to $MAILHOST_PASSWORD.
