@@ -5,7 +5,8 @@
 #                            no mail host, no network (under a minute after the build)
 #   scripts/test.sh          everything CI runs: the fast tier plus runners, agents and end to
 #                            end over the loopback mail host. Needs root the first time: it
-#                            installs and starts the mail host (Cyrus, Postfix), tmux, Chromium
+#                            installs and starts the mail host (Cyrus, Postfix, OpenDKIM; two
+#                            mail domains), tmux, Chromium
 #                            and its driver, and the third-party agents from npm and PyPI.
 #   scripts/test.sh --long   the full suite, then fuzzing (each of the five fuzz targets for
 #                            AAMP_FUZZ_SECONDS, default 120 s)
@@ -53,7 +54,8 @@ on_exit() {
   status=$?
   if [ "$status" != 0 ]; then
     echo "--- tests failed; the mail host's logs end with:" >&2
-    tail -n 40 "${MAILHOST_DIR:-/tmp/aamp-mailhost}"/log/{postfix.log,syslog.log} 2>/dev/null >&2 || true
+    tail -n 40 "${MAILHOST_DIR:-/tmp/aamp-mailhost}"/log/{postfix.log,syslog.log} \
+      "${MAILHOST2_DIR:-${MAILHOST_DIR:-/tmp/aamp-mailhost}2}"/log/postfix.log 2>/dev/null >&2 || true
   fi
   if [ "$started_here" = 1 ]; then bash scripts/mailhost.sh stop; fi
   rm -rf "$logs"

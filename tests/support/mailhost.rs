@@ -1,6 +1,7 @@
-//! The test mail host (scripts/mailhost.sh): the shared instance started on first use, private
-//! instances for tests that stop it, fresh mailboxes per test, and a stranger's way in (the inbound
-//! port).
+//! The test mail host (scripts/mailhost.sh): the shared instance started on first use (two mail
+//! domains, each the other's MX, signing with DKIM and verifying what comes in), private
+//! instances for tests that stop it, fresh mailboxes per test, and a stranger's way in (the
+//! inbound port).
 
 use super::*;
 
@@ -15,6 +16,9 @@ pub struct MailHost {
     pub smtp_stock_port: u16,
     /// The inbound (MX) port: plain SMTP from other servers, no authentication.
     pub mx_port: u16,
+    /// The name OpenDKIM writes first in the `Authentication-Results` it adds to mail coming
+    /// in (a mailbox's `authserv_id`).
+    pub authserv_id: String,
     /// Environment for scripts/mailhost.sh that selects this instance (empty: the shared one).
     env: Vec<(String, String)>,
 }
@@ -89,18 +93,49 @@ pub fn shared_host() -> &'static MailHost {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let port = |var: &str, default: u16| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        MailHost {
-            domain: std::env::var("MAILHOST_DOMAIN").unwrap_or_else(|_| "example.test".into()),
-            password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
-            jmap_url: format!("http://127.0.0.1:{}/.well-known/jmap", port("MAILHOST_JMAP_PORT", 18080)),
-            smtp_port: port("MAILHOST_SUBMIT_PORT", 15587),
-            smtp_tls_port: port("MAILHOST_SUBMIT_TLS_PORT", 15588),
-            smtp_stock_port: port("MAILHOST_SUBMIT_STOCK_PORT", 15589),
-            mx_port: port("MAILHOST_MX_PORT", 12525),
-            env: Vec::new(),
-        }
+        host_from_env("MAILHOST", "example.test", 0)
     })
+}
+
+/// The shared host's second mail domain (`example2.test`, started with the first), skipped
+/// the way [`mailhost`] is: mail between the two is DKIM-signed by the sender's domain and
+/// carries the receiving domain's `Authentication-Results`.
+pub fn mailhost2() -> Option<&'static MailHost> {
+    mailhost()?;
+    static HOST: OnceLock<MailHost> = OnceLock::new();
+    Some(HOST.get_or_init(|| {
+        assert!(
+            std::env::var_os("MAILHOST2_DOMAIN").is_none_or(|d| !d.is_empty()),
+            "this test needs the mail host's second domain, which MAILHOST2_DOMAIN= switches off"
+        );
+        host_from_env("MAILHOST2", "example2.test", 10000)
+    }))
+}
+
+/// The instance that scripts/mailhost.sh runs from the `PREFIX_*` variables (the defaults of
+/// the first domain's ports plus `port_offset`).
+fn host_from_env(prefix: &str, domain: &str, port_offset: u16) -> MailHost {
+    let port = |var: &str, default: u16| {
+        std::env::var(format!("{prefix}_{var}"))
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default + port_offset)
+    };
+    let domain = std::env::var(format!("{prefix}_DOMAIN")).unwrap_or_else(|_| domain.into());
+    MailHost {
+        authserv_id: format!("mx.{domain}"),
+        domain,
+        password: std::env::var("MAILHOST_PASSWORD").unwrap_or_else(|_| "secret".into()),
+        jmap_url: format!(
+            "http://127.0.0.1:{}/.well-known/jmap",
+            port("JMAP_PORT", 18080)
+        ),
+        smtp_port: port("SUBMIT_PORT", 15587),
+        smtp_tls_port: port("SUBMIT_TLS_PORT", 15588),
+        smtp_stock_port: port("SUBMIT_STOCK_PORT", 15589),
+        mx_port: port("MX_PORT", 12525),
+        env: Vec::new(),
+    }
 }
 
 /// A mail host instance of its own (own folder and ports), for tests that stop and start it.
@@ -135,6 +170,8 @@ impl PrivateHost {
                 ("MAILHOST_MX_PORT".into(), mx.to_string()),
                 ("MAILHOST_SUBMIT_TLS_PORT".into(), submit_tls.to_string()),
                 ("MAILHOST_SUBMIT_STOCK_PORT".into(), ports[5].to_string()),
+                // One domain: the shared host runs the second.
+                ("MAILHOST2_DOMAIN".into(), String::new()),
             ];
             let out = script_with(&env, &["start"]);
             if !out.status.success() {
@@ -154,6 +191,7 @@ impl PrivateHost {
                 smtp_tls_port: submit_tls,
                 smtp_stock_port: ports[5],
                 mx_port: mx,
+                authserv_id: "mx.example.test".into(),
                 env,
             });
         }
@@ -197,13 +235,13 @@ impl MailHost {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let out = script_with(&self.env, &["adduser", &name]);
+        let email = format!("{name}@{}", self.domain);
+        let out = script_with(&self.env, &["adduser", &email]);
         assert!(
             out.status.success(),
-            "adduser {name}: {}",
+            "adduser {email}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let email = format!("{name}@{}", self.domain);
         Account {
             name: name.clone(),
             email: email.clone(),

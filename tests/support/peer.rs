@@ -188,6 +188,29 @@ impl Peer {
             })
             .collect()
     }
+
+    /// A received mail whole, as its server keeps it (RFC 5322 bytes), read over JMAP.
+    pub async fn raw_mail(&self, email_id: &str) -> Vec<u8> {
+        use aamp_bridge::mailbox::aamp::jmap::{download_url, BlobRef, JmapClient};
+        let mut client = JmapClient::new(&self.account).unwrap();
+        client.connect().await.unwrap();
+        let reply = client
+            .call(
+                "Email/get",
+                serde_json::json!({"ids": [email_id], "properties": ["blobId"]}),
+            )
+            .await
+            .unwrap();
+        let blob = BlobRef {
+            blob_id: reply["list"][0]["blobId"].as_str().unwrap().to_string(),
+            name: Some("mail.eml".into()),
+            content_type: "message/rfc822".into(),
+            size: 0,
+        };
+        let session = client.session().unwrap();
+        let url = download_url(&session.download_url, &session.account_id, &blob);
+        client.download(&url, 10 << 20).await.unwrap()
+    }
 }
 
 /// For long runs with outages (tests/soak.rs): a send and a poll that report a failure
