@@ -193,13 +193,14 @@ impl Sender {
         super::claims::renew(&jmap, email_id, &replica.name, replica.lease).await
     }
 
-    /// Marks a claimed dispatch answered.
-    pub async fn finish_claim(&self, email_id: &str) -> Result<(), MailboxError> {
-        if self.account.replica.is_none() {
-            return Ok(());
-        }
+    /// Marks a claimed dispatch answered, while this replica holds its claim; `Ok(false)`
+    /// when another replica took it over (see [`super::claims::finish`]).
+    pub async fn finish_claim(&self, email_id: &str) -> Result<bool, MailboxError> {
+        let Some(replica) = &self.account.replica else {
+            return Ok(true);
+        };
         let jmap = connect(&self.leases).await?;
-        super::claims::finish(&jmap, email_id).await
+        super::claims::finish(&jmap, email_id, &replica.name).await
     }
 
     /// Downloads an inbound attachment (at most `max` bytes).
