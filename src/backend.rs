@@ -99,10 +99,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(true)
     }
 
-    /// Marks a claimed task answered: nobody takes it over.
-    async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
+    /// Marks a claimed task answered, so nobody takes it over: only while this bridge holds
+    /// its claim. `Ok(false)`, nothing marked, when another bridge holds it now (it took the
+    /// task over after this one's lease ran out, and answers it).
+    async fn claim_done(&self, email_id: &str) -> Result<bool, BackendError> {
         let _ = email_id;
-        Ok(())
+        Ok(true)
     }
 }
 

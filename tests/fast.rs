@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 mod support;
 
-use support::{Claims, Downloads, FakeBackend};
+use support::{Board, Claims, Downloads, FakeBackend, OnBoard};
 
 const AGENT: &str = "agent@example.test";
 const BOSS: &str = "boss@example.test";
@@ -65,10 +65,10 @@ impl Rig {
         )
         .unwrap();
         // A back-end that claims serves one of several replicas.
-        let replica = if outbox.claims.is_some() || outbox.wins {
-            "replica = \"r1\"\n"
-        } else {
-            ""
+        let replica = match &outbox.replica {
+            Some(on) => format!("replica = \"{}\"\n", on.name),
+            None if outbox.claims.is_some() || outbox.wins => "replica = \"r1\"\n".into(),
+            None => String::new(),
         };
         // Port 9 (discard): nothing here talks to a mail server.
         let text = format!(
@@ -79,7 +79,12 @@ impl Rig {
         let config = LoadedConfig::from_text(&path, &text).unwrap();
         std::fs::create_dir_all(&config.state_dir).unwrap();
         let agents = config.agents(&[]).unwrap();
-        let spec = aamp_bridge::daemon::agent_spec(&config, &agents[0]).unwrap();
+        let mut spec = aamp_bridge::daemon::agent_spec(&config, &agents[0]).unwrap();
+        if let (Some(replica), Some(_)) = (spec.replica.as_mut(), &outbox.replica) {
+            // On a board of claims, whose leases run out when the test says: renewed often,
+            // so a renewal that finds the claim another's comes at once.
+            replica.lease = Duration::from_millis(150);
+        }
         let journal = Arc::new(Journal::open(&config.state_dir.join("journal.sqlite3")).unwrap());
         let settings = Settings {
             retry_for: Duration::from_secs(86_400),
@@ -687,6 +692,99 @@ async fn a_done_mark_the_server_could_not_take_is_tried_until_it_goes_through() 
         .await;
     assert_eq!(rig.outbox.fail_done.load(Ordering::SeqCst), 0);
     rig.shut().await;
+}
+
+/// An agent that runs until the file `gate` exists (a task of any length, ended by the test).
+fn gated(gate: &std::path::Path) -> String {
+    format!(
+        "command = \"sh\"\nargs = [\"-c\", \"while [ ! -e '{}' ]; do sleep 0.02; done; echo done\"]\ntimeout_secs = 3600\n",
+        gate.display()
+    )
+}
+
+/// The suite's find on a machine at a load of 16: a replica starved of CPU renewed its claim
+/// late, the lease ran out, and another replica took the task over (acknowledging it again,
+/// under the same Message-ID) and ran it. The first replica's run then ended, and it marked
+/// the task done on the server over the new holder's claim: its own answer was not sent (the
+/// claim was another's), and the holder, finding the task done at its next renewal, stopped
+/// its run as taken over. Two acks, no result. A replica now marks a task done only while it
+/// holds the claim, so the holder answers, once, and the first keeps the task as another's.
+#[tokio::test]
+async fn a_task_taken_over_from_a_starved_replica_is_answered_once_by_its_new_holder() {
+    let gates = tempfile::tempdir().unwrap();
+    let gate = |n: u8| gates.path().join(format!("go{n}"));
+    let board = Board::default();
+    let (on1, on2) = (OnBoard::new(&board, "r1"), OnBoard::new(&board, "r2"));
+    // r1 is starved: its renewals do not reach the server.
+    on1.renewing.send_replace(false);
+    let rig = |on: &OnBoard, n: u8| {
+        Rig::in_dir(
+            tempfile::tempdir().unwrap(),
+            "profile = \"gated.toml\"",
+            &[("gated.toml", &gated(&gate(n)))],
+            FakeBackend {
+                replica: Some(on.clone()),
+                ..FakeBackend::default()
+            },
+        )
+    };
+    let (r1, r2) = (rig(&on1, 1), rig(&on2, 2));
+    let acked = |s: &[AampMessage]| s.iter().any(|m| m.intent() == Intent::TaskAck);
+    let task = r1.dispatch(BOSS, "Long", "taken over while it runs");
+    r1.deliver(&task);
+    r1.outbox.until("r1's ack", acked).await;
+    // Its lease runs out; the takeover scan hands the mail to r2, which takes it over.
+    board.expire("M0");
+    r2.deliver(&task);
+    r2.outbox.until("r2's ack", acked).await;
+    assert_eq!(board.held("M0").unwrap().by, "r2");
+    // r1's run ends: its answer meets the claim r2 holds (its done mark, and its outbox's
+    // claim before it sends).
+    std::fs::write(gate(1), "").unwrap();
+    let (marks, claims) = (r1.outbox.done_marks.clone(), on1.claims.clone());
+    r1.outbox
+        .until("r1's done mark and its outbox's claim", |_| {
+            marks.load(Ordering::SeqCst) >= 1 && claims.load(Ordering::SeqCst) >= 2
+        })
+        .await;
+    let held = board.held("M0").unwrap();
+    assert!(
+        held.by == "r2" && !held.done,
+        "r1 marked done the claim r2 holds: {held:?}"
+    );
+    // r2 renews after that, and finishes its run.
+    let (renewals, before) = (on2.renewals.clone(), on2.renewals.load(Ordering::SeqCst));
+    r2.outbox
+        .until("a renewal of r2's claim", |_| {
+            renewals.load(Ordering::SeqCst) > before
+        })
+        .await;
+    std::fs::write(gate(2), "").unwrap();
+    let result = r2.outbox.result(task.task_id()).await;
+    assert_eq!(result.status, Status::Completed);
+    let held = board.held("M0").unwrap();
+    assert!(held.by == "r2" && held.done, "{held:?}");
+    let ((dir1, first), (_, second)) = (r1.shut().await, r2.shut().await);
+    assert_eq!(first.intents(task.task_id()), vec![Intent::TaskAck]);
+    assert_eq!(
+        second.intents(task.task_id()),
+        vec![Intent::TaskAck, Intent::TaskResult]
+    );
+    assert_eq!(
+        first.sent()[0].envelope.message_id,
+        second.sent()[0].envelope.message_id,
+        "the takeover's ack is the first ack again"
+    );
+    // r1 keeps the task as r2's: a takeover scan that finds r2's claim run out brings it back.
+    let journal = Journal::open(&dir1.path().join("state/journal.sqlite3")).unwrap();
+    let kept = journal
+        .tasks(
+            Some("agent"),
+            Some(aamp_bridge::dispatch::TaskState::Elsewhere),
+            10,
+        )
+        .unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
 }
 
 /// The soak's other find: a task answered here whose done mark never reached the server came

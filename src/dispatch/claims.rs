@@ -117,6 +117,13 @@ impl<B: Backend> Claims<B> {
     /// again with backoff, and the lease renewed meanwhile, for as long as the bridge runs:
     /// given up after one try, the mark was lost, the lease ran out, and another replica ran
     /// the answered task again (the soak saw it after a mail-host restart).
+    ///
+    /// Only while this replica holds the claim: one starved past its lease (its renewals
+    /// late) may finish its run after another replica took the task over. Marked done then,
+    /// the task was lost: this replica's answer is not sent (the outbox finds the claim
+    /// another's), and the holder, finding it done at its next renewal, stopped its run as
+    /// taken over, unanswered. The holder answers instead; the answer recorded here stays
+    /// unsent unless the claim comes back to this replica (see [`super::Outbox`]).
     pub(super) async fn mark_done(&self, task: &Task, replica: &ReplicaSpec) {
         let inner = &self.common;
         let email_id = &task.extras.email_id;
@@ -125,10 +132,17 @@ impl<B: Backend> Claims<B> {
         let mut renewed = tokio::time::Instant::now();
         loop {
             let e = match inner.backend.claim_done(email_id).await {
-                Ok(()) => {
+                Ok(true) => {
                     if said {
                         tracing::info!("the task is marked answered on the server");
                     }
+                    return;
+                }
+                Ok(false) => {
+                    let why = "another replica took the task over while it ran here (this one's lease ran out); that replica answers it";
+                    tracing::warn!("{why}; not marked answered here");
+                    self.common
+                        .note(task.row, "taken over before its answer left", Some(why));
                     return;
                 }
                 Err(e) => e,

@@ -449,7 +449,13 @@ impl<B: Backend> Outbox<B> {
                         by.unwrap_or_else(|| "another replica".to_string()),
                     ));
                 }
-                _ => backend.claim_done(email_id).await?,
+                _ => {
+                    // Marked only while this replica holds the claim: a takeover made since
+                    // the claim above leaves the answer to its new holder.
+                    if !backend.claim_done(email_id).await? {
+                        return Ok(Sent::Elsewhere("another replica".to_string()));
+                    }
+                }
             }
         }
         backend.submit(&mail.mail).await?;

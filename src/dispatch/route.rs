@@ -220,8 +220,12 @@ impl<B: Backend> Engine<B> {
                 let email_id = inbound.email_id.clone();
                 self.common.tracker.spawn(
                     async move {
-                        if let Err(e) = this.common.backend.claim_done(&email_id).await {
-                            tracing::warn!(error = %e, "could not mark the task answered on the server; the next scan tries again");
+                        match this.common.backend.claim_done(&email_id).await {
+                            Ok(true) => {}
+                            // Taken over before this replica's answer left: the outbox finds
+                            // the claim another's and leaves the answer to it.
+                            Ok(false) => tracing::info!("another replica holds the task's claim now; it answers it"),
+                            Err(e) => tracing::warn!(error = %e, "could not mark the task answered on the server; the next scan tries again"),
                         }
                     }
                     .instrument(span.clone()),

@@ -227,7 +227,7 @@ impl Backend for Outlet {
         self.0.renew_claim(email_id).await
     }
 
-    async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
+    async fn claim_done(&self, email_id: &str) -> Result<bool, BackendError> {
         self.0.claim_done(email_id).await
     }
 }

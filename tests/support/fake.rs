@@ -32,6 +32,110 @@ pub struct FakeBackend {
     /// asked for is counted in `done_marks`.
     pub fail_done: Arc<AtomicUsize>,
     pub done_marks: Arc<AtomicUsize>,
+    /// This bridge is replica `name` among several on one [`Board`] of claims, which its
+    /// claims, renewals and done marks read and change as the mail server's keywords would.
+    pub replica: Option<OnBoard>,
+}
+
+/// The claims on one mailbox's mails as the mail server keeps them, shared by the fake
+/// back-ends of several replicas: who holds each mail's claim, whether its lease ran out (the
+/// test says when: no clock), and whether it was answered.
+#[derive(Clone, Default)]
+pub struct Board(Arc<Mutex<std::collections::HashMap<String, Held>>>);
+
+/// One mail's claim on a [`Board`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub by: String,
+    pub live: bool,
+    pub done: bool,
+}
+
+impl Board {
+    pub fn held(&self, email_id: &str) -> Option<Held> {
+        self.0.lock().unwrap().get(email_id).cloned()
+    }
+
+    /// The claim's lease ran out (its holder did not renew it in time).
+    pub fn expire(&self, email_id: &str) {
+        if let Some(h) = self.0.lock().unwrap().get_mut(email_id) {
+            h.live = false;
+        }
+    }
+}
+
+/// A replica's place on a [`Board`]: its name, and its renewals, which wait while `renewing`
+/// is false (a replica starved of CPU, its renewals late), counted once they reach the board.
+#[derive(Clone)]
+pub struct OnBoard {
+    pub board: Board,
+    pub name: String,
+    pub renewing: tokio::sync::watch::Sender<bool>,
+    pub renewals: Arc<AtomicUsize>,
+    pub claims: Arc<AtomicUsize>,
+}
+
+impl OnBoard {
+    pub fn new(board: &Board, name: &str) -> OnBoard {
+        OnBoard {
+            board: board.clone(),
+            name: name.to_string(),
+            renewing: tokio::sync::watch::channel(true).0,
+            renewals: Arc::default(),
+            claims: Arc::default(),
+        }
+    }
+
+    /// As [`aamp_bridge::mailbox::aamp::claims::claim`] decides.
+    fn claim(&self, email_id: &str) -> ClaimOutcome {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        let mut all = self.board.0.lock().unwrap();
+        let me = self.name.clone();
+        let held = all.entry(email_id.to_string()).or_insert(Held {
+            by: me.clone(),
+            live: false,
+            done: false,
+        });
+        if held.done || (held.live && held.by != me) {
+            return ClaimOutcome::Lost {
+                by: Some(held.by.clone()),
+            };
+        }
+        let from = std::mem::replace(&mut held.by, me.clone());
+        held.live = true;
+        match from == me {
+            true => ClaimOutcome::Won,
+            false => ClaimOutcome::TakenOver { from },
+        }
+    }
+
+    /// As [`aamp_bridge::mailbox::aamp::claims::renew`] decides, once renewals go through.
+    async fn renew(&self, email_id: &str) -> bool {
+        let _ = self.renewing.subscribe().wait_for(|on| *on).await;
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        let mut all = self.board.0.lock().unwrap();
+        match all.get_mut(email_id) {
+            Some(h) if h.by == self.name && !h.done => {
+                h.live = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// As [`aamp_bridge::mailbox::aamp::claims::finish`] decides: marked only while this
+    /// replica holds the claim.
+    fn done(&self, email_id: &str) -> bool {
+        let mut all = self.board.0.lock().unwrap();
+        match all.get_mut(email_id) {
+            Some(h) if h.by != self.name => false,
+            Some(h) => {
+                h.done = true;
+                true
+            }
+            None => true,
+        }
+    }
 }
 
 /// Claims held at a gate, counted: made, dropped before the gate opened (the caller gave up
@@ -138,7 +242,7 @@ impl Backend for FakeBackend {
 
     async fn close_stream(&self, _: &str, _: serde_json::Value) {}
 
-    async fn claim_done(&self, _: &str) -> Result<(), BackendError> {
+    async fn claim_done(&self, email_id: &str) -> Result<bool, BackendError> {
         self.done_marks.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
         if take_one(&self.fail_done) {
@@ -147,10 +251,24 @@ impl Backend for FakeBackend {
                 "the mail server cannot be reached",
             ));
         }
-        Ok(())
+        Ok(self.replica.as_ref().is_none_or(|r| r.done(email_id)))
     }
 
-    async fn claim(&self, _: &str) -> Result<ClaimOutcome, BackendError> {
+    async fn renew_claim(&self, email_id: &str) -> Result<bool, BackendError> {
+        let Some(replica) = &self.replica else {
+            return Ok(true);
+        };
+        let renewed = replica.renew(email_id).await;
+        self.changed.notify_waiters();
+        Ok(renewed)
+    }
+
+    async fn claim(&self, email_id: &str) -> Result<ClaimOutcome, BackendError> {
+        if let Some(replica) = &self.replica {
+            let outcome = replica.claim(email_id);
+            self.changed.notify_waiters();
+            return Ok(outcome);
+        }
         if self.wins {
             if take_one(&self.refuse_claims) {
                 return Err(BackendError::new(

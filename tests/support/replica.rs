@@ -72,12 +72,73 @@ pub async fn wait_results(peer: &mut Peer, tasks: &[String], within: Duration) {
     }
 }
 
+/// [`wait_results`], and when a result does not come, a failure that says what each replica
+/// did with the tasks left unanswered: its log lines that name them and its journal's
+/// `task show` for each (`replicas` are each replica's config folder and bridge).
+pub async fn wait_results_explained(
+    peer: &mut Peer,
+    tasks: &[String],
+    within: Duration,
+    replicas: &[(&ConfigDir, &Bridge)],
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let _ = peer.poll().await;
+        let missing: Vec<&String> = tasks
+            .iter()
+            .filter(|t| !peer.intents_for(t).contains(&Intent::TaskResult))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{} of {} tasks got no task.result within {within:?}:\n{}",
+                missing.len(),
+                tasks.len(),
+                explain(peer, &missing, replicas)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the peer got for each of `missing`, and what each replica's log and journal say of it.
+fn explain(peer: &Peer, missing: &[&String], replicas: &[(&ConfigDir, &Bridge)]) -> String {
+    let mut out = String::new();
+    for task in missing {
+        out.push_str(&format!(
+            "== {task}: the peer got {:?}\n",
+            peer.intents_for(task)
+        ));
+        for (i, (dir, bridge)) in replicas.iter().enumerate() {
+            out.push_str(&format!("-- replica {i}'s log lines naming it:\n"));
+            for line in bridge.log().lines().filter(|l| l.contains(task.as_str())) {
+                out.push_str(line);
+                out.push('\n');
+            }
+            out.push_str(&format!("-- replica {i}'s journal:\n"));
+            out.push_str(&dir.run(&["task", "show", task]));
+        }
+    }
+    out
+}
+
 /// Asserts each task was acknowledged once and answered once; `context` is said on failure.
+/// An ack counts once per Message-ID: a replica that takes a task over acknowledges it again
+/// with the first ack's Message-ID (derived from the dispatch), so it is the same mail again,
+/// which a dispatcher drops as it drops any mail seen twice. A result counts once per mail.
 pub fn assert_answered_once(peer: &Peer, tasks: &[String], context: &str) {
     for task in tasks {
         let intents = peer.intents_for(task);
         let count = |i: Intent| intents.iter().filter(|x| **x == i).count();
-        assert_eq!(count(Intent::TaskAck), 1, "{task}: {intents:?}{context}");
+        let acks: std::collections::HashSet<&str> = peer
+            .inbox
+            .iter()
+            .filter(|m| m.message.task_id() == task && m.message.intent() == Intent::TaskAck)
+            .map(|m| m.message.envelope.message_id.as_str())
+            .collect();
+        assert_eq!(acks.len(), 1, "{task}: {intents:?}, acks {acks:?}{context}");
         assert_eq!(count(Intent::TaskResult), 1, "{task}: {intents:?}{context}");
     }
 }

@@ -137,12 +137,22 @@ impl Journal {
     }
 
     /// Another replica won the claim this mail waited on, and answers in its place: the
-    /// mail is not sent (its row goes; the task's timeline says why).
+    /// mail is not sent (its row goes; the task's timeline says why). A task's result left
+    /// so (another replica took the task over while it ran here) makes the task a record of
+    /// who holds it ([`super::TaskState::Elsewhere`]), not answered: if that replica stops
+    /// before it answers, a takeover scan brings the task back here, to be claimed again.
     pub fn answered_elsewhere(&self, pending: &Pending, by: &str) -> Result<(), JournalError> {
         let now = now_ms();
         self.with(|c| {
             let tx = c.transaction()?;
             tx.execute("DELETE FROM outbox WHERE id = ?1", params![pending.id])?;
+            if let (Some(task), "task.result") = (pending.task, pending.mail.intent.as_str()) {
+                tx.execute(
+                    "UPDATE tasks SET state = 'elsewhere', reason = ?2, updated_at = ?3
+                     WHERE id = ?1 AND admitted = 1 AND state IN ('answered', 'rejected', 'cancelled')",
+                    params![task, format!("taken over by {by}"), now],
+                )?;
+            }
             if let Some(task) = pending.task {
                 tx.execute(
                     "INSERT INTO timeline (task, at, what, detail) VALUES (?1, ?2, ?3, ?4)",

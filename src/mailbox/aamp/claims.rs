@@ -256,13 +256,7 @@ pub async fn claim(
         // Another change came first; a short, growing pause spreads the replicas out.
         tokio::time::sleep(Duration::from_millis(5 * (attempt as u64 % 8 + 1))).await;
     }
-    Err(MailboxError::Method {
-        method: "Email/set".into(),
-        kind: "stateMismatch".into(),
-        description: Some(format!(
-            "the mailbox kept changing over {ATTEMPTS} attempts to claim a mail"
-        )),
-    })
+    Err(kept_changing("claim a mail"))
 }
 
 /// How to find the other copies of a mail's dispatch in its mailbox: the same Message-ID, or
@@ -439,24 +433,50 @@ pub async fn renew(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok(true)
+    // Not renewed: said so (the caller tries again at its next renewal), where this once
+    // answered that it was, and the lease aged unseen.
+    Err(kept_changing("renew a claim"))
 }
 
-/// Marks the task answered: nobody takes it over.
-pub async fn finish(jmap: &JmapClient, email_id: &str) -> Result<(), MailboxError> {
-    let set = jmap
-        .call(
-            "Email/set",
-            json!({ "update": { email_id: { format!("keywords/{DONE}"): true } } }),
-        )
-        .await?;
-    match set["notUpdated"].get(email_id) {
-        Some(why) => Err(MailboxError::Refused {
-            what: "the claim's done mark".into(),
-            kind: why["type"].as_str().unwrap_or("notUpdated").to_string(),
-            description: why["description"].as_str().map(str::to_string),
-        }),
-        None => Ok(()),
+/// Marks the task answered, so nobody takes it over: only while `replica` holds its claim
+/// (its lease may have run out, as long as nobody took it over), and only if nothing changed
+/// since the claim was read (`ifInState`, as a claim is set), so a takeover made meanwhile is
+/// never marked done under its new holder. `Ok(false)` when another replica holds the claim
+/// now (it took the task over and answers it), or answered it; `Ok(true)` when it is marked,
+/// or was already marked by this replica (or the mail is gone: nothing to take over).
+pub async fn finish(
+    jmap: &JmapClient,
+    email_id: &str,
+    replica: &str,
+) -> Result<bool, MailboxError> {
+    for attempt in 0..ATTEMPTS {
+        let Some((held, state)) = read(jmap, email_id).await? else {
+            return Ok(true);
+        };
+        if held.by.as_deref().is_some_and(|by| by != replica) {
+            return Ok(false);
+        }
+        if held.done {
+            return Ok(true);
+        }
+        let change = json!({ format!("keywords/{DONE}"): true });
+        if set_if(jmap, &state, email_id, change).await? {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(5 * (attempt as u64 % 8 + 1))).await;
+    }
+    Err(kept_changing("mark a claim done"))
+}
+
+/// The mailbox changed under every one of [`ATTEMPTS`] conditional changes (a transient
+/// error: asked again later).
+fn kept_changing(what: &str) -> MailboxError {
+    MailboxError::Method {
+        method: "Email/set".into(),
+        kind: "stateMismatch".into(),
+        description: Some(format!(
+            "the mailbox kept changing over {ATTEMPTS} attempts to {what}"
+        )),
     }
 }
 

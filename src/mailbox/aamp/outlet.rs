@@ -91,7 +91,7 @@ impl Backend for Sender {
         Ok(self.renew(email_id).await?)
     }
 
-    async fn claim_done(&self, email_id: &str) -> Result<(), BackendError> {
+    async fn claim_done(&self, email_id: &str) -> Result<bool, BackendError> {
         Ok(self.finish_claim(email_id).await?)
     }
 }

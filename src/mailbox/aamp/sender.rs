@@ -15,10 +15,15 @@ pub struct Sender {
     smtp: SmtpSender,
     /// A JMAP connection of its own, for downloads and Sent copies (the intake owns the other).
     jmap: tokio::sync::Mutex<JmapClient>,
-    /// With `replica`: a JMAP connection for renewing and finishing claims only, so a renewal
-    /// never waits behind claims (which hold their connection through their retries) and a
-    /// lease does not run out while its task runs because other tasks were being claimed.
+    /// With `replica`: a JMAP connection for renewing claims only, so a renewal never waits
+    /// behind claims (which hold their connection through their retries) and a lease does
+    /// not run out while its task runs because other tasks were being claimed.
     leases: tokio::sync::Mutex<JmapClient>,
+    /// With `replica`: a JMAP connection for done marks only, so an answered task's mark does
+    /// not wait behind every running task's renewal: on a starved machine (renewals queued for
+    /// seconds) it came after the lease had run out and another replica had taken the
+    /// answered task over, to run it again.
+    marks: tokio::sync::Mutex<JmapClient>,
     save_sent: bool,
     sent_mailbox: tokio::sync::Mutex<Option<String>>,
     account: Account,
@@ -122,6 +127,7 @@ impl Sender {
             smtp: SmtpSender::new(account)?,
             jmap: tokio::sync::Mutex::new(JmapClient::new(account)?),
             leases: tokio::sync::Mutex::new(JmapClient::new(account)?),
+            marks: tokio::sync::Mutex::new(JmapClient::new(account)?),
             save_sent: account.save_sent,
             sent_mailbox: tokio::sync::Mutex::new(None),
             account: account.clone(),
@@ -193,13 +199,14 @@ impl Sender {
         super::claims::renew(&jmap, email_id, &replica.name, replica.lease).await
     }
 
-    /// Marks a claimed dispatch answered.
-    pub async fn finish_claim(&self, email_id: &str) -> Result<(), MailboxError> {
-        if self.account.replica.is_none() {
-            return Ok(());
-        }
-        let jmap = connect(&self.leases).await?;
-        super::claims::finish(&jmap, email_id).await
+    /// Marks a claimed dispatch answered, while this replica holds its claim; `Ok(false)`
+    /// when another replica took it over (see [`super::claims::finish`]).
+    pub async fn finish_claim(&self, email_id: &str) -> Result<bool, MailboxError> {
+        let Some(replica) = &self.account.replica else {
+            return Ok(true);
+        };
+        let jmap = connect(&self.marks).await?;
+        super::claims::finish(&jmap, email_id, &replica.name).await
     }
 
     /// Downloads an inbound attachment (at most `max` bytes).
