@@ -29,8 +29,9 @@
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates, RFC 5322
 //!   rendering/reading (with attachments), timestamps, delivery status notifications
 //!   (`protocol::dsn`), the unit of accounting (`protocol::Usage`) and what a result says a task
-//!   cost (`protocol::usage_wire`: the `X-AAMP-Usage` header, its JSON and its line). It names no
-//!   other module.
+//!   cost (`protocol::usage_wire`: the `X-AAMP-Usage` header, its JSON and its line), and the
+//!   delegation chain a dispatch carries (`protocol::chain`: its id, members, deadline, token
+//!   budget and W3C trace context, in `X-AAMP-*` headers). It names no other module.
 //! - [`config`]: the config file (read, and written back by `config::render`) and the value types
 //!   it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per mailbox system,
 //!   holding only its keys and the few every mailbox has, read by `kind`; the kinds are listed

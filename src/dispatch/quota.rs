@@ -333,6 +333,7 @@ mod tests {
                 admitted: true,
                 mail: "{}",
                 reason: None,
+                chain: None,
             };
             assert_eq!(journal.record(&task, None).unwrap(), Some(n));
         }

@@ -163,6 +163,7 @@ impl<B: Backend> Engine<B> {
                 admitted: false,
                 mail: &json!({"reply": {"from": reply.from, "messageId": reply.message_id, "text": reply.text}}).to_string(),
                 reason: Some("a plain reply to a question"),
+                chain: None,
             },
             None,
         )?;
@@ -460,6 +461,7 @@ impl<B: Backend> Engine<B> {
         } else {
             &arrival.summary
         };
+        let chain = journal::TaskChain::of(dispatch).map(|c| c.to_json());
         self.common.journal.record(
             &journal::NewTask {
                 agent: &self.common.spec().name,
@@ -471,6 +473,7 @@ impl<B: Backend> Engine<B> {
                 admitted,
                 mail,
                 reason,
+                chain: chain.as_deref(),
             },
             reply,
         )
@@ -498,6 +501,7 @@ impl<B: Backend> Engine<B> {
                 admitted: false,
                 mail: &inbound.to_json(),
                 reason: Some(reason),
+                chain: None,
             },
             reply,
         )

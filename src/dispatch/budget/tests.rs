@@ -195,6 +195,7 @@ fn spent_is_read_from_the_journal_per_scope_and_period() {
             admitted: true,
             mail: "{}",
             reason: None,
+            chain: None,
         };
         journal.record(&new, None).unwrap().unwrap()
     };

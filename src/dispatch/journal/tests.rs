@@ -163,6 +163,7 @@ fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {
         admitted,
         mail: "{}",
         reason: None,
+        chain: None,
     }
 }
 
@@ -530,4 +531,42 @@ async fn the_journal_is_pruned_every_hour_while_the_bridge_runs() {
     }
     stop.cancel();
     keeper.await.unwrap();
+}
+
+#[test]
+fn a_tasks_delegation_chain_is_kept_and_its_chain_listed() {
+    let (_dir, journal) = fresh();
+    let kept = super::TaskChain {
+        parent_task_id: Some("t-parent".into()),
+        hops: Some(1),
+        chain: crate::protocol::Chain {
+            id: Some("c-7".into()),
+            members: vec!["planner@x.test".into()],
+            budget_tokens: Some(500),
+            ..Default::default()
+        },
+    };
+    let json = kept.to_json();
+    let child = journal
+        .record(
+            &NewTask {
+                chain: Some(&json),
+                ..task("<m1>", "t-child", true)
+            },
+            None,
+        )
+        .unwrap()
+        .unwrap();
+    let plain = journal
+        .record(&task("<m2>", "t-plain", true), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(journal.task_chain(child).unwrap(), Some(kept.clone()));
+    assert_eq!(journal.task_chain(plain).unwrap(), None);
+    let listed = journal.chain_tasks("c-7").unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].row, listed[0].task_id.as_str(), &listed[0].chain),
+        (child, "t-child", &kept)
+    );
 }

@@ -254,6 +254,7 @@ mod tests {
             admitted: true,
             mail: "{}",
             reason: None,
+            chain: None,
         };
         j.record(&new, None).unwrap().unwrap()
     }
