@@ -92,7 +92,9 @@
 //!   (one of several bridges runs a task only once it won its claim, through [`backend::Backend`]),
 //!   each conversation's turns (given as text to an agent that lost its session), questions to the
 //!   dispatcher, the prompt, and what a result carries (`dispatch::results`: fields and files from
-//!   the workspace only). Pure where it can be ([`dispatch::admit`], [`config::policy`],
+//!   the workspace only), and delegations (`dispatch::delegations`: a running task's sub-tasks
+//!   sent by mail from its agent's mailbox, journaled before they leave, their answers taken
+//!   once; the grants binding the tools to the one task that runs). Pure where it can be ([`dispatch::admit`], [`config::policy`],
 //!   [`dispatch::results::extract`]); answers leave as rendered bytes through [`backend::Backend`].
 //!   One agent's [`dispatch::Engine`] keeps the task's path (routing, the runs, the lifecycle's
 //!   five steps, recovery, pairing); its long-lived parts are types of their own, each in its file
@@ -111,6 +113,11 @@
 //!   `mailbox::Outlet` that `mailbox::open` gave (no arm per kind of mailbox); stop, abort and
 //!   reload from its caller (`daemon::Controls`; the binary ties them to signals); the owner-only
 //!   control socket `status` asks.
+//! - [`delegate`]: the MCP server the bridge gives each agent it runs: `delegate::stdio` (the
+//!   `aamp-bridge mcp` command, on the official SDK `rmcp`) relays each tool call over the
+//!   state directory's socket to `delegate::relay` in the daemon, which checks the task's
+//!   credential and that the caller is one of the task's processes, and hands the call to the
+//!   agent's engine (`dispatch::delegations`). A shell: the daemon and `cli` start it.
 //! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (printing that a closed stdout or
 //!   stderr never turns into a panic, `output`, which `cli` and `wizard` share; the commands;
 //!   `init`, its answers and `import`, turned into a config by `wizard::apply`, and the
@@ -122,6 +129,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod delegate;
 pub mod dispatch;
 pub mod error;
 pub mod events;

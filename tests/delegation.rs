@@ -5,6 +5,7 @@
 
 mod support;
 
+use aamp_bridge::config::Account;
 use aamp_bridge::protocol::chain::Traceparent;
 use aamp_bridge::protocol::{AampMessage, Body, Chain, Intent, Status};
 use support::{mailhost, Bridge, ConfigDir, Peer};
@@ -121,4 +122,190 @@ async fn a_chain_past_its_hop_limit_deadline_or_budget_or_looping_back_is_reject
     assert_eq!(ran.chain.parent_task_id.as_deref(), Some("parent-task"));
     assert_eq!(ran.chain.hops, Some(4));
     assert_eq!(ran.chain.chain, good);
+}
+
+/// The planner runs `tests/agents/delegating_agent.py`, which uses the bridge's MCP server the
+/// way an agent does; the coder is the echo agent on the same bridge.
+fn planner_and_coder(
+    host: &support::MailHost,
+    planner: &Account,
+    coder: &Account,
+    boss: &str,
+    coder_extra: &str,
+) -> (ConfigDir, std::path::PathBuf) {
+    let script = format!(
+        "{}/tests/agents/delegating_agent.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = support::Toml::new()
+        .host_mailbox(host, "planner", planner, "")
+        .host_mailbox(host, "coder", coder, "")
+        .agent(
+            "planner",
+            "delegating.toml",
+            &[boss],
+            &format!("delegate_to = [{:?}]", coder.email),
+        )
+        .agent("coder", "echo", &[&planner.email], coder_extra)
+        .text();
+    let dir = ConfigDir::new(host, &text);
+    let token_file = dir.dir.path().join("token");
+    dir.write(
+        "delegating.toml",
+        &format!(
+            "command = \"python3\"\nargs = [{script:?}, {:?}, {:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 200\n",
+            support::bin(),
+            coder.email,
+            token_file.to_str().unwrap()
+        ),
+    );
+    (dir, token_file)
+}
+
+fn output_json(msg: &aamp_bridge::mailbox::Inbound) -> serde_json::Value {
+    let (status, error, output) = answer(msg);
+    assert_eq!(status, Status::Completed, "{error}");
+    serde_json::from_str(output.trim()).unwrap_or_else(|e| panic!("{e}: {output}"))
+}
+
+fn tool_answer(v: &serde_json::Value) -> serde_json::Value {
+    assert_eq!(v["error"], false, "{v}");
+    serde_json::from_str(v["text"].as_str().unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_delegates_through_its_mcp_server_and_gets_the_childs_answer() {
+    let Some(host) = mailhost() else { return };
+    let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
+    let (dir, token_file) = planner_and_coder(host, &planner, &coder, &boss.email, "max_hops = 5");
+    let mut peer = Peer::new(boss.clone()).await;
+    let bridge = Bridge::start(&dir, 2);
+
+    let task = peer
+        .send(peer.dispatch_to(&planner.email, "Plan", "write the plan"))
+        .await;
+    let out = output_json(&peer.wait_for(task.task_id(), Intent::TaskResult).await);
+    assert_eq!(
+        out["tools"],
+        serde_json::json!([
+            "list_agents",
+            "delegate",
+            "delegate_status",
+            "delegate_cancel"
+        ])
+    );
+    let agents = tool_answer(&out["agents"]);
+    assert_eq!(agents["agents"][0]["address"], coder.email.as_str());
+    let child = tool_answer(&out["answer"]);
+    assert_eq!(child["state"], "completed", "{child}");
+    assert!(
+        child["answer"].as_str().unwrap().contains("child work:"),
+        "the coder's answer comes back: {child}"
+    );
+    assert_eq!(out["nobody"]["error"], true);
+    assert!(
+        out["nobody"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("may not delegate to nobody@nowhere.test"),
+        "{}",
+        out["nobody"]
+    );
+    // A process that is not the task's own cannot use its credential.
+    assert_eq!(out["foreign"]["error"], true);
+    assert!(
+        out["foreign"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("not one of the task's own"),
+        "{}",
+        out["foreign"]
+    );
+    // Once the task ended, its credential is refused.
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert_eq!(token.len(), 64);
+    let socket = dir.dir.path().join("state/delegate.sock");
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(
+            format!("{{\"token\":{token:?},\"tool\":\"list_agents\",\"args\":{{}}}}\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.contains("the task ended"), "{reply}");
+
+    // The child is the coder's task, one hop on, in a chain that names the planner.
+    assert!(bridge.stop().success());
+    let journal =
+        aamp_bridge::dispatch::Journal::open(&dir.dir.path().join("state/journal.sqlite3"))
+            .unwrap();
+    let child_id = child["task_id"].as_str().unwrap();
+    let delegation = journal.delegation("planner", child_id).unwrap().unwrap();
+    assert_eq!(delegation.state, "completed");
+    let (row, _) = journal
+        .admitted_task("coder", &planner.email, child_id)
+        .unwrap()
+        .expect("the coder's task is journaled");
+    let kept = journal.task_chain(row).unwrap().expect("with its chain");
+    assert_eq!(kept.parent_task_id.as_deref(), Some(task.task_id()));
+    assert_eq!(kept.hops, Some(1));
+    assert_eq!(kept.chain.members, vec![planner.email.to_ascii_lowercase()]);
+    assert!(kept.chain.id.is_some() && kept.chain.deadline.is_some());
+    assert!(kept.chain.traceparent.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegation_past_the_hop_limit_or_back_into_its_chain_is_answered_rejected() {
+    let Some(host) = mailhost() else { return };
+    let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
+    let (dir, _) = planner_and_coder(host, &planner, &coder, &boss.email, "max_hops = 5");
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+    // The planner's task is four hops deep: its child would be the fifth.
+    let deep = peer
+        .send(chained(
+            &peer,
+            &planner.email,
+            "deep",
+            Some(4),
+            Chain::default(),
+        ))
+        .await;
+    // The planner's task came through the coder already: the child would loop back.
+    let looped = peer
+        .send(chained(
+            &peer,
+            &planner.email,
+            "looped",
+            Some(1),
+            Chain {
+                id: Some("loop-1".into()),
+                members: vec![coder.email.clone()],
+                ..Chain::default()
+            },
+        ))
+        .await;
+    for (msg, why) in [
+        (
+            &deep,
+            "loop guard: this task was passed on between agents 5 times",
+        ),
+        (
+            &looped,
+            "loop guard: this delegation chain loop-1 already passed through agent",
+        ),
+    ] {
+        let out = output_json(&peer.wait_for(msg.task_id(), Intent::TaskResult).await);
+        let child = tool_answer(&out["answer"]);
+        assert_eq!(child["state"], "rejected", "{child}");
+        assert!(
+            child["answer"].as_str().unwrap().starts_with(why),
+            "{child}"
+        );
+    }
+    bridge.wait_count("task.rejected", 2);
+    assert!(bridge.stop().success());
 }

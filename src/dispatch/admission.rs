@@ -211,6 +211,7 @@ mod tests_support {
             card: None,
             refusals_per_hour: 20,
             max_hops: 4,
+            delegate_to: vec![],
             replica: None,
             budgets: Default::default(),
         }

@@ -237,6 +237,7 @@ impl<B: Backend> Engine<B> {
             Body::Cancel { .. } => self.on_cancel(&inbound.message.envelope),
             Body::CardQuery { .. } => self.on_card_query(&inbound, &key),
             Body::PairRequest { .. } => self.on_pair_request(&inbound, &key),
+            Body::Result(_) if self.on_child_result(&inbound)? => Ok(()),
             other => {
                 tracing::debug!(intent = %other.intent(), "not for an executor; ignored");
                 self.ignored(

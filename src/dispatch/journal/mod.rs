@@ -22,7 +22,9 @@ use crate::error::{Classify, ErrorClass};
 use crate::protocol::RenderedMail;
 
 mod chains;
+mod delegations;
 pub use chains::{ChainTask, TaskChain};
+pub use delegations::{Delegation, NewDelegation};
 mod history;
 mod outbox;
 pub use outbox::{BounceFound, Bounced};
@@ -463,6 +465,7 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         "DROP INDEX IF EXISTS tasks_by_time; DROP INDEX IF EXISTS tasks_by_session;",
     )?;
     conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(delegations::SCHEMA)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
 }
 
