@@ -309,3 +309,111 @@ async fn a_delegation_past_the_hop_limit_or_back_into_its_chain_is_answered_reje
     bridge.wait_count("task.rejected", 2);
     assert!(bridge.stop().success());
 }
+
+/// The model stand-in (`tests/hosts/model_api.py`), killed when dropped.
+struct ModelApi(std::process::Child, String);
+
+impl ModelApi {
+    fn start(dir: &std::path::Path) -> ModelApi {
+        let (child, port) = support::spawn_test_server(
+            "model_api.py",
+            &[
+                "--port".into(),
+                "0".into(),
+                "--record".into(),
+                dir.join("record.jsonl").into(),
+            ],
+        );
+        ModelApi(child, format!("http://127.0.0.1:{port}"))
+    }
+}
+
+impl Drop for ModelApi {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 46, D: the real Claude Code as the planner, its model telling it to call the bridge's
+/// MCP tool `delegate`; the echo coder on the same bridge answers; the planner's answer
+/// includes the coder's. Then the same with the coder refusing (hop limit): the planner hears
+/// the refusal and its reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_claude_code_delegates_with_the_bridges_mcp_tool() {
+    let Some(host) = mailhost() else { return };
+    let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
+    let home = tempfile::tempdir().unwrap();
+    let model = ModelApi::start(home.path());
+    let text = support::Toml::new()
+        .host_mailbox(host, "planner", &planner, "")
+        .host_mailbox(host, "coder", &coder, "")
+        .agent(
+            "planner",
+            "claude",
+            &[&boss.email],
+            &format!("delegate_to = [{:?}]", coder.email),
+        )
+        .agent("coder", "echo", &[&planner.email], "max_hops = 3")
+        .text();
+    let dir = ConfigDir::new(host, &text);
+    let path = format!(
+        "{}:{}",
+        support::test_agents()
+            .join("npm/node_modules/.bin")
+            .display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let home_text = home.path().display().to_string();
+    let env = [
+        ("ANTHROPIC_BASE_URL", model.1.as_str()),
+        ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("HOME", home_text.as_str()),
+        ("PATH", path.as_str()),
+    ];
+    let mut peer = Peer::new(boss.clone()).await;
+    let bridge = Bridge::start_with_env(&dir, 2, &env);
+
+    let ask = format!("delegate: {}: tests for the parser", coder.email);
+    let task = peer
+        .send(peer.dispatch_to(&planner.email, "Plan", &ask))
+        .await;
+    let result = peer
+        .wait_for_within(
+            task.task_id(),
+            Intent::TaskResult,
+            std::time::Duration::from_secs(240),
+        )
+        .await;
+    let (status, error, output) = answer(&result);
+    assert_eq!(status, Status::Completed, "{error}");
+    assert!(output.contains("The delegate said:"), "{output}");
+    assert!(output.contains("completed"), "{output}");
+    assert!(
+        output.contains("tests for the parser"),
+        "the coder's answer is in the planner's: {output}"
+    );
+
+    // Two hops deep already: the coder's limit (3) refuses the third, and the planner hears why.
+    let mut deep = chained(&peer, &planner.email, "Deep", Some(2), Chain::default());
+    if let Body::Dispatch(d) = &mut deep.body {
+        d.body_text = ask.clone();
+    }
+    let deep = peer.send(deep).await;
+    let result = peer
+        .wait_for_within(
+            deep.task_id(),
+            Intent::TaskResult,
+            std::time::Duration::from_secs(240),
+        )
+        .await;
+    let (status, error, output) = answer(&result);
+    assert_eq!(status, Status::Completed, "{error}");
+    assert!(output.contains("rejected"), "{output}");
+    assert!(
+        output.contains("loop guard: this task was passed on between agents 3 times"),
+        "{output}"
+    );
+    assert!(bridge.stop().success());
+}

@@ -89,9 +89,22 @@ impl Registry {
             uuid::Uuid::new_v4().simple()
         );
         self.lock().insert(token.clone(), grant);
+        let command = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "aamp-bridge".into());
+        let server = crate::runner::McpServer {
+            name: "aamp".into(),
+            command,
+            args: vec!["mcp".into()],
+            env: vec![
+                (SOCKET_VAR.into(), self.socket.display().to_string()),
+                (TOKEN_VAR.into(), token.clone()),
+            ],
+        };
         GrantGuard {
             registry: self.clone(),
             token,
+            server,
         }
     }
 }
@@ -100,6 +113,8 @@ impl Registry {
 pub(super) struct GrantGuard {
     registry: Arc<Registry>,
     pub(super) token: String,
+    /// The MCP server the agent is given: `aamp-bridge mcp`, with the socket and credential.
+    pub(super) server: crate::runner::McpServer,
 }
 
 impl Drop for GrantGuard {

@@ -164,9 +164,10 @@ impl<B: Backend> Engine<B> {
         let mut input = input(spec, task, prepared, history, (key, resume_id), journal);
         input.workspace = workspace.clone();
         input.questions = Some(questions_tx);
-        // The delegation tools, bound to this run (withdrawn when `_grant` is dropped).
-        let (run_env, _grant) = self.run_env(task, &run_tag);
+        // The delegation tools, bound to this run (withdrawn when `grant` is dropped).
+        let (run_env, grant) = self.run_env(task, &run_tag);
         input.env = run_env;
+        input.mcp = grant.as_ref().map(|g| g.server.clone());
         self.common.events.emit(
             crate::events::Event::TaskStarted,
             json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
@@ -381,6 +382,7 @@ fn input(
         questions: None,
         env: Vec::new(),
         on_spawn: Some(on_spawn),
+        mcp: None,
     }
 }
 

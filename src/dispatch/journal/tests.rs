@@ -570,3 +570,51 @@ fn a_tasks_delegation_chain_is_kept_and_its_chain_listed() {
         (child, "t-child", &kept)
     );
 }
+
+#[test]
+fn a_delegation_is_answered_once_and_only_by_its_recipient() {
+    let (_dir, journal) = fresh();
+    let parent = journal
+        .record(&task("<p1>", "t-parent", true), None)
+        .unwrap()
+        .unwrap();
+    let new = super::NewDelegation {
+        agent: "coder",
+        parent,
+        task_id: "child-1",
+        recipient: "Reviewer@X.test",
+        title: "review",
+    };
+    journal
+        .delegate(&new, &mail("task.dispatch", "<d1@x.test>"))
+        .unwrap();
+    let sent = journal.delegation("coder", "child-1").unwrap().unwrap();
+    assert_eq!((sent.state.as_str(), sent.parent), ("sent", parent));
+    // Queued with it, in the same transaction.
+    assert_eq!(journal.count_outgoing(parent, "task.dispatch").unwrap(), 1);
+    assert!(!journal
+        .delegation_answered(
+            "coder",
+            "child-1",
+            "someone@else.test",
+            "completed",
+            "forged"
+        )
+        .unwrap());
+    assert!(journal
+        .delegation_answered(
+            "coder",
+            "child-1",
+            "reviewer@x.test",
+            "completed",
+            "looks good"
+        )
+        .unwrap());
+    assert!(!journal
+        .delegation_answered("coder", "child-1", "reviewer@x.test", "completed", "twice")
+        .unwrap());
+    let answered = journal.delegation("coder", "child-1").unwrap().unwrap();
+    assert_eq!(answered.answer.as_deref(), Some("looks good"));
+    assert!(!journal.delegation_cancelled("coder", "child-1").unwrap());
+    assert_eq!(journal.delegations_of(parent).unwrap().len(), 1);
+}
