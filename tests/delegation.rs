@@ -131,7 +131,7 @@ fn planner_and_coder(
     planner: &Account,
     coder: &Account,
     boss: &str,
-    coder_extra: &str,
+    (coder_profile, coder_extra): (&str, &str),
 ) -> (ConfigDir, std::path::PathBuf) {
     let script = format!(
         "{}/tests/agents/delegating_agent.py",
@@ -146,7 +146,7 @@ fn planner_and_coder(
             &[boss],
             &format!("delegate_to = [{:?}]", coder.email),
         )
-        .agent("coder", "echo", &[&planner.email], coder_extra)
+        .agent("coder", coder_profile, &[&planner.email], coder_extra)
         .text();
     let dir = ConfigDir::new(host, &text);
     let token_file = dir.dir.path().join("token");
@@ -177,7 +177,13 @@ fn tool_answer(v: &serde_json::Value) -> serde_json::Value {
 async fn an_agent_delegates_through_its_mcp_server_and_gets_the_childs_answer() {
     let Some(host) = mailhost() else { return };
     let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
-    let (dir, token_file) = planner_and_coder(host, &planner, &coder, &boss.email, "max_hops = 5");
+    let (dir, token_file) = planner_and_coder(
+        host,
+        &planner,
+        &coder,
+        &boss.email,
+        ("echo", "max_hops = 5"),
+    );
     let mut peer = Peer::new(boss.clone()).await;
     let bridge = Bridge::start(&dir, 2);
 
@@ -261,7 +267,13 @@ async fn an_agent_delegates_through_its_mcp_server_and_gets_the_childs_answer() 
 async fn a_delegation_past_the_hop_limit_or_back_into_its_chain_is_answered_rejected() {
     let Some(host) = mailhost() else { return };
     let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
-    let (dir, _) = planner_and_coder(host, &planner, &coder, &boss.email, "max_hops = 5");
+    let (dir, _) = planner_and_coder(
+        host,
+        &planner,
+        &coder,
+        &boss.email,
+        ("echo", "max_hops = 5"),
+    );
     let mut peer = Peer::new(boss.clone()).await;
     let mut bridge = Bridge::start(&dir, 2);
     // The planner's task is four hops deep: its child would be the fifth.
@@ -416,4 +428,66 @@ async fn the_real_claude_code_delegates_with_the_bridges_mcp_tool() {
         "{output}"
     );
     assert!(bridge.stop().success());
+}
+
+/// Issue 46, item 4: a kill -9 of the bridge while the planner waits for its child loses
+/// neither: the planner's task runs again at the next start and, asking the same, finds its
+/// child (no second dispatch); the coder's task runs again too, and its one answer reaches the
+/// planner, whose one answer reaches the boss.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_9_while_the_planner_waits_loses_neither_answer() {
+    let Some(host) = mailhost() else { return };
+    let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
+    let (dir, _) = planner_and_coder(host, &planner, &coder, &boss.email, ("slow.toml", ""));
+    let release = dir.dir.path().join("release");
+    dir.write(
+        "slow.toml",
+        &format!(
+            "command = \"python3\"\nargs = [\"-c\", {:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 200\n",
+            "import os, sys, time\ntext = sys.stdin.read()\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\nprint('coder done: ' + ('parser' if 'parser' in text else '?'))\n",
+            release.to_str().unwrap()
+        ),
+    );
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+    let task = peer
+        .send(peer.dispatch_to(&planner.email, "Plan", "write the plan"))
+        .await;
+    // The coder's task runs (so the planner is waiting in delegate): the bridge is killed.
+    bridge.wait_event("task.started", |e| e["agent"] == "coder");
+    bridge.kill();
+    let bridge = Bridge::start(&dir, 2);
+    std::fs::write(&release, "go").unwrap();
+    let out = output_json(&peer.wait_for(task.task_id(), Intent::TaskResult).await);
+    let child = tool_answer(&out["answer"]);
+    assert_eq!(child["state"], "completed", "{child}");
+    assert!(
+        child["answer"]
+            .as_str()
+            .unwrap()
+            .contains("coder done: parser"),
+        "{child}"
+    );
+    peer.settle(&coder).await;
+    let results = peer
+        .intents_for(task.task_id())
+        .into_iter()
+        .filter(|i| *i == Intent::TaskResult)
+        .count();
+    assert_eq!(results, 1, "the boss hears one answer");
+    assert!(bridge.stop().success());
+    let journal =
+        aamp_bridge::dispatch::Journal::open(&dir.dir.path().join("state/journal.sqlite3"))
+            .unwrap();
+    let (row, _) = journal
+        .admitted_task("planner", &boss.email, task.task_id())
+        .unwrap()
+        .unwrap();
+    let children = journal.delegations_of(row).unwrap();
+    assert_eq!(
+        children.len(),
+        1,
+        "one child, not one per run: {children:?}"
+    );
+    assert_eq!(children[0].state, "completed");
 }

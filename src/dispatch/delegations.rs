@@ -225,7 +225,7 @@ impl<B: Backend> Engine<B> {
             .map_err(journal_error)?
             .map(|u| u.total_tokens())
             .unwrap_or(0);
-        let child_id = uuid::Uuid::new_v4().to_string();
+        let child_id = child_task_id(grant, &to, &title, &body);
         let mail = self.child_dispatch(
             grant,
             &child_id,
@@ -242,11 +242,17 @@ impl<B: Backend> Engine<B> {
             recipient: &to,
             title: &title,
         };
-        self.common
+        if self
+            .common
             .journal
             .delegate(&new, &mail)
-            .map_err(journal_error)?;
-        tracing::info!(parent = %grant.env.task_id, child = %child_id, %to, "delegated");
+            .map_err(journal_error)?
+        {
+            tracing::info!(parent = %grant.env.task_id, child = %child_id, %to, "delegated");
+        } else {
+            tracing::info!(parent = %grant.env.task_id, child = %child_id, %to,
+                "the same delegation was made before (the task ran again): its child is reused");
+        }
         self.outbox.wake();
         if args["wait"].as_bool() == Some(false) {
             return Ok(json!({"task_id": child_id, "state": "sent"}).to_string());
@@ -459,6 +465,17 @@ impl<B: Backend> Engine<B> {
         }
         Ok(taken)
     }
+}
+
+/// The child's TaskId: derived from the parent task and what is asked, so a parent run again
+/// after a crash that asks the same finds its child instead of sending a second one.
+fn child_task_id(grant: &Grant, to: &str, title: &str, body: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x7b1e_44c2_0d9a_4f3e_8c21_5a6b_7c8d_9e0f);
+    let key = format!(
+        "{}\n{}\n{}\n{}\n{to}\n{title}\n{body}",
+        grant.agent, grant.row, grant.env.from, grant.env.task_id
+    );
+    uuid::Uuid::new_v5(&NAMESPACE, key.as_bytes()).to_string()
 }
 
 /// What a tool says of a delegation.

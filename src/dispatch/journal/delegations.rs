@@ -65,14 +65,16 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Delegation> {
 
 impl Journal {
     /// Records a delegation and queues its dispatch `mail`, in one transaction (before the
-    /// mail can leave).
-    pub fn delegate(&self, new: &NewDelegation<'_>, mail: &Outgoing) -> Result<(), JournalError> {
+    /// mail can leave). `false` when it was recorded before (a parent run again after a
+    /// crash asking for the same child): nothing is sent again.
+    pub fn delegate(&self, new: &NewDelegation<'_>, mail: &Outgoing) -> Result<bool, JournalError> {
         let now = now_ms();
         self.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
+            let inserted = tx.execute(
                 "INSERT INTO delegations (agent, parent, task_id, recipient, title, state, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'sent', ?6)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'sent', ?6)
+                 ON CONFLICT (agent, task_id) DO NOTHING",
                 params![
                     new.agent,
                     new.parent,
@@ -82,8 +84,10 @@ impl Journal {
                     now
                 ],
             )?;
-            insert_outgoing(&tx, new.agent, Some(new.parent), mail, now)?;
-            tx.commit()
+            if inserted == 1 {
+                insert_outgoing(&tx, new.agent, Some(new.parent), mail, now)?;
+            }
+            tx.commit().map(|()| inserted == 1)
         })
     }
 

@@ -585,9 +585,13 @@ fn a_delegation_is_answered_once_and_only_by_its_recipient() {
         recipient: "Reviewer@X.test",
         title: "review",
     };
-    journal
+    assert!(journal
         .delegate(&new, &mail("task.dispatch", "<d1@x.test>"))
-        .unwrap();
+        .unwrap());
+    // Asked again (the parent ran again after a crash): recorded once, sent once.
+    assert!(!journal
+        .delegate(&new, &mail("task.dispatch", "<d2@x.test>"))
+        .unwrap());
     let sent = journal.delegation("coder", "child-1").unwrap().unwrap();
     assert_eq!((sent.state.as_str(), sent.parent), ("sent", parent));
     // Queued with it, in the same transaction.
