@@ -491,3 +491,56 @@ async fn a_kill_9_while_the_planner_waits_loses_neither_answer() {
     );
     assert_eq!(children[0].state, "completed");
 }
+
+/// Issue 46, item 4: a cancel of the parent reaches its children within seconds: the planner's
+/// task is cancelled while it waits, and the coder's task (the child) is sent `task.cancel` by
+/// the planner's mailbox and stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_of_the_parent_cancels_its_child() {
+    let Some(host) = mailhost() else { return };
+    let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
+    let (dir, _) = planner_and_coder(host, &planner, &coder, &boss.email, ("slow.toml", ""));
+    let never = dir.dir.path().join("never");
+    dir.write(
+        "slow.toml",
+        &format!(
+            "command = \"python3\"\nargs = [\"-c\", {:?}, {:?}]\nstdin = \"{{{{prompt}}}}\"\ntimeout_secs = 200\n",
+            "import os, sys, time\nsys.stdin.read()\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n",
+            never.to_str().unwrap()
+        ),
+    );
+    let mut peer = Peer::new(boss.clone()).await;
+    let mut bridge = Bridge::start(&dir, 2);
+    let task = peer
+        .send(peer.dispatch_to(&planner.email, "Plan", "write the plan"))
+        .await;
+    bridge.wait_event("task.started", |e| e["agent"] == "coder");
+    let asked = std::time::Instant::now();
+    peer.send(peer.cancel_of(&task, &planner.email)).await;
+    // The coder answers the planner's cancel (rejected, cancelled); the planner, whose
+    // delegation is cancelled already, takes no answer from it.
+    bridge.wait_event("message.ignored", |e| {
+        e["intent"] == "task.result" && e["from"] == coder.email.as_str()
+    });
+    let took = asked.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the cancel took {took:?}"
+    );
+    assert!(bridge.stop().success());
+    let journal =
+        aamp_bridge::dispatch::Journal::open(&dir.dir.path().join("state/journal.sqlite3"))
+            .unwrap();
+    let (row, _) = journal
+        .admitted_task("planner", &boss.email, task.task_id())
+        .unwrap()
+        .unwrap();
+    let children = journal.delegations_of(row).unwrap();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].state, "cancelled");
+    let (_, state) = journal
+        .admitted_task("coder", &planner.email, &children[0].task_id)
+        .unwrap()
+        .unwrap();
+    assert_eq!(state, aamp_bridge::dispatch::TaskState::Cancelled);
+}
