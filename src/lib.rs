@@ -79,7 +79,7 @@
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
 //!   permission requests, terminals, file writes and reads), CLI profiles (`runner::profile`, which
 //!   owns the permission policy both kinds apply) and their stream formats (`runner::stream`),
-//!   templates, process groups and tagged leftovers (`runner::process`), the agent scan
+//!   templates, the MCP server a task's agent is given (`runner::McpServer`: ACP `mcpServers`, a CLI profile's `mcp_args`), process groups and tagged leftovers (`runner::process`), the agent scan
 //!   (`runner::scan`) and the one login check (`runner::login`, read as each agent reads it, for
 //!   `agents`, `doctor`, `init` and `status`). It names only the bottom modules.
 //! - [`dispatch`]: what to do with a message: the task journal (`dispatch::journal`, SQLite: what

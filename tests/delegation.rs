@@ -261,6 +261,21 @@ async fn an_agent_delegates_through_its_mcp_server_and_gets_the_childs_answer() 
     assert_eq!(kept.chain.members, vec![planner.email.to_ascii_lowercase()]);
     assert!(kept.chain.id.is_some() && kept.chain.deadline.is_some());
     assert!(kept.chain.traceparent.is_some());
+    // `task show` gives the parent its child and the child its parent, with one trace id.
+    let parent_shown = dir.run(&["task", "show", task.task_id()]);
+    let line = format!(
+        "child       {child_id} to {}: completed",
+        coder.email.to_ascii_lowercase()
+    );
+    assert!(parent_shown.contains(&line), "{parent_shown}");
+    let child_shown = dir.run(&["task", "show", child_id]);
+    let trace = kept.chain.traceparent.as_ref().unwrap().trace_id.clone();
+    let line = format!(
+        "parent      {} (hop 1, chain {}, trace {trace})",
+        task.task_id(),
+        kept.chain.id.as_deref().unwrap()
+    );
+    assert!(child_shown.contains(&line), "{child_shown}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -509,7 +524,7 @@ async fn a_cancel_of_the_parent_cancels_its_child() {
             never.to_str().unwrap()
         ),
     );
-    let mut peer = Peer::new(boss.clone()).await;
+    let peer = Peer::new(boss.clone()).await;
     let mut bridge = Bridge::start(&dir, 2);
     let task = peer
         .send(peer.dispatch_to(&planner.email, "Plan", "write the plan"))
