@@ -432,6 +432,8 @@ pub(super) struct Guard<'a> {
     sender: &'a str,
     stop: CancellationToken,
     why: OnceLock<String>,
+    /// The task's journal row and the tokens its delegation chain left it (`X-AAMP-Budget-Tokens`).
+    chain: Option<(i64, u64)>,
 }
 
 impl<'a> Guard<'a> {
@@ -447,6 +449,35 @@ impl<'a> Guard<'a> {
             sender,
             stop: cancel.child_token(),
             why: OnceLock::new(),
+            chain: None,
+        }
+    }
+
+    /// The guard also stops task `row` once it spent the `tokens` its delegation chain left it.
+    pub fn with_chain(mut self, row: i64, tokens: Option<u64>) -> Self {
+        self.chain = tokens.map(|t| (row, t));
+        self
+    }
+
+    /// After a report was counted: the chain's budget spent stops the run.
+    fn chain_spent(&self, journal: &Journal) {
+        let Some((row, budget)) = self.chain else {
+            return;
+        };
+        let spent = match journal.task_usage(row) {
+            Ok(usage) => usage.map(|u| u.total_tokens()).unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read what the task spent against its chain's budget");
+                return;
+            }
+        };
+        if spent >= budget {
+            let why = format!(
+                "over budget: this task's delegation chain left it {budget} tokens, and it spent {spent}; it was stopped"
+            );
+            tracing::info!(reason = %why, "a delegation chain's budget was spent: stopping the task");
+            let _ = self.why.set(why);
+            self.stop.cancel();
         }
     }
 
@@ -485,6 +516,9 @@ impl<'a> Guard<'a> {
 
     /// After a report was counted: a hard budget crossed stops the run.
     pub fn counted(&self, journal: &Journal, now: SystemTime) {
+        if self.why.get().is_none() {
+            self.chain_spent(journal);
+        }
         if !self.budgets.any(true) || self.why.get().is_some() {
             return;
         }

@@ -179,7 +179,8 @@ impl<B: Backend> Engine<B> {
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
         // A hard budget crossed stops the run through a token of its own (see budget.rs).
-        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel);
+        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel)
+            .with_chain(task.row, dispatch.chain.budget_tokens);
         let watched = Watched {
             quota: &self.quota,
             events: self.common.events,
