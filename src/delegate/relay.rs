@@ -87,9 +87,18 @@ async fn answer(stream: UnixStream, registry: &Registry) -> std::io::Result<()> 
             Ok(grant) => {
                 let tool = request["tool"].as_str().unwrap_or_default();
                 let args = request["args"].clone();
-                match grant.engine.call(&grant, tool, args).await {
-                    Ok(text) => json!({"ok": true, "text": text}),
-                    Err(error) => json!({"ok": false, "error": error}),
+                // A caller that went away (its agent stopped) stops the wait for it; what
+                // was journaled stays.
+                let gone = async {
+                    let mut probe = [0u8; 64];
+                    while matches!(lines.read(&mut probe).await, Ok(n) if n > 0) {}
+                };
+                tokio::select! {
+                    answer = grant.engine.call(&grant, tool, args) => match answer {
+                        Ok(text) => json!({"ok": true, "text": text}),
+                        Err(error) => json!({"ok": false, "error": error}),
+                    },
+                    () = gone => return Ok(()),
                 }
             }
         },
