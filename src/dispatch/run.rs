@@ -181,6 +181,7 @@ impl<B: Backend> Engine<B> {
         // A hard budget crossed stops the run through a token of its own (see budget.rs).
         let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel)
             .with_chain(task.row, dispatch.chain.budget_tokens);
+        let _deadline = guard.stop_at(dispatch.chain.deadline.as_deref());
         let watched = Watched {
             quota: &self.quota,
             events: self.common.events,

@@ -298,3 +298,26 @@ fn a_run_that_spends_its_delegation_chains_tokens_is_stopped_with_why() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_run_past_its_delegation_chains_deadline_is_stopped_with_why() {
+    let budgets = Budgets::default();
+    let cancel = CancellationToken::new();
+    let guard = Guard::new(&budgets, ("coder", "planner@x.test"), &cancel);
+    let soon = format_utc(SystemTime::now() + std::time::Duration::from_millis(200));
+    let watch = guard.stop_at(Some(&soon));
+    assert!(watch.is_some());
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        guard.token().cancelled(),
+    )
+    .await
+    .expect("stopped at the deadline");
+    match guard.explain::<()>(Err(RunError::Cancelled), &cancel) {
+        Err(RunError::Stopped(why)) => assert!(why.starts_with("deadline:"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // No deadline, or one that cannot be read: no watch.
+    assert!(guard.stop_at(None).is_none());
+    assert!(guard.stop_at(Some("someday")).is_none());
+}
