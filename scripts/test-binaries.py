@@ -12,7 +12,7 @@ KNOWN = {
     "amp": 110, "durability": 99, "samp": 87, "trust": 67, "e2e": 53, "usage_agents": 170,
     "third_party_agents": 46, "asmtp": 30, "streams_e2e": 23, "wizard": 22, "fast": 21,
     "sdk_peer": 20, "limits": 20, "samp_keys": 20, "results": 19, "replica_restart": 19,
-    "usage_show": 10, "budgets": 11,
+    "usage_show": 10, "budgets": 11, "delegation": 30,
 }
 
 def main():

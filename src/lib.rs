@@ -29,8 +29,9 @@
 //! - [`protocol`]: the AAMP wire model, pure: intents, headers, subjects, body templates, RFC 5322
 //!   rendering/reading (with attachments), timestamps, delivery status notifications
 //!   (`protocol::dsn`), the unit of accounting (`protocol::Usage`) and what a result says a task
-//!   cost (`protocol::usage_wire`: the `X-AAMP-Usage` header, its JSON and its line). It names no
-//!   other module.
+//!   cost (`protocol::usage_wire`: the `X-AAMP-Usage` header, its JSON and its line), and the
+//!   delegation chain a dispatch carries (`protocol::chain`: its id, members, deadline, token
+//!   budget and W3C trace context, in `X-AAMP-*` headers). It names no other module.
 //! - [`config`]: the config file (read, and written back by `config::render`) and the value types
 //!   it owns, among them each mailbox's keys (`config::MailboxConfig`: one type per mailbox system,
 //!   holding only its keys and the few every mailbox has, read by `kind`; the kinds are listed
@@ -78,7 +79,8 @@
 //!   `runner::acp::gate` decides every action an agent asks of the bridge by the one policy:
 //!   permission requests, terminals, file writes and reads), CLI profiles (`runner::profile`, which
 //!   owns the permission policy both kinds apply) and their stream formats (`runner::stream`),
-//!   templates, process groups and tagged leftovers (`runner::process`), each agent's usage
+//!   templates, process groups and tagged leftovers (`runner::process`), the MCP server a task's agent is
+//!   given (`runner::McpServer`: ACP `mcpServers`, a CLI profile's `mcp_args`), each agent's usage
 //!   reports (`runner::stream::usage`, `runner::acp::usage`) and its usage limit told apart from
 //!   a failure in its own words (`runner::limit`), the agent scan
 //!   (`runner::scan`) and the one login check (`runner::login`, read as each agent reads it, for
@@ -93,7 +95,9 @@
 //!   (one of several bridges runs a task only once it won its claim, through [`backend::Backend`]),
 //!   each conversation's turns (given as text to an agent that lost its session), questions to the
 //!   dispatcher, the prompt, and what a result carries (`dispatch::results`: fields and files from
-//!   the workspace only). Pure where it can be ([`dispatch::admit`], [`config::policy`],
+//!   the workspace only), and delegations (`dispatch::delegations`: a running task's sub-tasks
+//!   sent by mail from its agent's mailbox, journaled before they leave, their answers taken
+//!   once; the grants binding the tools to the one task that runs). Pure where it can be ([`dispatch::admit`], [`config::policy`],
 //!   [`dispatch::results::extract`]); answers leave as rendered bytes through [`backend::Backend`].
 //!   One agent's [`dispatch::Engine`] keeps the task's path (routing, the runs, the lifecycle's
 //!   five steps, recovery, pairing); its long-lived parts are types of their own, each in its file
@@ -114,6 +118,11 @@
 //!   `mailbox::Outlet` that `mailbox::open` gave (no arm per kind of mailbox); stop, abort and
 //!   reload from its caller (`daemon::Controls`; the binary ties them to signals); the owner-only
 //!   control socket `status` asks.
+//! - [`delegate`]: the MCP server the bridge gives each agent it runs: `delegate::stdio` (the
+//!   `aamp-bridge mcp` command, on the official SDK `rmcp`) relays each tool call over the
+//!   state directory's socket to `delegate::relay` in the daemon, which checks the task's
+//!   credential and that the caller is one of the task's processes, and hands the call to the
+//!   agent's engine (`dispatch::delegations`). A shell: the daemon and `cli` start it.
 //! - [`cli`], [`wizard`], [`service`], [`telemetry`]: thin shells (printing that a closed stdout or
 //!   stderr never turns into a panic, `output`, which `cli` and `wizard` share; the commands;
 //!   `init`, its answers and `import`, turned into a config by `wizard::apply`, and the
@@ -125,6 +134,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod delegate;
 pub mod dispatch;
 pub mod error;
 pub mod events;

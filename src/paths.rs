@@ -44,6 +44,11 @@ impl StateDir {
         self.0.join("control.sock")
     }
 
+    /// Where the agents' MCP servers reach the delegation tools.
+    pub fn delegate_socket(&self) -> PathBuf {
+        self.0.join("delegate.sock")
+    }
+
     /// Where a running bridge's log goes on when its stderr is closed (a `tee` that ended).
     pub fn log(&self) -> PathBuf {
         self.0.join("bridge.log")

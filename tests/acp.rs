@@ -91,6 +91,7 @@ impl Agent {
             questions: None,
             env: Vec::new(),
             on_spawn: None,
+            mcp: None,
         };
         let out = support::run_collecting(profile, &task, cancel).await;
         assert_eq!(
@@ -760,6 +761,7 @@ async fn an_agent_that_never_initializes_is_stopped() {
         questions: None,
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
     let err = run(&profile, &task, &CancellationToken::new(), &tx)
@@ -810,6 +812,7 @@ async fn under_the_ask_policy_permission_requests_become_questions() {
         questions: Some(qtx),
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(64);
     let cancel = CancellationToken::new();
@@ -918,6 +921,7 @@ async fn the_policy_holds_on_every_way_an_acp_agent_acts() {
             questions: (asked != Asked::NoOne).then_some(qtx),
             env: Vec::new(),
             on_spawn: None,
+            mcp: None,
         };
         let started = Instant::now();
         let answering = async {

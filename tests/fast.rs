@@ -90,6 +90,7 @@ impl Rig {
             retry_for: Duration::from_secs(86_400),
             owner_tag: dir.path().display().to_string(),
             slots: aamp_bridge::dispatch::slots::Slots::new(None),
+            delegation: None,
         };
         let (tracker, stop, abort) = (
             TaskTracker::new(),

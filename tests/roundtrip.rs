@@ -70,6 +70,15 @@ fn every_intent() -> Vec<Body> {
             dispatch_context: context,
             parent_task_id: Some("t-parent".into()),
             hop_count: Some(2),
+            chain: aamp_bridge::protocol::Chain {
+                id: Some("chain-9".into()),
+                members: vec!["root@corp.test".into(), "planner@corp.test".into()],
+                deadline: Some("2027-01-01T00:00:00Z".into()),
+                budget_tokens: Some(9000),
+                traceparent: aamp_bridge::protocol::chain::Traceparent::parse(
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                ),
+            },
             body_text: "Line one.\nLine two.".into(),
         }),
         Body::Cancel {
@@ -249,6 +258,7 @@ proptest! {
                 dispatch_context: ctx.clone(),
                 parent_task_id: None,
                 hop_count: None,
+                chain: Default::default(),
                 body_text: body_text.clone(),
             }),
         };

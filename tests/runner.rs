@@ -35,6 +35,7 @@ fn task(dir: &Path, prompt: &str) -> TaskInput {
         questions: None,
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     }
 }
 

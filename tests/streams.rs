@@ -317,6 +317,7 @@ async fn run(
         questions: None,
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     };
     support::run_collecting(profile, &task, &CancellationToken::new()).await
 }

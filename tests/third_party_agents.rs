@@ -56,6 +56,7 @@ async fn run_task(
         questions: None,
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     };
     support::run_collecting(profile, &task, cancel).await
 }
@@ -108,6 +109,7 @@ async fn an_agent_on_the_typescript_sdk_honours_cancel() {
         questions: None,
         env: Vec::new(),
         on_spawn: None,
+        mcp: None,
     };
     let profile = ts_sdk_agent();
     let cancel = CancellationToken::new();

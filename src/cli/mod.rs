@@ -46,6 +46,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The MCP server an agent the bridge runs starts to delegate work (stdio); it finds the
+    /// bridge and its task's credential in its environment (`docs/delegation.md`).
+    #[command(hide = true)]
+    Mcp,
     /// Run the bridge: watch every agent's mailbox and run the tasks that arrive.
     Start {
         /// Print runtime events as JSON lines on stdout.
@@ -388,6 +392,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config_path = cli.config.clone().unwrap_or_else(default_config_path);
     let config = || LoadedConfig::load(&config_path);
     match cli.command {
+        Command::Mcp => Ok(crate::delegate::stdio::run().await.map(|()| 0)?),
         Command::Start { json, agents } => {
             if let Some(why) = crate::service::launchd_start() {
                 errln!("aamp-bridge: {why}");

@@ -117,6 +117,7 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         if let Some(why) = t["undelivered"].as_str() {
             outln!("  delivery    UNDELIVERED: the server refused the answer ({why})");
         }
+        show_chain(&item);
         match crate::protocol::usage_wire::from_json(&item["usage"]) {
             Some(u) => outln!("  usage       {}", crate::protocol::usage_wire::line(&u)),
             None => outln!("  usage       none reported by the agent"),
@@ -137,4 +138,29 @@ pub(super) fn task_show(config: &LoadedConfig, id: &str, json: bool) -> anyhow::
         }
     }
     Ok(0)
+}
+
+/// A task's place in a delegation chain: its parent (the task it was delegated from) and its
+/// children (the tasks it delegated), each with its state.
+fn show_chain(item: &serde_json::Value) {
+    let chain = &item["chain"];
+    if let Some(parent) = chain["parentTaskId"].as_str() {
+        outln!(
+            "  parent      {parent} (hop {}, chain {}, trace {})",
+            chain["hops"].as_u64().unwrap_or(0),
+            chain["chain"]["id"].as_str().unwrap_or("-"),
+            chain["chain"]["traceparent"]
+                .as_str()
+                .and_then(|t| t.split('-').nth(1))
+                .unwrap_or("-")
+        );
+    }
+    for child in item["children"].as_array().into_iter().flatten() {
+        outln!(
+            "  child       {} to {}: {}",
+            child["taskId"].as_str().unwrap_or_default(),
+            child["to"].as_str().unwrap_or_default(),
+            child["state"].as_str().unwrap_or_default()
+        );
+    }
 }

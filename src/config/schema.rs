@@ -125,6 +125,10 @@ pub struct AgentConfig {
     /// instead of run: two agents handing each other work stop there.
     #[serde(default = "number::<_, 8>")]
     pub max_hops: u32,
+    /// The addresses this agent's tasks may hand work to with the `delegate` tool
+    /// (`docs/delegation.md`); none when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delegate_to: Vec<String>,
     /// How a cancelled task is answered: `result` (rejected, "cancelled") or `silent`.
     #[serde(default)]
     pub cancel_reply: policy::CancelReply,

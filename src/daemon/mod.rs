@@ -79,6 +79,7 @@ pub async fn run(config: LoadedConfig, opts: RunOptions, controls: Controls) -> 
     let live = live_figures(&config, &opts, &settings)?;
     serve_ui(&config, &journal, &live, &engines, &loops.services, &stop);
     serve_status(&config, &live, reload_tx, &loops);
+    serve_delegation(&settings, &loops);
     events.emit(
         crate::events::Event::BridgeRunning,
         json!({"agents": names, "pid": std::process::id()}),
@@ -151,6 +152,9 @@ fn open_state(
         retry_for: Duration::from_secs(config.config.outbox_retry_hours * 3600),
         owner_tag,
         slots: crate::dispatch::slots::Slots::new(config.config.max_concurrent_tasks),
+        delegation: Some(crate::dispatch::delegations::Registry::new(
+            config.state().delegate_socket(),
+        )),
     };
     Ok((journal, settings, upkeep))
 }
@@ -246,6 +250,25 @@ fn live_figures(
         })
     };
     Ok(Arc::new(live))
+}
+
+/// The socket the agents' MCP servers reach the delegation tools through. A socket that cannot
+/// be made is logged; the bridge runs on, and a tool call says the bridge is not reachable.
+fn serve_delegation(settings: &Settings, loops: &Loops) {
+    let Some(registry) = settings.delegation.clone() else {
+        return;
+    };
+    match crate::delegate::relay::bind(&registry.socket) {
+        Ok(listener) => {
+            loops.services.spawn(crate::delegate::relay::serve(
+                listener,
+                registry,
+                loops.stop.clone(),
+            ));
+        }
+        Err(e) => tracing::warn!(error = %e, socket = %registry.socket.display(),
+            "no delegation socket: agents cannot delegate"),
+    }
 }
 
 /// The control socket `aamp-bridge status` asks while the bridge runs (and `reload` sends
@@ -491,6 +514,7 @@ pub fn agent_spec(
         unknown_senders: agent.unknown_senders,
         refusals_per_hour: agent.max_refusals_per_hour,
         max_hops: agent.max_hops,
+        delegate_to: agent.delegate_to.clone(),
         replica: config
             .account(&mailbox_name)
             .ok()

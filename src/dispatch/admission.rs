@@ -81,6 +81,9 @@ pub fn admit(
             ));
         }
     }
+    if let Some(refusal) = chain_guard(spec, dispatch, now) {
+        return refusal;
+    }
     if load.cancelled_before {
         return Admission::Reject {
             reason: "cancelled by the dispatcher before it started".into(),
@@ -140,6 +143,47 @@ pub fn admit(
     Admission::Run
 }
 
+/// The guards a delegation chain carries (`protocol::chain`): a chain that comes back to this
+/// agent (a loop), whose deadline has passed, or whose token budget is spent is not run, and
+/// its dispatcher hears why.
+fn chain_guard(spec: &AgentSpec, dispatch: &Dispatch, now: SystemTime) -> Option<Admission> {
+    let chain = &dispatch.chain;
+    let named = chain
+        .id
+        .as_deref()
+        .map(|id| format!("delegation chain {id}"))
+        .unwrap_or_else(|| "delegation chain".into());
+    if chain.contains(&spec.email) {
+        return Some(Admission::Reject {
+            reason: format!(
+                "loop guard: this {named} already passed through agent {} ({}); an agent takes part in a chain once, so it is not run",
+                spec.email,
+                chain.members.join(" -> ")
+            ),
+            state: TaskState::Rejected,
+        });
+    }
+    if let Some(deadline) = &chain.deadline {
+        if crate::protocol::time::parse(deadline).is_some_and(|at| at <= now) {
+            return Some(Admission::Reject {
+                reason: format!(
+                    "deadline: this {named} had to be done by {deadline}, which has passed; it is not run"
+                ),
+                state: TaskState::Expired,
+            });
+        }
+    }
+    if chain.budget_tokens == Some(0) {
+        return Some(Admission::Reject {
+            reason: format!(
+                "over budget: this {named} has no tokens left (X-AAMP-Budget-Tokens: 0); it is not run"
+            ),
+            state: TaskState::Rejected,
+        });
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests_support {
     use super::*;
@@ -167,6 +211,7 @@ mod tests_support {
             card: None,
             refusals_per_hour: 20,
             max_hops: 4,
+            delegate_to: vec![],
             replica: None,
             budgets: Default::default(),
         }
@@ -378,5 +423,85 @@ mod budget_tests {
                 state: TaskState::Rejected,
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::tests_support::*;
+    use super::*;
+    use crate::protocol::Chain;
+
+    fn chained(chain: Chain) -> Dispatch {
+        Dispatch {
+            chain,
+            ..dispatch(None)
+        }
+    }
+
+    #[test]
+    fn a_chain_that_loops_is_late_or_spent_is_rejected_with_why() {
+        let spec = spec();
+        let policy = spec.policy.clone();
+        let now = crate::protocol::time::parse("2026-12-03T12:00:00Z").unwrap();
+        let admit = |d: &Dispatch| {
+            admit(
+                &spec,
+                &policy,
+                &env("a@x.test"),
+                d,
+                false,
+                &Load::default(),
+                now,
+            )
+        };
+        let looped = admit(&chained(Chain {
+            id: Some("c-1".into()),
+            members: vec!["planner@x.test".into(), "coder@x.test".into()],
+            ..Chain::default()
+        }));
+        assert!(
+            matches!(&looped, Admission::Reject { reason, state: TaskState::Rejected }
+                if reason.starts_with("loop guard") && reason.contains("chain c-1") && reason.contains("planner@x.test -> coder@x.test")),
+            "{looped:?}"
+        );
+        let late = admit(&chained(Chain {
+            deadline: Some("2026-12-03T11:59:59Z".into()),
+            ..Chain::default()
+        }));
+        assert!(
+            matches!(&late, Admission::Reject { reason, state: TaskState::Expired } if reason.starts_with("deadline")),
+            "{late:?}"
+        );
+        let spent = admit(&chained(Chain {
+            budget_tokens: Some(0),
+            ..Chain::default()
+        }));
+        assert!(
+            matches!(&spent, Admission::Reject { reason, .. } if reason.contains("no tokens left")),
+            "{spent:?}"
+        );
+        let fine = chained(Chain {
+            id: Some("c-2".into()),
+            members: vec!["planner@x.test".into()],
+            deadline: Some("2026-12-03T12:00:01Z".into()),
+            budget_tokens: Some(1),
+            traceparent: None,
+        });
+        assert_eq!(admit(&fine), Admission::Run);
+        // The sender policy is asked first: a refused sender hears nothing of the chain.
+        let refused = super::admit(
+            &spec,
+            &policy,
+            &env("a@evil.test"),
+            &chained(Chain {
+                members: vec!["coder@x.test".into()],
+                ..Chain::default()
+            }),
+            false,
+            &Load::default(),
+            now,
+        );
+        assert!(matches!(refused, Admission::Refuse { .. }));
     }
 }

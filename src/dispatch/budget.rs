@@ -431,7 +431,9 @@ pub(super) struct Guard<'a> {
     agent: &'a str,
     sender: &'a str,
     stop: CancellationToken,
-    why: OnceLock<String>,
+    why: std::sync::Arc<OnceLock<String>>,
+    /// The task's journal row and the tokens its delegation chain left it (`X-AAMP-Budget-Tokens`).
+    chain: Option<(i64, u64)>,
 }
 
 impl<'a> Guard<'a> {
@@ -446,7 +448,54 @@ impl<'a> Guard<'a> {
             agent,
             sender,
             stop: cancel.child_token(),
-            why: OnceLock::new(),
+            why: Default::default(),
+            chain: None,
+        }
+    }
+
+    /// The guard also stops task `row` once it spent the `tokens` its delegation chain left it.
+    pub fn with_chain(mut self, row: i64, tokens: Option<u64>) -> Self {
+        self.chain = tokens.map(|t| (row, t));
+        self
+    }
+
+    /// Stops the run at its delegation chain's `deadline` (`X-AAMP-Deadline`), if it has one,
+    /// until the returned watch is dropped.
+    pub fn stop_at(&self, deadline: Option<&str>) -> Option<DeadlineWatch> {
+        let text = deadline?.to_string();
+        let at = crate::protocol::time::parse(&text)?;
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+        let (stop, why) = (self.stop.clone(), self.why.clone());
+        Some(DeadlineWatch(tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let said = format!(
+                "deadline: this task's delegation chain had to be done by {text}; it was stopped"
+            );
+            tracing::info!(reason = %said, "a delegation chain's deadline passed: stopping the task");
+            let _ = why.set(said);
+            stop.cancel();
+        })))
+    }
+
+    /// After a report was counted: the chain's budget spent stops the run.
+    fn chain_spent(&self, journal: &Journal) {
+        let Some((row, budget)) = self.chain else {
+            return;
+        };
+        let spent = match journal.task_usage(row) {
+            Ok(usage) => usage.map(|u| u.total_tokens()).unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read what the task spent against its chain's budget");
+                return;
+            }
+        };
+        if spent >= budget {
+            let why = format!(
+                "over budget: this task's delegation chain left it {budget} tokens, and it spent {spent}; it was stopped"
+            );
+            tracing::info!(reason = %why, "a delegation chain's budget was spent: stopping the task");
+            let _ = self.why.set(why);
+            self.stop.cancel();
         }
     }
 
@@ -485,6 +534,9 @@ impl<'a> Guard<'a> {
 
     /// After a report was counted: a hard budget crossed stops the run.
     pub fn counted(&self, journal: &Journal, now: SystemTime) {
+        if self.why.get().is_none() {
+            self.chain_spent(journal);
+        }
         if !self.budgets.any(true) || self.why.get().is_some() {
             return;
         }
@@ -502,6 +554,15 @@ impl<'a> Guard<'a> {
             let _ = self.why.set(why);
             self.stop.cancel();
         }
+    }
+}
+
+/// A run's watch on its chain's deadline; dropped when the run ends.
+pub(super) struct DeadlineWatch(tokio::task::JoinHandle<()>);
+
+impl Drop for DeadlineWatch {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

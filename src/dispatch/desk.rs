@@ -236,6 +236,7 @@ impl<B: Backend> Desk<B> {
                 admitted: false,
                 mail: &json!({"operator": {"answer": answer, "question": row}}).to_string(),
                 reason: Some("an answer to a question, from the live view"),
+                chain: None,
             },
             None,
         )?;

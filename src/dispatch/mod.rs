@@ -28,6 +28,7 @@ mod attachments;
 pub mod budget;
 mod claims;
 mod compose;
+pub mod delegations;
 mod desk;
 pub mod journal;
 mod lifecycle;
@@ -95,6 +96,8 @@ pub struct AgentSpec {
     pub refusals_per_hour: u32,
     /// A dispatch passed on by agents this many times is not run (a loop between agents).
     pub max_hops: u32,
+    /// The addresses this agent's tasks may delegate to (`delegate_to`).
+    pub delegate_to: Vec<String>,
     /// Several bridges serve the mailbox: this one's name and the claims' lease. Each task is
     /// claimed on the mail server before it is acknowledged.
     pub replica: Option<ReplicaSpec>,
@@ -114,6 +117,8 @@ pub struct Settings {
     /// The bridge's one scheduler of slots (each agent's `max_concurrent_tasks`, and the
     /// top-level one for all agents together).
     pub slots: Arc<slots::Slots>,
+    /// The running tasks' grants to the delegation tools, when the bridge serves them.
+    pub delegation: Option<Arc<delegations::Registry>>,
 }
 
 /// The environment variable naming the bridge (its state directory) an agent belongs to.

@@ -256,6 +256,7 @@ mod tests {
                     questions: None,
                     env: Vec::new(),
                     on_spawn: None,
+                    mcp: None,
                 };
                 let (tx, mut rx) = tokio::sync::mpsc::channel(16);
                 let drain = async move { while rx.recv().await.is_some() {} };

@@ -163,6 +163,7 @@ impl<B: Backend> Engine<B> {
                 admitted: false,
                 mail: &json!({"reply": {"from": reply.from, "messageId": reply.message_id, "text": reply.text}}).to_string(),
                 reason: Some("a plain reply to a question"),
+                chain: None,
             },
             None,
         )?;
@@ -240,6 +241,7 @@ impl<B: Backend> Engine<B> {
             Body::Cancel { .. } => self.on_cancel(&inbound.message.envelope),
             Body::CardQuery { .. } => self.on_card_query(&inbound, &key),
             Body::PairRequest { .. } => self.on_pair_request(&inbound, &key),
+            Body::Result(_) if self.on_child_result(&inbound)? => Ok(()),
             other => {
                 tracing::debug!(intent = %other.intent(), "not for an executor; ignored");
                 self.ignored(
@@ -464,6 +466,7 @@ impl<B: Backend> Engine<B> {
         } else {
             &arrival.summary
         };
+        let chain = journal::TaskChain::of(dispatch).map(|c| c.to_json());
         self.common.journal.record(
             &journal::NewTask {
                 agent: &self.common.spec().name,
@@ -475,6 +478,7 @@ impl<B: Backend> Engine<B> {
                 admitted,
                 mail,
                 reason,
+                chain: chain.as_deref(),
             },
             reply,
         )
@@ -502,6 +506,7 @@ impl<B: Backend> Engine<B> {
                 admitted: false,
                 mail: &inbound.to_json(),
                 reason: Some(reason),
+                chain: None,
             },
             reply,
         )

@@ -103,6 +103,31 @@ fn hand_back(out: runner::RunOutput, workspace: &std::path::Path, retold: bool) 
 const STREAM_BUFFER: usize = 256;
 
 impl<B: Backend> Engine<B> {
+    /// The environment of a run tagged `run_tag`: the bridge's and the run's tags, the hop
+    /// count, and the delegation tools' socket and credential (with the grant that keeps it).
+    fn run_env(
+        &self,
+        task: &Task,
+        run_tag: &str,
+    ) -> (
+        Vec<(String, String)>,
+        Option<super::delegations::GrantGuard>,
+    ) {
+        let mut env = vec![
+            (
+                OWNER_VAR.to_string(),
+                self.common.settings.owner_tag.clone(),
+            ),
+            (RUN_VAR.to_string(), run_tag.to_string()),
+            (
+                HOPS_VAR.to_string(),
+                task.dispatch.hop_count.unwrap_or(0).to_string(),
+            ),
+        ];
+        let grant = self.grant_for(task, run_tag, &mut env);
+        (env, grant)
+    }
+
     /// Runs the agent on the task: its input made (the prompt, the session to resume, the
     /// conversation's earlier turns), then the run, its stream and its questions side by
     /// side; the stream closed and the conversation's session and turn kept after.
@@ -139,17 +164,10 @@ impl<B: Backend> Engine<B> {
         let mut input = input(spec, task, prepared, history, (key, resume_id), journal);
         input.workspace = workspace.clone();
         input.questions = Some(questions_tx);
-        input.env = vec![
-            (
-                OWNER_VAR.to_string(),
-                self.common.settings.owner_tag.clone(),
-            ),
-            (RUN_VAR.to_string(), run_tag.clone()),
-            (
-                HOPS_VAR.to_string(),
-                dispatch.hop_count.unwrap_or(0).to_string(),
-            ),
-        ];
+        // The delegation tools, bound to this run (withdrawn when `grant` is dropped).
+        let (run_env, grant) = self.run_env(task, &run_tag);
+        input.env = run_env;
+        input.mcp = grant.as_ref().map(|g| g.server.clone());
         self.common.events.emit(
             crate::events::Event::TaskStarted,
             json!({"agent": spec.name, "taskId": env.task_id, "run": runs}),
@@ -161,7 +179,9 @@ impl<B: Backend> Engine<B> {
             tokio::sync::mpsc::channel::<(&'static str, serde_json::Value)>(STREAM_BUFFER);
         let (tx, rx) = tokio::sync::mpsc::channel::<runner::StreamEvent>(STREAM_BUFFER);
         // A hard budget crossed stops the run through a token of its own (see budget.rs).
-        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel);
+        let guard = Guard::new(&spec.budgets, (&spec.name, &env.from), cancel)
+            .with_chain(task.row, dispatch.chain.budget_tokens);
+        let _deadline = guard.stop_at(dispatch.chain.deadline.as_deref());
         let watched = Watched {
             quota: &self.quota,
             events: self.common.events,
@@ -189,6 +209,7 @@ impl<B: Backend> Engine<B> {
         };
         let (outcome, (), (), streamed) = tokio::join!(run, observe, asking, pump);
         let outcome = guard.explain(outcome, cancel);
+        self.after_run(task, cancel);
         if let Some((stream_id, appends)) = &streamed {
             let reason = match &outcome {
                 Ok(_) => json!({"reason": "task.result", "status": "completed"}),
@@ -363,6 +384,7 @@ fn input(
         questions: None,
         env: Vec::new(),
         on_spawn: Some(on_spawn),
+        mcp: None,
     }
 }
 

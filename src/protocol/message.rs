@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde_json::{json, Value};
 
+use super::chain::Chain;
 use super::codec;
 pub use super::text::normalize_message_id;
 use super::text::{
@@ -147,6 +148,9 @@ pub mod header {
     pub const PARENT_TASK_ID: &str = "X-AAMP-ParentTaskId";
     /// aamp-bridge's extension: how many agents a task has been passed through.
     pub const HOP_COUNT: &str = "X-AAMP-Hop-Count";
+    /// aamp-bridge's delegation extension (`protocol::chain`, `docs/delegation.md`): the
+    /// chain's id, the agents it passed through, its deadline, its tokens left, its trace.
+    pub use super::super::chain::header::*;
     pub const STATUS: &str = "X-AAMP-Status";
     pub const ERROR_MSG: &str = "X-AAMP-ErrorMsg";
     pub const STRUCTURED_RESULT: &str = "X-AAMP-StructuredResult";
@@ -227,6 +231,8 @@ pub struct Dispatch {
     /// How many agents passed this task on before (a dispatch an agent sends while it works
     /// on a task carries that task's count plus one); `None` from people and workflows.
     pub hop_count: Option<u32>,
+    /// The delegation chain it belongs to (empty when it is none's).
+    pub chain: Chain,
     pub body_text: String,
 }
 
@@ -361,6 +367,7 @@ impl AampMessage {
                 hop_count: mail
                     .header(header::HOP_COUNT)
                     .and_then(|h| h.trim().parse().ok()),
+                chain: Chain::read(|name| mail.header(name)),
                 body_text: mail.body_text.clone(),
             }),
             Intent::TaskCancel => Body::Cancel {
@@ -448,6 +455,7 @@ impl AampMessage {
                 if let Some(hops) = d.hop_count {
                     out.push((header::HOP_COUNT, hops.to_string()));
                 }
+                out.extend(d.chain.headers());
             }
             Body::Result(r) => {
                 out.push((header::STATUS, r.status.as_str().to_string()));

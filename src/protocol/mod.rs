@@ -3,6 +3,7 @@
 //! decides what to answer). Follows the reference SDKs where they agree and the Python/Go SDKs
 //! where they differ (`-` in result subjects, `X-AAMP-ErrorMsg` on rejected results).
 
+pub mod chain;
 pub mod codec;
 pub mod dsn;
 mod json;
@@ -14,6 +15,7 @@ pub mod time;
 pub mod usage;
 pub mod usage_wire;
 
+pub use chain::Chain;
 pub use message::{
     address, AampMessage, Body, Dispatch, Envelope, HelpNeeded, Intent, MailView, NotAamp,
     Priority, Status, TaskResult, VERSION,

@@ -22,6 +22,19 @@ pub(super) enum Ended {
 /// Runs one task with a CLI profile. The prompt reaches the agent only through the profile's
 /// templates, as whole arguments or stdin; there is no shell. Stream events (for stream
 /// formats) go to `events` as they are read.
+/// The profile's arguments for the run, with its `mcp_args` when the task has an MCP server.
+fn args_with_mcp(
+    profile: &Profile,
+    task: &TaskInput,
+    resuming: bool,
+) -> Vec<super::template::Template> {
+    let mut args = profile.args_for(resuming);
+    if task.mcp.is_some() {
+        args.extend(profile.mcp_args.iter().cloned());
+    }
+    args
+}
+
 #[tracing::instrument(skip_all, fields(profile = %profile.name, pid))]
 pub async fn run_cli(
     profile: &Profile,
@@ -36,7 +49,12 @@ pub async fn run_cli(
     let stdin_piped = profile.stdin.is_some() || profile.help_lines;
     let Started {
         mut child, vars, ..
-    } = start_for_task(profile, task, &profile.args_for(resuming), stdin_piped)?;
+    } = start_for_task(
+        profile,
+        task,
+        &args_with_mcp(profile, task, resuming),
+        stdin_piped,
+    )?;
     tracing::debug!("agent started");
     let (stdin, stdout, stderr) = child.pipes();
     let stdin_text = profile.stdin.as_ref().map(|t| t.render(&vars));

@@ -60,6 +60,30 @@ pub struct TaskInput {
     pub env: Vec<(String, String)>,
     /// Told the process group id once the agent is started.
     pub on_spawn: Option<SpawnHook>,
+    /// An MCP server the bridge gives the agent for this task (ACP: in `session/new`; CLI:
+    /// the profile's `mcp_args`); `None` when there is none.
+    pub mcp: Option<McpServer>,
+}
+
+/// A stdio MCP server an agent is to start for its task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpServer {
+    pub name: String,
+    pub command: String,
+    pub args: Vec<String>,
+    /// Its environment beyond what it inherits from the agent (ACP agents are given it; a CLI
+    /// agent's servers inherit the agent's environment, which holds it already).
+    pub env: Vec<(String, String)>,
+}
+
+impl McpServer {
+    /// The server as the CLIs' MCP config JSON (`{"mcpServers": {NAME: {...}}}`), without
+    /// its environment: nothing secret goes on a command line.
+    pub fn config_json(&self) -> String {
+        serde_json::json!({"mcpServers": {&self.name: {
+            "type": "stdio", "command": self.command, "args": self.args}}})
+        .to_string()
+    }
 }
 
 /// What came back for a question.
@@ -284,6 +308,9 @@ fn vars_for(task: &TaskInput) -> Vars {
     vars.set("session_key", key);
     vars.set("resume_id", task.resume_id.clone().unwrap_or_default());
     vars.set("workspace", task.workspace.display().to_string());
+    if let Some(mcp) = &task.mcp {
+        vars.set("mcp_config", mcp.config_json());
+    }
     vars
 }
 

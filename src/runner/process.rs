@@ -164,6 +164,13 @@ pub fn tagged_since(name: &str, value: &str, since: Option<i32>) -> Vec<i32> {
         .collect()
 }
 
+/// Whether process `pid`'s environment holds `name=value` (Linux only: reads /proc).
+pub fn has_tag(pid: i32, name: &str, value: &str) -> bool {
+    let needle = format!("{name}={value}");
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+}
+
 /// Kills (SIGKILL) every process tagged `name=value`, and the process groups they lead.
 /// Returns how many processes were found.
 pub fn kill_tagged(name: &str, value: &str) -> usize {

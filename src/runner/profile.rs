@@ -124,6 +124,10 @@ struct ProfileFile {
     /// settings say.
     #[serde(default)]
     permission_args: std::collections::BTreeMap<PermissionPolicy, Vec<String>>,
+    /// CLI: arguments added when the bridge gives the agent an MCP server for the task
+    /// (`["--mcp-config", "{{mcp_config}}"]`).
+    #[serde(default)]
+    mcp_args: Vec<String>,
     /// ACP: how long `initialize` may take (cold npx starts are slow).
     #[serde(default = "default_init_timeout")]
     init_timeout_secs: u64,
@@ -254,6 +258,8 @@ pub struct Profile {
     pub modes: std::collections::BTreeMap<PermissionPolicy, Vec<String>>,
     /// CLI: the arguments added for each policy.
     pub permission_args: std::collections::BTreeMap<PermissionPolicy, Vec<Template>>,
+    /// CLI: the arguments added when the agent is given an MCP server.
+    pub mcp_args: Vec<Template>,
     pub init_timeout: Duration,
     pub cancel_grace: Duration,
     pub auth_method: Option<String>,
@@ -388,6 +394,7 @@ impl Profile {
                 .iter()
                 .map(|(policy, args)| Ok((*policy, p.list("permission_args", args)?)))
                 .collect::<Result<_, ProfileError>>()?,
+            mcp_args: p.list("mcp_args", &file.mcp_args)?,
             init_timeout: Duration::from_secs(file.init_timeout_secs),
             cancel_grace: Duration::from_secs(file.cancel_grace_secs),
             auth_method: file.auth_method,

@@ -205,3 +205,25 @@ fn bad_profiles_say_what_is_wrong() {
         .to_string();
     assert!(e.contains("shell"), "{e}");
 }
+
+#[test]
+fn an_mcp_server_is_given_to_claude_as_its_mcp_config_without_its_environment() {
+    let server = crate::runner::McpServer {
+        name: "aamp".into(),
+        command: "/usr/bin/aamp-bridge".into(),
+        args: vec!["mcp".into()],
+        env: vec![("AAMP_BRIDGE_MCP_TOKEN".into(), "secret".into())],
+    };
+    let json = server.config_json();
+    assert!(!json.contains("secret"), "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["mcpServers"]["aamp"]["args"][0], "mcp");
+    let claude = Profile::find("claude", &[]).unwrap();
+    let mut vars = crate::runner::template::Vars::default();
+    vars.set("mcp_config", json.clone());
+    let args: Vec<String> = claude.mcp_args.iter().map(|a| a.render(&vars)).collect();
+    assert_eq!(
+        args,
+        ["--mcp-config", json.as_str(), "--allowedTools", "mcp__aamp"]
+    );
+}

@@ -12,6 +12,7 @@ pub const NAMES: &[&str] = &[
     "safe_session_key",
     "resume_id",
     "workspace",
+    "mcp_config",
 ];
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -153,8 +153,18 @@ pub fn task_details(journal: &Journal, id: &str) -> Result<Vec<Value>, JournalEr
     for task in journal.find_tasks(id)? {
         let steps = journal.timeline(task.id)?;
         let usage = journal.task_usage(task.id)?;
+        let chain = journal.task_chain(task.id)?;
+        let children: Vec<Value> = journal
+            .delegations_of(task.id)?
+            .into_iter()
+            .map(|d| {
+                json!({"taskId": d.task_id, "to": d.recipient, "title": d.title,
+                            "state": d.state, "answer": d.answer})
+            })
+            .collect();
         shown.push(json!({"task": task, "timeline": steps,
-                          "usage": usage.as_ref().map(usage_wire::to_json)}));
+                          "usage": usage.as_ref().map(usage_wire::to_json),
+                          "chain": chain, "children": children}));
     }
     Ok(shown)
 }

@@ -387,6 +387,7 @@ async fn run_in(
         questions: None,
         env: env.to_vec(),
         on_spawn: None,
+        mcp: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     let cancel = CancellationToken::new();

@@ -22,6 +22,8 @@ is appended to the record file as a JSON line {path, body}.
 `plan: A; B` in a turn's prompt scripts a plan the way Claude Code 2.x makes one: a text,
 `TaskCreate` for each item, then `TaskUpdate` of the first to completed, then a final text.
 
+`delegate: ADDRESS: TEXT` in an Anthropic turn scripts a call of the bridge's MCP tool
+`mcp__aamp__delegate` (to ADDRESS, body TEXT), then a final text quoting what it returned.
 `run: COMMAND` in a Gemini turn scripts a `run_shell_command` call the same way; in an
 Anthropic turn, a text ("Planning first.") and a `Bash` call, then (once its result came back)
 "All done. The command said: LAST LINE." (a refused call's result is its error text).
@@ -121,6 +123,15 @@ def script_for(body):
             return [{"type": "tool_use", "id": "toolu_update", "name": "TaskUpdate",
                      "input": {"taskId": first.group(1) if first else "1", "status": "completed"}}]
         return [{"type": "text", "text": "All done. The plan is finished."}]
+    delegate = re.search(r"delegate: ([^\s:]+): ([^\n]+)", prompt)
+    if delegate:
+        if "mcp__aamp__delegate" not in used:
+            return [{"type": "text", "text": "Handing it on. "},
+                    {"type": "tool_use", "id": "toolu_delegate", "name": "mcp__aamp__delegate",
+                     "input": {"to": delegate.group(1), "title": "sub-task",
+                               "body": delegate.group(2).strip(), "timeout": 120}}]
+        said = tool_results(body).get("toolu_delegate", "")
+        return [{"type": "text", "text": "All done. The delegate said: %s" % str(said).strip()}]
     run = re.search(r"run: ([^\n]+)", prompt)
     if run:
         if "Bash" not in used:

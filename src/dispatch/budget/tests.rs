@@ -235,3 +235,61 @@ fn spent_is_read_from_the_journal_per_scope_and_period() {
         Spent::default()
     );
 }
+
+#[test]
+fn a_run_that_spends_its_delegation_chains_tokens_is_stopped_with_why() {
+    use crate::dispatch::journal::NewTask;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir.path().join("j.sqlite3")).unwrap();
+    let new = NewTask {
+        task_id: "child",
+        ..NewTask::received("coder", "k", "planner@x.test")
+    };
+    let row = journal.record(&new, None).unwrap().unwrap();
+    let budgets = Budgets::default();
+    let cancel = CancellationToken::new();
+    let guard =
+        Guard::new(&budgets, ("coder", "planner@x.test"), &cancel).with_chain(row, Some(100));
+    let now = at("2026-12-03T17:05:00Z");
+    journal
+        .record_usage(row, 1, "r1", &report(Some("m"), [60, 0, 0, 0], None), now)
+        .unwrap();
+    guard.counted(&journal, now);
+    assert!(!guard.token().is_cancelled(), "60 of 100 tokens");
+    journal
+        .record_usage(row, 1, "r2", &report(Some("m"), [50, 0, 0, 0], None), now)
+        .unwrap();
+    guard.counted(&journal, now);
+    assert!(guard.token().is_cancelled(), "110 of 100 tokens");
+    let outcome: Result<(), RunError> = guard.explain(Err(RunError::Cancelled), &cancel);
+    match outcome {
+        Err(RunError::Stopped(why)) => assert!(
+            why.contains("delegation chain left it 100 tokens, and it spent 110"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_run_past_its_delegation_chains_deadline_is_stopped_with_why() {
+    let budgets = Budgets::default();
+    let cancel = CancellationToken::new();
+    let guard = Guard::new(&budgets, ("coder", "planner@x.test"), &cancel);
+    let soon = format_utc(SystemTime::now() + std::time::Duration::from_millis(200));
+    let watch = guard.stop_at(Some(&soon));
+    assert!(watch.is_some());
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        guard.token().cancelled(),
+    )
+    .await
+    .expect("stopped at the deadline");
+    match guard.explain::<()>(Err(RunError::Cancelled), &cancel) {
+        Err(RunError::Stopped(why)) => assert!(why.starts_with("deadline:"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // No deadline, or one that cannot be read: no watch.
+    assert!(guard.stop_at(None).is_none());
+    assert!(guard.stop_at(Some("someday")).is_none());
+}

@@ -21,6 +21,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::error::{Classify, ErrorClass};
 use crate::protocol::RenderedMail;
 
+mod chains;
+mod delegations;
+pub use chains::{ChainTask, TaskChain};
+pub use delegations::{Delegation, NewDelegation};
 mod history;
 mod outbox;
 pub use outbox::{BounceFound, Bounced};
@@ -145,6 +149,9 @@ pub struct NewTask<'a> {
     /// The inbound message as received (JSON), to run it again after a crash.
     pub mail: &'a str,
     pub reason: Option<&'a str>,
+    /// The delegation chain the dispatch carried (its id, parent TaskId, hops, members,
+    /// deadline, budget and trace, as JSON: [`TaskChain`]); `None` for other mail.
+    pub chain: Option<&'a str>,
 }
 
 #[cfg(test)]
@@ -161,6 +168,7 @@ impl<'a> NewTask<'a> {
             admitted: true,
             mail: "{}",
             reason: None,
+            chain: None,
         }
     }
 }
@@ -266,10 +274,14 @@ CREATE TABLE IF NOT EXISTS tasks (
     pgid        INTEGER,
     received_at INTEGER NOT NULL,
     updated_at  INTEGER NOT NULL,
+    chain       TEXT,
+    chain_id    TEXT,
     UNIQUE (agent, message_key)
 );
 CREATE INDEX IF NOT EXISTS tasks_by_task ON tasks (agent, sender, task_id);
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (agent, state);
+-- A delegation chain's tasks, for `task show`'s parent and children.
+CREATE INDEX IF NOT EXISTS tasks_by_chain ON tasks (chain_id) WHERE chain_id IS NOT NULL;
 -- A conversation's turns (admission counts them, up to its limit) from the index alone.
 CREATE INDEX IF NOT EXISTS tasks_by_conversation ON tasks (agent, session_key, sender, admitted, state);
 -- Bounding the rows of mail not admitted reads them newest first.
@@ -453,7 +465,7 @@ pub(super) const COUNT_CONVERSATION: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM
 /// 4: turns; 5: outbox.claim; 6: answer_budget; 7: admission counts from covering indexes
 /// (tasks_by_time and tasks_by_session replaced), incremental auto_vacuum; 8: usage,
 /// usage_hours.
-const SCHEMA_VERSION: i64 = 8;
+const SCHEMA_VERSION: i64 = 9;
 
 /// Brings a journal from an older build up to [`SCHEMA_VERSION`]; refuses one from a newer.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
@@ -465,11 +477,14 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     }
     add_column(conn, "tasks", "session_key", "TEXT")?;
     add_column(conn, "outbox", "claim", "TEXT")?;
+    add_column(conn, "tasks", "chain", "TEXT")?;
+    add_column(conn, "tasks", "chain_id", "TEXT")?;
     // Replaced by indexes that cover what admission counts (schema 7).
     conn.execute_batch(
         "DROP INDEX IF EXISTS tasks_by_time; DROP INDEX IF EXISTS tasks_by_session;",
     )?;
     conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(delegations::SCHEMA)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)
 }
 

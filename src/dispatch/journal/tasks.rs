@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, OptionalExtension};
 
+use super::chains::chain_id_of;
 use super::{
     insert_outgoing, millis, now_ms, Journal, JournalError, NewTask, Outgoing, TaskState,
     Unfinished, BOUND_NOT_ADMITTED, COUNT_AGENT_RECENT, COUNT_CONVERSATION, COUNT_SENDER_RECENT,
@@ -92,8 +93,8 @@ impl Journal {
         self.with(|c| {
             let tx = c.transaction()?;
             let inserted = tx.execute(
-                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at, session_key)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+                "INSERT INTO tasks (agent, message_key, sender, task_id, state, admitted, mail, reason, received_at, updated_at, session_key, chain, chain_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
                  ON CONFLICT (agent, message_key) DO NOTHING",
                 params![
                     task.agent,
@@ -105,7 +106,9 @@ impl Journal {
                     task.mail,
                     task.reason,
                     now,
-                    task.session_key
+                    task.session_key,
+                    task.chain,
+                    task.chain.and_then(chain_id_of),
                 ],
             )?;
             if inserted == 0 {

@@ -163,6 +163,7 @@ fn task<'a>(key: &'a str, task_id: &'a str, admitted: bool) -> NewTask<'a> {
         admitted,
         mail: "{}",
         reason: None,
+        chain: None,
     }
 }
 
@@ -530,4 +531,94 @@ async fn the_journal_is_pruned_every_hour_while_the_bridge_runs() {
     }
     stop.cancel();
     keeper.await.unwrap();
+}
+
+#[test]
+fn a_tasks_delegation_chain_is_kept_and_its_chain_listed() {
+    let (_dir, journal) = fresh();
+    let kept = super::TaskChain {
+        parent_task_id: Some("t-parent".into()),
+        hops: Some(1),
+        chain: crate::protocol::Chain {
+            id: Some("c-7".into()),
+            members: vec!["planner@x.test".into()],
+            budget_tokens: Some(500),
+            ..Default::default()
+        },
+    };
+    let json = kept.to_json();
+    let child = journal
+        .record(
+            &NewTask {
+                chain: Some(&json),
+                ..task("<m1>", "t-child", true)
+            },
+            None,
+        )
+        .unwrap()
+        .unwrap();
+    let plain = journal
+        .record(&task("<m2>", "t-plain", true), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(journal.task_chain(child).unwrap(), Some(kept.clone()));
+    assert_eq!(journal.task_chain(plain).unwrap(), None);
+    let listed = journal.chain_tasks("c-7").unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].row, listed[0].task_id.as_str(), &listed[0].chain),
+        (child, "t-child", &kept)
+    );
+}
+
+#[test]
+fn a_delegation_is_answered_once_and_only_by_its_recipient() {
+    let (_dir, journal) = fresh();
+    let parent = journal
+        .record(&task("<p1>", "t-parent", true), None)
+        .unwrap()
+        .unwrap();
+    let new = super::NewDelegation {
+        agent: "coder",
+        parent,
+        task_id: "child-1",
+        recipient: "Reviewer@X.test",
+        title: "review",
+    };
+    assert!(journal
+        .delegate(&new, &mail("task.dispatch", "<d1@x.test>"))
+        .unwrap());
+    // Asked again (the parent ran again after a crash): recorded once, sent once.
+    assert!(!journal
+        .delegate(&new, &mail("task.dispatch", "<d2@x.test>"))
+        .unwrap());
+    let sent = journal.delegation("coder", "child-1").unwrap().unwrap();
+    assert_eq!((sent.state.as_str(), sent.parent), ("sent", parent));
+    // Queued with it, in the same transaction.
+    assert_eq!(journal.count_outgoing(parent, "task.dispatch").unwrap(), 1);
+    assert!(!journal
+        .delegation_answered(
+            "coder",
+            "child-1",
+            "someone@else.test",
+            "completed",
+            "forged"
+        )
+        .unwrap());
+    assert!(journal
+        .delegation_answered(
+            "coder",
+            "child-1",
+            "reviewer@x.test",
+            "completed",
+            "looks good"
+        )
+        .unwrap());
+    assert!(!journal
+        .delegation_answered("coder", "child-1", "reviewer@x.test", "completed", "twice")
+        .unwrap());
+    let answered = journal.delegation("coder", "child-1").unwrap().unwrap();
+    assert_eq!(answered.answer.as_deref(), Some("looks good"));
+    assert!(!journal.delegation_cancelled("coder", "child-1").unwrap());
+    assert_eq!(journal.delegations_of(parent).unwrap().len(), 1);
 }

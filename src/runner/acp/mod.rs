@@ -15,13 +15,13 @@ use std::time::Instant;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AuthMethod, AuthenticateRequest, CancelNotification, ClientCapabilities, ContentBlock,
-    EmbeddedResourceResource, FileSystemCapabilities, Implementation, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, NewSessionRequest, PermissionOptionKind,
-    PlanEntryStatus, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    ResumeSessionRequest, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
-    SetSessionModeRequest, StopReason, TextContent, ToolCallContent, ToolCallStatus, ToolKind,
-    WriteTextFileRequest, WriteTextFileResponse,
+    EmbeddedResourceResource, EnvVariable, FileSystemCapabilities, Implementation,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerStdio,
+    NewSessionRequest, PermissionOptionKind, PlanEntryStatus, PromptRequest, ReadTextFileRequest,
+    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, ResumeSessionRequest, SelectedPermissionOutcome,
+    SessionNotification, SessionUpdate, SetSessionModeRequest, StopReason, TextContent,
+    ToolCallContent, ToolCallStatus, ToolKind, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::schema::{
     CreateTerminalRequest, CreateTerminalResponse, KillTerminalRequest, KillTerminalResponse,
@@ -388,7 +388,7 @@ async fn open_session(
     profile: &Profile,
     init: &InitializeResponse,
     cwd: &Path,
-    resume_id: Option<&str>,
+    (resume_id, mcp): (Option<&str>, Option<&crate::runner::McpServer>),
     shared: &Shared,
 ) -> Step<String> {
     // Continue the Session-Key's session when the agent can; otherwise start a new one.
@@ -401,7 +401,7 @@ async fn open_session(
     };
     let opened = match resumed {
         Some(opened) => opened,
-        None => match new_session(cx, profile, init, cwd).await? {
+        None => match new_session(cx, profile, init, cwd, mcp).await? {
             Ok(opened) => opened,
             Err(driven) => return Ok(Err(driven)),
         },
@@ -464,19 +464,39 @@ async fn resume(
     }
 }
 
+/// The MCP servers the agent is given for the task, in ACP's terms (stdio, with their
+/// environment: it travels in the request, never on a command line).
+fn mcp_servers(mcp: Option<&crate::runner::McpServer>) -> Vec<McpServer> {
+    mcp.map(|m| {
+        let env = m.env.iter().map(|(k, v)| EnvVariable::new(k, v)).collect();
+        McpServer::Stdio(
+            McpServerStdio::new(&m.name, &m.command)
+                .args(m.args.clone())
+                .env(env),
+        )
+    })
+    .into_iter()
+    .collect()
+}
+
 /// `session/new`, authenticating first when the agent asks and a method needs no person.
 async fn new_session(
     cx: &ConnectionTo<Agent>,
     profile: &Profile,
     init: &InitializeResponse,
     cwd: &Path,
+    mcp: Option<&crate::runner::McpServer>,
 ) -> Step<Opened> {
     let limit = profile.init_timeout;
     let opened = |r: agent_client_protocol::v1::schema::NewSessionResponse| Opened {
         offered: mode_ids(&r.modes),
         id: r.session_id.0.to_string(),
     };
-    match within!(cx, limit, NewSessionRequest::new(cwd)) {
+    match within!(
+        cx,
+        limit,
+        NewSessionRequest::new(cwd).mcp_servers(mcp_servers(mcp))
+    ) {
         Ok(r) => Ok(Ok(opened(r))),
         Err(e) if e.code == ErrorCode::AUTH_REQUIRED => {
             // Authenticate only when asked, and only with a method that needs no person: the
@@ -497,7 +517,11 @@ async fn new_session(
             if !authenticated {
                 return Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e)))));
             }
-            match within!(cx, limit, NewSessionRequest::new(cwd)) {
+            match within!(
+                cx,
+                limit,
+                NewSessionRequest::new(cwd).mcp_servers(mcp_servers(mcp))
+            ) {
                 Ok(r) => Ok(Ok(opened(r))),
                 Err(e) => Ok(Err(Driven::NotLoggedIn(advice(&agent_error(&e))))),
             }
@@ -559,11 +583,11 @@ async fn drive(
         },
         _ = cancel.cancelled() => return Ok(Driven::Cancelled),
     };
-    let session_id =
-        match open_session(&cx, profile, &init, cwd, task.resume_id.as_deref(), shared).await? {
-            Ok(id) => id,
-            Err(why) => return Ok(why),
-        };
+    let opening = (task.resume_id.as_deref(), task.mcp.as_ref());
+    let session_id = match open_session(&cx, profile, &init, cwd, opening, shared).await? {
+        Ok(id) => id,
+        Err(why) => return Ok(why),
+    };
 
     // A session that could not be continued: a new one, given the conversation as text.
     let prompt = match (

@@ -49,7 +49,7 @@ pub async fn probe(
                 let mut found = ProbeInfo::of(&init);
                 if open_session_too {
                     let shared = Shared::default();
-                    match open_session(&cx, profile, &init, cwd, None, &shared).await? {
+                    match open_session(&cx, profile, &init, cwd, (None, None), &shared).await? {
                         Ok(id) => found.session_id = Some(id),
                         Err(why) => {
                             *refused.lock().expect("probe lock") = Some(not_opened(why, profile));
