@@ -354,15 +354,29 @@ async fn a_hundred_tasks_of_eight_agents_equal_the_ledger() {
         "profiles/qwen.toml",
         "command = \"qwen\"\nargs = [\"--output-format\", \"stream-json\", \"--resume\", \"{{resume_id}}\"]\nstdin = \"{{prompt}}\"\nstream = \"claude\"\n",
     );
+    let env = mixed_env(&model, home.path());
+    // codex-acp runs its own Codex (the adapter's pinned version), whose state database must
+    // not be the CLI's (a newer Codex migrates it; two at once contend for it): a Codex home
+    // of its own, with the same settings.
+    let acp_codex_home = home.path().join(".codex-acp");
+    std::fs::create_dir_all(&acp_codex_home).unwrap();
+    std::fs::copy(
+        home.path().join(".codex/config.toml"),
+        acp_codex_home.join("config.toml"),
+    )
+    .unwrap();
     for acp in MIXED.iter().filter(|p| p.ends_with("-acp")) {
         let built_in = aamp_bridge::runner::profile::source_text(acp, &[]).unwrap();
         assert!(!built_in.lines().any(|l| l.starts_with("[env]")), "{acp}");
-        dir.write(
-            &format!("profiles/{acp}.toml"),
-            &format!("{built_in}\n[env]\nPATH = {:?}\n", path(true)),
-        );
+        let mut table = format!("{built_in}\n[env]\nPATH = {:?}\n", path(true));
+        if *acp == "codex-acp" {
+            table.push_str(&format!(
+                "CODEX_HOME = {:?}\n",
+                acp_codex_home.display().to_string()
+            ));
+        }
+        dir.write(&format!("profiles/{acp}.toml"), &table);
     }
-    let env = mixed_env(&model, home.path());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let bridge = Bridge::start_with_env(&dir, MIXED.len(), &env);
     let mut peer = Peer::new(boss).await;
