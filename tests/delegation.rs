@@ -337,31 +337,6 @@ async fn a_delegation_past_the_hop_limit_or_back_into_its_chain_is_answered_reje
     assert!(bridge.stop().success());
 }
 
-/// The model stand-in (`tests/hosts/model_api.py`), killed when dropped.
-struct ModelApi(std::process::Child, String);
-
-impl ModelApi {
-    fn start(dir: &std::path::Path) -> ModelApi {
-        let (child, port) = support::spawn_test_server(
-            "model_api.py",
-            &[
-                "--port".into(),
-                "0".into(),
-                "--record".into(),
-                dir.join("record.jsonl").into(),
-            ],
-        );
-        ModelApi(child, format!("http://127.0.0.1:{port}"))
-    }
-}
-
-impl Drop for ModelApi {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Issue 46, D: the real Claude Code as the planner, its model telling it to call the bridge's
 /// MCP tool `delegate`; the echo coder on the same bridge answers; the planner's answer
 /// includes the coder's. Then the same with the coder refusing (hop limit): the planner hears
@@ -371,7 +346,7 @@ async fn the_real_claude_code_delegates_with_the_bridges_mcp_tool() {
     let Some(host) = mailhost() else { return };
     let (planner, coder, boss) = (host.user("planner"), host.user("coder"), host.user("boss"));
     let home = tempfile::tempdir().unwrap();
-    let model = ModelApi::start(home.path());
+    let model = support::ModelApi::start();
     let text = support::Toml::new()
         .host_mailbox(host, "planner", &planner, "")
         .host_mailbox(host, "coder", &coder, "")
@@ -393,7 +368,7 @@ async fn the_real_claude_code_delegates_with_the_bridges_mcp_tool() {
     );
     let home_text = home.path().display().to_string();
     let env = [
-        ("ANTHROPIC_BASE_URL", model.1.as_str()),
+        ("ANTHROPIC_BASE_URL", model.url.as_str()),
         ("ANTHROPIC_API_KEY", "sk-ant-test"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
         ("HOME", home_text.as_str()),

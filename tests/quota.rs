@@ -8,68 +8,28 @@
 mod support;
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aamp_bridge::protocol::{Body, Intent, Status};
 use serde_json::{json, Value};
-use support::{mailhost, Bridge, ConfigDir, Peer, Toml};
+use support::{mailhost, Bridge, ConfigDir, ModelApi, Peer, Toml};
 
-/// The model stand-in with a limits file of its own.
-struct ModelApi {
-    child: Child,
-    url: String,
-    limits: PathBuf,
-    _dir: tempfile::TempDir,
+/// Opens limit windows in the stand-in: `{"anthropic": {"until": EPOCH, "reset": true}, ...}`,
+/// written whole (by rename) so it never reads half a file.
+fn windows(model: &ModelApi, windows: Value) {
+    let limits = model.file("limits.json");
+    let tmp = limits.with_extension("tmp");
+    std::fs::write(&tmp, windows.to_string()).unwrap();
+    std::fs::rename(&tmp, &limits).unwrap();
 }
 
-impl ModelApi {
-    fn start() -> ModelApi {
-        let dir = tempfile::tempdir().unwrap();
-        let limits = dir.path().join("limits.json");
-        let (child, port) = support::spawn_test_server(
-            "model_api.py",
-            &[
-                "--port".into(),
-                "0".into(),
-                "--record".into(),
-                dir.path().join("record.jsonl").into(),
-                "--limits".into(),
-                limits.clone().into(),
-            ],
-        );
-        ModelApi {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            limits,
-            _dir: dir,
-        }
-    }
-
-    /// Opens limit windows: `{"anthropic": {"until": EPOCH, "reset": true}, ...}`, written
-    /// whole (by rename) so the stand-in never reads half a file.
-    fn windows(&self, windows: Value) {
-        let tmp = self.limits.with_extension("tmp");
-        std::fs::write(&tmp, windows.to_string()).unwrap();
-        std::fs::rename(&tmp, &self.limits).unwrap();
-    }
-
-    /// How many requests of `api` the stand-in refused at its limit.
-    fn refused(&self, api: &str) -> usize {
-        let hits = self.limits.with_extension("json.hits");
-        support::json_lines(&hits)
-            .iter()
-            .filter(|h| h["api"] == api)
-            .count()
-    }
-}
-
-impl Drop for ModelApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// How many requests of `api` the stand-in refused at its limit.
+fn refused(model: &ModelApi, api: &str) -> usize {
+    support::json_lines(&model.file("limits.json.hits"))
+        .iter()
+        .filter(|h| h["api"] == api)
+        .count()
 }
 
 fn epoch(t: SystemTime) -> f64 {
@@ -81,16 +41,7 @@ fn epoch(t: SystemTime) -> f64 {
 /// the PATH. Claude Code gets a subscription's token (its limit then says when it resets);
 /// `api_key` gives it an API key instead (a 429 that says no time).
 fn env(model: &ModelApi, home: &Path, api_key: bool) -> Vec<(String, String)> {
-    let codex_home = home.join(".codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
-            model.url
-        ),
-    )
-    .unwrap();
+    let codex_home = model.codex_home(home);
     std::fs::create_dir_all(home.join(".gemini")).unwrap();
     std::fs::write(
         home.join(".gemini/settings.json"),
@@ -156,7 +107,7 @@ impl Setup {
             );
             emails.push((name.to_string(), account.email.clone()));
         }
-        let model = ModelApi::start();
+        let model = ModelApi::start_with(&[("--limits", "limits.json")]);
         let home = tempfile::tempdir().unwrap();
         let env = env(&model, home.path(), api_key);
         Some(Setup {
@@ -262,9 +213,10 @@ async fn a_limit_window_parks_an_agents_tasks_and_resumes_them_in_order_across_a
         return;
     };
     let until = SystemTime::now() + Duration::from_secs(25);
-    setup
-        .model
-        .windows(json!({"anthropic": {"until": epoch(until), "reset": true}}));
+    windows(
+        &setup.model,
+        json!({"anthropic": {"until": epoch(until), "reset": true}}),
+    );
     let mut bridge = setup.start();
     let mut claude = Vec::new();
     for word in ["alpha", "bravo", "charlie"] {
@@ -328,7 +280,7 @@ async fn a_limit_window_parks_an_agents_tasks_and_resumes_them_in_order_across_a
             pair[0]
         );
     }
-    assert!(setup.model.refused("anthropic") >= 1);
+    assert!(refused(&setup.model, "anthropic") >= 1);
     let mut all: Vec<&str> = claude.iter().map(String::as_str).collect();
     all.push(&codex);
     setup.once_each(&all).await;
@@ -363,10 +315,11 @@ async fn codex_gemini_and_an_acp_adapter_are_parked_and_probed_until_their_windo
     let codex_until = now + Duration::from_secs(40);
     let window = |until, reset| json!({"until": epoch(until), "reset": reset});
     let far = now + Duration::from_secs(600);
-    setup
-        .model
-        .windows(json!({"openai": window(codex_until, true),
-                               "gemini": window(far, false), "anthropic": window(far, false)}));
+    windows(
+        &setup.model,
+        json!({"openai": window(codex_until, true),
+                               "gemini": window(far, false), "anthropic": window(far, false)}),
+    );
     let mut bridge = setup.start();
     let mut tasks = Vec::new();
     for (agent, _) in agents {
@@ -375,14 +328,18 @@ async fn codex_gemini_and_an_acp_adapter_are_parked_and_probed_until_their_windo
             tasks.push((setup.send(agent, &format!("remember: {word}")).await, word));
         }
     }
-    let refused = |model: &ModelApi| model.refused("gemini") > 0 && model.refused("anthropic") > 0;
+    let both_refused =
+        |model: &ModelApi| refused(model, "gemini") > 0 && refused(model, "anthropic") > 0;
     support::poll("Gemini and claude-agent-acp refused", REAL_TURN, || {
-        std::future::ready(refused(&setup.model).then_some(()))
+        std::future::ready(both_refused(&setup.model).then_some(()))
     })
     .await;
     let closed = SystemTime::now() + Duration::from_secs(3);
-    setup.model.windows(json!({"openai": window(codex_until, true),
-                               "gemini": window(closed, false), "anthropic": window(closed, false)}));
+    windows(
+        &setup.model,
+        json!({"openai": window(codex_until, true),
+                               "gemini": window(closed, false), "anthropic": window(closed, false)}),
+    );
     for (agent, _) in agents {
         bridge.wait_event("task.parked", |e| {
             e["agent"] == agent && e["reason"] == "waiting_for_quota"
@@ -400,7 +357,7 @@ async fn codex_gemini_and_an_acp_adapter_are_parked_and_probed_until_their_windo
         "the last answered {after:?} after the windows"
     );
     assert!(
-        setup.model.refused("openai") >= 1,
+        refused(&setup.model, "openai") >= 1,
         "Codex was never refused"
     );
     let ids: Vec<&str> = tasks.iter().map(|(t, _)| t.as_str()).collect();

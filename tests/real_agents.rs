@@ -5,45 +5,10 @@
 
 mod support;
 
-use std::process::Child;
-
 use aamp_bridge::protocol::{Body, Intent, Status};
-use support::{mailhost, Bridge, ConfigDir, Peer};
+use support::{mailhost, Bridge, ConfigDir, ModelApi, Peer};
 
 /// The model stand-in, on a port of its own.
-struct ModelApi {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl ModelApi {
-    fn start() -> ModelApi {
-        let dir = tempfile::tempdir().unwrap();
-        let (child, port) = support::spawn_test_server(
-            "model_api.py",
-            &[
-                "--port".into(),
-                "0".into(),
-                "--record".into(),
-                dir.path().join("record.jsonl").into(),
-            ],
-        );
-        ModelApi {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for ModelApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `PATH=` with the agents `scripts/test-agents.sh` installed first.
 fn agents_path() -> (String, String) {
     let bin = support::test_agents().join("npm/node_modules/.bin");
@@ -106,16 +71,7 @@ fn claude_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)>
 /// The environment Codex runs in: a home with a config that names the stand-in as its model
 /// provider (Codex reads no base-URL variable), `CODEX_API_KEY`, the installed CLI first.
 fn codex_env(model: &ModelApi, home: &std::path::Path) -> Vec<(String, String)> {
-    let codex_home = home.join(".codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
-            model.url
-        ),
-    )
-    .unwrap();
+    let codex_home = model.codex_home(home);
     vec![
         ("CODEX_API_KEY".into(), "sk-test".into()),
         ("CODEX_HOME".into(), codex_home.display().to_string()),

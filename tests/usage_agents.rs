@@ -10,71 +10,36 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::Path;
 
 use aamp_bridge::protocol::{Body, Intent, Status};
-use support::{mailhost, poll_until, Bridge, ConfigDir, Peer};
+use support::{mailhost, poll_until, Bridge, ConfigDir, ModelApi, Peer};
 
 /// Tokens: input (not cached), cache reads, cache writes, output.
 type Tokens = (u64, u64, u64, u64);
 
-/// The model stand-in with a ledger.
-struct ModelApi {
-    child: Child,
-    url: String,
-    ledger: PathBuf,
-    _dir: tempfile::TempDir,
+/// The stand-in's ledger: a line per answered request (its API, task and tokens).
+fn ledger_file(model: &ModelApi) -> std::path::PathBuf {
+    model.file("ledger.jsonl")
 }
 
-impl ModelApi {
-    fn start() -> ModelApi {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = dir.path().join("ledger.jsonl");
-        let (child, port) = support::spawn_test_server(
-            "model_api.py",
-            &[
-                "--port".into(),
-                "0".into(),
-                "--record".into(),
-                dir.path().join("record.jsonl").into(),
-                "--ledger".into(),
-                ledger.clone().into(),
-            ],
-        );
-        ModelApi {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            ledger,
-            _dir: dir,
-        }
+/// The ledger's tokens per task. Every answered request names its task.
+fn by_task(model: &ModelApi) -> BTreeMap<String, Tokens> {
+    let text = std::fs::read_to_string(ledger_file(model)).unwrap_or_default();
+    let mut out: BTreeMap<String, Tokens> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let task = v["task"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a request for no task: {line}"));
+        let n = |k: &str| v[k].as_u64().unwrap();
+        let t = out.entry(task.to_string()).or_default();
+        t.0 += n("input");
+        t.1 += n("cache_read");
+        t.2 += n("cache_write");
+        t.3 += n("output");
     }
-
-    /// The ledger's tokens per task. Every answered request names its task.
-    fn by_task(&self) -> BTreeMap<String, Tokens> {
-        let text = std::fs::read_to_string(&self.ledger).unwrap_or_default();
-        let mut out: BTreeMap<String, Tokens> = BTreeMap::new();
-        for line in text.lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let task = v["task"]
-                .as_str()
-                .unwrap_or_else(|| panic!("a request for no task: {line}"));
-            let n = |k: &str| v[k].as_u64().unwrap();
-            let t = out.entry(task.to_string()).or_default();
-            t.0 += n("input");
-            t.1 += n("cache_read");
-            t.2 += n("cache_write");
-            t.3 += n("output");
-        }
-        out
-    }
-}
-
-impl Drop for ModelApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    out
 }
 
 /// The journal's usage rows summed per task, read as the bridge left them.
@@ -162,16 +127,7 @@ fn env_for(agent: &str, model: &ModelApi, home: &Path) -> Vec<(String, String)> 
         )
         .unwrap();
     } else if agent.starts_with("codex") {
-        let codex_home = home.join(".codex");
-        std::fs::create_dir_all(&codex_home).unwrap();
-        std::fs::write(
-            codex_home.join("config.toml"),
-            format!(
-                "model = \"gpt-5.5\"\nmodel_provider = \"standin\"\n[model_providers.standin]\nname = \"standin\"\nbase_url = \"{}/v1\"\nenv_key = \"CODEX_API_KEY\"\nwire_api = \"responses\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
-                model.url
-            ),
-        )
-        .unwrap();
+        let codex_home = model.codex_home(home);
         env.push(s("CODEX_API_KEY", "sk-test"));
         env.push(s("CODEX_HOME", codex_home.to_str().unwrap()));
     } else if agent.starts_with("qwen") {
@@ -226,7 +182,7 @@ impl Setup {
     async fn new(profile: &str, extra: &str) -> Option<Setup> {
         let host = mailhost()?;
         let (agent, boss) = (host.user("agent"), host.user("boss"));
-        let model = ModelApi::start();
+        let model = ModelApi::start_with(&[("--ledger", "ledger.jsonl")]);
         let home = tempfile::tempdir().unwrap();
         let config = support::Toml::new()
             .top("profiles_dir = \"profiles\"")
@@ -281,7 +237,7 @@ impl Setup {
 
     /// The journal's tokens per task equal the ledger's, for `tasks` and nothing else.
     fn assert_exact(&self, tasks: &[String]) {
-        let (ledger, journal) = (self.model.by_task(), journaled(&self.dir));
+        let (ledger, journal) = (by_task(&self.model), journaled(&self.dir));
         for task in tasks {
             assert!(
                 ledger.contains_key(task),
@@ -292,7 +248,7 @@ impl Setup {
             journal,
             ledger,
             "journal (left) against the stand-in's ledger: {}",
-            std::fs::read_to_string(&self.model.ledger).unwrap_or_default()
+            std::fs::read_to_string(ledger_file(&self.model)).unwrap_or_default()
         );
         assert_eq!(ledger.len(), tasks.len(), "{ledger:?}");
     }
@@ -334,7 +290,7 @@ fn mixed_env(model: &ModelApi, home: &Path) -> Vec<(String, String)> {
 async fn a_hundred_tasks_of_eight_agents_equal_the_ledger() {
     let Some(host) = mailhost() else { return };
     let boss = host.user("boss");
-    let model = ModelApi::start();
+    let model = ModelApi::start_with(&[("--ledger", "ledger.jsonl")]);
     let home = tempfile::tempdir().unwrap();
     let mut config = support::Toml::new().top("profiles_dir = \"profiles\"");
     let mut emails = BTreeMap::new();
@@ -412,7 +368,7 @@ async fn a_hundred_tasks_of_eight_agents_equal_the_ledger() {
     }
     assert_eq!(agent_of.len(), 104);
 
-    let (ledger, journal) = (model.by_task(), journaled(&dir));
+    let (ledger, journal) = (by_task(&model), journaled(&dir));
     assert_eq!(ledger.len(), agent_of.len(), "a ledger line for each task");
     let drift: Vec<_> = ledger
         .iter()
@@ -512,7 +468,7 @@ async fn a_task_run_again_after_a_kill_counts_both_runs() {
     poll_until("the agent waits in its command", || waiting.exists()).await;
     // The first call's report (its start and its end) journaled before the crash.
     poll_until("the first call journaled", || {
-        journaled(&setup.dir).get(&task) == setup.model.by_task().get(&task)
+        journaled(&setup.dir).get(&task) == by_task(&setup.model).get(&task)
     })
     .await;
     bridge.kill();
@@ -528,7 +484,7 @@ async fn a_task_run_again_after_a_kill_counts_both_runs() {
         panic!("not a result")
     };
     assert_eq!(r.status, Status::Completed, "{r:?}");
-    let lines = std::fs::read_to_string(&setup.model.ledger).unwrap();
+    let lines = std::fs::read_to_string(ledger_file(&setup.model)).unwrap();
     assert!(
         lines.lines().count() >= 3,
         "two runs' calls (the first cut short): {lines}"
