@@ -95,6 +95,24 @@ read -r passed failed < <(grep -h '^test result:' "$logs"/*.log \
   | awk '{p+=$1; f+=$2} END {print p+0, f+0}')
 echo "tests: $passed passed, $failed failed"
 if [ "$status" != 0 ] || [ "$failed" != 0 ]; then
+  # Why each test failed, again at the end (a CI page that shows only the tail still says it):
+  # the first lines of each failure's own message.
+  for log in $(grep -l 'panicked' "$logs"/*.log); do
+    awk -v bin="$(basename "$log" .log)" '
+      function flush(   i) {
+        if (n == 0) return
+        for (i = 1; i <= n; i++)
+          if (i <= 12 || i > n - 20) print "    " substr(block[i], 1, 300)
+          else if (i == 13) print "    [...]"
+        n = 0
+      }
+      /^---- .* stdout ----$/ { flush(); name = $2; inside = 0; next }
+      /^failures:$/ || /^test result:/ { flush(); inside = 0; next }
+      /panicked at/ && name != "" { flush(); print "test.sh: " bin "::" name ": " $0; inside = 1; next }
+      inside { block[++n] = $0 }
+      END { flush() }
+    ' "$log" >&2
+  done
   echo "test.sh: failed: $(grep -l 'FAILED\|panicked' "$logs"/*.log | xargs -n1 basename 2>/dev/null | tr '\n' ' ')" >&2
   exit 1
 fi
