@@ -200,13 +200,17 @@ umask: 077
 duplicatesuppression: 0
 CONF
   # Cyrus' master does not hand its -C to the services: each command names the config itself.
+  # One httpd process serves one connection, and every bridge a test starts holds some: its push
+  # WebSocket and its HTTP client's idle ones, for a minute and a half. With the suite's lanes
+  # side by side, 50 (the imap service's figure) was reached, and a connection past it waited
+  # unanswered: a bridge's first read hung and its agent never became ready.
   cat >"$DIR/cyrus.conf" <<CONF
 START {
   recover  cmd="$CYRUS/ctl_cyrusdb -C $DIR/imapd.conf -r"
 }
 SERVICES {
   imap     cmd="$CYRUS/imapd -C $DIR/imapd.conf" listen="127.0.0.1:$IMAP_PORT" prefork=0 maxchild=50
-  http     cmd="$(httpd_binary) -C $DIR/imapd.conf" listen="127.0.0.1:$JMAP_PORT" prefork=0 maxchild=50
+  http     cmd="$(httpd_binary) -C $DIR/imapd.conf" listen="127.0.0.1:$JMAP_PORT" prefork=0 maxchild=400
   lmtpunix cmd="$CYRUS/lmtpd -C $DIR/imapd.conf" listen="$DIR/cyrus/run/socket/lmtp" prefork=0 maxchild=20
 }
 DAEMON {
