@@ -41,10 +41,11 @@ pub enum Event {
     TaskStarted,
     TaskStream,
     TaskStreamOpened,
+    TaskSuperseded,
 }
 
 impl Event {
-    pub const ALL: [Event; 30] = [
+    pub const ALL: [Event; 31] = [
         Event::AgentCard,
         Event::AgentReady,
         Event::BridgeReloadFailed,
@@ -75,6 +76,7 @@ impl Event {
         Event::TaskStarted,
         Event::TaskStream,
         Event::TaskStreamOpened,
+        Event::TaskSuperseded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +111,7 @@ impl Event {
             Event::TaskStarted => "task.started",
             Event::TaskStream => "task.stream",
             Event::TaskStreamOpened => "task.stream.opened",
+            Event::TaskSuperseded => "task.superseded",
         }
     }
 }

@@ -730,6 +730,7 @@ async fn a_task_taken_over_from_a_starved_replica_is_answered_once_by_its_new_ho
         )
     };
     let (r1, r2) = (rig(&on1, 1), rig(&on2, 2));
+    let mut events = aamp_bridge::events::tap();
     let acked = |s: &[AampMessage]| s.iter().any(|m| m.intent() == Intent::TaskAck);
     let task = r1.dispatch(BOSS, "Long", "taken over while it runs");
     r1.deliver(&task);
@@ -786,6 +787,17 @@ async fn a_task_taken_over_from_a_starved_replica_is_answered_once_by_its_new_ho
         )
         .unwrap();
     assert_eq!(kept.len(), 1, "{kept:?}");
+    // r1's run is said as superseded, r2's as completed: counting completions counts answers.
+    let mut ends = Vec::new();
+    while let Ok(line) = events.try_recv() {
+        let e: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if e["taskId"] == task.task_id() && e["event"].as_str().unwrap().starts_with("task.") {
+            ends.push(e["event"].as_str().unwrap().to_string());
+        }
+    }
+    ends.retain(|e| e == "task.completed" || e == "task.superseded");
+    ends.sort();
+    assert_eq!(ends, ["task.completed", "task.superseded"], "{ends:?}");
 }
 
 /// The soak's other find: a task answered here whose done mark never reached the server came

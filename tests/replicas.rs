@@ -36,12 +36,21 @@ fn replica_with(
     support::replica(host, agent, boss, name, profile, "max_concurrent_tasks = 2")
 }
 
-/// The tasks each bridge completed.
+/// The tasks each bridge completed (and answered: a run that ended after another replica took
+/// its task over is `task.superseded`, counted apart and said here).
 fn completed(bridges: &mut [Bridge]) -> Vec<HashSet<String>> {
     bridges
         .iter_mut()
         .map(|b| {
             b.take_events();
+            let superseded = b
+                .seen
+                .iter()
+                .filter(|e| e["event"] == "task.superseded")
+                .count();
+            if superseded > 0 {
+                eprintln!("{superseded} runs ended after their task was taken over (starved past the lease)");
+            }
             b.seen
                 .iter()
                 .filter(|e| e["event"] == "task.completed" && e["status"] == "completed")

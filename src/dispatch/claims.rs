@@ -124,7 +124,10 @@ impl<B: Backend> Claims<B> {
     /// another's), and the holder, finding it done at its next renewal, stopped its run as
     /// taken over, unanswered. The holder answers instead; the answer recorded here stays
     /// unsent unless the claim comes back to this replica (see [`super::Outbox`]).
-    pub(super) async fn mark_done(&self, task: &Task, replica: &ReplicaSpec) {
+    ///
+    /// False when another replica held the claim by then (this run's answer is not the one
+    /// that leaves); true otherwise.
+    pub(super) async fn mark_done(&self, task: &Task, replica: &ReplicaSpec) -> bool {
         let inner = &self.common;
         let email_id = &task.extras.email_id;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
@@ -136,14 +139,14 @@ impl<B: Backend> Claims<B> {
                     if said {
                         tracing::info!("the task is marked answered on the server");
                     }
-                    return;
+                    return true;
                 }
                 Ok(false) => {
                     let why = "another replica took the task over while it ran here (this one's lease ran out); that replica answers it";
                     tracing::warn!("{why}; not marked answered here");
                     self.common
                         .note(task.row, "taken over before its answer left", Some(why));
-                    return;
+                    return false;
                 }
                 Err(e) => e,
             };
@@ -151,7 +154,7 @@ impl<B: Backend> Claims<B> {
                 tracing::warn!(error = %e, "the server refuses to mark the task answered; another bridge may take it over after the lease (its answer has the same Message-ID)");
                 self.common
                     .note(task.row, "done mark refused", Some(&e.to_string()));
-                return;
+                return true;
             }
             if !said {
                 tracing::warn!(error = %e, "could not mark the task answered on the server; trying again until it can");
@@ -166,7 +169,7 @@ impl<B: Backend> Claims<B> {
             }
             tokio::select! {
                 () = tokio::time::sleep(backoff.next_delay()) => {}
-                _ = inner.abort.cancelled() => return,
+                _ = inner.abort.cancelled() => return true,
             }
         }
     }

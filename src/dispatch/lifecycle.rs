@@ -335,11 +335,18 @@ impl<B: Backend> Engine<B> {
             None => tracing::info!("cancelled; not answered (cancel_reply = \"silent\")"),
         }
         outbox.finish(task, state, error.as_deref(), reply);
-        if let Some(replica) = replica {
-            self.claims.mark_done(task, replica).await;
-        }
+        // A replica starved past its lease may finish a run another replica took over: that
+        // one answers, and this run is said as superseded, not completed (counted once).
+        let held = match replica {
+            Some(replica) => self.claims.mark_done(task, replica).await,
+            None => true,
+        };
+        let event = match held {
+            true => crate::events::Event::TaskCompleted,
+            false => crate::events::Event::TaskSuperseded,
+        };
         events.emit(
-            crate::events::Event::TaskCompleted,
+            event,
             json!({"agent": self.common.spec().name, "taskId": task.env.task_id, "status": status.as_str(),
                    "error": error, "durationMs": started.elapsed().as_millis() as u64, "usage": usage}),
         );
