@@ -856,11 +856,13 @@ async fn a_soak_with_replicas_and_faults_answers_every_dispatch_exactly_once() {
         }
     }
     // The agent run to completion twice for one task (on both replicas): its dispatcher sees
-    // one answer (the copies keep their Message-IDs), but the work was done twice.
+    // one answer (the copies keep their Message-IDs), but the work was done twice (the late
+    // replica's run is `task.superseded`: it counts here too).
     let mut completions: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, events) in replicas.events.iter().enumerate() {
         for e in events {
-            if e["event"] == "task.completed" && e["status"] == "completed" {
+            let ended = e["event"] == "task.completed" || e["event"] == "task.superseded";
+            if ended && e["status"] == "completed" {
                 if let Some(id) = e["taskId"].as_str() {
                     completions.entry(id.to_string()).or_default().push(i + 1);
                 }
