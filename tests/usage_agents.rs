@@ -465,7 +465,12 @@ async fn a_task_run_again_after_a_kill_counts_both_runs() {
         .await;
     let task = sent.task_id().to_string();
     bridge.wait_event("task.started", |e| e["taskId"] == task);
-    poll_until("the agent waits in its command", || waiting.exists()).await;
+    // The CLI's start and first model call: a turn's time, not the suite's usual wait (a
+    // loaded machine took over 30 s).
+    support::poll("the agent waits in its command", TURN, || {
+        std::future::ready(waiting.exists().then_some(()))
+    })
+    .await;
     // The first call's report (its start and its end) journaled before the crash.
     poll_until("the first call journaled", || {
         journaled(&setup.dir).get(&task) == by_task(&setup.model).get(&task)
