@@ -109,6 +109,9 @@ if [ "$status" != 0 ] || [ "$failed" != 0 ]; then
       /^---- .* stdout ----$/ { flush(); name = $2; inside = 0; next }
       /^failures:$/ || /^test result:/ { flush(); inside = 0; next }
       /panicked at/ && name != "" { flush(); print "test.sh: " bin "::" name ": " $0; inside = 1; next }
+      /^stack backtrace:$/ { skip = 1; next }
+      skip && /^note: Some details/ { skip = 0; next }
+      skip { next }
       inside { block[++n] = $0 }
       END { flush() }
     ' "$log" >&2

@@ -722,7 +722,9 @@ fn profile_new_stops_a_resume_try_that_hangs_with_its_process_group() {
             "--command",
             "python3",
             "--resume-try-secs",
-            "1",
+            // Each try's Python must start and write its pids within it: 1 s was not enough
+            // at a load of 30 (the pids file was never written).
+            "3",
         ])
         .arg("--arg")
         .arg(repo().join("tests/agents/scripted_cli.py"))
@@ -737,11 +739,11 @@ fn profile_new_stops_a_resume_try_that_hangs_with_its_process_group() {
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    assert!(took < std::time::Duration::from_secs(45), "took {took:?}");
     for flag in ["--resume", "--session", "--session-id", "-r"] {
         assert!(
             stderr.contains(&format!(
-                "resume check: trying `{flag} <session>` (up to 1 s)"
+                "resume check: trying `{flag} <session>` (up to 3 s)"
             )),
             "{stderr}"
         );
@@ -751,7 +753,7 @@ fn profile_new_stops_a_resume_try_that_hangs_with_its_process_group() {
     assert!(
         report["resume"]["tried"]
             .to_string()
-            .contains("no answer within 1 s"),
+            .contains("no answer within 3 s"),
         "{report}"
     );
     // Every try's agent and its child are gone (dead, or a zombie about to be reaped).
